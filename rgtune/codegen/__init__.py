@@ -1,0 +1,1 @@
+"""rgtune.codegen."""

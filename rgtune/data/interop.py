@@ -1,0 +1,192 @@
+"""Conversions between :class:`HeteroGraph` and DGL / PyTorch Geometric graphs.
+
+Both libraries are optional (``pip install 'rgtune[dgl]'``, ``pip install 'rgtune[pyg]'``) and
+imported only when a conversion needs them. Round trips keep the graph exactly: node types,
+counts, canonical edge types and every relation's edges in order, so ``content_hash`` is equal.
+
+Where the target has a place for them, node features and the node-classification task travel too:
+
+* DGL: features as ``g.nodes[t].data["feat"]``; the task as ``train_mask``, ``test_mask`` and
+  ``label`` (-1 where unlabeled) on the category's nodes, as DGL's own RDF datasets store it.
+  Masks carry no order, so task indices come back sorted; ``num_classes`` is not stored
+  (pass it to :func:`from_dgl`, else it is ``max(label) + 1``).
+* PyG: features as ``data[t].x``; the task as ``train_idx``, ``train_y``, ``test_idx``, ``test_y``
+  on the category's node store (the names PyG's ``Entities`` uses) and ``data.num_classes``.
+
+Example:
+    >>> import torch
+    >>> g = HeteroGraph({"a": 2, "b": 3}, {("a", "r", "b"): (torch.tensor([0, 1]), torch.tensor([2, 2]))})
+    >>> edge_index, edge_type, n = to_pyg_homogeneous(g)
+    >>> edge_index.tolist(), edge_type.tolist(), n
+    ([[0, 1], [4, 4]], [0, 0], 5)
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from rgtune.data.graph import CanonicalEType, HeteroGraph, NodeTask
+
+if TYPE_CHECKING:  # only for annotations; both are optional dependencies
+    import dgl
+    from torch_geometric.data import HeteroData
+
+__all__ = ["from_dgl", "from_pyg", "to_dgl", "to_pyg", "to_pyg_homogeneous"]
+
+_DGL_FEATURE, _PYG_FEATURE = "feat", "x"
+
+
+def _require(module: str, extra: str, what: str) -> ModuleType:
+    try:
+        return importlib.import_module(module)
+    except (ImportError, OSError) as e:  # OSError: a DGL wheel built for another torch fails to load its library
+        raise ImportError(
+            f"{what} needs the optional package {module!r}, which could not be imported ({e}); "
+            f"install it with: pip install 'rgtune[{extra}]'"
+        ) from e
+
+
+# ------------------------------------------------------------------------------------ DGL
+def to_dgl(graph: HeteroGraph) -> "dgl.DGLGraph":
+    """A DGL heterograph with the same node types, counts and edges (edge ids in our order).
+
+    Raises:
+        ValueError: the graph has no edge types (DGL cannot hold such a heterograph).
+        ImportError: DGL is not installed.
+    """
+    dgl = _require("dgl", "dgl", "to_dgl")
+    if graph.num_rels == 0:
+        raise ValueError(f"{graph.name!r} has no edge types; DGL does not allow a heterograph without any")
+    g = dgl.heterograph(
+        {c: graph.edges(c) for c in graph.canonical_etypes},
+        num_nodes_dict={t: graph.num_nodes(t) for t in graph.ntypes},
+        idtype=torch.int64,
+    )
+    for t, x in graph.features.items():
+        g.nodes[t].data[_DGL_FEATURE] = x
+    if graph.task is not None:
+        _task_to_dgl(g, graph.task, graph.num_nodes(graph.task.category))
+    return g
+
+
+def from_dgl(dgl_graph: "dgl.DGLGraph", name: str = "graph", *, num_classes: int | None = None) -> HeteroGraph:
+    """A :class:`HeteroGraph` from a DGL graph (edges of each type in DGL's edge-id order).
+
+    Node features are read from ``ndata["feat"]``; a task from the one node type that has
+    ``train_mask``, ``test_mask`` and ``label`` (or DGL's older ``labels``).
+    """
+    g = dgl_graph.cpu()
+    num_nodes = {t: int(g.num_nodes(t)) for t in g.ntypes}
+    edges = {tuple(c): g.edges(etype=c, order="eid") for c in g.canonical_etypes}
+    features = {t: g.nodes[t].data[_DGL_FEATURE] for t in g.ntypes if _DGL_FEATURE in g.nodes[t].data}
+    return HeteroGraph(num_nodes, edges, name=name, features=features, task=_task_from_dgl(g, num_classes))
+
+
+def _task_to_dgl(g: Any, task: NodeTask, n: int) -> None:
+    label = torch.full((n,), -1, dtype=torch.int64)
+    label[task.train_idx] = task.train_labels.to(torch.int64)
+    label[task.test_idx] = task.test_labels.to(torch.int64)
+    data = g.nodes[task.category].data
+    data["train_mask"] = _mask(task.train_idx, n)
+    data["test_mask"] = _mask(task.test_idx, n)
+    data["label"] = label
+
+
+def _mask(idx: torch.Tensor, n: int) -> torch.Tensor:
+    m = torch.zeros(n, dtype=torch.bool)
+    m[idx] = True
+    return m
+
+
+def _task_from_dgl(g: Any, num_classes: int | None) -> NodeTask | None:
+    found = []
+    for t in g.ntypes:
+        data = g.nodes[t].data
+        key = "label" if "label" in data else "labels"
+        if "train_mask" in data and "test_mask" in data and key in data:
+            found.append((t, data["train_mask"].bool(), data["test_mask"].bool(), data[key].long()))
+    if len(found) != 1:  # none, or ambiguous: leave the task to the caller
+        return None
+    t, train, test, label = found[0]
+    train_idx, test_idx = train.nonzero().flatten(), test.nonzero().flatten()
+    classes = num_classes if num_classes is not None else int(label.max()) + 1 if label.numel() else 0
+    return NodeTask(t, classes, train_idx, label[train_idx], test_idx, label[test_idx])
+
+
+# ------------------------------------------------------------------------------------ PyG
+def to_pyg(graph: HeteroGraph) -> "HeteroData":
+    """A PyG ``HeteroData``: ``data[t].num_nodes``, ``data[(s, r, d)].edge_index`` (2, E), features, task."""
+    HeteroData = _require("torch_geometric.data", "pyg", "to_pyg").HeteroData
+    data = HeteroData()
+    for t in graph.ntypes:
+        data[t].num_nodes = graph.num_nodes(t)
+        if t in graph.features:
+            data[t][_PYG_FEATURE] = graph.features[t]
+    for c in graph.canonical_etypes:
+        data[c].edge_index = torch.stack(graph.edges(c))
+    task = graph.task
+    if task is not None:
+        store = data[task.category]
+        store.train_idx, store.train_y = task.train_idx, task.train_labels
+        store.test_idx, store.test_y = task.test_idx, task.test_labels
+        data.num_classes = task.num_classes
+    return data
+
+
+def from_pyg(hetero_data: "HeteroData", name: str = "graph") -> HeteroGraph:
+    """A :class:`HeteroGraph` from a PyG ``HeteroData`` (edge types keyed by canonical tuples).
+
+    A node type without ``num_nodes`` (nor ``x``) is sized by the largest id that refers to it,
+    as PyG itself would infer it.
+    """
+    data = hetero_data.cpu()
+    edges: dict[CanonicalEType, tuple[torch.Tensor, torch.Tensor]] = {}
+    for c in data.edge_types:
+        # EdgeIndex (a Tensor subclass in recent PyG) is unwrapped so that only plain tensors are kept.
+        ei = data[c].edge_index.as_subclass(torch.Tensor).to(torch.int64)
+        edges[tuple(c)] = (ei[0].contiguous(), ei[1].contiguous())  # type: ignore[index]
+    num_nodes = {t: _pyg_num_nodes(data, t, edges) for t in _pyg_node_types(data)}
+    features = {t: data[t][_PYG_FEATURE] for t in data.node_types if _PYG_FEATURE in data[t]}
+    return HeteroGraph(num_nodes, edges, name=name, features=features, task=_task_from_pyg(data))
+
+
+def _pyg_node_types(data: Any) -> list[str]:
+    types = list(data.node_types)
+    for s, _, d in data.edge_types:
+        types += [t for t in (s, d) if t not in types]
+    return types
+
+
+def _pyg_num_nodes(data: Any, t: str, edges: dict[CanonicalEType, tuple[torch.Tensor, torch.Tensor]]) -> int:
+    if t in data.node_types and data[t].num_nodes is not None:
+        return int(data[t].num_nodes)
+    ids = [e[i] for c, e in edges.items() for i in (0, 1) if c[2 * i] == t and e[i].numel()]
+    return max((int(x.max()) + 1 for x in ids), default=0)
+
+
+def _task_from_pyg(data: Any) -> NodeTask | None:
+    keys = ("train_idx", "train_y", "test_idx", "test_y")
+    found = [t for t in data.node_types if all(k in data[t] for k in keys)]
+    if len(found) != 1:
+        return None
+    s = data[found[0]]
+    train_y, test_y = s.train_y.long(), s.test_y.long()
+    if "num_classes" in data:
+        classes = int(data.num_classes)
+    else:
+        classes = int(torch.cat([train_y, test_y]).max()) + 1 if train_y.numel() + test_y.numel() else 0
+    return NodeTask(found[0], classes, s.train_idx.long(), train_y, s.test_idx.long(), test_y)
+
+
+def to_pyg_homogeneous(graph: HeteroGraph) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """``(edge_index, edge_type, num_nodes)`` in our global numbering, for ``RGCNConv``/``RGATConv``.
+
+    ``edge_index[0]`` / ``[1]`` are :attr:`HeteroGraph.src` / ``dst``; ``edge_type`` is our relation
+    id (:attr:`HeteroGraph.etype`), so ``num_relations=graph.num_rels``. Needs no PyG import.
+    ``edge_type`` is the graph's own tensor (graphs are immutable): do not modify it in place.
+    """
+    return torch.stack([graph.src, graph.dst]), graph.etype, graph.num_nodes()

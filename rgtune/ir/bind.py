@@ -1,0 +1,103 @@
+"""The graph's index arrays as kernels see them, for one layout and index width.
+
+Every backend binds a :class:`KernelProgram` to a graph through :func:`graph_arrays`; the
+arrays are built once per (graph, layout, index width) and cached on the graph.
+
+Edge arrays are in the layout's order: position ``i`` is the ``i``-th edge in memory, and
+per-edge buffers are stored in that order. ``e_rel_order`` lists edge positions relation by
+relation (what a GEMM over edge rows iterates); ``rel_offsets`` delimits its relations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rgtune.data.graph import HeteroGraph
+
+
+@dataclass(frozen=True)
+class GraphArrays:
+    layout: str
+    index_bits: int
+    num_nodes: int
+    num_edges: int
+    num_rels: int
+    num_ntypes: int
+    node_type: torch.Tensor  # (N,)
+    node_offsets: torch.Tensor  # (T+1,)
+    e_src: torch.Tensor  # (E,) layout order
+    e_dst: torch.Tensor
+    e_rel: torch.Tensor
+    e_eid: torch.Tensor  # graph edge id of each position
+    e_rel_order: torch.Tensor  # (E,) positions, relation-major
+    rel_offsets: torch.Tensor  # (R+1,) into e_rel_order
+    csr_indptr: torch.Tensor | None  # (N+1,) for csr_dst: a destination's in-edges are contiguous
+    sp_node: torch.Tensor  # unique (src, rel) pairs, sorted by rel then node
+    sp_rel: torch.Tensor
+    sp_offsets: torch.Tensor  # (R+1,)
+    e_sp: torch.Tensor  # (E,) layout position -> src pair
+    dp_node: torch.Tensor
+    dp_rel: torch.Tensor
+    dp_offsets: torch.Tensor
+    e_dp: torch.Tensor
+    inv_dst_rel_degree: torch.Tensor  # (E,) float64, layout order
+    inv_dst_degree: torch.Tensor  # (E,) float64, layout order
+    rel_src_ntype: torch.Tensor  # (R,)
+    rel_dst_ntype: torch.Tensor
+
+    def rows(self, domain: str) -> int:
+        return {"node": self.num_nodes, "edge": self.num_edges, "src_pair": int(self.sp_node.numel()),
+                "dst_pair": int(self.dp_node.numel())}[domain]
+
+    def index_tensors(self) -> dict[str, torch.Tensor]:
+        return {k: v for k, v in self.__dict__.items() if isinstance(v, torch.Tensor)}
+
+
+LAYOUT_PERMUTATIONS = {
+    "csr_dst": lambda g: g.csr_by_dst.eid,
+    "coo_rel_dst": lambda g: g.layout("dst").eid,
+    "coo_rel_src": lambda g: g.layout("src").eid,
+}
+
+
+def graph_arrays(graph: HeteroGraph, layout: str = "csr_dst", index_bits: int = 64) -> GraphArrays:
+    """Index arrays of ``graph`` in ``layout`` with ``index_bits``-bit indices (cached)."""
+    if layout not in LAYOUT_PERMUTATIONS:
+        raise ValueError(f"unknown layout {layout!r}; choose one of {sorted(LAYOUT_PERMUTATIONS)}")
+    if index_bits not in (32, 64):
+        raise ValueError(f"index_bits must be 32 or 64, got {index_bits}")
+    cache = graph.__dict__.setdefault("_rgtune_arrays", {})
+    key = (layout, index_bits)
+    if key not in cache:
+        cache[key] = _build(graph, layout, index_bits)
+    return cache[key]
+
+
+def _build(g: HeteroGraph, layout: str, bits: int) -> GraphArrays:
+    idx = torch.int32 if bits == 32 else torch.int64
+    eid = LAYOUT_PERMUTATIONS[layout](g)
+    e_rel = g.etype[eid]
+    rel_order = torch.sort(e_rel, stable=True).indices
+    sp, dp = g.unique_pairs("src"), g.unique_pairs("dst")
+    pair_count_dst = dp.pair_count[dp.edge_to_pair]
+    indptr = None
+    if layout == "csr_dst":
+        indptr = g.csr_by_dst.indptr.to(idx)
+    in_deg = g.in_degrees[g.dst].double()
+
+    def i(t: torch.Tensor) -> torch.Tensor:
+        return t.to(idx).contiguous()
+
+    return GraphArrays(
+        layout=layout, index_bits=bits, num_nodes=g.num_nodes(), num_edges=g.num_edges(), num_rels=g.num_rels,
+        num_ntypes=g.num_ntypes, node_type=i(g.node_type), node_offsets=i(g.node_offsets),
+        e_src=i(g.src[eid]), e_dst=i(g.dst[eid]), e_rel=i(e_rel), e_eid=i(eid), e_rel_order=i(rel_order),
+        rel_offsets=i(g.rel_offsets), csr_indptr=indptr,
+        sp_node=i(sp.node), sp_rel=i(sp.etype), sp_offsets=i(sp.pair_offsets), e_sp=i(sp.edge_to_pair[eid]),
+        dp_node=i(dp.node), dp_rel=i(dp.etype), dp_offsets=i(dp.pair_offsets), e_dp=i(dp.edge_to_pair[eid]),
+        inv_dst_rel_degree=(1.0 / pair_count_dst.double())[eid].contiguous(),
+        inv_dst_degree=(1.0 / in_deg)[eid].contiguous(),
+        rel_src_ntype=i(g.src_ntype_of_rel), rel_dst_ntype=i(g.dst_ntype_of_rel),
+    )

@@ -1,0 +1,576 @@
+"""Intra-operator (kernel) IR: what the code generators read.
+
+A :class:`KernelProgram` is a list of kernels over named :class:`Buffer` s. Each kernel is
+one of a few templates; each template declares its schedule parameters (with per-backend
+choices and constraints) next to its definition:
+
+* :class:`GemmKernel`: a segment GEMM. Rows are grouped by type (node type or relation),
+  each group meets its own weight; the input row is gathered through an index (the row's
+  source node, pair node, ...), the output row may be scattered, and an *epilogue*
+  expression may be computed from the fresh output row (an attention inner product).
+* :class:`TraversalKernel`: one walk over the edges computing one :class:`Stage`: store an
+  edge value, an edge softmax, an aggregation into destinations (or destination pairs), or
+  softmax and aggregation fused with an online softmax. Mapped destination-parallel
+  (no atomics, needs edges grouped by destination) or edge-parallel (atomics).
+* :class:`MapKernel`: an elementwise expression over the rows of one domain.
+* :class:`WeightKernel`: a weight derived by associativity (runs once per call on weights).
+
+Per-row computations are :class:`Expr` trees whose leaves load buffers or params *via* an
+index relative to the kernel's row: ``row`` (same domain), ``src``/``dst`` (an edge's end
+node), ``src_pair``/``dst_pair`` (an edge's unique pair), ``pair_node`` (a pair's node);
+params via ``rel``, ``ntype``, ``src_ntype``, ``dst_ntype`` or ``none``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence
+
+from rgtune.ir.program import DST_PAIR, EDGE, NODE, SRC_PAIR
+
+# ---------------------------------------------------------------------------- buffers
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A materialized tensor ``rows(domain) x heads x dim``."""
+
+    name: str
+    domain: str
+    heads: int
+    dim: int
+
+    @property
+    def width(self) -> int:
+        return self.heads * self.dim
+
+
+# ------------------------------------------------------------------------ expressions
+
+
+@dataclass(frozen=True)
+class Expr:
+    """A per-row expression of shape ``heads x dim`` (``dim == 1`` broadcasts)."""
+
+    heads: int
+    dim: int
+
+    def children(self) -> tuple["Expr", ...]:
+        return tuple(getattr(self, f.name) for f in dataclasses.fields(self) if isinstance(getattr(self, f.name), Expr))
+
+    def walk(self) -> Iterator["Expr"]:
+        yield self
+        for c in self.children():
+            yield from c.walk()
+
+    def flops(self) -> int:
+        """Floating point operations per row (loads are free)."""
+        return sum(e._own_flops() for e in self.walk())
+
+    def _own_flops(self) -> int:
+        return 0
+
+
+@dataclass(frozen=True)
+class Load(Expr):
+    buffer: str
+    via: str
+
+
+@dataclass(frozen=True)
+class ParamLoad(Expr):
+    param: str
+    via: str
+
+
+@dataclass(frozen=True)
+class GraphLoad(Expr):
+    """A per-edge constant of the graph (``inv_dst_rel_degree``, ``inv_dst_degree``)."""
+
+    kind: str
+
+
+@dataclass(frozen=True)
+class Acc(Expr):
+    """In a GEMM epilogue: the output row just computed."""
+
+
+@dataclass(frozen=True)
+class InnerE(Expr):
+    a: Expr
+    b: Expr
+
+    def _own_flops(self) -> int:
+        return 2 * self.a.heads * self.a.dim
+
+
+@dataclass(frozen=True)
+class BinaryE(Expr):
+    op: str
+    a: Expr
+    b: Expr
+
+    def _own_flops(self) -> int:
+        return self.heads * self.dim
+
+
+@dataclass(frozen=True)
+class UnaryE(Expr):
+    op: str
+    x: Expr
+    alpha: float = 0.0
+
+    def _own_flops(self) -> int:
+        return self.heads * self.dim * (8 if self.op in ("gelu", "exp", "sigmoid") else 1)
+
+
+@dataclass(frozen=True)
+class ScaleE(Expr):
+    x: Expr
+    scale: float
+
+    def _own_flops(self) -> int:
+        return self.heads * self.dim
+
+
+@dataclass(frozen=True)
+class GatedE(Expr):
+    """``sigmoid(gate) h + (1 - sigmoid(gate)) x`` (the gated residual)."""
+
+    gate: Expr
+    h: Expr
+    x: Expr
+
+    def _own_flops(self) -> int:
+        return 4 * self.heads * self.dim + 8
+
+
+@dataclass(frozen=True)
+class ConcatE(Expr):
+    a: Expr
+    b: Expr
+
+
+def expr_str(e: Expr) -> str:
+    """A compact text form of an expression, e.g. ``inner(load(k@src_pair), load(q@dst))``."""
+    if isinstance(e, Load):
+        return f"{e.buffer}@{e.via}"
+    if isinstance(e, ParamLoad):
+        return f"{e.param}[{e.via}]"
+    if isinstance(e, GraphLoad):
+        return e.kind
+    if isinstance(e, Acc):
+        return "acc"
+    if isinstance(e, InnerE):
+        return f"inner({expr_str(e.a)}, {expr_str(e.b)})"
+    if isinstance(e, BinaryE):
+        sym = {"add": "+", "sub": "-", "mul": "*"}[e.op]
+        return f"({expr_str(e.a)} {sym} {expr_str(e.b)})"
+    if isinstance(e, UnaryE):
+        return f"{e.op}({expr_str(e.x)}{', ' + str(e.alpha) if e.op == 'leaky_relu' else ''})"
+    if isinstance(e, ScaleE):
+        return f"{expr_str(e.x)} * {e.scale:.6g}"
+    if isinstance(e, GatedE):
+        return f"gated({expr_str(e.gate)}, {expr_str(e.h)}, {expr_str(e.x)})"
+    if isinstance(e, ConcatE):
+        return f"concat({expr_str(e.a)}, {expr_str(e.b)})"
+    raise TypeError(type(e))
+
+
+def expr_loads(e: Expr) -> set[tuple[str, str]]:
+    return {(x.buffer, x.via) for x in e.walk() if isinstance(x, Load)}
+
+
+# ------------------------------------------------------------- schedule parameters
+
+
+@dataclass(frozen=True)
+class ScheduleParam:
+    """A kernel schedule parameter: choices per backend (``"cpu"``, ``"cuda"``) and its default."""
+
+    name: str
+    choices: Mapping[str, tuple[Any, ...]]
+    default: Mapping[str, Any]
+    doc: str
+
+    def for_backend(self, backend: str) -> tuple[tuple[Any, ...], Any] | None:
+        if backend not in self.choices:
+            return None
+        return self.choices[backend], self.default[backend]
+
+
+@dataclass(frozen=True)
+class ScheduleConstraint:
+    """A predicate over one kernel's schedule values; ``check`` returns a reason when violated."""
+
+    name: str
+    backend: str
+    check: Callable[[Mapping[str, Any], "Kernel"], str | None]
+
+
+# ---------------------------------------------------------------------------- kernels
+
+
+@dataclass
+class Kernel:
+    name: str
+
+    #: the template's schedule parameters and constraints (class attributes)
+    SCHEDULE: ClassVar[tuple[ScheduleParam, ...]] = ()
+    CONSTRAINTS: ClassVar[tuple[ScheduleConstraint, ...]] = ()
+
+    @property
+    def template(self) -> str:
+        return template_name(type(self))
+
+    def reads(self) -> set[str]:
+        return set()
+
+    def writes(self) -> set[str]:
+        return set()
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+
+GEMM_SCHEDULE = (
+    ScheduleParam("impl", {"cpu": ("generated", "blas")}, {"cpu": "generated"},
+                  "CPU: generated tiled C, or per-segment BLAS calls through torch"),
+    ScheduleParam("tile_rows", {"cpu": (8, 16, 32, 64), "cuda": (16, 32, 64, 128)}, {"cpu": 16, "cuda": 64},
+                  "rows per tile (CPU: rows that share a pass over the weight; CUDA: block tile M)"),
+    ScheduleParam("tile_cols", {"cpu": (16, 32, 64), "cuda": (16, 32, 64)}, {"cpu": 64, "cuda": 32},
+                  "output columns per tile (CUDA: block tile N)"),
+    ScheduleParam("tile_k", {"cuda": (8, 16, 32)}, {"cuda": 16}, "CUDA: K slice staged in shared memory"),
+    ScheduleParam("threads", {"cuda": (64, 128, 256)}, {"cuda": 128}, "CUDA: threads per block"),
+    ScheduleParam("block_partition", {"cuda": ("static", "balanced")}, {"cuda": "balanced"},
+                  "CUDA: blocks per segment (static: one tile grid per type; balanced: tiles over all rows)"),
+)
+
+
+def _gemm_cuda_resources(s: Mapping[str, Any], k: "Kernel") -> str | None:
+    smem = (s["tile_rows"] * s["tile_k"] + s["tile_k"] * s["tile_cols"]) * 4
+    if smem > 48 * 1024:
+        return f"shared memory {smem} B > 48 KiB"
+    outputs_per_thread = s["tile_rows"] * s["tile_cols"] / s["threads"]
+    if outputs_per_thread > 64:
+        return f"{outputs_per_thread:g} outputs per thread > 64 (register pressure)"
+    if outputs_per_thread < 1:
+        return f"fewer outputs ({s['tile_rows'] * s['tile_cols']}) than threads ({s['threads']})"
+    return None
+
+
+GEMM_CONSTRAINTS = (ScheduleConstraint("cuda_resources", "cuda", _gemm_cuda_resources),)
+
+
+@dataclass
+class GemmKernel(Kernel):
+    """``out[row] = x[in_index(row)] @ W[type(row)] (+ b[type(row)])``, rows grouped by type.
+
+    ``rows`` is the domain iterated (node, edge, src_pair, dst_pair); ``x_via`` how a row finds
+    its input row (``row``, ``src``, ``dst``, ``pair_node``). ``by`` picks the weight slice
+    (``ntype`` of the row's node or of ``weight_end`` for edge/pair rows, ``rel``, ``none``).
+    ``out`` may be ``None`` when only the epilogue outputs are needed; ``accumulate`` adds the
+    rows into ``out`` at ``out_via`` (``row`` or ``pair_node``) instead of storing them.
+    """
+
+    rows: str = NODE
+    x: str = ""
+    x_via: str = "row"
+    weight: str = ""
+    bias: str | None = None
+    by: str = "none"
+    weight_end: str | None = None
+    per_head: bool = False
+    in_heads: int = 1
+    in_dim: int = 0
+    out_heads: int = 1
+    out_dim: int = 0
+    out: str | None = None
+    out_via: str = "row"
+    accumulate: bool = False
+    epilogue: list[tuple[str, Expr]] = field(default_factory=list)
+
+    SCHEDULE = GEMM_SCHEDULE
+    CONSTRAINTS = GEMM_CONSTRAINTS
+
+    def reads(self) -> set[str]:
+        r = {self.x}
+        for _, e in self.epilogue:
+            r |= {b for b, _ in expr_loads(e)}
+        return r
+
+    def writes(self) -> set[str]:
+        return ({self.out} if self.out else set()) | {o for o, _ in self.epilogue}
+
+    def flops_per_row(self) -> int:
+        k = self.in_dim if self.per_head else self.in_heads * self.in_dim
+        n = self.out_heads * self.out_dim
+        return 2 * k * n + sum(e.flops() for _, e in self.epilogue)
+
+    def describe(self) -> str:
+        src = self.x if self.x_via == "row" else f"{self.x}@{self.x_via}"
+        w = f"{self.weight}[{self.by if self.by != 'ntype' or not self.weight_end else self.weight_end + '_ntype'}]"
+        b = f" + {self.bias}" if self.bias else ""
+        head = " per_head" if self.per_head else ""
+        target = "(discarded)" if self.out is None else (f"{self.out}@{self.out_via} +=" if self.accumulate else f"{self.out} =")
+        lines = [f"gemm {self.name} over {self.rows} rows: {target} {src} @ {w}{b}{head}  "
+                 f"[{self.in_heads}x{self.in_dim} -> {self.out_heads}x{self.out_dim}]"]
+        for o, e in self.epilogue:
+            lines.append(f"    epilogue {o} = {expr_str(e)}")
+        return "\n".join(lines)
+
+
+TRAVERSAL_SCHEDULE = (
+    ScheduleParam("mapping", {"cpu": ("dst_parallel", "edge_parallel"), "cuda": ("dst_parallel", "edge_parallel")},
+                  {"cpu": "dst_parallel", "cuda": "dst_parallel"},
+                  "destination-parallel (no atomics; edges grouped by destination) or edge-parallel (atomics)"),
+    ScheduleParam("threads", {"cuda": (32, 64, 128, 256)}, {"cuda": 128}, "CUDA: threads per block"),
+    ScheduleParam("vector_width", {"cuda": (1, 2, 4)}, {"cuda": 1}, "CUDA: features per thread (float, float2, float4)"),
+    ScheduleParam("coarsening", {"cuda": (1, 2, 4)}, {"cuda": 1}, "CUDA: destinations (or edges) per warp"),
+    ScheduleParam("chunk", {"cpu": (16, 64, 256, 1024)}, {"cpu": 64}, "CPU: OpenMP dynamic chunk (rows per grab)"),
+)
+
+
+def _traversal_mapping(s: Mapping[str, Any], k: "Kernel") -> str | None:
+    assert isinstance(k, TraversalKernel)
+    if s.get("mapping") == "dst_parallel" and k.stage.needs_dst_grouping() and k.layout != "csr_dst":
+        return f"dst_parallel needs edges grouped by destination (layout csr_dst), layout is {k.layout}"
+    if s.get("mapping") == "edge_parallel" and isinstance(k.stage, SoftmaxAggregate):
+        return "a fused softmax-aggregate is destination-parallel only"
+    return None
+
+
+def _traversal_vector(s: Mapping[str, Any], k: "Kernel") -> str | None:
+    assert isinstance(k, TraversalKernel)
+    v = s.get("vector_width", 1)
+    if v > 1 and k.stage.feature_dim() % v:
+        return f"vector width {v} does not divide the feature size {k.stage.feature_dim()}"
+    return None
+
+
+TRAVERSAL_CONSTRAINTS = tuple(
+    ScheduleConstraint(n, b, f) for b in ("cpu", "cuda") for n, f in (("mapping", _traversal_mapping),)
+) + (ScheduleConstraint("vector_width", "cuda", _traversal_vector),)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """What one traversal computes per edge (and per destination)."""
+
+    def exprs(self) -> tuple[Expr, ...]:
+        return tuple(getattr(self, f.name) for f in dataclasses.fields(self) if isinstance(getattr(self, f.name), Expr))
+
+    def needs_dst_grouping(self) -> bool:
+        return False
+
+    def feature_dim(self) -> int:
+        return max(e.dim for e in self.exprs())
+
+
+@dataclass(frozen=True)
+class EdgeStore(Stage):
+    """``out[edge] = value``."""
+
+    out: str
+    value: Expr
+
+
+@dataclass(frozen=True)
+class EdgeSoftmaxStage(Stage):
+    """``out[edge] = exp(score - max) / sum`` over each destination's in-edges, per head."""
+
+    out: str
+    score: Expr
+
+    def needs_dst_grouping(self) -> bool:
+        return True
+
+
+@dataclass(frozen=True)
+class AggregateStage(Stage):
+    """``out[dst or dst_pair of edge] += message``."""
+
+    out: str
+    out_via: str  # "dst" or "dst_pair"
+    message: Expr
+
+    def needs_dst_grouping(self) -> bool:
+        return True
+
+
+@dataclass(frozen=True)
+class SoftmaxAggregate(Stage):
+    """Fused: ``out[dst(e) or dst_pair(e)] += softmax_dst(score)[e] * message[e]`` (online softmax)."""
+
+    out: str
+    out_via: str
+    score: Expr
+    message: Expr
+
+    def needs_dst_grouping(self) -> bool:
+        return True
+
+
+@dataclass
+class TraversalKernel(Kernel):
+    """One walk over the edges (in the layout's order) computing ``stage``."""
+
+    stage: Stage = field(default_factory=lambda: EdgeStore("", Acc(1, 1)))
+    layout: str = "csr_dst"
+
+    SCHEDULE = TRAVERSAL_SCHEDULE
+    CONSTRAINTS = TRAVERSAL_CONSTRAINTS
+
+    def reads(self) -> set[str]:
+        return {b for e in self.stage.exprs() for b, _ in expr_loads(e)}
+
+    def writes(self) -> set[str]:
+        return {self.stage.out}  # type: ignore[attr-defined]
+
+    def flops_per_edge(self) -> int:
+        st = self.stage
+        f = sum(e.flops() for e in st.exprs())
+        if isinstance(st, (EdgeSoftmaxStage, SoftmaxAggregate)):
+            f += 10 * st.score.heads  # exp, max, sum, divide
+        if isinstance(st, (AggregateStage, SoftmaxAggregate)):
+            f += 2 * st.message.heads * st.message.dim
+        return f
+
+    def describe(self) -> str:
+        st = self.stage
+        if isinstance(st, EdgeStore):
+            body = f"{st.out}[e] = {expr_str(st.value)}"
+        elif isinstance(st, EdgeSoftmaxStage):
+            body = f"{st.out}[e] = softmax_dst({expr_str(st.score)})"
+        elif isinstance(st, AggregateStage):
+            body = f"{st.out}[{st.out_via}] += {expr_str(st.message)}"
+        elif isinstance(st, SoftmaxAggregate):
+            body = f"{st.out}[{st.out_via}] += softmax_dst({expr_str(st.score)}) * {expr_str(st.message)}"
+        else:  # pragma: no cover
+            body = repr(st)
+        return f"traversal {self.name} over edges ({self.layout}): {body}"
+
+
+MAP_SCHEDULE = (
+    ScheduleParam("threads", {"cuda": (64, 128, 256)}, {"cuda": 256}, "CUDA: threads per block"),
+    ScheduleParam("chunk", {"cpu": (64, 256, 1024)}, {"cpu": 256}, "CPU: OpenMP static chunk (rows)"),
+)
+
+
+@dataclass
+class MapKernel(Kernel):
+    """``out[row] = value`` for every row of ``rows``."""
+
+    rows: str = NODE
+    out: str = ""
+    value: Expr = field(default_factory=lambda: Acc(1, 1))
+
+    SCHEDULE = MAP_SCHEDULE
+
+    def reads(self) -> set[str]:
+        return {b for b, _ in expr_loads(self.value)}
+
+    def writes(self) -> set[str]:
+        return {self.out}
+
+    def describe(self) -> str:
+        return f"map {self.name} over {self.rows} rows: {self.out} = {expr_str(self.value)}"
+
+
+@dataclass
+class WeightKernel(Kernel):
+    """A derived weight (see :class:`rgtune.ir.program.FoldWeights`); runs once per call."""
+
+    out: str = ""
+    mode: str = ""
+    a: str = ""
+    b: str | None = None
+    end: str | None = None
+
+    def describe(self) -> str:
+        return f"weights {self.out} := fold_{self.mode}({self.a}{', ' + self.b if self.b else ''}{', end=' + self.end if self.end else ''})"
+
+
+TEMPLATES: tuple[type[Kernel], ...] = (GemmKernel, TraversalKernel, MapKernel)
+
+
+# ----------------------------------------------------------------------- programs
+
+
+@dataclass
+class KernelProgram:
+    """Lowered program: buffers, params, kernels in execution order, and the output buffer.
+
+    ``layout`` / ``index_bits`` / ``pair_index`` are the graph-side choices every kernel shares.
+    ``param_shapes`` holds the full shape of every param (learnable and derived).
+    """
+
+    name: str
+    buffers: dict[str, Buffer]
+    kernels: list[Kernel]
+    input: str
+    output: str
+    param_shapes: dict[str, tuple[int, ...]]
+    param_by: dict[str, str]
+    layout: str = "csr_dst"
+    index_bits: int = 64
+    pair_index: str = "direct"
+    zero_init: set[str] = field(default_factory=set)
+
+    def describe(self) -> str:
+        lines = [f"kernels {self.name}: layout={self.layout} index_bits={self.index_bits} pair_index={self.pair_index}"]
+        for b in self.buffers.values():
+            lines.append(f"  buffer {b.name}: {b.domain}[{b.heads}x{b.dim}]{' (zeroed)' if b.name in self.zero_init else ''}")
+        for k in self.kernels:
+            lines.append("  " + k.describe().replace("\n", "\n  "))
+        lines.append(f"  output {self.output}")
+        return "\n".join(lines)
+
+    def schedulable(self) -> list[Kernel]:
+        return [k for k in self.kernels if k.SCHEDULE]
+
+
+def template_params(templates: Sequence[type[Kernel]], backend: str) -> dict[str, ScheduleParam]:
+    """``"<template>.<param>" -> ScheduleParam`` for the templates' parameters on ``backend``.
+
+    Schedule knobs are per template (every GEMM of a program shares ``gemm.tile_rows``), so
+    their names do not depend on which kernels one IR configuration lowers to.
+    """
+    out: dict[str, ScheduleParam] = {}
+    for t in templates:
+        for p in t.SCHEDULE:
+            if p.for_backend(backend) is not None:
+                out[f"{template_name(t)}.{p.name}"] = p
+    return out
+
+
+def template_name(t: type[Kernel]) -> str:
+    return t.__name__.replace("Kernel", "").lower()
+
+
+def kernel_schedule(kernel: Kernel, schedule: Mapping[str, Any], backend: str) -> dict[str, Any]:
+    """The schedule values of one kernel (its template's defaults where ``schedule`` says nothing)."""
+    out: dict[str, Any] = {}
+    for p in kernel.SCHEDULE:
+        cd = p.for_backend(backend)
+        if cd is not None:
+            out[p.name] = schedule.get(f"{kernel.template}.{p.name}", cd[1])
+    return out
+
+
+def check_schedule(kp: KernelProgram, schedule: Mapping[str, Any], backend: str) -> list[str]:
+    """Every violated kernel constraint, as ``"<kernel>: <reason>"``."""
+    problems = []
+    for k in kp.kernels:
+        values = kernel_schedule(k, schedule, backend)
+        for c in k.CONSTRAINTS:
+            if c.backend == backend:
+                why = c.check(values, k)
+                if why:
+                    problems.append(f"{k.name}: {why}")
+    return problems
+
+
+SRC_VIAS = {EDGE: ("row", "src", "dst", "src_pair", "dst_pair"), SRC_PAIR: ("row", "pair_node"),
+            DST_PAIR: ("row", "pair_node"), NODE: ("row",)}

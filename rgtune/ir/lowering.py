@@ -1,0 +1,267 @@
+"""Lowering: inter-operator :class:`Program` -> :class:`KernelProgram`.
+
+What becomes a buffer (is *materialized*): the input, every typed linear's output (a GEMM),
+every aggregation, the values the fusion decisions keep (scores, softmax), GEMM epilogue
+results, inputs of GEMMs, and the output. Everything else is an elementwise chain that is
+inlined into the expression of the kernel that reads it; so an edge value computed per pair
+and read per edge is recomputed per edge unless it is materialized.
+
+Kernels come out in program order: one GEMM per typed linear (gathers fused into its input
+index, epilogues into its output loop, a following pair -> node sum into an accumulating
+store), one traversal per edge-materialized value, softmax or aggregation, one map per
+other materialized node or pair value, one weight kernel per derived weight.
+"""
+
+from __future__ import annotations
+
+from rgtune.ir.fusion_plan import plan_epilogues
+from rgtune.ir.kernels import (Acc, AggregateStage, BinaryE, Buffer, ConcatE, EdgeSoftmaxStage, EdgeStore, Expr,
+                               GatedE, GemmKernel, GraphLoad, InnerE, KernelProgram, Load, MapKernel, ParamLoad,
+                               ScaleE, SoftmaxAggregate, TraversalKernel, UnaryE, WeightKernel)
+from rgtune.ir.passes.fusion import softmax_aggregations
+from rgtune.ir.program import (DST_PAIR, EDGE, NODE, SRC_PAIR, Aggregate, Binary, Concat, EdgeSoftmax, Expand,
+                               FoldWeights, Gather, GatedResidual, GatherPair, GraphConst, Inner, IRError, Op,
+                               ParamRead, Program, Scale, TypedLinear, Unary, Value)
+
+
+class LoweringError(IRError):
+    """The program has a form no kernel template covers."""
+
+
+def lower(program: Program) -> KernelProgram:
+    """Lower an (annotated) program to kernels."""
+    return _Lowering(program).run()
+
+
+class _Lowering:
+    def __init__(self, program: Program) -> None:
+        self.p = program
+        ann = program.annotations
+        self.layout = ann.get("layout", "csr_dst")
+        self.index_bits = int(ann.get("index_bits", 64))
+        self.pair_index = ann.get("pair_index", "direct")
+        self.softmax_fusion = ann.get("softmax_fusion", "none")
+        self.prod = program.producers()
+        self.users = program.users()
+        self.epilogues = plan_epilogues(program) if ann.get("epilogue", "off") == "on" else {}
+        self.epilogue_roots = {root for chains in self.epilogues.values() for _, root in chains}
+        self.accumulate_into: dict[str, Value] = {}
+        self.fused_softmax: dict[str, EdgeSoftmax] = {}  # aggregate name -> its fused softmax
+        self.materialized: set[str] = set()
+        self.stored: set[str] = set()
+
+    # ------------------------------------------------------------------ planning
+    def _plan(self) -> None:
+        p, prod = self.p, self.prod
+        m = {p.x.name, p.output.name}
+        for op in p.ops:
+            if isinstance(op, (TypedLinear, Aggregate)):
+                m.add(op.out.name)
+        m |= self.epilogue_roots
+        fusable = {agg.out.name: sm for sm, agg in softmax_aggregations(p)}
+        for op in p.ops:
+            if isinstance(op, EdgeSoftmax):
+                pattern_aggs = [a for a, sm in fusable.items() if sm is op]
+                if self.softmax_fusion == "none" or not pattern_aggs or len(self.users[op.out.name]) != 1:
+                    m.add(op.out.name)
+                else:
+                    self.fused_softmax[pattern_aggs[0]] = op
+                if self.softmax_fusion in ("none", "aggregate"):
+                    m.add(op.x.name)
+            if isinstance(op, Aggregate) and op.x.domain == DST_PAIR:
+                lin = prod.get(op.x.name)
+                if not isinstance(lin, TypedLinear) or len(self.users[op.x.name]) != 1:
+                    raise LoweringError(f"{op}: a pair -> node sum must directly follow a typed linear")
+                self.accumulate_into[lin.out.name] = op.out
+        # a GEMM's input is a buffer (or a gathered buffer); so is anything gathered
+        for op in p.ops:
+            if isinstance(op, TypedLinear):
+                src = prod.get(op.x.name)
+                if isinstance(src, (Gather, GatherPair)):
+                    m.add(src.x.name)
+                else:
+                    m.add(op.x.name)
+            elif isinstance(op, (Gather, GatherPair)):
+                m.add(op.x.name)
+        self.materialized = m
+        epilogue_inners = {inner for chains in self.epilogues.values() for inner, _ in chains}
+        epilogue_only = {t for t in self.epilogues
+                         if all(u.out.name in epilogue_inners for u in self.users.get(t, [])) and t != p.output.name}
+        self.stored = {v for v in m if v not in epilogue_only and v not in self.accumulate_into}
+
+    # ------------------------------------------------------------------ buffers
+    @staticmethod
+    def buf_name(v: Value) -> str:
+        return v.name.replace("%", "v")
+
+    def _buffers(self) -> dict[str, Buffer]:
+        out = {}
+        for v in self.p.values():
+            if v.name in self.stored:
+                out[self.buf_name(v)] = Buffer(self.buf_name(v), v.domain, v.heads, v.dim)
+        return out
+
+    # ------------------------------------------------------------------ expressions
+    def expr(self, v: Value, row: str, pair_side: str | None = None, acc: str | None = None,
+             define: bool = False) -> Expr:
+        """The expression of ``v`` in a kernel over ``row`` rows.
+
+        ``pair_side``: evaluating a pair value inside an edge kernel (through ``expand``);
+        ``acc``: inside the epilogue of the GEMM producing ``acc``; ``define``: expand ``v``'s
+        own op even though ``v`` is materialized (the kernel that writes it).
+        """
+        if acc is not None and v.name == acc:
+            return Acc(v.heads, v.dim)
+        if v.name in self.stored and not define:
+            return Load(v.heads, v.dim, self.buf_name(v), self._via(v.domain, row, pair_side))
+        op = self.prod.get(v.name)
+        if op is None:
+            raise LoweringError(f"value {v.name} is not materialized and has no producer")
+        e = lambda w: self.expr(w, row, pair_side, acc)  # noqa: E731
+        h, d = v.heads, v.dim
+        if isinstance(op, Gather):
+            return Load(h, d, self.buf_name(op.x), op.end)
+        if isinstance(op, GatherPair):
+            return Load(h, d, self.buf_name(op.x), "pair_node" if pair_side is None else pair_side)
+        if isinstance(op, Expand):
+            side = "src" if op.x.domain == SRC_PAIR else "dst"
+            return self.expr(op.x, row, side, acc)
+        if isinstance(op, ParamRead):
+            return ParamLoad(h, d, op.param, self._param_via(op, row, pair_side))
+        if isinstance(op, GraphConst):
+            return GraphLoad(h, d, op.kind)
+        if isinstance(op, Inner):
+            return InnerE(h, 1, e(op.a), e(op.b))
+        if isinstance(op, Binary):
+            return BinaryE(h, d, op.op, e(op.a), e(op.b))
+        if isinstance(op, Unary):
+            return UnaryE(h, d, op.op, e(op.x), op.alpha)
+        if isinstance(op, Scale):
+            return ScaleE(h, d, e(op.x), op.scale)
+        if isinstance(op, Concat):
+            return ConcatE(h, d, e(op.a), e(op.b))
+        if isinstance(op, GatedResidual):
+            return GatedE(h, d, ParamLoad(1, 1, op.skip, "ntype"), e(op.h), e(op.x))
+        raise LoweringError(f"{op}: cannot be inlined into a {row} kernel; it must be materialized")
+
+    @staticmethod
+    def _via(domain: str, row: str, pair_side: str | None) -> str:
+        if pair_side is not None:
+            if domain in (SRC_PAIR, DST_PAIR):
+                return f"{pair_side}_pair"
+            raise LoweringError(f"a {domain} value read inside a pair expression")
+        if domain == row:
+            return "row"
+        if row == EDGE and domain in (SRC_PAIR, DST_PAIR):
+            return "src_pair" if domain == SRC_PAIR else "dst_pair"
+        raise LoweringError(f"a {domain} buffer cannot be read from {row} rows without a gather")
+
+    @staticmethod
+    def _param_via(op: ParamRead, row: str, pair_side: str | None) -> str:
+        if op.by == "none":
+            return "none"
+        if op.by == "rel":
+            if row == NODE:
+                raise LoweringError(f"{op}: a per-relation param read on node rows")
+            return "rel"
+        if pair_side is not None:
+            return f"{pair_side}_ntype"
+        if row == EDGE:
+            if op.end is None:
+                raise LoweringError(f"{op}: a per-node-type param on edges must say which end")
+            return f"{op.end}_ntype"
+        return "ntype"
+
+    # ------------------------------------------------------------------ kernels
+    def run(self) -> KernelProgram:
+        self._plan()
+        kernels = []
+        zero_init: set[str] = set()
+        names: dict[str, int] = {}
+
+        def kname(base: str) -> str:
+            names[base] = names.get(base, 0) + 1
+            return f"{base}{names[base]}"
+
+        for op in self.p.ops:
+            if isinstance(op, FoldWeights):
+                kernels.append(WeightKernel(kname("fold"), op.out_param, op.mode, op.a, op.b, op.end))
+                continue
+            name = op.out.name
+            if name not in self.materialized or name == self.p.x.name:
+                continue
+            if isinstance(op, TypedLinear):
+                kernels.append(self._gemm(op, kname("gemm")))
+                if name in self.accumulate_into:
+                    zero_init.add(self.buf_name(self.accumulate_into[name]))
+            elif isinstance(op, Aggregate):
+                if op.x.domain == DST_PAIR:
+                    continue  # accumulated by the GEMM that produced op.x
+                kernels.append(self._aggregate(op, kname("aggregate")))
+                zero_init.add(self.buf_name(op.out))
+            elif name in self.epilogue_roots:
+                continue  # written by its GEMM's epilogue
+            elif isinstance(op, EdgeSoftmax):
+                kernels.append(TraversalKernel(kname("softmax"), EdgeSoftmaxStage(self.buf_name(op.out),
+                                                                                  self.expr(op.x, EDGE)), self.layout))
+            elif op.out.domain == EDGE:
+                kernels.append(TraversalKernel(kname("edge_map"), EdgeStore(self.buf_name(op.out),
+                                                                            self.expr(op.out, EDGE, define=True)),
+                                               self.layout))
+            else:
+                kernels.append(MapKernel(kname("map"), op.out.domain, self.buf_name(op.out),
+                                         self.expr(op.out, op.out.domain, define=True)))
+        params = self.p.params
+        return KernelProgram(
+            name=self.p.name,
+            buffers=self._buffers(),
+            kernels=kernels,
+            input=self.buf_name(self.p.x),
+            output=self.buf_name(self.p.output),
+            param_shapes={k: q.shape for k, q in params.items()},
+            param_by={k: q.by for k, q in params.items()},
+            layout=self.layout,
+            index_bits=self.index_bits,
+            pair_index=self.pair_index,
+            zero_init=zero_init,
+        )
+
+    def _gemm(self, op: TypedLinear, name: str) -> GemmKernel:
+        src = self.prod.get(op.x.name)
+        if op.x.name in self.stored:
+            x, x_via, xin = op.x, "row", op.x
+        elif isinstance(src, Gather):
+            x, x_via, xin = src.x, src.end, op.x
+        elif isinstance(src, GatherPair):
+            x, x_via, xin = src.x, "pair_node", op.x
+        else:  # pragma: no cover - planning materializes GEMM inputs
+            raise LoweringError(f"{op}: input is neither a buffer nor a gathered buffer")
+        out, out_via, accumulate = None, "row", False
+        if op.out.name in self.accumulate_into:
+            out, out_via, accumulate = self.buf_name(self.accumulate_into[op.out.name]), "pair_node", True
+        elif op.out.name in self.stored:
+            out = self.buf_name(op.out)
+        epilogue = [(self.buf_name(self.prod[r].out), self.expr(self.prod[r].out, op.out.domain, acc=op.out.name,
+                                                                define=True))
+                    for _, r in self.epilogues.get(op.out.name, [])]
+        return GemmKernel(
+            name, rows=op.out.domain, x=self.buf_name(x), x_via=x_via, weight=op.weight, bias=op.bias, by=op.by,
+            weight_end=op.end, per_head=op.per_head, in_heads=xin.heads, in_dim=xin.dim, out_heads=op.out.heads,
+            out_dim=op.out.dim, out=out, out_via=out_via, accumulate=accumulate, epilogue=epilogue)
+
+    def _aggregate(self, op: Aggregate, name: str) -> TraversalKernel:
+        out_via = "dst" if op.to == NODE else "dst_pair"
+        if op.to not in (NODE, DST_PAIR):
+            raise LoweringError(f"{op}: edges aggregate to nodes or destination pairs, not {op.to}")
+        sm = self.fused_softmax.get(op.out.name)
+        if sm is not None:
+            mul = self.prod[op.x.name]
+            assert isinstance(mul, Binary)
+            message = mul.b if mul.a.name == sm.out.name else mul.a
+            stage = SoftmaxAggregate(self.buf_name(op.out), out_via, self.expr(sm.x, EDGE), self.expr(message, EDGE))
+        else:
+            msg = self.expr(op.x, EDGE)
+            if op.reduce == "mean":
+                msg = BinaryE(msg.heads, msg.dim, "mul", msg, GraphLoad(1, 1, "inv_dst_degree"))
+            stage = AggregateStage(self.buf_name(op.out), out_via, msg)
+        return TraversalKernel(name, stage, self.layout)

@@ -1,0 +1,635 @@
+"""Inter-operator IR: values with domains, operators, and :class:`Program`.
+
+A value lives on a *domain* (what one row of it is) and has a shape of ``heads x features``:
+
+=============  ===========================================================
+``node``       one row per node (global numbering of the graph)
+``edge``       one row per edge (stored in the layout's edge order)
+``src_pair``   one row per unique (source node, relation) pair
+``dst_pair``   one row per unique (destination node, relation) pair
+=============  ===========================================================
+
+Weights are :class:`Param` s indexed by node type, relation, or nothing. Every op is a small
+frozen dataclass; a :class:`Program` is a list of them in SSA form. Models are written with
+:class:`ProgramBuilder`, whose methods read like the equations (see ``rgtune.ir.models``).
+
+Example:
+    >>> b = ProgramBuilder("tiny", in_dim=8)
+    >>> z = b.typed_linear(b.src(b.x), "weight", out=(1, 4), by="rel")
+    >>> print(b.finish(b.aggregate(z)))  # doctest: +NORMALIZE_WHITESPACE
+    program tiny(x: node[1x8])
+      param weight: rel[8x4]
+      %0 = gather(x, end=src) : edge[1x8]
+      %1 = typed_linear(%0, weight, by=rel) : edge[1x4]
+      %2 = aggregate(%1, to=node, reduce=sum) : node[1x4]
+      return %2
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, Literal, Sequence
+
+NODE, EDGE, SRC_PAIR, DST_PAIR = "node", "edge", "src_pair", "dst_pair"
+DOMAINS = (NODE, EDGE, SRC_PAIR, DST_PAIR)
+PAIR_OF_SIDE = {"src": SRC_PAIR, "dst": DST_PAIR}
+
+ParamBy = Literal["ntype", "rel", "none"]
+
+UNARY_OPS = ("leaky_relu", "gelu", "exp", "sigmoid", "relu", "neg")
+BINARY_OPS = ("add", "sub", "mul")
+
+
+class IRError(ValueError):
+    """A program is malformed (shapes, domains, unknown params)."""
+
+
+@dataclass(frozen=True)
+class Param:
+    """A learnable weight, one slice per node type / relation (or one for all).
+
+    ``shape`` is the shape of one slice. ``per_head`` linears have slices ``(H, Din, Dout)``.
+    ``derived`` params are computed from others each call (linear reordering folds weights);
+    they are not in the state_dict.
+    """
+
+    name: str
+    by: ParamBy
+    shape: tuple[int, ...]
+    derived: bool = False
+
+    def __str__(self) -> str:
+        return f"{'derived ' if self.derived else ''}param {self.name}: {self.by}[{'x'.join(map(str, self.shape))}]"
+
+
+@dataclass(frozen=True)
+class Value:
+    """An SSA value: ``domain[heads x dim]``."""
+
+    name: str
+    domain: str
+    heads: int
+    dim: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.heads, self.dim)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+# ----------------------------------------------------------------------------- ops
+@dataclass(frozen=True)
+class Op:
+    """Base of all ops: ``out`` is the value it defines."""
+
+    out: Value
+
+    def inputs(self) -> tuple[Value, ...]:
+        return tuple(v for v in (getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "out") if isinstance(v, Value))
+
+    def params(self) -> tuple[str, ...]:
+        return ()
+
+    def attrs(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "out" and not isinstance(getattr(self, f.name), Value)}
+
+    @property
+    def opname(self) -> str:
+        return _OPNAMES[type(self)]
+
+    def replace(self, **changes: Any) -> "Op":
+        return dataclasses.replace(self, **changes)
+
+    def __str__(self) -> str:
+        name = self.opname
+        hidden = {"domain"}
+        if isinstance(self, (Binary, Unary)):
+            name = self.op
+            hidden |= {"op"} | ({"alpha"} if self.op != "leaky_relu" else set())
+        args = [v.name for v in self.inputs()]
+        for k, v in self.attrs().items():
+            if v is None or v is False or k in hidden:
+                continue
+            if k in ("weight", "bias", "param", "skip"):
+                args.append(str(v))
+            else:
+                args.append(f"{k}={v}")
+        return f"{self.out.name} = {name}({', '.join(args)}) : {self.out.domain}[{self.out.heads}x{self.out.dim}]"
+
+
+@dataclass(frozen=True)
+class Gather(Op):
+    """Per edge, the row of a node value at the edge's ``end`` (``src`` or ``dst``)."""
+
+    x: Value
+    end: Literal["src", "dst"]
+
+
+@dataclass(frozen=True)
+class GatherPair(Op):
+    """Per unique (node, relation) pair on ``side``, the row of a node value at the pair's node."""
+
+    x: Value
+    side: Literal["src", "dst"]
+
+
+@dataclass(frozen=True)
+class Expand(Op):
+    """Per edge, the row of a pair value at the edge's pair (compact materialization's reader)."""
+
+    x: Value
+
+
+@dataclass(frozen=True)
+class TypedLinear(Op):
+    """``x @ weight[type] (+ bias[type])``, the type being the row's node type or relation.
+
+    ``per_head``: ``weight[type]`` is ``(H, Din, Dout)`` and head ``h`` of ``x`` meets matrix ``h``;
+    otherwise ``x`` is flattened to ``heads*dim`` and ``weight[type]`` is ``(Din, H*Dout)``.
+    ``end`` picks which end's node type indexes the weight when rows are edges or pairs and
+    ``by == "ntype"`` (a composed linear).
+    """
+
+    x: Value
+    weight: str
+    bias: str | None
+    by: ParamBy
+    per_head: bool = False
+    end: Literal["src", "dst"] | None = None
+
+    def params(self) -> tuple[str, ...]:
+        return (self.weight,) + ((self.bias,) if self.bias else ())
+
+
+@dataclass(frozen=True)
+class ParamRead(Op):
+    """Per row, the slice ``param[type]`` of a ``(H, D)`` parameter (an attention vector, a prior)."""
+
+    param: str
+    by: ParamBy
+    domain: str
+    end: Literal["src", "dst"] | None = None
+
+    def params(self) -> tuple[str, ...]:
+        return (self.param,)
+
+
+@dataclass(frozen=True)
+class GraphConst(Op):
+    """A per-edge constant of the graph; ``inv_dst_rel_degree`` is ``1 / |N_r(dst)|``."""
+
+    kind: Literal["inv_dst_rel_degree"]
+    domain: str
+
+
+@dataclass(frozen=True)
+class Inner(Op):
+    """Per head, the inner product over features: ``(H, D) x (H, D) -> (H, 1)``."""
+
+    a: Value
+    b: Value
+
+
+@dataclass(frozen=True)
+class Binary(Op):
+    """Elementwise ``add``/``sub``/``mul`` with broadcasting of a 1-feature operand (and of heads)."""
+
+    op: str
+    a: Value
+    b: Value
+
+
+@dataclass(frozen=True)
+class Unary(Op):
+    """Elementwise ``leaky_relu`` (slope ``alpha``), ``gelu`` (erf), ``exp``, ``sigmoid``, ``relu``, ``neg``."""
+
+    op: str
+    x: Value
+    alpha: float = 0.0
+
+
+@dataclass(frozen=True)
+class Scale(Op):
+    """Multiply by a compile-time constant."""
+
+    x: Value
+    scale: float
+
+
+@dataclass(frozen=True)
+class EdgeSoftmax(Op):
+    """Per destination and head, softmax over the destination's in-edges (all relations)."""
+
+    x: Value
+
+
+@dataclass(frozen=True)
+class Aggregate(Op):
+    """Sum (or mean) rows into their destination: edge -> node, edge -> dst_pair, dst_pair -> node."""
+
+    x: Value
+    to: str
+    reduce: Literal["sum", "mean"] = "sum"
+
+
+@dataclass(frozen=True)
+class Concat(Op):
+    """Concatenate features of two values of the same domain and heads."""
+
+    a: Value
+    b: Value
+
+
+@dataclass(frozen=True)
+class GatedResidual(Op):
+    """``sigmoid(skip[ntype]) * h + (1 - sigmoid(skip[ntype])) * x`` per node."""
+
+    h: Value
+    x: Value
+    skip: str
+
+    def params(self) -> tuple[str, ...]:
+        return (self.skip,)
+
+
+@dataclass(frozen=True)
+class FoldWeights(Op):
+    """Derive a weight by associativity (linear operator reordering); computed once per call.
+
+    ``mode``:
+      * ``vec``: ``W[r] (Din, H*D)`` with ``a[r] (H, D)`` -> ``(Din, H)``: ``(h W) a = h (W a)``.
+      * ``compose``: ``A[ntype of end of r] (Din, H*D)`` then per-head ``B[r] (H, D, D)``
+        -> ``(Din, H*D)``; with ``bias_of``, the bias ``b_A[nt] B[r]`` instead.
+      * ``transpose``: per-head ``B[r] (H, D, D)`` -> ``B[r]^T``.
+    The output is a derived :class:`Param` named by ``out_param``; ``out`` is a dummy value.
+    """
+
+    out_param: str
+    mode: Literal["vec", "compose", "transpose", "compose_bias"]
+    a: str
+    b: str | None = None
+    end: Literal["src", "dst"] | None = None
+
+    def params(self) -> tuple[str, ...]:
+        return (self.a,) + ((self.b,) if self.b else ())
+
+    def __str__(self) -> str:
+        extra = f", end={self.end}" if self.end else ""
+        b = f", {self.b}" if self.b else ""
+        return f"{self.out_param} := fold_{self.mode}({self.a}{b}{extra})"
+
+
+_OPNAMES: dict[type, str] = {
+    Gather: "gather",
+    GatherPair: "gather_pair",
+    Expand: "expand",
+    TypedLinear: "typed_linear",
+    ParamRead: "param",
+    GraphConst: "graph_const",
+    Inner: "inner",
+    Binary: "binary",
+    Unary: "unary",
+    Scale: "scale",
+    EdgeSoftmax: "edge_softmax",
+    Aggregate: "aggregate",
+    Concat: "concat",
+    GatedResidual: "gated_residual",
+    FoldWeights: "fold",
+}
+
+
+# ------------------------------------------------------------------------- program
+@dataclass
+class Program:
+    """A model in the inter-operator IR: one node input ``x``, params, ops (SSA), one output.
+
+    ``annotations`` carry pass decisions that lowering reads (fusion choices, layout); they
+    never change the program's meaning.
+    """
+
+    name: str
+    x: Value
+    params: dict[str, Param]
+    ops: list[Op]
+    output: Value
+    heads: int = 1
+    annotations: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def copy(self, **changes: Any) -> "Program":
+        kw = dict(name=self.name, x=self.x, params=dict(self.params), ops=list(self.ops), output=self.output,
+                  heads=self.heads, annotations=dict(self.annotations))
+        kw.update(changes)
+        return Program(**kw)
+
+    # -- queries ---------------------------------------------------------------
+    def producers(self) -> dict[str, Op]:
+        return {op.out.name: op for op in self.ops if not isinstance(op, FoldWeights)}
+
+    def users(self) -> dict[str, list[Op]]:
+        users: dict[str, list[Op]] = {}
+        for op in self.ops:
+            for v in op.inputs():
+                users.setdefault(v.name, []).append(op)
+        return users
+
+    def values(self) -> Iterator[Value]:
+        yield self.x
+        for op in self.ops:
+            if not isinstance(op, FoldWeights):
+                yield op.out
+
+    @property
+    def in_dim(self) -> int:
+        return self.x.dim
+
+    @property
+    def out_dim(self) -> int:
+        return self.output.heads * self.output.dim
+
+    def state_params(self) -> dict[str, Param]:
+        """The learnable params (the layer's state_dict), without derived ones."""
+        return {k: p for k, p in self.params.items() if not p.derived}
+
+    # -- checks ------------------------------------------------------------------
+    def validate(self) -> None:
+        defined = {self.x.name}
+        for op in self.ops:
+            for v in op.inputs():
+                if v.name not in defined:
+                    raise IRError(f"{op}: input {v.name} is used before it is defined")
+            for p in op.params():
+                if p not in self.params:
+                    raise IRError(f"{op}: unknown param {p!r}; params are {sorted(self.params)}")
+            if isinstance(op, FoldWeights):
+                if op.out_param not in self.params:
+                    raise IRError(f"{op}: derived param {op.out_param!r} is not declared")
+                continue
+            if op.out.name in defined:
+                raise IRError(f"value {op.out.name} is defined twice")
+            defined.add(op.out.name)
+        if self.output.name not in defined:
+            raise IRError(f"output {self.output.name} is never defined")
+
+    # -- text ------------------------------------------------------------------
+    def __str__(self) -> str:
+        lines = [f"program {self.name}({self.x.name}: {self.x.domain}[{self.x.heads}x{self.x.dim}])"]
+        lines += [f"  {p}" for p in self.params.values()]
+        for k, v in sorted(self.annotations.items()):
+            lines.append(f"  @{k} = {v}")
+        lines += [f"  {op}" for op in self.ops]
+        lines.append(f"  return {self.output.name}")
+        return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------- builder
+class ProgramBuilder:
+    """Writes a program op by op; each method returns the new :class:`Value`.
+
+    ``x`` is the node input ``node[1 x in_dim]``. Params are declared on first use, with
+    their slice shape inferred from the operands.
+    """
+
+    def __init__(self, name: str, in_dim: int, heads: int = 1) -> None:
+        if in_dim <= 0:
+            raise IRError(f"in_dim must be positive, got {in_dim}")
+        self.name = name
+        self.heads = heads
+        self.x = Value("x", NODE, 1, in_dim)
+        self.params: dict[str, Param] = {}
+        self.ops: list[Op] = []
+        self._counter = 0
+
+    # -- internals -----------------------------------------------------------
+    def _new(self, domain: str, heads: int, dim: int) -> Value:
+        v = Value(f"%{self._counter}", domain, heads, dim)
+        self._counter += 1
+        return v
+
+    def _emit(self, op: Op) -> Value:
+        self.ops.append(op)
+        return op.out
+
+    def _param(self, name: str, by: ParamBy, shape: tuple[int, ...]) -> str:
+        p = Param(name, by, tuple(int(s) for s in shape))
+        old = self.params.get(name)
+        if old is not None and old != p:
+            raise IRError(f"param {name!r} declared as {old} and again as {p}")
+        self.params[name] = p
+        return name
+
+    # -- ops -----------------------------------------------------------------
+    def src(self, x: Value) -> Value:
+        """Per edge, ``x`` at the source node."""
+        return self._gather(x, "src")
+
+    def dst(self, x: Value) -> Value:
+        """Per edge, ``x`` at the destination node."""
+        return self._gather(x, "dst")
+
+    def _gather(self, x: Value, end: Literal["src", "dst"]) -> Value:
+        if x.domain != NODE:
+            raise IRError(f"gather needs a node value, got {x.domain}")
+        return self._emit(Gather(self._new(EDGE, x.heads, x.dim), x, end))
+
+    def typed_linear(self, x: Value, weight: str, out: tuple[int, int], by: ParamBy = "rel",
+                     bias: str | None = None, per_head: bool = False) -> Value:
+        """``x @ weight[type] + bias[type]`` with ``type`` the node type (``by="ntype"``) or relation."""
+        heads, dim = out
+        if by == "ntype" and x.domain != NODE:
+            raise IRError("a typed linear by node type reads node values; gather after it")
+        if by == "rel" and x.domain == NODE:
+            raise IRError("a typed linear by relation reads edge or pair values; gather first")
+        if per_head:
+            if x.heads != heads:
+                raise IRError(f"per-head linear keeps heads: input has {x.heads}, output {heads}")
+            self._param(weight, by, (heads, x.dim, dim))
+        else:
+            self._param(weight, by, (x.heads * x.dim, heads * dim))
+        if bias:
+            self._param(bias, by, (heads * dim,))
+        return self._emit(TypedLinear(self._new(x.domain, heads, dim), x, weight, bias, by, per_head))
+
+    def param(self, name: str, like: Value, dim: int | None = None, by: ParamBy = "rel") -> Value:
+        """Per row of ``like``'s domain, ``name[type]``: a ``(heads, dim)`` vector, or with
+        ``dim=None`` one scalar per head (slice shape ``(heads,)``)."""
+        self._param(name, by, (like.heads,) if dim is None else (like.heads, dim))
+        return self._emit(ParamRead(self._new(like.domain, like.heads, dim or 1), name, by, like.domain))
+
+    def linear(self, x: Value, weight: str, out: tuple[int, int], bias: str | None = None) -> Value:
+        """``x @ weight + bias`` with one weight for all rows."""
+        return self.typed_linear(x, weight, out, by="none", bias=bias)
+
+    def inv_dst_rel_degree(self) -> Value:
+        """Per edge ``1/|N_r(dst)|``: a mean over each relation's in-neighbours."""
+        return self._emit(GraphConst(self._new(EDGE, 1, 1), "inv_dst_rel_degree", EDGE))
+
+    def inner(self, a: Value, b: Value) -> Value:
+        """Per head ``<a_h, b_h>``."""
+        _check_same(a, b, "inner", need_dim=True)
+        return self._emit(Inner(self._new(a.domain, max(a.heads, b.heads), 1), a, b))
+
+    def mul(self, a: Value, b: Value) -> Value:
+        return self._binary("mul", a, b)
+
+    def add(self, a: Value, b: Value) -> Value:
+        return self._binary("add", a, b)
+
+    def _binary(self, op: str, a: Value, b: Value) -> Value:
+        _check_same(a, b, op, need_dim=False)
+        return self._emit(Binary(self._new(a.domain, max(a.heads, b.heads), max(a.dim, b.dim)), op, a, b))
+
+    def scale(self, x: Value, c: float) -> Value:
+        return self._emit(Scale(self._new(x.domain, x.heads, x.dim), x, float(c)))
+
+    def leaky_relu(self, x: Value, slope: float = 0.2) -> Value:
+        return self._emit(Unary(self._new(x.domain, x.heads, x.dim), "leaky_relu", x, float(slope)))
+
+    def gelu(self, x: Value) -> Value:
+        return self._emit(Unary(self._new(x.domain, x.heads, x.dim), "gelu", x))
+
+    def edge_softmax(self, s: Value) -> Value:
+        """Softmax of ``s`` over each destination's in-edges, per head."""
+        if s.domain != EDGE:
+            raise IRError(f"edge_softmax needs an edge value, got {s.domain}")
+        return self._emit(EdgeSoftmax(self._new(EDGE, s.heads, s.dim), s))
+
+    def aggregate(self, x: Value, reduce: Literal["sum", "mean"] = "sum") -> Value:
+        """Sum the edge rows of ``x`` into their destination nodes."""
+        if x.domain != EDGE:
+            raise IRError(f"aggregate needs an edge value, got {x.domain}")
+        return self._emit(Aggregate(self._new(NODE, x.heads, x.dim), x, NODE, reduce))
+
+    def concat(self, a: Value, b: Value) -> Value:
+        if a.domain != b.domain or a.heads != b.heads:
+            raise IRError(f"concat needs the same domain and heads: {a.domain}[{a.heads}] vs {b.domain}[{b.heads}]")
+        return self._emit(Concat(self._new(a.domain, a.heads, a.dim + b.dim), a, b))
+
+    def gated_residual(self, h: Value, x: Value, skip: str) -> Value:
+        """``sigmoid(skip[t]) h + (1 - sigmoid(skip[t])) x`` with ``t`` the node's type."""
+        if h.heads * h.dim != x.heads * x.dim:
+            raise IRError(f"gated residual needs equal sizes: {h.heads * h.dim} vs {x.heads * x.dim}")
+        self._param(skip, "ntype", ())
+        return self._emit(GatedResidual(self._new(NODE, h.heads, h.dim), h, x, skip))
+
+    def finish(self, out: Value) -> Program:
+        if out.domain != NODE:
+            raise IRError(f"a program returns a node value, got {out.domain}")
+        return Program(self.name, self.x, dict(self.params), list(self.ops), out, self.heads)
+
+
+def _check_same(a: Value, b: Value, what: str, need_dim: bool) -> None:
+    if a.domain != b.domain:
+        raise IRError(f"{what}: operands live on different domains ({a.domain} vs {b.domain}); gather or expand first")
+    if a.heads != b.heads and 1 not in (a.heads, b.heads):
+        raise IRError(f"{what}: heads {a.heads} vs {b.heads}")
+    if need_dim and a.dim != b.dim:
+        raise IRError(f"{what}: feature sizes {a.dim} vs {b.dim}")
+    if not need_dim and a.dim != b.dim and 1 not in (a.dim, b.dim):
+        raise IRError(f"{what}: feature sizes {a.dim} vs {b.dim} do not broadcast")
+
+
+# ---------------------------------------------------------------- rewriting helpers
+class Rewriter:
+    """Rebuilds a program op by op with fresh value names; passes use it to replace ops.
+
+    ``emit`` appends an op (renaming its inputs through the substitution map); ``alias`` makes
+    an old value name stand for a new value.
+    """
+
+    def __init__(self, program: Program, prefix: str = "%") -> None:
+        self.program = program
+        self.ops: list[Op] = []
+        self.params = dict(program.params)
+        self.subst: dict[str, Value] = {program.x.name: program.x}
+        self._counter = 0
+        self._prefix = prefix
+
+    def new(self, domain: str, heads: int, dim: int) -> Value:
+        v = Value(f"{self._prefix}{self._counter}", domain, heads, dim)
+        self._counter += 1
+        return v
+
+    def get(self, v: Value) -> Value:
+        return self.subst[v.name]
+
+    def emit(self, op: Op, **changes: Any) -> Value:
+        """Append ``op`` with inputs renamed (and ``changes`` applied); returns its new output."""
+        renamed = {f.name: self.subst[getattr(op, f.name).name] for f in dataclasses.fields(op)
+                   if f.name != "out" and f.name not in changes and isinstance(getattr(op, f.name), Value)}
+        renamed.update(changes)
+        new_op = op.replace(**renamed)
+        if not isinstance(new_op, FoldWeights):
+            src_out = new_op.out
+            new_out = self.new(src_out.domain, src_out.heads, src_out.dim)
+            new_op = new_op.replace(out=new_out)
+            if not isinstance(op, FoldWeights) and op.out.name not in self.subst:
+                self.subst[op.out.name] = new_out
+        self.ops.append(new_op)
+        return new_op.out
+
+    def add(self, op_type: type, out_domain: str, heads: int, dim: int, **fields: Any) -> Value:
+        """Append a brand-new op of ``op_type`` whose output is ``out_domain[heads x dim]``."""
+        out = self.new(out_domain, heads, dim)
+        self.ops.append(op_type(out=out, **fields))
+        return out
+
+    def add_fold(self, fold: FoldWeights, param: Param) -> str:
+        if fold.out_param not in self.params:
+            self.params[fold.out_param] = param
+            self.ops.append(fold)
+        return fold.out_param
+
+    def alias(self, old: Value, new: Value) -> None:
+        self.subst[old.name] = new
+
+    def finish(self, **annotations: Any) -> Program:
+        ops = _dead_code_elimination(self.ops, self.subst[self.program.output.name])
+        used = {p for op in ops for p in op.params()} | {op.out_param for op in ops if isinstance(op, FoldWeights)}
+        params = {k: p for k, p in self.params.items() if k in used or not p.derived}
+        ann = dict(self.program.annotations)
+        ann.update(annotations)
+        return Program(self.program.name, self.program.x, params, ops, self.subst[self.program.output.name],
+                       self.program.heads, ann)
+
+
+def _dead_code_elimination(ops: Sequence[Op], output: Value) -> list[Op]:
+    live = {output.name}
+    live_params: set[str] = set()
+    keep: list[Op] = []
+    for op in reversed(ops):
+        if isinstance(op, FoldWeights):
+            if op.out_param in live_params:
+                keep.append(op)
+                live_params.update(op.params())
+            continue
+        if op.out.name in live:
+            keep.append(op)
+            live.update(v.name for v in op.inputs())
+            live_params.update(op.params())
+    keep.reverse()
+    return keep
+
+
+def walk(values: Iterable[Value], producers: dict[str, Op]) -> Iterator[Op]:
+    """Ops that the given values depend on, each once, in no particular order."""
+    seen: set[str] = set()
+    stack = [v.name for v in values]
+    while stack:
+        name = stack.pop()
+        if name in seen or name not in producers:
+            continue
+        seen.add(name)
+        op = producers[name]
+        yield op
+        stack.extend(v.name for v in op.inputs())
+
+
+def inv_sqrt(d: int) -> float:
+    return 1.0 / math.sqrt(d)

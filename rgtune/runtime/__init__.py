@@ -1,0 +1,1 @@
+"""rgtune.runtime."""
