@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from rgtune.data.graph import HeteroGraph
+from rgtune.codegen.weights import fold_weights
 from rgtune.ir.bind import GraphArrays, graph_arrays
 from rgtune.ir.kernels import (Acc, AggregateStage, BinaryE, ConcatE, EdgeSoftmaxStage, EdgeStore, Expr, GatedE,
                                GemmKernel, GraphLoad, InnerE, KernelProgram, Load, MapKernel, ParamLoad, ScaleE,
@@ -91,7 +92,7 @@ class ReferenceExecutor:
             self.bufs[name] = x.new_zeros(a.rows(b.domain), b.heads, b.dim)
         for k in kp.kernels:
             if isinstance(k, WeightKernel):
-                self.params[k.out] = self._weights(k)
+                self.params[k.out] = fold_weights(k, self.params, self.a, self.kp.param_shapes)
             elif isinstance(k, GemmKernel):
                 self._gemm(k)
             elif isinstance(k, TraversalKernel):
@@ -102,31 +103,6 @@ class ReferenceExecutor:
                 raise TypeError(f"no reference execution for {type(k).__name__}")
         out = self.bufs[kp.output]
         return out.reshape(a.num_nodes, -1)
-
-    # ---------------------------------------------------------------- weights
-    def _weights(self, k: WeightKernel) -> torch.Tensor:
-        p, a = self.params, self.a
-        if k.mode == "transpose":
-            return p[k.a].transpose(-1, -2)
-        if k.mode == "split_heads":  # (R, Din, H*D) -> (R, H, Din, D)
-            w = p[k.a]
-            shape = self.kp.param_shapes[k.out]
-            return w.reshape(w.shape[0], shape[1], shape[0], shape[2]).permute(0, 2, 1, 3)
-        if k.mode == "vec":  # (R, Din, H*D) . (R, H, D) -> (R, Din, H)
-            w, vec = p[k.a], p[k.b]  # type: ignore[index]
-            r, din, _ = w.shape
-            h, d = vec.shape[1], vec.shape[2]
-            return torch.einsum("rihd,rhd->rih", w.reshape(r, din, h, d), vec)
-        end_ntype = (a.rel_src_ntype if k.end == "src" else a.rel_dst_ntype).long()
-        b = p[k.b]  # type: ignore[index]  # (R, H, D, D)
-        r, h, d, _ = b.shape
-        if k.mode == "compose":  # A[nt(r)] (Din, H*D) then per-head B[r]
-            wa = p[k.a][end_ntype]
-            return torch.einsum("rihd,rhde->rihe", wa.reshape(r, -1, h, d), b).reshape(r, -1, h * d)
-        if k.mode == "compose_bias":
-            ba = p[k.a][end_ntype]
-            return torch.einsum("rhd,rhde->rhe", ba.reshape(r, h, d), b).reshape(r, h * d)
-        raise ValueError(f"unknown weight fold mode {k.mode!r}")
 
     # ---------------------------------------------------------------- gemm
     def _row_types(self, rows: str, by: str, end: str | None) -> torch.Tensor | None:
@@ -142,6 +118,26 @@ class ReferenceExecutor:
         node, rel = (a.sp_node, a.sp_rel) if rows == "src_pair" else (a.dp_node, a.dp_rel)
         return rel.long() if by == "rel" else a.node_type.long()[node.long()]
 
+    def _segments(self, rows: str, by: str, end: str | None) -> tuple[torch.Tensor | None, list[tuple[int, int, int]]]:
+        """Rows grouped by weight type: ``(permutation or None, [(type, start, stop), ...])``."""
+        a = self.a
+        if by == "none":
+            return None, [(0, 0, a.rows(rows))]
+        if rows == "node" and by == "ntype":
+            perm, offsets = None, a.node_offsets
+        elif rows == "edge" and by == "rel":
+            perm, offsets = a.e_rel_order.long(), a.rel_offsets
+        elif rows in ("src_pair", "dst_pair") and by == "rel":
+            perm, offsets = None, a.sp_offsets if rows == "src_pair" else a.dp_offsets
+        else:  # rows typed by the node type of one end: sort them by it
+            types = self._row_types(rows, by, end)
+            assert types is not None
+            perm = torch.sort(types, stable=True).indices
+            counts = torch.bincount(types, minlength=a.num_ntypes)
+            offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+        bounds = offsets.tolist()
+        return perm, [(t, bounds[t], bounds[t + 1]) for t in range(len(bounds) - 1) if bounds[t + 1] > bounds[t]]
+
     def _gemm(self, k: GemmKernel) -> None:
         a = self.a
         n = a.rows(k.rows)
@@ -149,20 +145,20 @@ class ReferenceExecutor:
         if k.x_via != "row":
             x = x[self._index(k.rows, k.x_via)]
         w = self.params[k.weight]
-        types = self._row_types(k.rows, k.by, k.weight_end)
-        x = x.reshape(n, k.in_heads, k.in_dim) if k.per_head else x.reshape(n, 1, -1)
-        if types is None:
-            y = self._matmul(x, w, k.per_head)
+        x = x.reshape(n, k.in_heads, k.in_dim) if k.per_head else x.reshape(n, 1, k.in_heads * k.in_dim)
+        perm, segments = self._segments(k.rows, k.by, k.weight_end)
+        xs = x if perm is None else x[perm]
+        parts = []
+        for t, start, stop in segments:
+            wt = w if k.by == "none" else w[t]
+            yt = self._matmul(xs[start:stop], wt, k.per_head)
             if k.bias:
-                y = y + self.params[k.bias].reshape(1, -1)
-        else:
-            y = x.new_zeros(n, k.out_heads * k.out_dim)
-            for t in torch.unique(types).tolist():
-                rows = (types == t).nonzero().squeeze(1)
-                yt = self._matmul(x[rows], w[t], k.per_head)
-                if k.bias:
-                    yt = yt + self.params[k.bias][t].reshape(1, -1)
-                y = y.index_copy(0, rows, yt)
+                b = self.params[k.bias]
+                yt = yt + (b if k.by == "none" else b[t]).reshape(1, -1)
+            parts.append(yt)
+        y = torch.cat(parts, 0) if parts else x.new_zeros(0, k.out_heads * k.out_dim)
+        if perm is not None:
+            y = y.new_empty(y.shape).index_copy(0, perm, y)
         y = y.reshape(n, k.out_heads, k.out_dim)
         for out, expr in k.epilogue:
             self.bufs[out] = self.eval(expr, k.rows, n, acc=y)
@@ -177,8 +173,8 @@ class ReferenceExecutor:
     @staticmethod
     def _matmul(x: torch.Tensor, w: torch.Tensor, per_head: bool) -> torch.Tensor:
         if per_head:  # x (n, H, Din), w (H, Din, Dout)
-            return torch.einsum("nhi,hio->nho", x, w).reshape(x.shape[0], -1)
-        return x.reshape(x.shape[0], -1) @ w
+            return torch.einsum("nhi,hio->nho", x, w).reshape(x.shape[0], w.shape[0] * w.shape[2])
+        return x.reshape(x.shape[0], w.shape[0]) @ w
 
     # ---------------------------------------------------------------- traversal
     def _traversal(self, k: TraversalKernel) -> None:
@@ -240,8 +236,8 @@ class ReferenceExecutor:
         if isinstance(e, ParamLoad):
             p = self.params[e.param]
             if e.via == "none":
-                return p.reshape(1, e.heads, -1).expand(n, -1, -1)
-            return p[self._index(rows, e.via)].reshape(n, e.heads, -1)
+                return p.reshape(1, e.heads, e.dim).expand(n, -1, -1)
+            return p[self._index(rows, e.via)].reshape(n, e.heads, e.dim)
         if isinstance(e, GraphLoad):
             return getattr(self.a, e.kind).to(self.dtype).reshape(n, 1, 1)
         if isinstance(e, InnerE):

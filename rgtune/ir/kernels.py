@@ -434,7 +434,9 @@ class TraversalKernel(Kernel):
         if isinstance(st, (EdgeSoftmaxStage, SoftmaxAggregate)):
             f += 10 * st.score.heads  # exp, max, sum, divide
         if isinstance(st, (AggregateStage, SoftmaxAggregate)):
-            f += 2 * st.message.heads * st.message.dim
+            f += st.message.heads * st.message.dim  # the accumulation
+        if isinstance(st, SoftmaxAggregate):
+            f += st.message.heads * st.message.dim  # the weighting by the softmax
         return f
 
     def describe(self) -> str:

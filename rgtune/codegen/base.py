@@ -1,0 +1,147 @@
+"""The one interface every code generator implements, and the ``create("name")`` factory.
+
+A :class:`Backend` turns a :class:`~rgtune.ir.kernels.KernelProgram` plus a schedule (the
+template parameter values, ``"gemm.tile_rows" -> 32``) into a :class:`BuiltProgram` bound to a
+graph: generated sources, compiled, callable as ``built.run(x, params)``. Backends read the
+kernel IR only; none imports another.
+
+Example:
+    >>> "reference" in available_backends()
+    True
+    >>> create("reference").name
+    'reference'
+"""
+
+from __future__ import annotations
+
+import hashlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Mapping
+
+import torch
+
+from rgtune.data.graph import HeteroGraph
+from rgtune.ir.kernels import KernelProgram
+
+
+class BackendError(RuntimeError):
+    """A backend cannot build or run here (missing compiler, no GPU, ...)."""
+
+
+class CompileError(BackendError):
+    """Generated code did not compile; the message names the source file and has the log."""
+
+    def __init__(self, message: str, source_path: str | None = None, log: str = "") -> None:
+        super().__init__(message)
+        self.source_path = source_path
+        self.log = log
+
+
+@dataclass
+class BuiltProgram:
+    """A kernel program compiled for one graph and schedule."""
+
+    backend: str
+    sources: dict[str, str]  # file name -> generated source text
+    compile_seconds: float
+    cache_hit: bool
+    run_fn: Callable[[torch.Tensor, Mapping[str, torch.Tensor]], torch.Tensor]
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def source_hash(self) -> str:
+        h = hashlib.sha256()
+        for name in sorted(self.sources):
+            h.update(name.encode() + b"\0" + self.sources[name].encode() + b"\0")
+        return h.hexdigest()[:16]
+
+    def run(self, x: torch.Tensor, params: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The layer's output for input ``x`` (global node order) and learnable ``params``."""
+        return self.run_fn(x, params)
+
+
+class Backend(ABC):
+    """A code generator + compiler + runner for one kind of device."""
+
+    name: ClassVar[str]
+    #: the device kind whose schedule parameters apply ("cpu" or "cuda")
+    target: ClassVar[str]
+
+    @classmethod
+    def available(cls) -> tuple[bool, str]:
+        """Whether this backend can build and run here, and if not, why."""
+        return True, ""
+
+    @abstractmethod
+    def build(self, kp: KernelProgram, graph: HeteroGraph, schedule: Mapping[str, Any]) -> BuiltProgram:
+        """Generate, compile and bind ``kp`` for ``graph`` with ``schedule``."""
+
+    def device_info(self) -> dict[str, Any]:
+        """What a timing is only comparable on: device name, architecture, driver, compiler."""
+        return {"backend": self.name}
+
+    def synchronize(self) -> None:
+        """Wait for queued work (GPU backends); timing calls it."""
+
+
+class ReferenceBackend(Backend):
+    """The torch executor of the kernel IR (the oracle; the "unoptimized" baseline)."""
+
+    name = "reference"
+    target = "cpu"
+
+    def build(self, kp: KernelProgram, graph: HeteroGraph, schedule: Mapping[str, Any]) -> BuiltProgram:
+        from rgtune.codegen.reference import ReferenceExecutor
+
+        ex = ReferenceExecutor(kp, graph)
+        return BuiltProgram(self.name, {"kernels.txt": kp.describe()}, 0.0, True, ex.run)
+
+    def device_info(self) -> dict[str, Any]:
+        import platform
+
+        return {"backend": self.name, "device": platform.processor() or platform.machine(),
+                "torch": torch.__version__}
+
+
+_BACKENDS: dict[str, Callable[[], Backend]] = {"reference": ReferenceBackend}
+
+
+def register_backend(name: str, factory: Callable[[], Backend]) -> None:
+    _BACKENDS[name] = factory
+
+
+def _load_builtin() -> None:
+    # imported lazily so that a missing optional dependency of one backend never breaks another
+    for module in ("rgtune.codegen.cpu", "rgtune.codegen.cuda"):
+        try:
+            __import__(module)
+        except ImportError:  # pragma: no cover - the module itself is part of the package
+            pass
+
+
+def available_backends() -> dict[str, tuple[bool, str]]:
+    """Every registered backend -> (usable here, reason if not)."""
+    _load_builtin()
+    out = {}
+    for name, factory in _BACKENDS.items():
+        cls = factory if isinstance(factory, type) else type(factory())
+        out[name] = cls.available() if hasattr(cls, "available") else (True, "")
+    return out
+
+
+def create(name: str) -> Backend:
+    """The backend called ``name`` (``reference``, ``cpu``, ``cuda``), or ``"package.module:Class"``
+    for a backend defined elsewhere (a plugin; the tests' fault-injecting backends)."""
+    _load_builtin()
+    if ":" in name:
+        import importlib
+
+        module, _, cls = name.partition(":")
+        try:
+            return getattr(importlib.import_module(module), cls)()
+        except (ImportError, AttributeError) as e:
+            raise BackendError(f"cannot load backend {name!r}: {e}") from None
+    if name not in _BACKENDS:
+        raise BackendError(f"unknown backend {name!r}; choose one of {sorted(_BACKENDS)}")
+    return _BACKENDS[name]()

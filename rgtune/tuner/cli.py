@@ -1,0 +1,365 @@
+"""The command line: ``tune`` and ``rgtune <command>``.
+
+Every command fails with one line on stderr and a non-zero exit for a bad input (unknown
+model, dataset, backend, knob; unreachable database ...), never with a traceback; set
+``RGTUNE_DEBUG=1`` to see the traceback anyway.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any, Callable, Sequence
+
+MODELS = ("rgcn", "rgat", "hgt")
+EXIT_USAGE = 2
+EXIT_FAILURE = 1
+
+
+class CLIError(Exception):
+    """A user-facing error: printed as one line."""
+
+
+# ----------------------------------------------------------------- shared options
+def _add_workload_args(p: argparse.ArgumentParser, dataset_required: bool = True) -> None:
+    p.add_argument("--model", required=True, choices=MODELS, help="the layer to compile")
+    p.add_argument("--dataset", required=dataset_required,
+                   help="aifb, mutag, bgs, am, ogbn-mag, or synthetic:<preset>[,key=value...] (see `rgtune datasets`)")
+    p.add_argument("--data-dir", default=None,
+                   help="folder with one sub-folder per dataset (default: $RGTUNE_DATA_DIR, else the user cache)")
+    p.add_argument("--hidden", type=_positive_int, default=64, help="input and output feature size (default 64)")
+    p.add_argument("--heads", type=_positive_int, default=1, help="attention heads for RGAT/HGT (default 1)")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def _parse_sets(items: Sequence[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise CLIError(f"--set expects knob=value, got {item!r} (e.g. --set compact.src=pair)")
+        k, v = item.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+def _load_graph(args: argparse.Namespace):
+    from rgtune.data import load_dataset
+
+    return load_dataset(args.dataset, root=args.data_dir)
+
+
+# ----------------------------------------------------------------- commands
+def cmd_datasets(args: argparse.Namespace) -> int:
+    from rgtune.data import list_datasets
+    from rgtune.data.synthetic import describe_presets
+
+    print("datasets (--dataset NAME):")
+    for name, about in list_datasets().items():
+        print(f"  {name:<12} {about}")
+    print("\nsynthetic presets (--dataset synthetic:PRESET[,key=value...]):")
+    for line in describe_presets():
+        print(f"  {line}")
+    root = os.environ.get("RGTUNE_DATA_DIR")
+    print(f"\ndata root: {root or '(unset: set RGTUNE_DATA_DIR or pass --data-dir; else the user cache)'}")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from rgtune.ir.counts import count
+    from rgtune.ir.models import build_model
+    from rgtune.search_spaces import SearchSpace
+
+    graph = _load_graph(args)
+    program = build_model(args.model, args.hidden, args.hidden, args.heads)
+    target = "cuda" if args.backend == "cuda" else "cpu"
+    space = SearchSpace(program, graph, target)
+    config = {**space.default(), **space.resolve(_parse_sets(args.set))}
+    point = space.compile(config)
+    print(f"# workload: {args.model} on {graph!r}, hidden={args.hidden}, heads={args.heads}, target={target}\n")
+    print("# program before passes")
+    print(program, end="\n\n")
+    print("# configuration")
+    for k in space.knobs:
+        mark = "" if config[k.name] == k.default else "   (set)"
+        print(f"  {k.name} = {config[k.name]}{mark}")
+    if point.problems:
+        print("\n# this configuration is invalid:")
+        for p in point.problems:
+            print(f"  - {p}")
+        return EXIT_FAILURE
+    print("\n# program after passes")
+    print(point.compiled.program, end="\n\n")  # type: ignore[union-attr]
+    print("# kernels")
+    print(point.kernels.describe(), end="\n\n")
+    c = count(point.kernels, graph, config)
+    print("# counts")
+    print(f"  FLOPs           {c['flops']:,}")
+    print(f"  bytes (minimum) {c['bytes_min']:,}")
+    print(f"  bytes (gathered){c['bytes_gathered']:>14,}")
+    print(f"  kernels         {c['kernels']}")
+    print(f"  atomic updates  {c['atomics']:,}")
+    print(f"  GEMM rows       {c['gemm_rows']}")
+    if args.source:
+        _print_sources(args.backend, point.kernels, graph, config)
+    if args.space:
+        print("\n" + space.describe())
+    return 0
+
+
+def _print_sources(backend_name: str, kp: Any, graph: Any, config: dict[str, Any]) -> None:
+    from rgtune.codegen.base import create
+
+    backend = create(backend_name)
+    generate: Callable[..., dict[str, str]] | None = getattr(backend, "generate", None)
+    if generate is None:
+        raise CLIError(f"backend {backend_name!r} cannot show generated sources")
+    for name, text in generate(kp, config).items():
+        print(f"\n# generated: {name}\n{text}")
+
+
+def _open_db(url: str | None, create: bool = True):
+    from rgtune.tuner.db import DEFAULT_URL, TrialDatabase
+
+    return TrialDatabase(url or DEFAULT_URL)
+
+
+def _resolve_backend(name: str) -> str:
+    from rgtune.codegen.base import available_backends
+
+    backends = available_backends()
+    if name == "auto":
+        ok, _ = backends.get("cuda", (False, ""))
+        return "cuda" if ok else "cpu"
+    if ":" in name:
+        return name
+    if name not in backends:
+        raise CLIError(f"unknown backend {name!r}; choose one of {['auto', *sorted(backends)]}")
+    ok, why = backends[name]
+    if not ok:
+        raise CLIError(f"backend {name!r} cannot run here: {why}")
+    return name
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from rgtune.tuner.measure import MeasureOptions, Workload
+    from rgtune.tuner.study import SAMPLERS, TuneOptions, Tuner
+
+    if args.sampler not in SAMPLERS:
+        raise CLIError(f"unknown sampler {args.sampler!r}; choose one of {list(SAMPLERS)}")
+    if args.time_budget is not None and args.time_budget <= 0:
+        raise CLIError(f"--time-budget must be positive, got {args.time_budget}")
+    backend = _resolve_backend(args.backend)
+    graph = _load_graph(args)  # fail fast on a bad dataset, before the database is touched
+    db = _open_db(args.db)
+    trials = args.trials if args.trials is not None else (None if args.time_budget else 50)
+    workload = Workload(args.model, args.dataset, args.hidden, args.hidden, args.heads, backend,
+                        args.data_dir)
+    options = TuneOptions(trials=trials, time_budget=args.time_budget, sampler=args.sampler, seed=args.seed,
+                          fresh=args.fresh, progress=not args.quiet and sys.stderr.isatty(),
+                          measure=MeasureOptions(timeout=args.trial_timeout))
+    print(f"tuning {args.model} on {graph.name} ({graph.num_nodes():,} nodes, {graph.num_edges():,} edges, "
+          f"{graph.num_rels} relations), hidden={args.hidden}, heads={args.heads}, backend={backend}, "
+          f"db={db.name}", file=sys.stderr)
+    summary = Tuner(workload, db, options).run()
+    _print_summary(summary)
+    return 130 if summary.interrupted else 0
+
+
+def _print_summary(s) -> None:
+    status = ", ".join(f"{k} {v}" for k, v in sorted(s.statuses.items()))
+    print(f"study {s.study_name}: {s.trials_run} trials in {s.elapsed_s:.1f} s ({status or 'none'})"
+          + (" -- interrupted; run the same command to resume" if s.interrupted else ""))
+    if s.default_ms is not None:
+        print(f"default schedule: {s.default_ms:.4g} ms")
+    if s.best_ms is None:
+        print("no verified schedule yet")
+        return
+    speed = f" ({s.speedup:.2f}x over the default schedule)" if s.speedup else ""
+    print(f"best schedule: {s.best_ms:.4g} ms{speed}, trial {s.best_trial_id}")
+    for k, v in sorted(s.best_knobs.items()):
+        print(f"  {k} = {v}")
+
+
+def _filters(args: argparse.Namespace) -> dict:
+    f = {}
+    for key in ("model", "dataset", "backend", "heads"):
+        if getattr(args, key, None) is not None:
+            f[key] = getattr(args, key)
+    if getattr(args, "hidden", None) is not None:
+        f["in_dim"] = f["out_dim"] = args.hidden
+    if f.get("backend") == "auto":
+        f.pop("backend")
+    return f
+
+
+def _emit(records: list, args: argparse.Namespace) -> None:
+    from rgtune.tuner.db import records_to_json, write_csv
+
+    if args.json:
+        print(records_to_json(records))
+    elif args.csv:
+        write_csv(records, sys.stdout)
+    else:
+        for r in records:
+            t = f"{r.median_ms:.4g} ms" if r.median_ms is not None else "-"
+            err = f"  {r.error.splitlines()[0][:80]}" if r.error else ""
+            print(f"#{r.id:<5} {r.model:<5} {r.dataset:<12} {r.backend:<9} {r.status:<13} {t:>12}{err}")
+
+
+def _check_db_exists(url: str | None) -> None:
+    from rgtune.tuner.db import DEFAULT_URL
+
+    url = url or DEFAULT_URL
+    if url.startswith("sqlite:///") and not url.startswith("sqlite:////") and len(url) > len("sqlite:///"):
+        path = url[len("sqlite:///"):]
+        if not os.path.exists(path):
+            raise CLIError(f"no database at {path}; run `tune` first or pass --db URL")
+
+
+def cmd_best(args: argparse.Namespace) -> int:
+    _check_db_exists(args.db)
+    db = _open_db(args.db)
+    best = db.best(**_filters(args))
+    if best is None:
+        raise CLIError("no verified trial matches; run `tune` for this workload first")
+    if args.json or args.csv:
+        _emit([best], args)
+    else:
+        print(f"best: trial {best.id}, {best.median_ms:.4g} ms, {best.model} on {best.dataset} "
+              f"({best.backend}, {best.device}), max error {best.max_error:.2g}")
+        for k, v in sorted(best.knobs.items()):
+            print(f"  {k} = {v}")
+    return 0
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    _check_db_exists(args.db)
+    db = _open_db(args.db)
+    rows = db.history(status=args.status, limit=args.limit, **_filters(args))
+    _emit(rows, args)
+    return 0
+
+
+def cmd_not_built(args: argparse.Namespace) -> int:
+    raise CLIError(f"`{args.command}` is not built yet; see the README's status section")
+
+
+# ----------------------------------------------------------------- parsers
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rgtune",
+        description="rgtune: an autotuning compiler for relational GNN layers (RGCN, RGAT, HGT).",
+        epilog="Examples:\n  tune --model hgt --dataset aifb\n  rgtune best --model hgt --dataset aifb\n"
+               "  rgtune show --model rgat --dataset aifb --set compact.src=pair --set fusion.softmax=full",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("datasets", help="list the datasets and synthetic presets")
+    p.set_defaults(func=cmd_datasets)
+
+    p = sub.add_parser("show", help="the IR before/after passes, the kernels and their counts for one configuration",
+                       description="Show what rgtune compiles for one configuration of the knobs.")
+    _add_workload_args(p)
+    p.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
+                   help="set a knob (repeatable), e.g. --set compact.src=pair; `--space` lists them")
+    p.add_argument("--backend", default="cpu", choices=("cpu", "cuda"), help="whose schedule knobs apply (default cpu)")
+    p.add_argument("--source", action="store_true", help="also print the generated kernel source")
+    p.add_argument("--space", action="store_true", help="also list every knob with its choices")
+    p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser(
+        "tune", help="search the knobs of one workload; record every trial",
+        description="Search how a layer is computed (the IR's knobs and the kernels' schedules) on one graph, "
+                    "verify and time every point, and record each trial in the database. The same command "
+                    "resumes the same study.",
+        epilog="Example: tune --model hgt --dataset aifb --trials 50")
+    _add_workload_args(p)
+    p.add_argument("--trials", type=_positive_int, default=None,
+                   help="trials to run now (default 50 unless --time-budget is given)")
+    p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS", help="start no trial after this long")
+    p.add_argument("--backend", default="auto", help="auto (cuda if a GPU is usable, else cpu), cpu, cuda, reference")
+    p.add_argument("--db", default=None, help="SQLAlchemy URL of the trial database (default sqlite:///results.db)")
+    p.add_argument("--sampler", default="tpe", help="tpe (default), random, gp, cmaes")
+    p.add_argument("--seed", type=int, default=None, help="seed of the sampler and of the test inputs")
+    p.add_argument("--trial-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="a trial taking longer is killed and recorded as timeout (default 60)")
+    p.add_argument("--fresh", action="store_true", help="start a new study instead of resuming (history is kept)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_tune)
+
+    for name, about, func in (("best", "the best recorded schedule of a workload", cmd_best),
+                              ("history", "the recorded trials of a workload", cmd_history)):
+        p = sub.add_parser(name, help=about, description=about[0].upper() + about[1:] + ".")
+        p.add_argument("--model", choices=MODELS, help="filter by model")
+        p.add_argument("--dataset", help="filter by dataset (the graph's name)")
+        p.add_argument("--backend", help="filter by backend")
+        p.add_argument("--hidden", type=_positive_int, help="filter by feature size")
+        p.add_argument("--heads", type=_positive_int, help="filter by heads")
+        p.add_argument("--db", default=None, help="SQLAlchemy URL (default sqlite:///results.db)")
+        fmt = p.add_mutually_exclusive_group()
+        fmt.add_argument("--json", action="store_true", help="print JSON")
+        fmt.add_argument("--csv", action="store_true", help="print CSV")
+        if name == "history":
+            p.add_argument("--status", help="only trials with this status (ok, invalid, wrong_result, ...)")
+            p.add_argument("--limit", type=_positive_int, default=None, help="at most this many rows")
+        p.set_defaults(func=func)
+
+    p = sub.add_parser("export", help="tuned kernels for training code (not built yet)")
+    p.set_defaults(func=cmd_not_built)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return EXIT_USAGE
+    return _run(args.func, args)
+
+
+def tune_main(argv: Sequence[str] | None = None) -> int:
+    """``tune ...`` is ``rgtune tune ...``."""
+    return main(["tune", *(sys.argv[1:] if argv is None else argv)])
+
+
+def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    from rgtune.codegen.base import BackendError
+    from rgtune.data.errors import DatasetError
+    from rgtune.ir.program import IRError
+    from rgtune.tuner.db import DatabaseError
+    from rgtune.tuner.measure import WorkerStartError
+
+    try:
+        return func(args)
+    except KeyboardInterrupt:
+        print("rgtune: interrupted", file=sys.stderr)
+        return 130
+    except (CLIError, DatasetError, IRError, BackendError, DatabaseError, WorkerStartError, ValueError) as e:
+        if os.environ.get("RGTUNE_DEBUG"):
+            raise
+        # a missing dataset says where it looked and how to provide it: keep every line of that
+        text = str(e).strip() if isinstance(e, DatasetError) else _one_line(e)
+        print(f"rgtune: error: {text}", file=sys.stderr)
+        return EXIT_USAGE if isinstance(e, (CLIError, IRError)) else EXIT_FAILURE
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    first, *rest = text.splitlines()
+    return first + (f" (+{len(rest)} more lines; RGTUNE_DEBUG=1 for details)" if rest and len(first) < 60 else "")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

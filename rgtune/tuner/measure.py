@@ -1,0 +1,288 @@
+"""Isolated measurement: compile -> verify -> time, in a worker process that may die.
+
+A :class:`MeasureWorker` owns one worker process per workload. The worker loads the graph,
+builds the search space and the float64 reference layer once, then serves trials:
+
+1. compile the configuration with the backend (a :class:`CompileError` is ``compile_error``);
+2. verify it on fresh random inputs and parameters (seeded by the trial): the float32 output
+   against the float64 reference layer, relative error ``max|out - ref| / max|ref|`` below the
+   tolerance, or ``wrong_result`` with the error; a wrong kernel is never timed;
+3. time it: warm-up runs, then repeats until both a count and a minimum time are reached;
+   the median is the trial's time (the backend synchronizes around each run on a GPU).
+
+The parent waits at most ``timeout`` seconds for a trial: a hanging kernel is killed with
+its process (``timeout``); a crash (segfault, illegal memory access that kills the process)
+is ``runtime_error`` with the signal; either way the next trial gets a fresh worker.
+
+Example:
+    >>> w = MeasureWorker(Workload("rgcn", "synthetic:custom,nodes=300,edges=2000,ntypes=2,rels=3",
+    ...                            8, 8, 1, "reference"), MeasureOptions(repeats=2, warmup=1))
+    >>> r = w.measure({}, seed=0)   # the default schedule
+    >>> r.status, r.max_error < 1e-4
+    ('ok', True)
+    >>> w.close()
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import signal
+import statistics
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+STATUSES = ("running", "ok", "invalid", "compile_error", "runtime_error", "wrong_result", "timeout", "pruned",
+            "failed")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What is tuned: model, sizes, graph (by dataset name), backend."""
+
+    model: str
+    dataset: str
+    in_dim: int
+    out_dim: int
+    heads: int
+    backend: str
+    data_dir: str | None = None
+
+
+@dataclass(frozen=True)
+class MeasureOptions:
+    warmup: int = 2
+    repeats: int = 7
+    min_seconds: float = 0.05  # keep repeating fast kernels until this much time was measured
+    max_repeats: int = 200
+    tolerance: float = 1e-4
+    timeout: float = 60.0  # seconds for one trial (compile + verify + time)
+    startup_timeout: float = 300.0  # loading the graph and imports in a fresh worker
+
+
+@dataclass
+class MeasureResult:
+    status: str
+    median: float | None = None
+    times: list[float] = field(default_factory=list)
+    compile_seconds: float | None = None
+    max_error: float | None = None
+    source_hash: str | None = None
+    error: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ----------------------------------------------------------------------- worker side
+class _Session:
+    """Everything a worker keeps between trials."""
+
+    def __init__(self, workload: Workload, options: MeasureOptions) -> None:
+        import torch
+
+        from rgtune.codegen.base import create
+        from rgtune.data import load_dataset
+        from rgtune.ir.models import build_model
+        from rgtune.models import HGT, RGAT, RGCN
+        from rgtune.search_spaces import SearchSpace
+
+        self.w, self.o = workload, options
+        self.graph = load_dataset(workload.dataset, root=workload.data_dir)
+        self.backend = create(workload.backend)
+        self.space = SearchSpace(build_model(workload.model, workload.in_dim, workload.out_dim, workload.heads),
+                                 self.graph, self.backend.target)
+        cls = {"rgcn": RGCN, "rgat": RGAT, "hgt": HGT}[workload.model]
+        kwargs = {} if workload.model == "rgcn" else {"heads": workload.heads}
+        self.reference = cls(self.graph, workload.in_dim, workload.out_dim, **kwargs).double()
+        self.device = getattr(self.backend, "device", None) or "cpu"
+        self.torch = torch
+
+    def inputs(self, seed: int) -> tuple[Any, dict[str, Any], Any]:
+        """Fresh random input and parameters; the float64 reference output."""
+        torch = self.torch
+        gen = torch.Generator().manual_seed(seed)
+        params = {}
+        with torch.no_grad():
+            for name, p in self.reference.named_parameters():
+                fan = p.shape[-2] if p.dim() >= 2 else 1
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) / fan ** 0.5)
+                params[name] = p.detach()
+            x = torch.randn(self.graph.num_nodes(), self.w.in_dim, generator=gen, dtype=torch.float64)
+            ref = self.reference(x)
+        return x, params, ref
+
+    def measure(self, config: Mapping[str, Any], seed: int) -> MeasureResult:
+        from rgtune.codegen.base import CompileError
+
+        torch = self.torch
+        point = self.space.compile(config)
+        if not point.valid:
+            return MeasureResult("invalid", error="; ".join(point.problems))
+        t0 = time.perf_counter()
+        try:
+            built = self.backend.build(point.kernels, self.graph, point.config)
+        except CompileError as e:
+            return MeasureResult("compile_error", error=f"{e}\n{e.log}".strip())
+        compile_s = time.perf_counter() - t0
+        x, params, ref = self.inputs(seed)
+        dev = self.device
+        x32 = x.to(device=dev, dtype=torch.float32)
+        p32 = {k: v.to(device=dev, dtype=torch.float32) for k, v in params.items()}
+        out = built.run(x32, p32)
+        self.backend.synchronize()
+        out = out.detach().to("cpu", torch.float64)
+        scale = float(ref.abs().max()) or 1.0
+        err = float((out - ref).abs().max()) / scale if out.shape == ref.shape else float("inf")
+        base = dict(compile_seconds=compile_s, max_error=err, source_hash=built.source_hash,
+                    info={"cache_hit": built.cache_hit, **built.info})
+        if not err < self.o.tolerance:  # also catches NaN
+            why = (f"output shape {tuple(out.shape)} != {tuple(ref.shape)}" if out.shape != ref.shape else
+                   f"relative error {err:.3g} exceeds the tolerance {self.o.tolerance:g}")
+            return MeasureResult("wrong_result", error=why, **base)
+        times = self._time(built, x32, p32)
+        return MeasureResult("ok", median=statistics.median(times), times=times, **base)
+
+    def _time(self, built: Any, x: Any, params: dict[str, Any]) -> list[float]:
+        timer = getattr(self.backend, "time_runs", None)
+        if timer is not None:  # GPU backends time with events
+            return list(timer(built, x, params, self.o.warmup, self.o.repeats))
+        for _ in range(self.o.warmup):
+            built.run(x, params)
+        times: list[float] = []
+        spent = 0.0
+        while len(times) < self.o.max_repeats and (len(times) < self.o.repeats or spent < self.o.min_seconds):
+            t = time.perf_counter()
+            built.run(x, params)
+            self.backend.synchronize()
+            dt = time.perf_counter() - t
+            times.append(dt)
+            spent += dt
+        return times
+
+
+def _worker_main(conn: Any, workload: Workload, options: MeasureOptions) -> None:
+    # the parent handles Ctrl-C; a worker killed mid-trial is restarted by it
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        session = _Session(workload, options)
+        conn.send(("ready", session.backend.device_info()))
+    except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises it
+        conn.send(("init_error", f"{type(e).__name__}: {e}"))
+        return
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg is None:
+            return
+        config, seed = msg
+        try:
+            result = session.measure(config, seed)
+        except Exception as e:  # noqa: BLE001 - any failure of the kernel is this trial's result
+            result = MeasureResult("runtime_error", error=f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}")
+        conn.send(("result", result))
+
+
+# ----------------------------------------------------------------------- parent side
+class WorkerStartError(RuntimeError):
+    """The worker could not load the workload (bad dataset, backend unavailable...)."""
+
+
+class MeasureWorker:
+    """Runs trials of one workload in a child process; survives its hangs and crashes."""
+
+    def __init__(self, workload: Workload, options: MeasureOptions | None = None) -> None:
+        self.workload = workload
+        self.options = options or MeasureOptions()
+        self._ctx = mp.get_context("spawn")
+        self._proc: Any = None
+        self._conn: Any = None
+        self.device_info: dict[str, Any] = {}
+        self.restarts = 0
+
+    def start(self) -> dict[str, Any]:
+        """Start the worker (if needed) and return the backend's device info."""
+        if self._proc is not None and self._proc.is_alive():
+            return self.device_info
+        parent, child = self._ctx.Pipe()
+        proc = self._ctx.Process(target=_worker_main, args=(child, self.workload, self.options), daemon=True,
+                                 name=f"rgtune-measure-{self.workload.model}")
+        proc.start()
+        child.close()
+        if not parent.poll(self.options.startup_timeout):
+            proc.kill()
+            raise WorkerStartError(f"the measurement worker did not start within {self.options.startup_timeout:g} s")
+        try:
+            kind, payload = parent.recv()
+        except EOFError:
+            proc.join(1)
+            raise WorkerStartError(f"the measurement worker died while starting ({_exit_reason(proc.exitcode)})") \
+                from None
+        if kind != "ready":
+            proc.join(5)
+            raise WorkerStartError(str(payload))
+        self._proc, self._conn, self.device_info = proc, parent, payload
+        return payload
+
+    def measure(self, config: Mapping[str, Any], seed: int = 0) -> MeasureResult:
+        """One trial; never raises for a fault of the kernel (see the module docstring)."""
+        if self._proc is None or not self._proc.is_alive():
+            if self._proc is not None:
+                self.restarts += 1
+            self.start()
+        t0 = time.perf_counter()
+        try:
+            self._conn.send((dict(config), seed))
+            ready = self._conn.poll(self.options.timeout)
+        except (BrokenPipeError, OSError):
+            ready = True  # the recv below reports the death
+        if not ready:
+            self._kill()
+            return MeasureResult("timeout", error=f"no result within {self.options.timeout:g} s; worker killed",
+                                 info={"elapsed": time.perf_counter() - t0})
+        try:
+            kind, result = self._conn.recv()
+        except (EOFError, ConnectionResetError, OSError):
+            self._proc.join(5)
+            reason = _exit_reason(self._proc.exitcode)
+            self._proc = None
+            return MeasureResult("runtime_error", error=f"the kernel crashed its process ({reason}); worker restarted")
+        return result
+
+    def _kill(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.join(5)
+        self._proc = None
+
+    def close(self) -> None:
+        if self._proc is not None and self._proc.is_alive():
+            try:
+                self._conn.send(None)
+                self._proc.join(5)
+            except (BrokenPipeError, OSError):
+                pass
+        self._kill()
+
+    def __enter__(self) -> "MeasureWorker":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _exit_reason(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+

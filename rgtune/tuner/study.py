@@ -1,0 +1,295 @@
+"""The tuning loop: Optuna ask -> suggest a point -> (invalid? pruned?) -> measure -> tell.
+
+One Optuna study per workload (model, sizes, graph content, device, backend, mode), stored
+through Optuna's RDBStorage in the same database as rgtune's trial history. The same command
+resumes the same study; ``fresh=True`` starts a new one (the recorded trials stay: they are
+real measurements). The default schedule is the first trial of every study, so a study
+always reports its speedup over it.
+
+Crash safety: a trial is committed as ``running`` before it is measured. When a study
+resumes, trials left ``running`` by a dead process (Ctrl-C, kill -9, power loss) become
+``failed`` in both rgtune's history and Optuna's storage, so the counts add up.
+
+Example:
+    >>> from rgtune.tuner.db import TrialDatabase
+    >>> from rgtune.tuner.measure import MeasureOptions, Workload
+    >>> import tempfile, os
+    >>> d = tempfile.mkdtemp()
+    >>> db = TrialDatabase(f"sqlite:///{os.path.join(d, 'results.db')}")
+    >>> w = Workload("rgcn", "synthetic:custom,nodes=200,edges=1500,ntypes=2,rels=3", 8, 8, 1, "reference")
+    >>> s = Tuner(w, db, TuneOptions(trials=3, seed=0, progress=False,
+    ...                               measure=MeasureOptions(repeats=2, warmup=1))).run()
+    >>> s.trials_run, s.best_ms is not None, db.count_trials()
+    (3, True, 3)
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+from rgtune.tuner.measure import MeasureOptions, MeasureResult, MeasureWorker, Workload
+
+if TYPE_CHECKING:
+    import optuna
+
+    from rgtune.tuner.db import TrialDatabase
+
+SAMPLERS = ("tpe", "random", "gp", "cmaes")
+
+
+@dataclass
+class TuneOptions:
+    trials: int | None = 50  # new trials to run in this invocation (None: until the time budget)
+    time_budget: float | None = None  # seconds; no new trial starts after it
+    sampler: str = "tpe"
+    seed: int | None = None
+    fresh: bool = False
+    progress: bool = True
+    measure: MeasureOptions = field(default_factory=MeasureOptions)
+    #: optional pruning policy: (config, point) -> (prune?, predicted_ms); see the cost model
+    pruner: Callable[[dict[str, Any], Any], tuple[bool, float | None]] | None = None
+
+
+@dataclass
+class TuneSummary:
+    workload_id: int
+    study_name: str
+    trials_run: int
+    statuses: dict[str, int]
+    default_ms: float | None
+    best_ms: float | None
+    best_knobs: dict[str, Any] | None
+    best_trial_id: int | None
+    elapsed_s: float
+    interrupted: bool = False
+
+    @property
+    def speedup(self) -> float | None:
+        if self.default_ms and self.best_ms:
+            return self.default_ms / self.best_ms
+        return None
+
+
+def make_sampler(name: str, seed: int | None) -> "optuna.samplers.BaseSampler":
+    """An Optuna sampler by name: ``tpe`` (default), ``random``, ``gp``, ``cmaes``.
+
+    The space is categorical; CMA-ES handles numerical parameters only, so with ``cmaes``
+    Optuna samples categorical knobs independently (it warns once).
+    """
+    import optuna
+
+    if name == "tpe":
+        import warnings
+
+        with warnings.catch_warnings():  # multivariate+group is what a conditional space needs
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=10)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "gp":
+        return optuna.samplers.GPSampler(seed=seed)
+    if name == "cmaes":
+        return optuna.samplers.CmaEsSampler(seed=seed)
+    raise ValueError(f"unknown sampler {name!r}; choose one of {list(SAMPLERS)}")
+
+
+class Tuner:
+    """Tunes one workload, recording every trial in ``db``."""
+
+    def __init__(self, workload: Workload, db: "TrialDatabase", options: TuneOptions | None = None) -> None:
+        self.workload = workload
+        self.db = db
+        self.options = options or TuneOptions()
+        if self.options.sampler not in SAMPLERS:
+            raise ValueError(f"unknown sampler {self.options.sampler!r}; choose one of {list(SAMPLERS)}")
+
+    # ------------------------------------------------------------------ setup
+    def _setup(self) -> None:
+        import optuna
+
+        from rgtune.data import load_dataset
+        from rgtune.ir.models import build_model
+        from rgtune.search_spaces import SearchSpace
+
+        w = self.workload
+        self.graph = load_dataset(w.dataset, root=w.data_dir)
+        program = build_model(w.model, w.in_dim, w.out_dim, w.heads)
+        self.worker = MeasureWorker(w, self.options.measure)
+        device = self.worker.start()
+        self.space = SearchSpace(program, self.graph, _target(w.backend))
+        self.record = self.db.ensure_workload(w.model, self.graph, device, in_dim=w.in_dim, out_dim=w.out_dim,
+                                              heads=w.heads, backend=w.backend)
+        self.db.mark_stale_running(self.record)
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        storage = optuna.storages.RDBStorage(self.db.url, engine_kwargs=_engine_kwargs(self.db.url))
+        name = self.record.study_name
+        if self.options.fresh:
+            # a new study (the sampler forgets); the trials already recorded stay in the history
+            name = f"{name}:fresh-{int(time.time() * 1000)}"
+        else:
+            name = self._latest_study_name(storage, name)
+        self.study = optuna.create_study(study_name=name, storage=storage, direction="minimize",
+                                         sampler=make_sampler(self.options.sampler, self.options.seed),
+                                         load_if_exists=True)
+        self.study.set_user_attr("rgtune.workload_id", self.record.id)
+        self.study.set_user_attr("rgtune.sampler", self.options.sampler)
+        self._fail_abandoned_optuna_trials()
+        if not self.study.trials:
+            self.study.enqueue_trial(self.space.default(), skip_if_exists=True)
+
+    @staticmethod
+    def _latest_study_name(storage: Any, base: str) -> str:
+        names = [s.study_name for s in storage.get_all_studies() if s.study_name.startswith(base)]
+        return max(names, key=lambda n: (len(n), n)) if names else base
+
+    def _fail_abandoned_optuna_trials(self) -> None:
+        from optuna.trial import TrialState
+
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            tid = t.user_attrs.get("rgtune.trial_id")
+            if tid is not None:
+                try:
+                    alive = self.db.trial(int(tid)).status == "running"
+                except Exception:  # noqa: BLE001 - a missing record means nobody owns it
+                    alive = False
+            else:
+                alive = _process_alive(t.user_attrs.get("rgtune.worker", ""))
+            if not alive:
+                self.study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
+
+    # ------------------------------------------------------------------ loop
+    def run(self) -> TuneSummary:
+        from optuna.trial import TrialState
+
+        self._setup()
+        opts = self.options
+        start = time.time()
+        statuses: dict[str, int] = {}
+        ran = 0
+        interrupted = False
+        bar = _progress(opts)
+        try:
+            while (opts.trials is None or ran < opts.trials) and \
+                    (opts.time_budget is None or time.time() - start < opts.time_budget):
+                trial = self.study.ask()
+                trial.set_user_attr("rgtune.worker", _worker_id())
+                config = self.space.suggest(trial)
+                tid = self.db.start_trial(self.record, config, optuna_trial=trial.number)
+                trial.set_user_attr("rgtune.trial_id", tid)
+                try:
+                    result = self._evaluate(config, trial.number)
+                except KeyboardInterrupt:
+                    self.db.finish_trial(tid, "failed", error="interrupted (Ctrl-C)")
+                    self.study.tell(trial, state=TrialState.FAIL)
+                    raise
+                self._record(tid, result)
+                if result.status == "ok":
+                    self.study.tell(trial, result.median * 1e3)  # type: ignore[operator]
+                elif result.status == "pruned":
+                    self.study.tell(trial, state=TrialState.PRUNED)
+                else:
+                    self.study.tell(trial, state=TrialState.FAIL)
+                statuses[result.status] = statuses.get(result.status, 0) + 1
+                ran += 1
+                self._update_progress(bar, result, start)
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            if bar is not None:
+                bar.close()
+            self.worker.close()
+        return self._summary(ran, statuses, time.time() - start, interrupted)
+
+    def _evaluate(self, config: dict[str, Any], number: int) -> MeasureResult:
+        point = self.space.compile(config)
+        if not point.valid:  # recorded, never compiled
+            return MeasureResult("invalid", error="; ".join(point.problems))
+        if self.options.pruner is not None:
+            prune, predicted = self.options.pruner(config, point)
+            if prune:
+                return MeasureResult("pruned", info={"predicted_ms": predicted})
+        seed = (self.options.seed or 0) * 1_000_003 + number
+        return self.worker.measure(config, seed=seed)
+
+    def _record(self, tid: int, r: MeasureResult) -> None:
+        ms = None if r.median is None else r.median * 1e3
+        self.db.finish_trial(
+            tid, r.status, median_ms=ms, times_ms=[t * 1e3 for t in r.times] or None,
+            compile_s=r.compile_seconds, max_error=r.max_error,
+            error=r.error, source_hash=r.source_hash, predicted_ms=r.info.get("predicted_ms"))
+
+    # ------------------------------------------------------------------ reporting
+    def default_ms(self) -> float | None:
+        default = self.space.default()
+        for rec in self.db.history(self.record, status="ok"):
+            if rec.knobs == default or all(rec.knobs.get(k) == v for k, v in default.items()):
+                return rec.median_ms
+        return None
+
+    def _update_progress(self, bar: Any, result: MeasureResult, start: float) -> None:
+        if bar is None:
+            return
+        best = self.db.best(self.record)
+        default = self.default_ms()
+        post = {"last": result.status}
+        if best is not None:
+            post["best"] = f"{best.median_ms:.3g} ms"
+            if default:
+                post["speedup"] = f"{default / best.median_ms:.2f}x"
+        if self.options.time_budget is not None:
+            post["left"] = f"{max(0.0, self.options.time_budget - (time.time() - start)):.0f} s"
+        bar.set_postfix(post, refresh=False)
+        bar.update(1)
+
+    def _summary(self, ran: int, statuses: dict[str, int], elapsed: float, interrupted: bool) -> TuneSummary:
+        best = self.db.best(self.record)
+        return TuneSummary(self.record.id, self.study.study_name, ran, statuses, self.default_ms(),
+                           best.median_ms if best else None, best.knobs if best else None,
+                           best.id if best else None, elapsed, interrupted)
+
+
+# ---------------------------------------------------------------------- helpers
+def _target(backend: str) -> str:
+    from rgtune.codegen.base import create
+
+    return create(backend).target
+
+
+def _engine_kwargs(url: str) -> dict[str, Any]:
+    if url.startswith("sqlite"):
+        # the same file is written by rgtune's own engine; wait for its locks instead of failing
+        return {"connect_args": {"timeout": 60}}
+    return {}
+
+
+def _progress(opts: TuneOptions) -> Any:
+    if not opts.progress:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=opts.trials, unit="trial", dynamic_ncols=True, desc="tuning")
+
+
+def _worker_id() -> str:
+    import socket
+
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _process_alive(worker: str) -> bool:
+    import socket
+
+    host, _, pid = worker.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return True  # another machine's worker: not ours to judge
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
