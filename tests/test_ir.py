@@ -304,3 +304,25 @@ def test_graph_without_relations_is_refused():
     g = HeteroGraph({"a": 3}, {}, name="empty")
     with pytest.raises(IRError, match="at least one edge type"):
         SearchSpace(build_model("rgcn", 4, 4), g, "cpu")
+
+
+# ------------------------------------------------------------------ rgtune show
+def test_show_prints_program_kernels_and_counts(capsys):
+    from rgtune.tuner.cli import main
+
+    assert main(["show", "--model", "hgt", "--dataset", "aifb", "--hidden", "8", "--heads", "2",
+                 "--set", "compact.src=pair", "--set", "reorder.compose=on"]) == 0
+    out = capsys.readouterr().out
+    for section in ("# program before passes", "# program after passes", "# kernels", "FLOPs", "bytes (minimum)"):
+        assert section in out
+    assert "k_weight__w_att" in out and "src_pair rows" in out
+
+
+def test_show_rejects_an_unknown_knob_with_the_valid_ones(capsys):
+    from rgtune.tuner.cli import main
+
+    assert main(["show", "--model", "rgcn", "--dataset", "aifb", "--set", "compact.everything=on"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown knob 'compact.everything'" in err and "compact.src" in err and "Traceback" not in err
+    assert main(["show", "--model", "rgcn", "--dataset", "aifb", "--set", "compact.src=tiny"]) != 0
+    assert "choose one of ['edge', 'pair']" in capsys.readouterr().err

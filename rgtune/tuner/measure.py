@@ -203,6 +203,7 @@ class MeasureWorker:
         self._conn: Any = None
         self.device_info: dict[str, Any] = {}
         self.restarts = 0
+        self._started = False
 
     def start(self) -> dict[str, Any]:
         """Start the worker (if needed) and return the backend's device info."""
@@ -226,13 +227,14 @@ class MeasureWorker:
             proc.join(5)
             raise WorkerStartError(str(payload))
         self._proc, self._conn, self.device_info = proc, parent, payload
+        self._started = True
         return payload
 
     def measure(self, config: Mapping[str, Any], seed: int = 0) -> MeasureResult:
         """One trial; never raises for a fault of the kernel (see the module docstring)."""
         if self._proc is None or not self._proc.is_alive():
-            if self._proc is not None:
-                self.restarts += 1
+            if self._started:
+                self.restarts += 1  # the last worker hung or crashed
             self.start()
         t0 = time.perf_counter()
         try:

@@ -26,7 +26,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
 
-from rgtune.ir.program import Program
+from rgtune.ir.program import IRError, Program
 
 if TYPE_CHECKING:  # the graph is only read
     from rgtune.data.graph import HeteroGraph
@@ -34,8 +34,8 @@ if TYPE_CHECKING:  # the graph is only read
 __all__ = ["Knob", "Constraint", "Pass", "KnobError", "register_pass", "unregister_pass", "registered_passes", "create"]
 
 
-class KnobError(ValueError):
-    """An unknown knob, or a value outside its choices."""
+class KnobError(IRError):
+    """An unknown knob, or a value outside its choices (a usage error: the CLI exits with 2)."""
 
 
 @dataclass(frozen=True)

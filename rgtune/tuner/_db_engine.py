@@ -1,0 +1,223 @@
+"""Turning a ``--db`` value into a configured SQLAlchemy engine, and the SQLite file checks.
+
+What this module settles, and why:
+
+* **URLs.** Any SQLAlchemy URL works; a bare file name ending in ``.db``, ``.sqlite`` or
+  ``.sqlite3`` is taken as an SQLite file (``--db runs/x.db``). Anything else that does not
+  parse is a :class:`DatabaseURLError`, before any file is touched.
+* **SQLite files are checked before SQLite opens them** (:func:`preflight_sqlite`): SQLite
+  happily "opens" random bytes or a directory and only fails later, and it creates a new
+  empty database wherever it is pointed. The checks give one clear message instead.
+* **SQLite concurrency.** WAL journal (readers never block the writer), a busy timeout, and
+  ``BEGIN IMMEDIATE`` for every write transaction: the write lock is taken when the
+  transaction starts, where SQLite's busy handler can wait for it, instead of being upgraded
+  from a read lock mid-transaction, which fails at once with "database is locked" and cannot be
+  waited out. Python's ``sqlite3`` module is told to keep out of transaction control so that
+  SQLAlchemy's ``BEGIN`` is the one that counts (the recipe in SQLAlchemy's SQLite docs).
+* **Processes.** A pooled connection created in a parent process is never used in a forked
+  child (SQLAlchemy's multiprocessing recipe); the child opens its own.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import sqlalchemy as sa
+import sqlalchemy.exc as sa_exc
+from sqlalchemy import event
+from sqlalchemy.engine import URL, Engine, make_url
+
+from rgtune.tuner._db_errors import (
+    POSTGRES_HINT,
+    DatabaseCorruptError,
+    DatabaseReadOnlyError,
+    DatabaseURLError,
+    one_line,
+)
+
+__all__ = ["DEFAULT_URL", "WRITE_OPTION", "parse_url", "display_name", "sqlite_file", "preflight_sqlite", "make_engine"]
+
+DEFAULT_URL = "sqlite:///results.db"
+#: execution option that marks an engine/connection as a writer (SQLite: BEGIN IMMEDIATE)
+WRITE_OPTION = "rgtune_write"
+
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
+_SCHEME_PREFIX = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]+:")  # two letters at least: C:\x.db is a path
+_FILE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
+_DRIVER_HINTS = {"postgresql": "pip install 'rgtune[postgres]'", "mysql": "pip install mysqlclient (or use mysql+pymysql://)"}
+
+
+def parse_url(text: str | URL) -> URL:
+    """A SQLAlchemy :class:`URL` for ``text``: a URL, or a path to an SQLite file.
+
+    Example:
+        >>> parse_url("sqlite:///results.db").database
+        'results.db'
+        >>> parse_url("runs/hgt.db").drivername
+        'sqlite'
+        >>> parse_url("results")
+        Traceback (most recent call last):
+        ...
+        rgtune.tuner._db_errors.DatabaseURLError: 'results' is not a database URL; use e.g. sqlite:///results.db, a path ending in .db, or postgresql+psycopg://user@host:5432/rgtune
+    """
+    if isinstance(text, URL):
+        return text
+    text = str(text).strip()
+    usage = f"use e.g. sqlite:///results.db, a path ending in .db, or {POSTGRES_HINT}"
+    if not _SCHEME.match(text):
+        if _SCHEME_PREFIX.match(text):  # "sqlite:results.db": a URL missing its "//", not a file name
+            raise DatabaseURLError(f"{_hide_password_text(text)!r} is not a valid database URL (missing '//' after the scheme?); {usage}")
+        if text.lower().endswith(_FILE_SUFFIXES) and "://" not in text:
+            return URL.create("sqlite", database=text)
+        raise DatabaseURLError(f"{text!r} is not a database URL; {usage}")
+    try:
+        url = make_url(text)
+    except (sa_exc.ArgumentError, ValueError) as e:
+        raise DatabaseURLError(f"{_hide_password_text(text)!r} is not a valid database URL ({one_line(e)}); {usage}") from None
+    try:
+        url.get_dialect()
+    except sa_exc.NoSuchModuleError:
+        raise DatabaseURLError(f"unknown database kind {url.drivername!r} in {display_name(url)!r}; {usage}") from None
+    except ImportError as e:  # the dialect exists, its driver module does not
+        hint = _DRIVER_HINTS.get(url.get_backend_name(), "install the database driver")
+        raise DatabaseURLError(f"the driver for {url.drivername!r} is not installed ({one_line(e)}); {hint}") from None
+    if url.get_backend_name() == "sqlite" and (url.host or url.username or url.password or url.port):
+        raise DatabaseURLError(
+            f"{text!r} is not a valid SQLite URL (it has a host part); write sqlite:///relative.db or sqlite:////absolute/path.db"
+        )
+    return url
+
+
+def _hide_password_text(text: str) -> str:
+    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", text)
+
+
+def display_name(url: URL) -> str:
+    """How messages name the database: the SQLite file as written, else the URL without password."""
+    if url.get_backend_name() == "sqlite":
+        return url.database or ":memory:"
+    return url.render_as_string(hide_password=True)
+
+
+def sqlite_file(url: URL) -> Path | None:
+    """The file behind an SQLite URL; None for in-memory databases and ``file:`` URIs."""
+    if url.get_backend_name() != "sqlite":
+        return None
+    db = url.database or ""
+    if db in ("", ":memory:") or db.startswith("file:") or str(url.query.get("uri", "")).lower() in ("true", "1"):
+        return None
+    return Path(db)
+
+
+def preflight_sqlite(path: Path, shown: str, *, readonly: bool) -> None:
+    """Refuse, with one clear line, an SQLite path that SQLite would mishandle or fail on later.
+
+    Nothing is created or modified here: a bad path must not leave a file behind.
+    """
+    if path.is_dir():
+        raise DatabaseURLError(f"{shown} is a directory, not an SQLite database file; pass a file path such as {shown}/results.db")
+    parent = path.parent
+    where = "the working directory" if str(parent) == "." else f"directory {parent}"
+    if not parent.is_dir():
+        raise DatabaseURLError(f"cannot create {shown}: directory {parent} does not exist")
+    if path.exists():
+        _check_header(path, shown)
+        if readonly:
+            if not os.access(path, os.R_OK):
+                raise DatabaseReadOnlyError(f"cannot read {shown}: permission denied")
+            return
+        if not os.access(path, os.R_OK | os.W_OK):
+            raise DatabaseReadOnlyError(
+                f"cannot write to {shown}: the file is read-only; make it writable, pass another --db, "
+                f"or open it read-only for queries"
+            )
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise DatabaseReadOnlyError(
+                f"cannot write to {shown}: {where} is read-only "
+                f"(SQLite creates {path.name}-wal and {path.name}-shm there); pass a --db in a writable directory"
+            )
+    else:
+        if readonly:
+            raise DatabaseURLError(f"{shown} does not exist (opened read-only, so it is not created)")
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise DatabaseReadOnlyError(f"cannot create {shown}: {where} is read-only; pass a --db in a writable directory")
+
+
+def _check_header(path: Path, shown: str) -> None:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(_SQLITE_MAGIC))
+    except PermissionError:
+        raise DatabaseReadOnlyError(f"cannot read {shown}: permission denied") from None
+    except OSError as e:
+        raise DatabaseURLError(f"cannot read {shown}: {e.strerror or e}") from None
+    # An empty file is a valid empty database (SQLite writes the header on the first write).
+    if head and head != _SQLITE_MAGIC:
+        raise DatabaseCorruptError(
+            f"{shown} is not an SQLite database (file is not a database); move it away "
+            f"(e.g. mv {shown} {shown}.bad) and run again, or pass another --db"
+        )
+
+
+def _readonly_sqlite_url(path: Path) -> URL:
+    # SQLite's URI form is the only way to ask the driver for a read-only connection.
+    return URL.create("sqlite", database="file:" + quote(str(path.resolve())), query={"mode": "ro", "uri": "true"})
+
+
+def make_engine(url: URL, *, readonly: bool, busy_timeout: float, echo: bool = False) -> Engine:
+    """A configured engine for ``url`` (see the module docstring for what is configured)."""
+    kwargs: dict[str, Any] = {"echo": echo}
+    path = sqlite_file(url)
+    backend = url.get_backend_name()
+    if backend == "sqlite":
+        if path is not None:
+            # Absolute, so that a later chdir of the process cannot move the database.
+            url = _readonly_sqlite_url(path) if readonly else url.set(database=os.path.abspath(path))
+        kwargs["connect_args"] = {"timeout": busy_timeout}
+    else:
+        kwargs["pool_pre_ping"] = True  # long studies outlive idle server connections
+        if backend == "postgresql" and "connect_timeout" not in url.query:
+            kwargs["connect_args"] = {"connect_timeout": 10}  # a dead host fails in seconds, not minutes
+    engine = sa.create_engine(url, **kwargs)
+    _guard_fork(engine)
+    if backend == "sqlite":
+        _configure_sqlite(engine, busy_timeout=busy_timeout, wal=path is not None and not readonly)
+    return engine
+
+
+def _configure_sqlite(engine: Engine, *, busy_timeout: float, wal: bool) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, record: Any) -> None:
+        dbapi_conn.isolation_level = None  # sqlite3 must not BEGIN on its own (see module docstring)
+        cur = dbapi_conn.cursor()
+        try:
+            cur.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+            cur.execute("PRAGMA foreign_keys = ON")
+            if wal:
+                # Persistent in the file; a filesystem without shared memory keeps its old mode,
+                # which is still safe (BEGIN IMMEDIATE + busy timeout), only slower for readers.
+                cur.execute("PRAGMA journal_mode = WAL")
+        finally:
+            cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: sa.Connection) -> None:
+        write = conn.get_execution_options().get(WRITE_OPTION, False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+
+def _guard_fork(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _remember_pid(dbapi_conn: Any, record: Any) -> None:
+        record.info["pid"] = os.getpid()
+
+    @event.listens_for(engine, "checkout")
+    def _check_pid(dbapi_conn: Any, record: Any, proxy: Any) -> None:
+        if record.info.get("pid") != os.getpid():
+            record.dbapi_connection = proxy.dbapi_connection = None
+            raise sa_exc.DisconnectionError("connection belongs to another process; opening a new one")

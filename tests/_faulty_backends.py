@@ -1,0 +1,58 @@
+"""Backends that misbehave on purpose, loaded by name ("_faulty_backends:Hang") in the worker."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from typing import Any, Mapping
+
+from rgtune.codegen.base import BuiltProgram, ReferenceBackend
+
+
+class _Faulty(ReferenceBackend):
+    name = "faulty"
+
+    def fault(self, schedule: Mapping[str, Any]) -> bool:
+        """Misbehave on every point unless RGTUNE_FAULT_KNOB names a knob=value that triggers it."""
+        spec = os.environ.get("RGTUNE_FAULT_KNOB")
+        if not spec:
+            return True
+        knob, _, value = spec.partition("=")
+        return str(schedule.get(knob)) == value
+
+    def misbehave(self, out: Any) -> Any:
+        raise NotImplementedError
+
+    def build(self, kp: Any, graph: Any, schedule: Mapping[str, Any]) -> BuiltProgram:
+        built = super().build(kp, graph, schedule)
+        if not self.fault(schedule):
+            return built
+        inner = built.run_fn
+        built.run_fn = lambda x, p: self.misbehave(inner(x, p))
+        return built
+
+
+class Hang(_Faulty):
+    def misbehave(self, out: Any) -> Any:
+        while True:
+            time.sleep(1)
+
+
+class Segfault(_Faulty):
+    def misbehave(self, out: Any) -> Any:
+        ctypes.string_at(0)  # reads address 0: SIGSEGV
+        return out
+
+
+class Wrong(_Faulty):
+    def misbehave(self, out: Any) -> Any:
+        return out + 0.5
+
+
+class Slow(_Faulty):
+    """Correct, but every run takes a while (for interrupting a study mid-trial)."""
+
+    def misbehave(self, out: Any) -> Any:
+        time.sleep(float(os.environ.get("RGTUNE_SLOW_SECONDS", "0.5")))
+        return out

@@ -1,0 +1,266 @@
+"""The tuning loop and its measurement worker: faults, resume after kill -9, the CLI's errors."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rgtune.tuner.db import TrialDatabase
+from rgtune.tuner.measure import MeasureOptions, MeasureWorker, Workload
+from rgtune.tuner.study import TuneOptions, Tuner
+
+GRAPH = "synthetic:custom,nodes=300,edges=2500,ntypes=2,rels=4,seed=1"
+FAST = MeasureOptions(warmup=1, repeats=2, min_seconds=0.0, timeout=20.0)
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _workload(backend: str, model: str = "rgcn") -> Workload:
+    return Workload(model, GRAPH, 8, 8, 1, backend)
+
+
+@pytest.fixture
+def db(tmp_path):
+    return TrialDatabase(f"sqlite:///{tmp_path / 'results.db'}")
+
+
+# ------------------------------------------------------------------ the worker alone
+def test_a_correct_schedule_is_ok_and_timed():
+    with MeasureWorker(_workload("reference"), FAST) as w:
+        r = w.measure({}, seed=1)
+    assert r.status == "ok" and r.median is not None and r.median > 0 and r.max_error < 1e-4
+    assert len(r.times) >= 2
+
+
+def test_a_hanging_kernel_is_a_timeout_and_the_worker_comes_back():
+    opts = MeasureOptions(warmup=1, repeats=2, min_seconds=0.0, timeout=3.0)
+    with MeasureWorker(_workload("_faulty_backends:Hang"), opts) as w:
+        t = time.time()
+        r = w.measure({}, seed=0)
+        assert r.status == "timeout" and time.time() - t < 30
+        os.environ["RGTUNE_FAULT_KNOB"] = "layout.index_bits=64"  # the next worker hangs only on 64-bit
+        try:
+            assert w.measure({}, seed=1).status == "ok"
+        finally:
+            del os.environ["RGTUNE_FAULT_KNOB"]
+
+
+def test_a_segfault_is_a_runtime_error_and_the_worker_restarts():
+    with MeasureWorker(_workload("_faulty_backends:Segfault"), FAST) as w:
+        r = w.measure({}, seed=0)
+        assert r.status == "runtime_error" and "SIGSEGV" in (r.error or "")
+        r2 = w.measure({}, seed=1)
+        assert r2.status == "runtime_error" and w.restarts == 1
+
+
+def test_a_wrong_kernel_is_a_wrong_result_with_its_error():
+    with MeasureWorker(_workload("_faulty_backends:Wrong"), FAST) as w:
+        r = w.measure({}, seed=0)
+    assert r.status == "wrong_result" and r.max_error > 1e-4 and "relative error" in r.error
+    assert r.median is None  # never timed
+
+
+def test_a_worker_that_cannot_load_its_dataset_says_why():
+    from rgtune.tuner.measure import WorkerStartError
+
+    with pytest.raises(WorkerStartError, match="unknown dataset"):
+        MeasureWorker(Workload("rgcn", "no-such-graph", 8, 8, 1, "reference"), FAST).start()
+
+
+# ------------------------------------------------------------------ the loop
+@pytest.mark.slow
+@pytest.mark.parametrize("backend,status", [("_faulty_backends:Wrong", "wrong_result"),
+                                            ("_faulty_backends:Segfault", "runtime_error"),
+                                            ("_faulty_backends:Hang", "timeout")])
+def test_faults_cost_one_trial_and_are_never_best(db, monkeypatch, backend, status):
+    monkeypatch.setenv("RGTUNE_FAULT_KNOB", "layout.index_bits=64")
+    opts = TuneOptions(trials=12, sampler="random", seed=3, progress=False,
+                       measure=MeasureOptions(warmup=1, repeats=2, min_seconds=0.0, timeout=4.0))
+    summary = Tuner(_workload(backend), db, opts).run()
+    assert summary.trials_run == 12 and db.count_trials() == 12
+    assert summary.statuses.get(status, 0) >= 1, summary.statuses
+    assert summary.statuses.get("ok", 0) >= 1
+    best = db.best()
+    assert best is not None and best.status == "ok" and best.knobs["layout.index_bits"] == 32
+    assert all(r.knobs["layout.index_bits"] == 64 for r in db.history(status=status))
+
+
+def test_the_default_schedule_is_the_first_trial_and_a_study_resumes(db):
+    opts = TuneOptions(trials=3, sampler="random", seed=0, progress=False, measure=FAST)
+    first = Tuner(_workload("reference"), db, opts).run()
+    rows = db.history()
+    from rgtune.ir.models import build_model
+    from rgtune.search_spaces import SearchSpace
+    from rgtune.data import load_dataset
+
+    space = SearchSpace(build_model("rgcn", 8, 8, 1), load_dataset(GRAPH), "cpu")
+    assert rows[0].knobs == space.default()
+    assert first.default_ms is not None
+    second = Tuner(_workload("reference"), db, opts).run()
+    assert second.study_name == first.study_name and db.count_trials() == 6
+    import optuna
+
+    study = optuna.load_study(study_name=first.study_name, storage=db.url)
+    assert len(study.trials) == 6
+    fresh = Tuner(_workload("reference"), db, TuneOptions(trials=1, fresh=True, progress=False, measure=FAST)).run()
+    assert fresh.study_name != first.study_name and db.count_trials() == 7
+
+
+# ------------------------------------------------------------------ kill -9, then resume
+def _tune_cmd(db_url: str, trials: int, backend: str) -> list[str]:
+    return [sys.executable, "-m", "rgtune.tuner.cli", "tune", "--model", "rgcn", "--dataset", GRAPH, "--hidden", "8",
+            "--trials", str(trials), "--backend", backend, "--db", db_url, "--sampler", "random", "--seed", "1",
+            "--quiet"]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    if env.get("RGTUNE_DATA_DIR"):  # the subprocesses run in a temporary folder
+        env["RGTUNE_DATA_DIR"] = os.path.abspath(env["RGTUNE_DATA_DIR"])
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), str(REPO), env.get("PYTHONPATH", "")])
+    return env
+
+
+@pytest.mark.slow
+def test_kill_minus_9_mid_trial_then_resume(tmp_path):
+    url = f"sqlite:///{tmp_path / 'results.db'}"
+    env = _env()
+    env["RGTUNE_SLOW_SECONDS"] = "0.4"
+    proc = subprocess.Popen(_tune_cmd(url, 50, "_faulty_backends:Slow"), env=env, cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.time() + 120
+    finished = running = 0
+    while time.time() < deadline:
+        time.sleep(0.3)
+        if not (tmp_path / "results.db").exists():
+            continue
+        try:
+            con = sqlite3.connect(tmp_path / "results.db", timeout=5)
+            finished = con.execute("select count(*) from rg_trials where status != 'running'").fetchone()[0]
+            running = con.execute("select count(*) from rg_trials where status = 'running'").fetchone()[0]
+            con.close()
+        except sqlite3.OperationalError:
+            continue
+        if finished >= 2 and running == 1:
+            break
+    assert finished >= 2 and running == 1, proc.stderr.read().decode() if proc.poll() is not None else "timeout"
+    os.killpg(proc.pid, signal.SIGKILL)  # the tune process and its measurement worker
+    proc.wait()
+    db = TrialDatabase(url)
+    before = {r.id: (r.status, r.median_ms) for r in db.history()}
+    assert sum(1 for s, _ in before.values() if s == "running") == 1
+
+    done = subprocess.run(_tune_cmd(url, 3, "_faulty_backends:Slow"), env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    after = {r.id: (r.status, r.median_ms) for r in db.history()}
+    for tid, (status, ms) in before.items():  # earlier trials intact; the interrupted one failed
+        assert after[tid] == (status, ms) if status != "running" else after[tid][0] == "failed"
+    assert len(after) == len(before) + 3
+    import optuna
+    from optuna.trial import TrialState
+
+    study = optuna.load_study(study_name=db.history()[0].study_name, storage=url)
+    states = [t.state for t in study.trials]
+    assert TrialState.RUNNING not in states and len(states) == len(after)
+
+
+# ------------------------------------------------------------------ the CLI's errors
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rgtune.tuner.cli", *args], cwd=cwd, env=_env(),
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["tune", "--model", "gcn", "--dataset", "aifb"], "invalid choice: 'gcn'"),
+    (["tune", "--model", "rgcn", "--dataset", "nope"], "Known datasets"),
+    (["tune", "--model", "rgcn", "--dataset", "aifb", "--backend", "tpu"], "choose one of"),
+    (["tune", "--model", "rgcn", "--dataset", "aifb", "--sampler", "grid"], "choose one of ['tpe'"),
+    (["tune", "--model", "rgcn", "--dataset", "aifb", "--db", "postgresql+psycopg://u@127.0.0.1:1/x"], "connect"),
+    (["tune", "--model", "rgcn", "--dataset", "aifb", "--db", "nonsense://"], "rgtune: error"),
+])
+def test_bad_input_is_one_line_and_non_zero(tmp_path, args, needle):
+    r = _cli(*args, cwd=tmp_path)
+    assert r.returncode != 0
+    assert needle in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "results.db").exists() or "--db" in args
+
+
+def test_cuda_without_a_gpu_is_a_clear_error(tmp_path):
+    from rgtune.codegen.base import available_backends
+
+    ok, _ = available_backends().get("cuda", (False, ""))
+    if ok:
+        pytest.skip("a CUDA GPU is usable here")
+    r = _cli("tune", "--model", "rgcn", "--dataset", GRAPH, "--backend", "cuda", cwd=tmp_path)
+    assert r.returncode != 0 and "cuda" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_corrupt_database_is_refused_and_left_alone(tmp_path):
+    bad = tmp_path / "results.db"
+    bad.write_bytes(os.urandom(4096))
+    before = bad.read_bytes()
+    r = _cli("tune", "--model", "rgcn", "--dataset", GRAPH, "--hidden", "8", "--trials", "1",
+             "--backend", "reference", cwd=tmp_path)
+    assert r.returncode != 0 and "results.db" in r.stderr and "Traceback" not in r.stderr
+    assert bad.read_bytes() == before
+
+
+def test_a_read_only_database_is_refused(tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip("root writes read-only files anyway")
+    url = f"sqlite:///{tmp_path / 'results.db'}"
+    TrialDatabase(url).close()
+    os.chmod(tmp_path / "results.db", 0o444)
+    r = _cli("tune", "--model", "rgcn", "--dataset", GRAPH, "--trials", "1", "--backend", "reference",
+             "--db", url, cwd=tmp_path)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+
+
+def test_best_and_history_json(tmp_path):
+    url = f"sqlite:///{tmp_path / 'results.db'}"
+    r = _cli("tune", "--model", "rgcn", "--dataset", GRAPH, "--hidden", "8", "--trials", "2", "--backend",
+             "reference", "--db", url, "--quiet", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "best schedule" in r.stdout and "over the default schedule" in r.stdout
+    import json
+
+    best = json.loads(_cli("best", "--model", "rgcn", "--db", url, "--json", cwd=tmp_path).stdout)
+    assert best[0]["status"] == "ok" and "layout.edges" in best[0]["knobs"]
+    hist = json.loads(_cli("history", "--db", url, "--json", cwd=tmp_path).stdout)
+    assert len(hist) == 2
+    assert _cli("best", "--model", "hgt", "--db", url, cwd=tmp_path).returncode != 0
+
+
+# ------------------------------------------------------------------ many workers, one PostgreSQL study
+import _postgres  # noqa: E402  (the session-wide local PostgreSQL server; skips with its reason)
+
+postgres_server = _postgres.postgres_server
+postgres_url = _postgres.postgres_url
+
+
+@pytest.mark.slow
+def test_two_workers_share_one_postgres_study(postgres_url, tmp_path):
+    n = 4
+    cmd = _tune_cmd(postgres_url, n, "reference")
+    procs = [subprocess.Popen(cmd, env=_env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+    db = TrialDatabase(postgres_url)
+    rows = db.history()
+    assert len(rows) == 2 * n
+    assert len({r.optuna_trial for r in rows}) == 2 * n  # no Optuna trial recorded twice
+    assert len({r.worker for r in rows}) == 2  # both processes measured
+    import optuna
+
+    study = optuna.load_study(study_name=rows[0].study_name, storage=postgres_url)
+    assert len(study.trials) == 2 * n
+    assert sorted(t.number for t in study.trials) == sorted(r.optuna_trial for r in rows)
