@@ -264,3 +264,21 @@ def test_two_workers_share_one_postgres_study(postgres_url, tmp_path):
     study = optuna.load_study(study_name=rows[0].study_name, storage=postgres_url)
     assert len(study.trials) == 2 * n
     assert sorted(t.number for t in study.trials) == sorted(r.optuna_trial for r in rows)
+
+
+@pytest.mark.slow
+def test_two_workers_on_one_sqlite_file_work_or_refuse_clearly(tmp_path):
+    url = f"sqlite:///{tmp_path / 'results.db'}"
+    n = 4
+    procs = [subprocess.Popen(_tune_cmd(url, n, "reference"), env=_env(), cwd=tmp_path, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    ok = [p.returncode == 0 for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert "Traceback" not in err
+        if p.returncode != 0:
+            assert "PostgreSQL" in err, err
+    db = TrialDatabase(url)
+    rows = db.history()
+    assert len(rows) == n * sum(ok) + sum(1 for r in rows if r.status == "failed")
+    assert len({r.optuna_trial for r in rows}) == len(rows)

@@ -338,6 +338,9 @@ def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) ->
     from rgtune.codegen.base import BackendError
     from rgtune.data.errors import DatasetError
     from rgtune.ir.program import IRError
+    import sqlalchemy.exc as sa_exc
+
+    from rgtune.tuner._db_errors import translate
     from rgtune.tuner.db import DatabaseError
     from rgtune.tuner.measure import WorkerStartError
 
@@ -346,6 +349,13 @@ def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) ->
     except KeyboardInterrupt:
         print("rgtune: interrupted", file=sys.stderr)
         return 130
+    except sa_exc.SQLAlchemyError as e:  # from Optuna's storage, which shares the database
+        if os.environ.get("RGTUNE_DEBUG"):
+            raise
+        url = getattr(args, "db", None) or "results.db"
+        err = translate(e, url, sqlite=url.startswith("sqlite") or url.endswith(".db"))
+        print(f"rgtune: error: {_one_line(err)}", file=sys.stderr)
+        return EXIT_FAILURE
     except (CLIError, DatasetError, IRError, BackendError, DatabaseError, WorkerStartError, ValueError) as e:
         if os.environ.get("RGTUNE_DEBUG"):
             raise
