@@ -250,10 +250,6 @@ def cmd_history(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_not_built(args: argparse.Namespace) -> int:
-    raise CLIError(f"`{args.command}` is not built yet; see the README's status section")
-
-
 # ----------------------------------------------------------------- parsers
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -315,12 +311,43 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--limit", type=_positive_int, default=None, help="at most this many rows")
         p.set_defaults(func=func)
 
-    p = sub.add_parser("export", help="tuned kernels for training code (not built yet)")
-    p.set_defaults(func=cmd_not_built)
+    # these parse their own arguments (see main)
+    sub.add_parser("export", help="write the best schedule's kernels to a folder for training code", add_help=False)
+    sub.add_parser("bench", help="tuned layer vs reference lowering vs PyG vs DGL, side by side", add_help=False)
     return parser
 
 
+_DELEGATED = {"export": "_export_main", "bench": "_bench_main"}
+
+
+def _export_main(argv: list[str]) -> int:
+    from rgtune.runtime import export_main
+
+    return export_main(argv)
+
+
+def _bench_main(argv: list[str]) -> int:
+    """``rgtune bench`` runs ``experiments/bench.py`` of this checkout (it needs PyG and DGL)."""
+    import importlib.util
+    from pathlib import Path
+
+    import rgtune
+
+    path = Path(rgtune.__file__).resolve().parents[1] / "experiments" / "bench.py"
+    if not path.exists():
+        raise CLIError(f"`rgtune bench` runs experiments/bench.py from a source checkout; {path} is missing")
+    spec = importlib.util.spec_from_file_location("rgtune_experiments_bench", path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules[spec.name] = module  # type: ignore[union-attr]  (its dataclasses look themselves up)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module.bench_main(argv)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] and argv[0] in _DELEGATED:
+        delegate = globals()[_DELEGATED[argv[0]]]
+        return _run(lambda _args: delegate(argv[1:]), argparse.Namespace(db=None))
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):

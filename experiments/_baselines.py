@@ -1,0 +1,298 @@
+"""PyG and DGL layers with an rgtune reference layer's weights copied in, for ``bench.py``.
+
+Each builder returns a :class:`Baseline`: the library's module, a ``run(x)`` taking features
+in rgtune's global node order, and ``expected(x)``: what the library computes with these
+weights, written with rgtune's float64 primitives. Where the library's math equals rgtune's,
+``expected`` *is* the rgtune layer; where it differs, it is rgtune's layer with exactly that
+difference, so the weight copy is still checked. The differences:
+
+* PyG ``RGCNConv(aggr="mean")``, DGL ``RelGraphConv`` (norm = 1/|N_r(i)|), PyG ``HGTConv``: same math.
+* PyG ``RGATConv`` (across-relation softmax, additive attention): its attention kernels ``q``,
+  ``k`` are shared by all relations, rgtune's ``attn_src``/``attn_dst`` are per relation. The
+  same math when the attention vectors are equal across relations: :func:`tie_rgat_attention`
+  makes them so (the bench does, for every implementation; it does not change the cost).
+* DGL ``HGTConv``: no GELU before the output linear, no biases in its typed linears, and when
+  ``in_dim != out_dim`` a projected skip instead of none (the bench zeroes the projection and
+  saturates the gate). Biases are zero at rgtune's init, so the bench's weights fit.
+* DGL RGAT (``HeteroGraphConv`` of one ``GATConv`` per relation, summed): the softmax runs
+  over each destination's in-edges *of one relation*, not over all of them.
+
+Example:
+    >>> import torch
+    >>> from rgtune.data.synthetic import random_graph
+    >>> from rgtune.models import RGCN
+    >>> g = random_graph((10, 20), num_relations=3, num_edges=100, seed=0)
+    >>> layer = RGCN(g, 4, 8)
+    >>> b = pyg_rgcn(layer)                                   # doctest: +SKIP
+    >>> x = torch.randn(30, 4)
+    >>> bool(torch.allclose(b.run(x), b.expected(x.double()).float(), atol=1e-5))  # doctest: +SKIP
+    True
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from rgtune.data.interop import to_dgl, to_pyg_homogeneous
+from rgtune.models import HGT, RGAT, RGCN, RelationalLayer
+from rgtune.models._base import edge_softmax, segment_matmul
+
+__all__ = ["Baseline", "BUILDERS", "tie_rgat_attention", "pyg_rgcn", "pyg_rgat", "pyg_hgt", "dgl_rgcn", "dgl_rgat",
+           "dgl_hgt"]
+
+#: sigmoid(30) = 1 - 9e-14: DGL's skip gate fully open, so its (zeroed) projected skip has no weight
+_OPEN_GATE = 30.0
+
+
+@dataclass
+class Baseline:
+    """A library's layer with rgtune's weights: ``run(x) -> out[rows]``, ``expected(x64) -> out[rows]``."""
+
+    name: str
+    module: torch.nn.Module
+    run: Callable[[Tensor], Tensor]
+    expected: Callable[[Tensor], Tensor]
+    same_math: bool
+    note: str
+    rows: Tensor | None = None  # global node ids of run's output rows (None: every node, in order)
+
+
+def _f64(layer: RelationalLayer) -> RelationalLayer:
+    """A float64 copy of ``layer`` (same class, same weights) for ``expected``."""
+    cls = next(c for c in type(layer).__mro__ if c in (RGCN, RGAT, HGT))  # a tuned layer's reference class
+    kwargs = {} if isinstance(layer, RGCN) else {"heads": layer.heads}
+    ref = cls(layer.graph, layer.in_dim, layer.out_dim, **kwargs).double()
+    ref.load_state_dict({k: v.detach().double().cpu() for k, v in layer.state_dict().items()})
+    return ref
+
+
+def _dtype(layer: RelationalLayer) -> torch.dtype:
+    return next(layer.parameters()).dtype
+
+
+def _device(layer: RelationalLayer) -> torch.device:
+    return next(layer.parameters()).device
+
+
+def tie_rgat_attention(layer: RGAT) -> None:
+    """Make ``attn_src``/``attn_dst`` equal across relations (PyG's RGATConv shares them)."""
+    with torch.no_grad():
+        layer.attn_src.copy_(layer.attn_src[:1].expand_as(layer.attn_src))
+        layer.attn_dst.copy_(layer.attn_dst[:1].expand_as(layer.attn_dst))
+
+
+def _rows_of(graph, ntypes: list[str]) -> Tensor:
+    offs = graph.node_offsets
+    return torch.cat([torch.arange(int(offs[graph.ntype_id(t)]), int(offs[graph.ntype_id(t) + 1])) for t in ntypes])
+
+
+# ---------------------------------------------------------------------------- PyG
+def _pyg():
+    import torch_geometric
+
+    # With pyg_lib, RGCNConv may take a segment-matmul path that averages over *all* in-edges
+    # instead of per relation (its own TODO); pin the per-relation path, the R-GCN math.
+    torch_geometric.backend.use_segment_matmul = False
+    return torch_geometric
+
+
+def pyg_rgcn(layer: RGCN) -> Baseline:
+    _pyg()
+    from torch_geometric.nn import RGCNConv
+
+    conv = RGCNConv(layer.in_dim, layer.out_dim, layer.num_rels, aggr="mean")
+    with torch.no_grad():
+        conv.weight.copy_(layer.weight)
+        conv.root.copy_(layer.root)
+        conv.bias.copy_(layer.bias)
+    conv = conv.to(device=_device(layer), dtype=_dtype(layer))
+    edge_index, edge_type, _ = to_pyg_homogeneous(layer.graph)
+    edge_index, edge_type = edge_index.to(_device(layer)), edge_type.to(_device(layer))
+    ref = _f64(layer)
+    return Baseline("PyG RGCNConv", conv, lambda x: conv(x, edge_index, edge_type), ref, True, "same math")
+
+
+def pyg_rgat(layer: RGAT) -> Baseline:
+    _pyg()
+    from torch_geometric.nn import RGATConv
+
+    H, D = layer.heads, layer.head_dim
+    conv = RGATConv(layer.in_dim, D, layer.num_rels, heads=H, concat=True, bias=False,
+                    attention_mechanism="across-relation", attention_mode="additive-self-attention", dim=1)
+    with torch.no_grad():
+        conv.weight.copy_(layer.weight)  # (R, in, H*D), column h*D + d: the same layout
+        conv.q.zero_()
+        conv.k.zero_()
+        for h in range(H):  # q, k: (H*D, H), block-diagonal; relation 0's vectors (shared by all)
+            conv.q[h * D:(h + 1) * D, h] = layer.attn_dst[0, h]
+            conv.k[h * D:(h + 1) * D, h] = layer.attn_src[0, h]
+    conv = conv.to(device=_device(layer), dtype=_dtype(layer))
+    edge_index, edge_type, _ = to_pyg_homogeneous(layer.graph)
+    edge_index, edge_type = edge_index.to(_device(layer)), edge_type.to(_device(layer))
+    tied = bool((layer.attn_src == layer.attn_src[:1]).all() and (layer.attn_dst == layer.attn_dst[:1]).all())
+    ref = _f64(layer)
+    if not tied:
+        tie_rgat_attention(ref)  # type: ignore[arg-type]
+    note = "same math (attention vectors tied across relations; RGATConv shares them)"
+    return Baseline("PyG RGATConv", conv, lambda x: conv(x, edge_index, edge_type), ref, tied, note)
+
+
+def pyg_hgt(layer: HGT) -> Baseline:
+    _pyg()
+    from torch_geometric.nn import HGTConv
+
+    g = layer.graph
+    conv = HGTConv(layer.in_dim, layer.out_dim, (g.ntypes, g.canonical_etypes), heads=layer.heads)
+    R, H = layer.num_rels, layer.heads
+    with torch.no_grad():  # the mapping documented in rgtune.models.HGT
+        for t, nt in enumerate(g.ntypes):
+            kqv = conv.kqv_lin.lins[nt]
+            kqv.weight.copy_(torch.cat([layer.k_weight[t].T, layer.q_weight[t].T, layer.v_weight[t].T], 0))
+            kqv.bias.copy_(torch.cat([layer.k_bias[t], layer.q_bias[t], layer.v_bias[t]]))
+            conv.out_lin.lins[nt].weight.copy_(layer.a_weight[t].T)
+            conv.out_lin.lins[nt].bias.copy_(layer.a_bias[t])
+            conv.skip[nt].copy_(layer.skip[t].view(1))
+        for r, cet in enumerate(g.canonical_etypes):
+            conv.p_rel["__".join(cet)].copy_(layer.mu[r].view(1, H))
+            for h in range(H):
+                conv.k_rel.weight[h * R + r].copy_(layer.w_att[r, h])  # head-major type index
+                conv.v_rel.weight[h * R + r].copy_(layer.w_msg[r, h])
+    conv = conv.to(device=_device(layer), dtype=_dtype(layer))
+    edge_index = {c: torch.stack(g.edges(c)).to(_device(layer)) for c in g.canonical_etypes}
+    dst_types = [t for t in g.ntypes if any(c[2] == t for c in g.canonical_etypes)]
+    rows = _rows_of(g, dst_types)  # PyG leaves node types that no relation points to out
+
+    def run(x: Tensor) -> Tensor:
+        out = conv(g.split_nodes(x), edge_index)
+        return torch.cat([out[t] for t in dst_types])
+
+    ref = _f64(layer)
+    return Baseline("PyG HGTConv", conv, run, lambda x: ref(x)[rows], True, "same math", rows)
+
+
+# ---------------------------------------------------------------------------- DGL
+def _dgl_homogeneous(layer: RelationalLayer):
+    import dgl
+
+    g = layer.graph
+    h = dgl.to_homogeneous(to_dgl(g))
+    src, dst = h.edges()
+    # DGL sorts node and edge types as rgtune does; check the numbering rather than assume it.
+    if not (torch.equal(src, g.src) and torch.equal(dst, g.dst) and torch.equal(h.edata[dgl.ETYPE], g.etype)):
+        raise RuntimeError("dgl.to_homogeneous numbers nodes or edges differently from rgtune")
+    return h.to(_device(layer))
+
+
+def dgl_rgcn(layer: RGCN) -> Baseline:
+    from dgl.nn.pytorch import RelGraphConv
+
+    conv = RelGraphConv(layer.in_dim, layer.out_dim, layer.num_rels, regularizer=None, bias=True, self_loop=True)
+    with torch.no_grad():
+        conv.linear_r.W.copy_(layer.weight)
+        conv.loop_weight.copy_(layer.root)
+        conv.h_bias.copy_(layer.bias)
+    dev, dt = _device(layer), _dtype(layer)
+    conv = conv.to(device=dev, dtype=dt)
+    hg = _dgl_homogeneous(layer)
+    etype = layer.graph.etype.to(dev)
+    norm = (1.0 / layer.rel_in_degree.to(device=dev, dtype=dt)).unsqueeze(1)  # mean within (dst, relation)
+    ref = _f64(layer)
+    return Baseline("DGL RelGraphConv", conv, lambda x: conv(hg, x, etype, norm, presorted=True), ref, True,
+                    "same math (norm = 1/|N_r(i)|)")
+
+
+def dgl_hgt(layer: HGT) -> Baseline:
+    from dgl.nn.pytorch import HGTConv
+
+    H, D, g = layer.heads, layer.head_dim, layer.graph
+    conv = HGTConv(layer.in_dim, D, H, layer.num_ntypes, layer.num_rels, dropout=0.0, use_norm=False)
+    with torch.no_grad():
+        for ours, theirs in ((layer.k_weight, conv.linear_k), (layer.q_weight, conv.linear_q),
+                             (layer.v_weight, conv.linear_v), (layer.a_weight, conv.linear_a)):
+            theirs.W.copy_(ours)
+        for h in range(H):
+            conv.relation_pri[h].copy_(layer.mu[:, h])
+            conv.relation_att[h].W.copy_(layer.w_att[:, h])
+            conv.relation_msg[h].W.copy_(layer.w_msg[:, h])
+        if layer.gated_skip:
+            conv.skip.copy_(layer.skip)
+        else:  # rgtune has no skip when in != out: zero DGL's projection, open its gate
+            conv.residual_w.zero_()
+            conv.skip.fill_(_OPEN_GATE)
+    dev = _device(layer)
+    conv = conv.to(device=dev, dtype=_dtype(layer))
+    hg = _dgl_homogeneous(layer)
+    ntype, etype = g.node_type.to(dev), g.etype.to(dev)
+    ref = _f64(layer)
+    note = "differs: no GELU before the output linear, no biases (checked: = rgtune's HGT without them)"
+    return Baseline("DGL HGTConv", conv, lambda x: conv(hg, x, ntype, etype, presorted=True),
+                    lambda x: _hgt_dgl_math(ref, x), False, note)  # type: ignore[arg-type]
+
+
+def _hgt_dgl_math(layer: HGT, x: Tensor) -> Tensor:
+    """rgtune's HGT as DGL computes it: no biases, no GELU (see the module docstring)."""
+    N, H, D = x.size(0), layer.heads, layer.head_dim
+    k = segment_matmul(x, layer.node_offsets, layer.k_weight).view(N, H, D)
+    q = segment_matmul(x, layer.node_offsets, layer.q_weight).view(N, H, D)
+    v = segment_matmul(x, layer.node_offsets, layer.v_weight).view(N, H, D)
+    k_e = segment_matmul(k.index_select(0, layer.src), layer.rel_offsets, layer.w_att)
+    m_e = segment_matmul(v.index_select(0, layer.src), layer.rel_offsets, layer.w_msg)
+    score = (q.index_select(0, layer.dst) * k_e).sum(-1) * layer.mu.index_select(0, layer.etype) / math.sqrt(D)
+    alpha = edge_softmax(score, layer.dst, N)
+    agg = x.new_zeros(N, H, D).index_add_(0, layer.dst, alpha.unsqueeze(-1) * m_e).view(N, H * D)
+    out = segment_matmul(agg, layer.node_offsets, layer.a_weight)
+    if layer.gated_skip:
+        gate = torch.sigmoid(layer.skip).index_select(0, layer.node_type).unsqueeze(1)
+        out = gate * out + (1 - gate) * x
+    return out
+
+
+def dgl_rgat(layer: RGAT) -> Baseline:
+    from dgl.nn.pytorch import GATConv, HeteroGraphConv
+
+    g, H, D = layer.graph, layer.heads, layer.head_dim
+    mods = {}
+    with torch.no_grad():
+        for r, cet in enumerate(g.canonical_etypes):
+            gat = GATConv(layer.in_dim, D, H, bias=False, allow_zero_in_degree=True)
+            gat.fc.weight.copy_(layer.weight[r].T)  # one fc for both ends: z = x W_r
+            gat.attn_l.copy_(layer.attn_src[r].view(1, H, D))
+            gat.attn_r.copy_(layer.attn_dst[r].view(1, H, D))
+            mods[cet] = gat
+    conv = HeteroGraphConv(mods, aggregate="sum").to(device=_device(layer), dtype=_dtype(layer))
+    dg = to_dgl(g).to(_device(layer))
+    dst_types = [t for t in g.ntypes if any(c[2] == t for c in g.canonical_etypes)]
+    rows = _rows_of(g, dst_types)
+
+    def run(x: Tensor) -> Tensor:
+        out = conv(dg, g.split_nodes(x))
+        return torch.cat([out[t].reshape(out[t].size(0), H * D) for t in dst_types])
+
+    ref = _f64(layer)
+    note = "differs: softmax per (destination, relation), summed (checked: = rgtune's RGAT with that softmax)"
+    return Baseline("DGL HeteroGraphConv(GATConv)", conv, run, lambda x: _rgat_per_relation(ref, x)[rows],  # type: ignore[arg-type]
+                    False, note, rows)
+
+
+def _rgat_per_relation(layer: RGAT, x: Tensor) -> Tensor:
+    """rgtune's RGAT with the softmax within each (destination, relation) group, as DGL's."""
+    N, H, D, R = x.size(0), layer.heads, layer.head_dim, layer.num_rels
+    z_src = segment_matmul(x.index_select(0, layer.src), layer.rel_offsets, layer.weight).view(-1, H, D)
+    z_dst = segment_matmul(x.index_select(0, layer.dst), layer.rel_offsets, layer.weight).view(-1, H, D)
+    score = (z_dst * layer.attn_dst.index_select(0, layer.etype)).sum(-1) + \
+        (z_src * layer.attn_src.index_select(0, layer.etype)).sum(-1)
+    score = F.leaky_relu(score, layer.negative_slope)
+    alpha = edge_softmax(score, layer.dst * R + layer.etype, N * R)
+    return x.new_zeros(N, H, D).index_add_(0, layer.dst, alpha.unsqueeze(-1) * z_src).view(N, H * D)
+
+
+BUILDERS: dict[str, dict[str, Callable[..., Baseline]]] = {
+    "pyg": {"rgcn": pyg_rgcn, "rgat": pyg_rgat, "hgt": pyg_hgt},
+    "dgl": {"rgcn": dgl_rgcn, "rgat": dgl_rgat, "hgt": dgl_hgt},
+}

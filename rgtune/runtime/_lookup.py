@@ -1,0 +1,173 @@
+"""Private helpers of :mod:`rgtune.runtime`: backends, graphs, the database lookup, the tune command.
+
+Example:
+    >>> print(tune_command("rgcn", "aifb", 64, 64, 1, "cpu", "results.db"))
+    tune --model rgcn --dataset aifb --hidden 64 --backend cpu --db results.db
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rgtune.codegen.base import Backend, BackendError, available_backends, create
+from rgtune.data import HeteroGraph, load_dataset
+from rgtune.data.datasets import dataset_info
+from rgtune.data.errors import UnknownDatasetError
+from rgtune.tuner.db import DatabaseError, DeviceInfo, TrialDatabase, TrialRecord, WorkloadRecord
+
+MODELS = ("rgcn", "rgat", "hgt")
+#: ``backend="auto"`` takes the first of these that can run here
+AUTO_ORDER = ("cuda", "cpu", "reference")
+
+
+class TunedScheduleWarning(UserWarning):
+    """The layer runs a schedule other than the best one tuned for this workload on this device."""
+
+
+def check_model(model: str) -> str:
+    key = str(model).lower()
+    if key not in MODELS:
+        raise ValueError(f"unknown model {model!r}; choose one of {list(MODELS)}")
+    return key
+
+
+def resolve_backend(name: str | Backend) -> Backend:
+    """A backend instance: ``"auto"`` is CUDA if usable, else the CPU backend, else ``reference``."""
+    if isinstance(name, Backend):
+        return name
+    if name == "auto":
+        usable = available_backends()
+        for candidate in AUTO_ORDER:
+            if usable.get(candidate, (False, ""))[0]:
+                return create(candidate)
+        raise BackendError(f"no backend can run here: {usable}")
+    backend = create(name)
+    ok, why = type(backend).available() if hasattr(type(backend), "available") else (True, "")
+    if not ok:
+        raise BackendError(f"backend {name!r} cannot run here: {why}")
+    return backend
+
+
+def resolve_graph(graph: HeteroGraph | str, data_dir: str | Path | None = None) -> HeteroGraph:
+    """A :class:`HeteroGraph`, or a dataset name (``"aifb"``, ``"synthetic:..."``) loaded with ``data_dir``."""
+    if isinstance(graph, HeteroGraph):
+        return graph
+    if isinstance(graph, str):
+        return load_dataset(graph, root=data_dir)
+    raise TypeError(f"graph must be a rgtune HeteroGraph or a dataset name, got {type(graph).__name__}")
+
+
+def fingerprint(backend: Backend) -> str:
+    """This machine's device fingerprint for ``backend`` (what the database keys timings by)."""
+    return DeviceInfo.from_mapping(backend.device_info()).fingerprint
+
+
+def graph_signature(graph: HeteroGraph) -> dict[str, Any]:
+    """What identifies a graph's schema and content (stored in exports, compared on load)."""
+    return {
+        "name": graph.name,
+        "content_hash": graph.content_hash,
+        "ntypes": list(graph.ntypes),
+        "canonical_etypes": [list(c) for c in graph.canonical_etypes],
+        "num_nodes": {t: graph.num_nodes(t) for t in graph.ntypes},
+        "num_edges": graph.num_edges(),
+    }
+
+
+def is_dataset_name(name: str) -> bool:
+    try:
+        dataset_info(name)
+    except UnknownDatasetError:
+        return False
+    return True
+
+
+def tune_command(model: str, dataset: str, in_dim: int, out_dim: int, heads: int, backend: str,
+                 db: str | None) -> str:
+    """The command that records a schedule for this workload.
+
+    ``tune`` has one ``--hidden`` for both sizes; for ``in_dim != out_dim`` it is the Python call.
+    """
+    if in_dim == out_dim:
+        parts = ["tune", "--model", model, "--dataset", dataset, "--hidden", str(in_dim)]
+        if heads != 1:
+            parts += ["--heads", str(heads)]
+        parts += ["--backend", backend] + (["--db", db] if db else [])
+        return shlex.join(parts)
+    q = json.dumps  # double-quoted Python string literals: the shell quoting stays readable
+    code = ("from rgtune.tuner.db import TrialDatabase; from rgtune.tuner.measure import Workload; "
+            "from rgtune.tuner.study import TuneOptions, Tuner; "
+            f"print(Tuner(Workload({q(model)}, {q(dataset)}, {in_dim}, {out_dim}, {heads}, {q(backend)}), "
+            f"TrialDatabase({q(db or 'results.db')}), TuneOptions(trials=50)).run())")
+    return shlex.join(["python", "-c", code])
+
+
+# ---------------------------------------------------------------------- the database
+def open_db(db: str | TrialDatabase | None) -> TrialDatabase | None:
+    """The database to read, or None when there is none (a missing SQLite file is not created)."""
+    if db is None or isinstance(db, TrialDatabase):
+        return db
+    from rgtune.tuner._db_engine import parse_url, sqlite_file  # the same URL rules as TrialDatabase
+
+    path = sqlite_file(parse_url(db))
+    if path is not None and not path.exists():
+        return None
+    try:
+        return TrialDatabase(db, readonly=True)
+    except DatabaseError:  # e.g. an older schema, which a read-only open refuses: upgrade it
+        return TrialDatabase(db)
+
+
+@dataclass
+class Found:
+    """A recorded best trial and how well it fits the request."""
+
+    trial: TrialRecord
+    workload: WorkloadRecord
+    same_device: bool
+    same_graph: bool
+
+    def provenance(self, db: TrialDatabase) -> dict[str, Any]:
+        t, w = self.trial, self.workload
+        return {"source": "database", "db": db.name, "trial_id": t.id, "median_ms": t.median_ms,
+                "device": t.device, "device_fingerprint": w.device_fingerprint, "backend": t.backend,
+                "dataset": w.dataset, "graph_hash": w.graph_hash, "rgtune_version": t.rgtune_version,
+                "schedule_hash": t.schedule_hash, "source_hash": t.source_hash,
+                "same_device": self.same_device, "same_graph": self.same_graph}
+
+
+def find_best(db: TrialDatabase, model: str, graph: HeteroGraph, in_dim: int, out_dim: int, heads: int,
+              backend: Backend) -> Found | None:
+    """The best ``ok`` trial of this workload: this graph (by content hash) on this device first;
+    else this graph on another device; else a graph of the same name (other content)."""
+    sizes = {"model": model, "in_dim": in_dim, "out_dim": out_dim, "heads": heads, "backend": backend.name,
+             "mode": "inference"}
+    mine = fingerprint(backend)
+    for same_graph, key in ((True, {"graph_hash": graph.content_hash}), (False, {"dataset": graph.name})):
+        candidates = [w for w in db.workloads(**sizes, **key) if w.num_ok and w.best_ms is not None]  # type: ignore[arg-type]
+        if not same_graph:
+            candidates = [w for w in candidates if w.graph_hash != graph.content_hash]
+        if not candidates:
+            continue
+        exact = [w for w in candidates if w.device_fingerprint == mine]
+        pool = exact or candidates
+        w = min(pool, key=lambda r: (r.best_ms, r.id))
+        trial = db.best(w)
+        if trial is not None:
+            return Found(trial, w, same_device=bool(exact), same_graph=same_graph)
+    return None
+
+
+def warn(message: str) -> None:
+    """A :class:`TunedScheduleWarning` attributed to the first caller outside this package."""
+    here = str(Path(__file__).resolve().parent)
+    level, frame = 2, sys._getframe(1)  # stacklevel 2 is the frame that called warn()
+    while frame is not None and str(Path(frame.f_code.co_filename).resolve()).startswith(here):
+        level, frame = level + 1, frame.f_back  # type: ignore[assignment]
+    warnings.warn(message, TunedScheduleWarning, stacklevel=level)

@@ -1,0 +1,361 @@
+"""``rgtune export``: a tuned schedule as a self-contained folder; ``load_exported`` reads it back.
+
+The folder (format ``rgtune-export`` version 1)::
+
+    README.txt           how to load it
+    schedule.json        model, sizes, backend, the knob config (the kernel IR is rebuilt from it
+                         through SearchSpace), the graph's schema and content hash, source hashes
+    provenance.json      trial id, median time, device info and fingerprint, rgtune/torch versions,
+                         database, export date (UTC)
+    kernel_program.txt   the kernel IR of the schedule, for reading
+    sources/<file>       the generated kernel sources (BuiltProgram.sources)
+
+:func:`load_exported` needs no database: it rebuilds the kernels from the config, checks
+that the regenerated sources hash to the exported ones (a warning if not: another rgtune
+version generates other code), and warns when the graph's content or this device differs
+from what the schedule was tuned on. A graph with other node or edge types is an error.
+
+Example:
+    >>> import tempfile, warnings
+    >>> from rgtune.data.synthetic import random_graph
+    >>> g = random_graph((10, 20), num_relations=3, num_edges=100, seed=0)
+    >>> d = tempfile.mkdtemp() + "/tuned"
+    >>> with warnings.catch_warnings():
+    ...     warnings.simplefilter("ignore")       # no database: the default schedule, with a warning
+    ...     _ = export(d, "rgcn", g, in_dim=8, out_dim=8, db=None, backend="reference", allow_default=True)
+    >>> layer = load_exported(d, g)
+    >>> layer.provenance["source"], layer.in_dim
+    ('export', 8)
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import textwrap
+import warnings
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import torch
+
+import rgtune
+from rgtune.codegen.base import Backend, BackendError, available_backends, create
+from rgtune.data import HeteroGraph
+from rgtune.ir.models import build_model
+from rgtune.runtime._lookup import (TunedScheduleWarning, check_model, fingerprint, graph_signature, resolve_backend,
+                                    resolve_graph, warn)
+from rgtune.runtime.load import select_schedule
+from rgtune.runtime.module import GraphMismatchError, TunedLayer, tuned_layer
+from rgtune.search_spaces import SearchSpace
+from rgtune.tuner.db import DatabaseError, TrialDatabase
+
+__all__ = ["EXPORT_FORMAT", "FORMAT_VERSION", "NoTunedScheduleError", "export", "export_layer", "load_exported",
+           "export_main"]
+
+EXPORT_FORMAT = "rgtune-export"
+FORMAT_VERSION = 1
+_SCHEDULE, _PROVENANCE, _README, _KERNELS, _SOURCES = ("schedule.json", "provenance.json", "README.txt",
+                                                       "kernel_program.txt", "sources")
+
+
+class NoTunedScheduleError(LookupError):
+    """Export was asked for a workload that has no recorded schedule (and defaults were not allowed)."""
+
+
+# ---------------------------------------------------------------------- export
+def export(
+    out_dir: str | Path,
+    model: str,
+    graph: HeteroGraph | str,
+    in_dim: int = 64,
+    out_dim: int = 64,
+    heads: int = 1,
+    db: str | TrialDatabase | None = "results.db",
+    backend: str | Backend = "auto",
+    *,
+    data_dir: str | Path | None = None,
+    allow_default: bool = False,
+    overwrite: bool = False,
+) -> Path:
+    """Write the best recorded schedule of a workload (as :func:`load_tuned` finds it) to ``out_dir``.
+
+    Without a record this is :class:`NoTunedScheduleError` (naming the ``tune`` command), unless
+    ``allow_default``, which exports the default schedule. ``out_dir`` must not exist, be empty,
+    or (with ``overwrite``) be an earlier export. Returns the folder.
+    """
+    sel = select_schedule(model, graph, in_dim, out_dim, heads, db, backend, data_dir=data_dir)
+    if sel.missing is not None and not allow_default:
+        raise NoTunedScheduleError(f"{sel.missing}; or pass allow_default=True (--allow-default) to export "
+                                   f"the default schedule")
+    _check_target_dir(Path(out_dir), overwrite)  # before building: fail fast
+    for message in sel.warnings:
+        warn(message)
+    layer = sel.build()
+    return export_layer(layer, out_dir, overwrite=overwrite, db=db.name if isinstance(db, TrialDatabase) else db)
+
+
+def export_layer(layer: TunedLayer, out_dir: str | Path, *, overwrite: bool = False, db: str | None = None) -> Path:
+    """Write an already-built tuned layer's schedule, sources and provenance to ``out_dir``."""
+    out = Path(out_dir)
+    _check_target_dir(out, overwrite)
+    be = layer._backend
+    sources = layer.sources
+    schedule = {
+        "format": EXPORT_FORMAT, "format_version": FORMAT_VERSION,
+        "model": layer.model, "in_dim": layer.in_dim, "out_dim": layer.out_dim, "heads": layer.heads,
+        "backend": be.name, "target": be.target, "config": layer.config,
+        "source_hash": layer.source_hash,
+        "sources": {name: {"path": f"{_SOURCES}/{name}", "sha256": _sha256(text)} for name, text in sources.items()},
+        "graph": graph_signature(layer.graph),
+    }
+    prov = dict(layer.provenance)
+    provenance = {
+        "schedule": prov.get("source"), "trial_id": prov.get("trial_id"), "median_ms": prov.get("median_ms"),
+        "db": prov.get("db", db), "schedule_hash": prov.get("schedule_hash"),
+        "tuned_with_rgtune": prov.get("rgtune_version"),
+        "tuned_on": {"device": prov.get("device"), "device_fingerprint": prov.get("device_fingerprint"),
+                     "dataset": prov.get("dataset"), "graph_hash": prov.get("graph_hash")},
+        "exported_on": {"device_info": be.device_info(), "device_fingerprint": fingerprint(be)},
+        "rgtune_version": rgtune.__version__, "torch_version": torch.__version__,
+        "graph": {"name": layer.graph.name, "content_hash": layer.graph.content_hash},
+        "sizes": {"in_dim": layer.in_dim, "out_dim": layer.out_dim, "heads": layer.heads},
+        "backend": be.name,
+        "exported_at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        (tmp / _SOURCES).mkdir()
+        for name, text in sources.items():
+            (tmp / _SOURCES / name).write_text(text)
+        (tmp / _SCHEDULE).write_text(json.dumps(schedule, indent=2, sort_keys=True) + "\n")
+        (tmp / _PROVENANCE).write_text(json.dumps(provenance, indent=2, sort_keys=True, default=str) + "\n")
+        (tmp / _KERNELS).write_text(layer.kernels.describe() + "\n")
+        (tmp / _README).write_text(_readme(out.name, schedule, provenance))
+        if out.exists():  # checked above: empty, or an earlier export that may be replaced
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _check_target_dir(out: Path, overwrite: bool) -> None:
+    if not out.parent.is_dir():
+        raise FileNotFoundError(f"cannot export to {out}: directory {out.parent} does not exist")
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise FileExistsError(f"cannot export to {out}: it is a file")
+    if not any(out.iterdir()):
+        return
+    if not (out / _SCHEDULE).is_file():
+        raise FileExistsError(f"cannot export to {out}: the folder is not empty and is not an rgtune export")
+    if not overwrite:
+        raise FileExistsError(f"{out} already holds an export; pass overwrite=True (--force) to replace it")
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _readme(name: str, s: Mapping[str, Any], p: Mapping[str, Any]) -> str:
+    cls = {"rgcn": "RGCN", "rgat": "RGAT", "hgt": "HGT"}[s["model"]]
+    heads = "" if s["model"] == "rgcn" else f", heads={s['heads']}"
+    if p["schedule"] == "database":
+        db = str(p["db"])  # a file by its name only: the README must not carry this machine's paths
+        db = Path(db.removeprefix("sqlite:///")).name if db.startswith("sqlite:///") or "://" not in db else db
+        origin = (f"trial {p['trial_id']} of {db}, median {p['median_ms']:.4g} ms on "
+                  f"{p['tuned_on']['device']!r} ({s['backend']} backend)")
+    else:
+        origin = "the default schedule (no tuned record was available at export time)"
+    g = s["graph"]
+    return textwrap.dedent(f"""\
+        rgtune export: {s['model']} on graph {g['name']!r} (content hash {g['content_hash']}),
+        in_dim={s['in_dim']}, out_dim={s['out_dim']}, heads={s['heads']}, backend {s['backend']}.
+        Schedule: {origin}.
+        Exported {p['exported_at']} by rgtune {p['rgtune_version']}.
+
+        Load it (no database needed; pass the path of this folder):
+
+            from rgtune.data import load_dataset
+            from rgtune.runtime import load_exported
+            # the graph tuned on (or any HeteroGraph with the same node and edge types):
+            graph = load_dataset({g['name']!r})
+            layer = load_exported({name!r}, graph)   # a torch.nn.Module
+            # x: (num_nodes, {s['in_dim']}) float32 in global node order, or a dict per node type
+            out = layer(x)
+
+        The layer is rgtune.models.{cls}(graph, {s['in_dim']}, {s['out_dim']}{heads}) computed by the tuned kernels:
+        the same parameters and state_dict (layer.load_state_dict(reference.state_dict()) works
+        both ways), the same call, and it trains.
+        Generated: the forward kernels (sources/). Torch: derived (reordered) weights, and the
+        backward, which recomputes the forward through rgtune's torch lowering of the same kernel
+        program and differentiates it.
+
+        On load the kernels are rebuilt from schedule.json's config and the regenerated sources
+        are checked against the hashes here (a warning if another rgtune version generates other
+        code). A graph with other node or edge types is refused; other content, or another
+        device, gives a warning that the schedule was tuned elsewhere (it still computes the
+        right numbers).
+
+        Files:
+          schedule.json       model, sizes, backend, knob config, graph schema, source hashes
+          provenance.json     trial, timing, devices, versions, date
+          kernel_program.txt  the kernel IR of this schedule
+          sources/            the generated kernel sources
+        """)
+
+
+# ---------------------------------------------------------------------- load
+def load_exported(
+    path: str | Path,
+    graph: HeteroGraph | str,
+    *,
+    backend: str | Backend | None = None,
+    data_dir: str | Path | None = None,
+) -> TunedLayer:
+    """The tuned layer of an export folder, rebuilt for ``graph`` without any database.
+
+    Args:
+        path: the folder :func:`export` wrote.
+        graph: a :class:`HeteroGraph` or a dataset name; its node and edge types must be the
+            exported graph's (:class:`GraphMismatchError` otherwise).
+        backend: default the exported one (``"auto"`` with a warning when it cannot run here).
+            On another target (cuda -> cpu) the tuned IR knobs are kept and the kernel
+            schedule knobs take that target's defaults, with a warning.
+    """
+    folder = Path(path)
+    s, p = _read_json(folder / _SCHEDULE), _read_json(folder / _PROVENANCE)
+    if s.get("format") != EXPORT_FORMAT or not isinstance(s.get("format_version"), int):
+        raise ValueError(f"{folder}: not an rgtune export ({_SCHEDULE} has no format {EXPORT_FORMAT!r})")
+    if s["format_version"] > FORMAT_VERSION:
+        raise ValueError(f"{folder}: export format version {s['format_version']} is newer than this rgtune reads "
+                         f"({FORMAT_VERSION}); upgrade rgtune")
+    model = check_model(s["model"])
+    g = resolve_graph(graph, data_dir)
+    _check_graph(folder, s["graph"], g)
+    be = _backend_for(s["backend"], backend)
+    config = dict(s["config"])
+    if be.target != s["target"]:
+        space = SearchSpace(build_model(model, s["in_dim"], s["out_dim"], s["heads"]), g, be.target)
+        ir = {k.name for k in space.ir_knobs}
+        config = {k: v for k, v in config.items() if k in ir}
+        warn(f"{folder}: tuned for the {s['target']} target ({s['backend']} backend), loading on {be.name} "
+             f"({be.target}); keeping the tuned IR knobs, default {be.target} kernel schedule")
+    tuned_fp = (p.get("tuned_on") or {}).get("device_fingerprint") or p["exported_on"]["device_fingerprint"]
+    if be.name == s["backend"] and tuned_fp != fingerprint(be):
+        device = (p.get("tuned_on") or {}).get("device") or p["exported_on"]["device_info"].get("device")
+        warn(f"{folder}: the schedule was tuned on another device ({device!r}: a different device fingerprint: "
+             f"hardware, compiler or threads); it computes the same numbers, but may not be the fastest here")
+    provenance = {**p, "source": "export", "path": str(folder)}
+    layer = tuned_layer(model, g, s["in_dim"], s["out_dim"], s["heads"], config=config, backend=be,
+                        provenance=provenance, device="cuda" if be.target == "cuda" else None)
+    if be.name == s["backend"] and layer.source_hash != s["source_hash"]:
+        warn(f"{folder}: the regenerated kernel sources differ from the exported ones (hash {layer.source_hash}, "
+             f"exported {s['source_hash']}; exported by rgtune {p.get('rgtune_version')}, this is "
+             f"{rgtune.__version__}); the schedule is the same, the generated code is not")
+    return layer
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path.parent}: not an rgtune export folder (no {path.name})") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+
+
+def _check_graph(folder: Path, exported: Mapping[str, Any], g: HeteroGraph) -> None:
+    mine = graph_signature(g)
+    for key, what in (("ntypes", "node types"), ("canonical_etypes", "edge types")):
+        if mine[key] != exported[key]:
+            theirs, ours = exported[key], mine[key]
+            extra = [t for t in ours if t not in theirs]
+            missing = [t for t in theirs if t not in ours]
+            detail = "; ".join(f"{label} {items[:3]}{' ...' if len(items) > 3 else ''}"
+                               for label, items in (("missing", missing), ("unexpected", extra)) if items)
+            raise GraphMismatchError(
+                f"{folder} was tuned for graph {exported['name']!r}, whose {what} differ from those of "
+                f"{g.name!r} ({len(theirs)} vs {len(ours)}{'; ' + detail if detail else ', in another order'}); "
+                f"a schedule only applies to a graph with the same node and edge types")
+    if mine["content_hash"] != exported["content_hash"]:
+        warn(f"{folder} was tuned on graph {exported['name']!r} (hash {exported['content_hash']}); {g.name!r} has "
+             f"the same types but other content (hash {mine['content_hash']}): the schedule computes the same "
+             f"numbers, but was tuned elsewhere")
+
+
+def _backend_for(exported: str, requested: str | Backend | None) -> Backend:
+    if requested is not None:
+        return resolve_backend(requested)
+    ok, why = available_backends().get(exported, (False, f"unknown backend {exported!r}"))
+    if ok:
+        return create(exported)
+    warn(f"the exported backend {exported!r} cannot run here ({why}); using backend='auto'")
+    return resolve_backend("auto")
+
+
+# ---------------------------------------------------------------------- CLI
+def export_main(argv: Sequence[str] | None = None) -> int:
+    """``rgtune export --model M --dataset D -o DIR``: see :func:`export`. Returns the exit status."""
+    p = argparse.ArgumentParser(
+        prog="rgtune export",
+        description="Write the best recorded schedule of a workload as a self-contained folder "
+                    "(kernel sources, schedule, provenance, README) that rgtune.runtime.load_exported reads "
+                    "without the database.",
+        epilog="Example: rgtune export --model hgt --dataset aifb -o tuned_hgt/")
+    p.add_argument("--model", required=True, choices=("rgcn", "rgat", "hgt"))
+    p.add_argument("--dataset", required=True, help="the dataset the schedule was tuned on (aifb, synthetic:...)")
+    p.add_argument("--data-dir", default=None, help="dataset root (default: $RGTUNE_DATA_DIR, else the user cache)")
+    p.add_argument("--hidden", type=_positive, default=64, help="in and out feature size (default 64)")
+    p.add_argument("--in-dim", type=_positive, default=None, help="input feature size (default --hidden)")
+    p.add_argument("--out-dim", type=_positive, default=None, help="output feature size (default --hidden)")
+    p.add_argument("--heads", type=_positive, default=1, help="attention heads (default 1)")
+    p.add_argument("--backend", default="auto", help="auto (default), cpu, cuda, reference")
+    p.add_argument("--db", default=None, help="SQLAlchemy URL or .db path (default sqlite:///results.db)")
+    p.add_argument("-o", "--output", required=True, help="the folder to write (must not exist, or be empty)")
+    p.add_argument("--allow-default", action="store_true", help="export the default schedule when none is recorded")
+    p.add_argument("--force", action="store_true", help="replace an earlier export in --output")
+    args = p.parse_args(argv)
+    in_dim, out_dim = args.in_dim or args.hidden, args.out_dim or args.hidden
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", TunedScheduleWarning)
+            out = export(args.output, args.model, args.dataset, in_dim, out_dim, args.heads,
+                         db=args.db or "results.db", backend=args.backend, data_dir=args.data_dir,
+                         allow_default=args.allow_default, overwrite=args.force)
+    except (NoTunedScheduleError, OSError, ValueError, BackendError, DatabaseError) as e:
+        if os.environ.get("RGTUNE_DEBUG"):
+            raise
+        print(f"rgtune export: error: {str(e).strip()}", file=sys.stderr)
+        return 1
+    for w in caught:
+        print(f"rgtune export: warning: {w.message}", file=sys.stderr)
+    s = _read_json(out / _SCHEDULE)
+    prov = _read_json(out / _PROVENANCE)
+    what = f"trial {prov['trial_id']} ({prov['median_ms']:.4g} ms)" if prov["schedule"] == "database" else "default schedule"
+    print(f"exported {s['model']} on {s['graph']['name']} ({what}, backend {s['backend']}) to {out}")
+    print(f"load it with: rgtune.runtime.load_exported({str(out)!r}, graph)")
+    return 0
+
+
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(export_main())

@@ -1,0 +1,134 @@
+"""``load_tuned``: the best recorded schedule of a workload as a trainable ``torch.nn.Module``.
+
+Example:
+    >>> import warnings
+    >>> from rgtune.data.synthetic import random_graph
+    >>> g = random_graph((10, 20), num_relations=3, num_edges=100, seed=0)
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     layer = load_tuned("rgcn", g, in_dim=8, out_dim=8, db=None, backend="reference")
+    >>> layer.provenance["source"], type(layer).__name__
+    ('default', 'TunedRGCN')
+    >>> "no database" in str(caught[0].message)
+    True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rgtune.codegen.base import Backend
+from rgtune.data import HeteroGraph
+from rgtune.ir.passes import KnobError
+from rgtune.runtime._lookup import (check_model, find_best, is_dataset_name, open_db, resolve_backend, resolve_graph,
+                                    tune_command, warn)
+from rgtune.runtime.module import TunedLayer, tuned_layer
+from rgtune.tuner.db import TrialDatabase
+
+__all__ = ["load_tuned", "select_schedule", "Selection"]
+
+
+def load_tuned(
+    model: str,
+    graph: HeteroGraph | str,
+    in_dim: int = 64,
+    out_dim: int = 64,
+    heads: int = 1,
+    db: str | TrialDatabase | None = "results.db",
+    backend: str | Backend = "auto",
+    *,
+    data_dir: str | Path | None = None,
+) -> TunedLayer:
+    """A :class:`~rgtune.runtime.module.TunedLayer` running the best recorded schedule.
+
+    The database is searched for the workload (``model``, the graph by content hash, the sizes,
+    the backend) and the fastest verified trial recorded on this device (the fingerprint of
+    ``backend.device_info()``) is used. Failing that, with a :class:`TunedScheduleWarning`: the
+    best trial of this graph on another device, then of a graph with the same name but other
+    content, then the default schedule; each warning names the ``tune`` command that records
+    a schedule for this device.
+
+    Args:
+        model: ``"rgcn"``, ``"rgat"`` or ``"hgt"``.
+        graph: a :class:`HeteroGraph`, or a dataset name (loaded from ``data_dir``).
+        in_dim, out_dim, heads: the layer's sizes (the workload's).
+        db: a SQLAlchemy URL, a ``.db`` path, an open :class:`TrialDatabase`, or None (no
+            lookup). A missing SQLite file is not created.
+        backend: ``"auto"`` (CUDA if usable, else ``cpu``, else ``reference``) or a backend name.
+
+    Returns:
+        A module with the reference layer's parameters, ``state_dict`` and call; its
+        ``provenance`` says where the schedule came from.
+    """
+    sel = select_schedule(model, graph, in_dim, out_dim, heads, db, backend, data_dir=data_dir)
+    for message in sel.warnings:
+        warn(message)
+    return sel.build()
+
+
+@dataclass
+class Selection:
+    """The schedule :func:`load_tuned` would use, and what it would warn about."""
+
+    model: str
+    graph: HeteroGraph
+    sizes: tuple[int, int, int]
+    backend: Backend
+    config: dict[str, Any] | None
+    provenance: dict[str, Any]
+    warnings: list[str]
+    missing: str | None  # why there is no record (None: a record was found)
+    hint: str  # "run `tune ...`"
+    where: str  # the workload, in words
+
+    def build(self) -> TunedLayer:
+        """The layer; a recorded schedule that no longer compiles falls back to the default, with a warning."""
+        m, g, (i, o, h), be = self.model, self.graph, self.sizes, self.backend
+        device = "cuda" if be.target == "cuda" else None  # the layer lives where its kernels run
+        try:
+            return tuned_layer(m, g, i, o, h, config=self.config, backend=be, provenance=self.provenance,
+                               device=device)
+        except (KnobError, ValueError) as e:
+            if self.config is None:
+                raise
+            # A schedule recorded by another rgtune version may name knobs this one no longer has.
+            warn(f"{self.where}: the recorded schedule of trial {self.provenance.get('trial_id')} does not compile "
+                 f"here ({e}); using the default schedule. To record a new one, {self.hint}")
+            return tuned_layer(m, g, i, o, h, backend=be, device=device,
+                               provenance={"source": "default", "rejected_trial": self.provenance.get("trial_id")})
+
+
+def select_schedule(model: str, graph: HeteroGraph | str, in_dim: int, out_dim: int, heads: int,
+                    db: str | TrialDatabase | None, backend: str | Backend, *,
+                    data_dir: str | Path | None = None) -> Selection:
+    """Look the workload up (see :func:`load_tuned`) without building anything or warning."""
+    model = check_model(model)
+    g = resolve_graph(graph, data_dir)
+    be = resolve_backend(backend)
+    database = open_db(db)
+    db_text = db.name if isinstance(db, TrialDatabase) else db
+    command = tune_command(model, g.name, in_dim, out_dim, heads, be.name, db_text)
+    hint = f"run `{command}`" + ("" if is_dataset_name(g.name) else
+                                 f" (the tuner loads graphs by dataset name; {g.name!r} is not one)")
+    where = f"{model} on {g.name!r} (in_dim={in_dim}, out_dim={out_dim}, heads={heads}, backend={be.name})"
+    found = None if database is None else find_best(database, model, g, in_dim, out_dim, heads, be)
+    sel = Selection(model, g, (in_dim, out_dim, heads), be, None, {"source": "default"}, [], None, hint, where)
+    if found is None:
+        why = f"no database at {db_text}" if database is None and db is not None else \
+            "no database given" if database is None else f"{database.name} has no verified trial"
+        sel.missing = f"no tuned schedule for {where}: {why}. To record one, {hint}"
+        sel.warnings.append(f"no tuned schedule for {where}: {why}; using the default schedule. To record one, {hint}")
+        return sel
+    assert database is not None
+    sel.config, sel.provenance = dict(found.trial.knobs), found.provenance(database)
+    if not found.same_graph:
+        sel.warnings.append(
+            f"{where}: using trial {found.trial.id}, tuned on a graph named {g.name!r} with other content "
+            f"(hash {found.workload.graph_hash}, this graph {g.content_hash}); to tune this graph, {hint}")
+    elif not found.same_device:
+        sel.warnings.append(
+            f"{where}: using trial {found.trial.id}, tuned on another device ({found.trial.device!r}, "
+            f"a different device fingerprint: hardware, compiler or threads); to tune here, {hint}")
+    return sel
