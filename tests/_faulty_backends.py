@@ -56,3 +56,12 @@ class Slow(_Faulty):
     def misbehave(self, out: Any) -> Any:
         time.sleep(float(os.environ.get("RGTUNE_SLOW_SECONDS", "0.5")))
         return out
+
+
+class Poisoned(_Faulty):
+    """Raises an error that leaves the process unusable (as a CUDA fault does)."""
+
+    def misbehave(self, out: Any) -> Any:
+        err = RuntimeError("illegal memory access (simulated)")
+        err.poisons_process = True  # type: ignore[attr-defined]
+        raise err

@@ -282,3 +282,11 @@ def test_two_workers_on_one_sqlite_file_work_or_refuse_clearly(tmp_path):
     rows = db.history()
     assert len(rows) == n * sum(ok) + sum(1 for r in rows if r.status == "failed")
     assert len({r.optuna_trial for r in rows}) == len(rows)
+
+
+def test_an_error_that_poisons_the_process_restarts_the_worker():
+    with MeasureWorker(_workload("_faulty_backends:Poisoned"), FAST) as w:
+        r = w.measure({}, seed=0)
+        assert r.status == "runtime_error" and "illegal memory access" in r.error
+        w.measure({}, seed=1)
+        assert w.restarts == 1

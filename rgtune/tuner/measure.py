@@ -184,6 +184,11 @@ def _worker_main(conn: Any, workload: Workload, options: MeasureOptions) -> None
             result = session.measure(config, seed)
         except Exception as e:  # noqa: BLE001 - any failure of the kernel is this trial's result
             result = MeasureResult("runtime_error", error=f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}")
+            if getattr(e, "poisons_process", False):
+                # e.g. a CUDA illegal address: the context is unusable; the parent starts a fresh worker
+                result.info["worker_exits"] = True
+                conn.send(("result", result))
+                return
         conn.send(("result", result))
 
 
@@ -253,6 +258,9 @@ class MeasureWorker:
             reason = _exit_reason(self._proc.exitcode)
             self._proc = None
             return MeasureResult("runtime_error", error=f"the kernel crashed its process ({reason}); worker restarted")
+        if result.info.pop("worker_exits", False):
+            self._proc.join(10)
+            self._proc = None
         return result
 
     def _kill(self) -> None:

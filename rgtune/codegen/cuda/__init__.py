@@ -1,1 +1,28 @@
-"""rgtune.codegen.cuda."""
+"""rgtune.codegen.cuda: kernel IR -> CUDA C -> NVRTC cubins -> CuPy launches on torch tensors.
+
+* :mod:`.generate`: one self-contained CUDA source per IR kernel (templates in ``_gemm``,
+  ``_traversal``, ``_map``); schedule constraints checked first, invalid points never compiled.
+* :mod:`.nvrtc`: compile through ``cupy.cuda.nvrtc`` (no GPU needed), disk cache, ptxas resources.
+* :mod:`.runtime`: tile tables, loading, launching on torch's stream, CUDA-event timing.
+* :mod:`.backend`: the ``"cuda"`` :class:`~rgtune.codegen.base.Backend` (registered on import).
+* :mod:`.emulate`: the same kernels run on the CPU (C++ with green-thread CUDA built-ins), so
+  their results are checked against the reference where no GPU is present.
+
+Precision is fp32 (``fmaf``, no fast-math); TF32/BF16 tensor-core GEMMs would be a later
+schedule knob and are not implemented.
+
+Example:
+    >>> from rgtune.codegen.base import create
+    >>> create("cuda").target
+    'cuda'
+"""
+
+from __future__ import annotations
+
+from rgtune.codegen.base import register_backend
+from rgtune.codegen.cuda.backend import CudaBackend
+from rgtune.codegen.cuda.generate import GeneratedProgram, InvalidSchedule, generate
+
+register_backend("cuda", CudaBackend)
+
+__all__ = ["CudaBackend", "GeneratedProgram", "InvalidSchedule", "generate"]

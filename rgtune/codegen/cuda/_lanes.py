@@ -1,0 +1,139 @@
+"""Per-lane feature chunks for the traversal templates: vector loads, warp-reduced inner products.
+
+A lane (or thread) handles ``vector_width`` consecutive features ``(h, d0 .. d0 + vw - 1)`` of a
+row. :func:`chunk` loads every feature-indexed operand once as a ``float2``/``float4`` and
+evaluates the expressions per component; :func:`warp_inner` computes the inner products of an
+edge's expressions with the whole warp (lanes over the reduced dimension, shuffle reduction);
+:func:`store_vec` / :func:`atomic_vec` write a chunk back (vector ``atomicAdd`` on sm_90+).
+
+Example:
+    >>> print("\\n".join(atomic_vec("out[o]", ["a", "b"], "")))
+    #if __CUDA_ARCH__ >= 900  // vector atomicAdd on global float2/float4
+    atomicAdd(reinterpret_cast<float2*>(&out[o]), make_float2(a, b));
+    #else
+    atomicAdd(&out[o], a);
+    atomicAdd(&out[o] + 1, b);
+    #endif
+"""
+
+from __future__ import annotations
+
+from rgtune.codegen.cuda._expr import Emitter, inner_products
+from rgtune.ir.kernels import ConcatE, Expr, InnerE, KernelProgram, Load, ParamLoad, expr_str
+
+_COMP = "xyzw"
+
+
+def vector_leaves(exprs: list[Expr], dim: int, vw: int, kp: KernelProgram) -> list[Expr]:
+    """Loads that can be read ``vw`` features at a time: feature-varying, aligned, not reduced."""
+    if vw == 1:
+        return []
+    out: list[Expr] = []
+
+    def visit(e: Expr) -> None:
+        if isinstance(e, (InnerE, ConcatE)):
+            return  # indexed by the reduction variable / shifted: scalar loads
+        if isinstance(e, Load) and e.dim == dim and dim % vw == 0 and e not in out:
+            out.append(e)
+        elif isinstance(e, ParamLoad) and e.dim == dim and dim % vw == 0 and e not in out:
+            size = 1
+            for n in kp.param_shapes[e.param]:
+                size *= n
+            if size % vw == 0:
+                out.append(e)
+        for c in e.children():
+            visit(c)
+
+    for e in exprs:
+        visit(e)
+    return out
+
+
+class _Component:
+    c = 0
+
+
+def chunk(em: Emitter, exprs: list[Expr], dim: int, vw: int, kp: KernelProgram,
+           indent: str) -> tuple[list[str], list[list[str]]]:
+    """Code for features ``(h, d0 .. d0 + vw - 1)``: vector loads, then each expression's values.
+
+    Returns the statements and ``values[i][c]``, the C expression of ``exprs[i]`` at ``d0 + c``.
+    """
+    lines: list[str] = []
+    comp = _Component()
+    vt = f"float{vw}"
+    for n, leaf in enumerate(vector_leaves(exprs, dim, vw, kp)):
+        addr = em.element(leaf, "h", "d0")
+        lines.append(f"{indent}const {vt} L{n} = *reinterpret_cast<const {vt}*>(&{addr});")
+        em.subst[leaf] = (lambda n: lambda h, d: f"L{n}.{_COMP[comp.c]}")(n)
+    values: list[list[str]] = [[] for _ in exprs]
+    for c in range(vw):
+        comp.c = c
+        d = "d0" if c == 0 else f"(d0 + {c})"
+        for i, e in enumerate(exprs):
+            v = em.element(e, "h", d)
+            for st in em.take_statements():
+                lines.append(indent + st)
+            values[i].append(v)
+    return lines, values
+
+
+def warp_inner(em: Emitter, exprs: list[Expr], indent: str, prefix: str = "ip") -> list[str]:
+    """Every inner product of ``exprs`` reduced by the whole warp; later uses read ``ipN[h]``."""
+    lines: list[str] = []
+    seen: list[InnerE] = []
+    for e in exprs:
+        for x in inner_products(e):
+            if x in seen:
+                continue
+            n = len(seen)
+            seen.append(x)
+            dk = max(x.a.dim, x.b.dim)
+            a = em.element(x.a, "hh", "kk")
+            b = em.element(x.b, "hh", "kk")
+            stmts = em.take_statements()
+            lines += [f"{indent}float {prefix}{n}[{x.heads}];  // {_short(x)}: lanes over {dk}, warp reduction",
+                      f"{indent}#pragma unroll",
+                      f"{indent}for (int hh = 0; hh < {x.heads}; ++hh) {{",
+                      f"{indent}  float s = 0.0f;",
+                      f"{indent}  for (int kk = lane; kk < {dk}; kk += 32) {{"]
+            lines += [f"{indent}    {st}" for st in stmts]
+            lines += [f"{indent}    s = fmaf({a}, {b}, s);",
+                      f"{indent}  }}",
+                      f"{indent}  {prefix}{n}[hh] = rg_warp_sum(s);",
+                      f"{indent}}}"]
+            em.subst[x] = (lambda n: lambda h, d: f"{prefix}{n}[{h}]")(n)
+    # the loops use `hh`; when a product has one head its element is at hh = 0 already
+    return lines
+
+
+def _short(e: Expr) -> str:
+    s = expr_str(e)
+    return s if len(s) < 70 else s[:67] + "..."
+
+
+def store_vec(target: str, vals: list[str], indent: str, op: str = "=") -> list[str]:
+    """``target[0 .. len(vals))`` (op)= vals, as one vector access when there are 2 or 4."""
+    vw = len(vals)
+    if vw == 1:
+        return [f"{indent}{target} {op} {vals[0]};"]
+    vt = f"float{vw}"
+    if op == "=":
+        return [f"{indent}*reinterpret_cast<{vt}*>(&{target}) = make_{vt}({', '.join(vals)});"]
+    lines = [f"{indent}{{",
+             f"{indent}  {vt}* o = reinterpret_cast<{vt}*>(&{target});",
+             f"{indent}  {vt} cur = *o;"]
+    lines += [f"{indent}  cur.{_COMP[c]} += {v};" for c, v in enumerate(vals)]
+    lines += [f"{indent}  *o = cur;", f"{indent}}}"]
+    return lines
+
+
+def atomic_vec(target: str, vals: list[str], indent: str) -> list[str]:
+    vw = len(vals)
+    scalar = [f"{indent}atomicAdd(&{target}{' + ' + str(c) if c else ''}, {v});" for c, v in enumerate(vals)]
+    if vw == 1:
+        return scalar
+    vt = f"float{vw}"
+    return ["#if __CUDA_ARCH__ >= 900  // vector atomicAdd on global float2/float4",
+            f"{indent}atomicAdd(reinterpret_cast<{vt}*>(&{target}), make_{vt}({', '.join(vals)}));",
+            "#else"] + scalar + ["#endif"]

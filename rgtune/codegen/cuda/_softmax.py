@@ -1,0 +1,122 @@
+"""Edge softmax kernels (``EdgeSoftmaxStage``): destination-parallel lanes, or three edge-parallel passes.
+
+``dst_parallel``: a warp per destination, lanes over its in-edges (a score has few channels):
+each lane keeps an online (max, sum) per channel, the warp combines them by shuffles, and a
+second pass writes ``exp(score - max) / sum``. ``edge_parallel``: scores and a per-destination
+max (``rg_atomic_max``, the int-ordering trick), then ``exp(score - max)`` and a per-destination
+``atomicAdd`` sum, then the division; two scratch arrays per destination and channel.
+"""
+
+from __future__ import annotations
+
+from rgtune.codegen.cuda._context import Body, Context, finish_kernel, kernel_head
+from rgtune.codegen.cuda._unit import Grid, Launch, Temp
+from rgtune.ir.kernels import Expr, KernelProgram, TraversalKernel, expr_str
+
+
+def _channels(k: TraversalKernel, kp: KernelProgram) -> tuple[int, int]:
+    """``(channels, per head)`` of the softmax output row (a score per head, usually)."""
+    b = kp.buffers[k.stage.out]  # type: ignore[attr-defined]
+    return b.width, b.dim
+
+
+def softmax_dst_lanes(ctx: Context, k: TraversalKernel, score: Expr, NT: int, C: int) -> Body:
+    """Edge softmax, dst_parallel: a warp per destination, lanes over its in-edges."""
+    CH, DS = _channels(k, ctx.kp)
+    ctx.arrays.add("csr_indptr")
+    L: list[str] = []
+    w = L.append
+    kernel_head(L, "traverse", NT)
+    w("  const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;")
+    w("  const int lane = threadIdx.x & 31;")
+    w("#pragma unroll 1")
+    w(f"  for (int cc = 0; cc < {C}; ++cc) {{  // coarsening: destinations per warp")
+    w(f"    const long long v = warp * {C} + cc;")
+    w("    if (v >= num_rows) return;  // warp-uniform")
+    w("    const idx_t beg = csr_indptr[v], end = csr_indptr[v + 1];")
+    w(f"    float m[{CH}], den[{CH}];  // per channel: running max and rescaled sum of this lane's edges")
+    w("#pragma unroll")
+    w(f"    for (int ch = 0; ch < {CH}; ++ch) {{ m[ch] = -INFINITY; den[ch] = 0.0f; }}")
+    em = ctx.emitter("edge", "rid")
+    stmts, x = em.block(score, "h", "d")
+    w("    for (idx_t rid = beg + lane; rid < end; rid += 32) {")
+    w("#pragma unroll")
+    w(f"      for (int ch = 0; ch < {CH}; ++ch) {{")
+    w(f"        const int h = ch / {DS}, d = ch % {DS};")
+    w("        (void)h; (void)d;")
+    L.extend("        " + s for s in stmts)
+    w(f"        const float x = {x};")
+    w("        const float mn = fmaxf(m[ch], x);")
+    w("        den[ch] = den[ch] * expf(m[ch] - mn) + expf(x - mn);")
+    w("        m[ch] = mn;")
+    w("      }")
+    w("    }")
+    w("#pragma unroll")
+    w(f"    for (int ch = 0; ch < {CH}; ++ch) {{  // combine the lanes' (max, sum) pairs")
+    w("#pragma unroll")
+    w("      for (int o = 16; o > 0; o >>= 1) {")
+    w("        const float m2 = __shfl_xor_sync(0xffffffffu, m[ch], o);")
+    w("        const float s2 = __shfl_xor_sync(0xffffffffu, den[ch], o);")
+    w("        const float mn = fmaxf(m[ch], m2);")
+    w("        if (mn != -INFINITY) den[ch] = den[ch] * expf(m[ch] - mn) + s2 * expf(m2 - mn);")
+    w("        m[ch] = mn;")
+    w("      }")
+    w("    }")
+    em2 = ctx.emitter("edge", "rid")
+    stmts2, x2 = em2.block(score, "h", "d")
+    w("    for (idx_t rid = beg + lane; rid < end; rid += 32) {")
+    w("#pragma unroll")
+    w(f"      for (int ch = 0; ch < {CH}; ++ch) {{")
+    w(f"        const int h = ch / {DS}, d = ch % {DS};")
+    w("        (void)h; (void)d;")
+    L.extend("        " + s for s in stmts2)
+    w(f"        out[(long)rid * {CH} + ch] = expf({x2} - m[ch]) / den[ch];")
+    w("      }")
+    w("    }")
+    w("  }")
+    w("}")
+    text, args = finish_kernel(ctx, L, [("node", "num_rows")])
+    grid = Grid("items", "node", 1, (NT // 32) * C)
+    desc = f"out[e] = softmax_dst({expr_str(score)}); warp per destination, lanes over in-edges"
+    return text, (Launch("traverse", grid, NT, args),), desc
+
+
+def softmax_edge_passes(ctx: Context, k: TraversalKernel, score: Expr, NT: int, C: int) -> Body:
+    """Edge softmax, edge_parallel: max (atomic), exp and sum (atomic), normalize: three kernels."""
+    CH, DS = _channels(k, ctx.kp)
+    ctx.add_temp(Temp("smax", "node", CH, float("-inf")))
+    ctx.add_temp(Temp("ssum", "node", CH, 0.0))
+    dst = ctx.index("edge", "rid")("dst")
+    em = ctx.emitter("edge", "rid")
+    stmts, x = em.block(score, "h", "d")
+    L: list[str] = []
+    w = L.append
+    parts = {
+        "softmax_max": stmts + [f"const float x = {x};", "out[i] = x;",
+                                f"rg_atomic_max(&smax[(long)({dst}) * {CH} + ch], x);"],
+        "softmax_sum": [f"const float ex = expf(out[i] - smax[(long)({dst}) * {CH} + ch]);", "out[i] = ex;",
+                        f"atomicAdd(&ssum[(long)({dst}) * {CH} + ch], ex);"],
+        "softmax_norm": [f"out[i] = out[i] / ssum[(long)({dst}) * {CH} + ch];"],
+    }
+    notes = {"softmax_max": "pass 1: scores, per-destination max (atomic)",
+             "softmax_sum": "pass 2: exp(score - max), per-destination sum (atomic)",
+             "softmax_norm": "pass 3: divide by the sum"}
+    for fname, body in parts.items():
+        w(f"// {notes[fname]}; a thread per (edge, channel)")
+        kernel_head(L, fname, NT)
+        w(f"  const long long base = (long long)blockIdx.x * {NT * C} + threadIdx.x;")
+        w("#pragma unroll")
+        w(f"  for (int cc = 0; cc < {C}; ++cc) {{")
+        w(f"    const long long i = base + (long long)cc * {NT};")
+        w(f"    if (i >= num_rows * {CH}) return;")
+        w(f"    const long long rid = i / {CH};")
+        w(f"    const int ch = (int)(i % {CH}), h = ch / {DS}, d = ch % {DS};")
+        w("    (void)h; (void)d;")
+        L.extend("    " + s for s in body)
+        w("  }")
+        w("}")
+    text, args = finish_kernel(ctx, L, [("edge", "num_rows")])
+    grid = Grid("items", "edge", CH, NT * C)
+    launches = tuple(Launch(f, grid, NT, args) for f in parts)
+    desc = f"out[e] = softmax_dst({expr_str(score)}); edge-parallel, three passes with atomics"
+    return text, launches, desc

@@ -1,0 +1,126 @@
+"""The ``"cuda"`` :class:`~rgtune.codegen.base.Backend`: generate, compile with NVRTC, load, run.
+
+``build`` checks the schedule (an invalid point raises :class:`InvalidSchedule` and compiles
+nothing), generates one CUDA source per IR kernel, compiles them for the device's own
+architecture (cubin cache on disk), loads them and binds the graph. ``compile_only`` does the
+first two steps for any architectures and needs no GPU.
+
+Example (no GPU needed):
+    >>> from rgtune.ir.models import build_model
+    >>> from rgtune.ir.pipeline import compile_program
+    >>> kp = compile_program(build_model("rgcn", 8, 8)).kernels
+    >>> ok, why = CudaBackend.available()
+    >>> isinstance(why, str)
+    True
+    >>> CudaBackend().compile_only(kp, {}, archs=("sm_80",)).cubins["gemm1"]["sm_80"].data[:4]  # doctest: +SKIP
+    b'\\x7fELF'
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from rgtune.codegen.base import Backend, BackendError, BuiltProgram
+from rgtune.codegen.cuda import nvrtc
+from rgtune.codegen.cuda.generate import GeneratedProgram, InvalidSchedule, generate
+from rgtune.data.graph import HeteroGraph
+from rgtune.ir.kernels import KernelProgram
+
+__all__ = ["CudaBackend", "InvalidSchedule"]
+
+
+class CudaBackend(Backend):
+    """CUDA C through NVRTC, launched with CuPy on torch tensors, timed with CUDA events."""
+
+    name = "cuda"
+    target = "cuda"
+    #: where inputs and params must live (the tuner moves them there)
+    device = "cuda"
+
+    def __init__(self, epilogue: str = "auto", cache: bool = True) -> None:
+        self.epilogue = epilogue
+        self.cache = cache
+
+    @classmethod
+    def compile_available(cls) -> tuple[bool, str]:
+        """Whether kernels can be compiled here (CuPy + NVRTC; no GPU needed)."""
+        try:
+            nvrtc.nvrtc_version()
+        except BackendError as e:
+            return False, str(e)
+        return True, ""
+
+    @classmethod
+    def available(cls) -> tuple[bool, str]:
+        ok, why = cls.compile_available()
+        if not ok:
+            return False, why
+        from rgtune.codegen.cuda.runtime import gpu_count
+
+        n, why = gpu_count()
+        return (True, "") if n else (False, why)
+
+    # ---------------------------------------------------------------- compile
+    def generate(self, kp: KernelProgram, schedule: Mapping[str, Any]) -> GeneratedProgram:
+        return generate(kp, schedule, self.epilogue)
+
+    def compile_only(self, kp: KernelProgram, schedule: Mapping[str, Any], archs: Sequence[str] | None = None,
+                     workers: int | None = None) -> nvrtc.CompiledProgram:
+        """Generate and compile for ``archs`` (default sm_80 and sm_90) without touching a GPU."""
+        gen = self.generate(kp, schedule)
+        return nvrtc.compile_program(gen.units, archs, workers, self.cache)
+
+    # ---------------------------------------------------------------- run
+    def build(self, kp: KernelProgram, graph: HeteroGraph, schedule: Mapping[str, Any]) -> BuiltProgram:
+        ok, why = self.available()
+        if not ok:
+            raise BackendError(f"the CUDA backend cannot run here: {why}")
+        from rgtune.codegen.cuda.runtime import CudaProgram, device_arch
+
+        gen = self.generate(kp, schedule)
+        arch = device_arch()
+        compiled = nvrtc.compile_program(gen.units, (arch,), cache=self.cache)
+        program = CudaProgram(kp, gen.units, {u: c[arch] for u, c in compiled.cubins.items()}, graph)
+        hit = all(c[arch].cached for c in compiled.cubins.values())
+        # JSON-friendly: the tuner stores it with the trial (the CudaProgram is run_fn's __self__)
+        info = {"arch": arch, "nvrtc": ".".join(map(str, nvrtc.nvrtc_version())),
+                "resources": {u: {f: vars(r) for f, r in c[arch].resources.items()}
+                              for u, c in compiled.cubins.items()}}
+        return BuiltProgram(self.name, gen.sources(), compiled.seconds, hit, program.run, info)
+
+    def time_runs(self, built: BuiltProgram, x: Any, params: Mapping[str, Any], warmup: int,
+                  repeats: int) -> list[float]:
+        """Seconds per run, by CUDA events on torch's current stream, after ``warmup`` runs."""
+        from rgtune.codegen.cuda.runtime import time_cuda
+
+        t = time_cuda(lambda: built.run(x, params), warmup=warmup, repeat=repeats)
+        self.synchronize()
+        return [ms / 1000.0 for ms in t["times_ms"]]
+
+    def device_info(self) -> dict[str, Any]:
+        info: dict[str, Any] = {"backend": self.name}
+        try:
+            info["nvrtc"] = ".".join(map(str, nvrtc.nvrtc_version()))
+            info["compiler"] = f"NVRTC {info['nvrtc']} ({' '.join(nvrtc.options('sm_XX')[1:])})"
+        except BackendError as e:
+            info["nvrtc"] = f"unavailable: {e}"
+        ok, why = self.available()
+        if ok:
+            from rgtune.codegen.cuda.runtime import device_facts
+
+            info.update(device_facts())
+        else:
+            info["device"] = f"none ({why})"
+        return info
+
+    def synchronize(self) -> None:
+        """Wait for the GPU; a kernel fault surfaces here as ``LaunchError`` (sticky: restart the process)."""
+        import torch
+
+        if torch.cuda.is_available():
+            from rgtune.codegen.cuda.runtime import STICKY_NOTE, LaunchError
+
+            try:
+                torch.cuda.synchronize()
+            except Exception as e:  # noqa: BLE001 - RuntimeError or torch.AcceleratorError
+                raise LaunchError(f"{e}; {STICKY_NOTE}") from e
