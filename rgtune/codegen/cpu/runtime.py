@@ -1,0 +1,401 @@
+"""Binding compiled kernel libraries to a graph, and running them on torch tensors.
+
+:class:`CpuRuntime` prepares once per (program, graph, schedule) everything that depends on
+the graph only: the index arrays (:func:`rgtune.ir.bind.graph_arrays`), float32 copies of the
+per-edge constants, each GEMM's row order and tiles (cached on the graph, shared by every
+program bound to it), and per kernel a ctypes context struct pointing at them. A call then
+checks the input and params, folds derived weights with torch, points each context at this
+call's tensors (``data_ptr()``, no copies) and calls the kernels in order.
+
+Threads: every kernel runs with ``torch.get_num_threads()`` OpenMP threads (read per call;
+torch and the kernels share one libgomp, torch's).
+
+Intermediate buffers are allocated on the first call and reused (zeroed when the program
+says so); the output is a fresh tensor every call, so outputs of two calls never alias. A
+runtime is not meant to be called from two threads at once (they would share intermediates).
+
+What runs where:
+
+* generated C (OpenMP): every traversal and map; every GEMM with ``gemm.impl = generated``
+  (gather, tiled multiply, bias, epilogue, store or race-free accumulate);
+* torch: derived weights (``rgtune.codegen.weights.fold_weights``), and for ``gemm.impl =
+  blas`` the gather (``index_select``), one matmul per type segment (MKL) and the scatter of
+  an accumulating GEMM (``index_add_``); the bias, epilogue and row store of a BLAS GEMM run
+  in its generated ``_finish`` function.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import torch
+
+from rgtune.codegen.cpu.generate import GeneratedProgram, KernelSource
+from rgtune.codegen.cpu.rows import GRAPH_CONSTANTS, INDEX_ARRAYS
+from rgtune.codegen.reference import param_full_shape
+from rgtune.codegen.weights import fold_weights
+from rgtune.data.graph import HeteroGraph
+from rgtune.ir.bind import GraphArrays, graph_arrays
+from rgtune.ir.kernels import GemmKernel, KernelProgram, TraversalKernel, WeightKernel, kernel_schedule
+
+#: owner blocks per thread for accumulating GEMMs (more blocks: better balance, shorter segments)
+BLOCKS_PER_THREAD = 4
+
+
+@dataclass
+class _BlasGemm:
+    """What a BLAS GEMM needs per call: row segments per type, the gather, the scatter."""
+
+    kernel: GemmKernel
+    segments: list[tuple[int | None, int, int]]
+    gather: torch.Tensor | None  # x row of each ordered row (None: x rows in order already)
+    scatter: torch.Tensor | None  # target row of each ordered row (accumulating GEMMs)
+    inplace: bool  # staged rows are the output rows themselves
+    finish: bool  # whether the generated finish kernel has work
+    rows: int
+    width: int
+
+
+@dataclass
+class _Bound:
+    """One kernel's library bound to the graph: its context struct and how to fill it per call."""
+
+    source: KernelSource
+    fn: Any  # the ctypes entry point
+    ctx: ctypes.Structure
+    ptr: ctypes.c_void_p
+    names: set[str]
+    scratch: dict[str, str] = field(default_factory=dict)  # field -> workspace name
+
+    def set(self, name: str, value: int) -> None:
+        if name in self.names:
+            setattr(self.ctx, name, value)
+
+    def call(self) -> None:
+        self.fn(self.ptr)
+
+
+_CTX_TYPES: dict[tuple[tuple[str, str], ...], type[ctypes.Structure]] = {}
+
+
+def _ctx_type(fields: tuple[tuple[str, str], ...]) -> type[ctypes.Structure]:
+    if fields not in _CTX_TYPES:
+        _CTX_TYPES[fields] = type("rg_ctx", (ctypes.Structure,), {"_fields_": [
+            (n, ctypes.c_void_p if t.endswith("*") else ctypes.c_int64) for n, t in fields]})
+    return _CTX_TYPES[fields]
+
+
+class CpuRuntime:
+    """A compiled kernel program bound to one graph: ``run(x, params) -> (num_nodes, out_features)``.
+
+    ``libs`` maps each kernel's name to its loaded library.
+    """
+
+    def __init__(self, kp: KernelProgram, graph: HeteroGraph, schedule: Mapping[str, Any], gen: GeneratedProgram,
+                 libs: Mapping[str, ctypes.CDLL], blocks: int | None = None) -> None:
+        self.kp, self.graph, self.gen = kp, graph, gen
+        self.a = graph_arrays(graph, kp.layout, kp.index_bits)
+        self.schedule = dict(schedule)
+        self.blocks = blocks or BLOCKS_PER_THREAD * max(1, torch.get_num_threads())
+        self.keep: list[torch.Tensor] = []  # graph-side arrays the contexts point at
+        self.blas: dict[str, _BlasGemm] = {}
+        self.scratch_shapes: dict[str, tuple[int, ...]] = {}
+        derived = {k.out for k in kp.kernels if isinstance(k, WeightKernel)}
+        self.param_shapes = {n: param_full_shape(kp, n, self.a) for n in kp.param_shapes if n not in derived}
+        self.bound = {src.kernel: self._bind(src, libs[src.kernel]) for src in gen.kernels}
+        self.steps = self._steps()
+        self.workspace: dict[str, torch.Tensor] = {}
+
+    # ------------------------------------------------------------------ binding
+    def _pointer(self, t: torch.Tensor | None) -> int:
+        if t is None or t.numel() == 0:
+            return 0
+        t = t.contiguous()
+        self.keep.append(t)
+        return t.data_ptr()
+
+    def _bind(self, src: KernelSource, lib: ctypes.CDLL) -> _Bound:
+        ctype = _ctx_type(src.fields)
+        size = lib.rg_ctx_size
+        size.restype = ctypes.c_int64
+        if size() != ctypes.sizeof(ctype):
+            raise RuntimeError(f"{src.file}: context struct mismatch: C {size()} bytes, ctypes {ctypes.sizeof(ctype)}")
+        fn = getattr(lib, src.entry)
+        fn.argtypes, fn.restype = [ctypes.c_void_p], None
+        ctx = ctype()
+        b = _Bound(src, fn, ctx, ctypes.c_void_p(ctypes.addressof(ctx)), {n for n, _ in src.fields})
+        a = self.a
+        for size_name, value in (("num_nodes", a.num_nodes), ("num_edges", a.num_edges),
+                                 ("num_src_pairs", a.rows("src_pair")), ("num_dst_pairs", a.rows("dst_pair"))):
+            b.set(size_name, value)
+        for name in INDEX_ARRAYS:
+            if name in b.names:
+                b.set(name, self._pointer(getattr(a, name)))
+        for kind in GRAPH_CONSTANTS:
+            if f"G_{kind}" in b.names:
+                b.set(f"G_{kind}", self._pointer(self._cached(("G", kind), lambda: getattr(a, kind).to(torch.float32))))
+        k = next(k for k in self.kp.kernels if k.name == src.kernel)
+        if isinstance(k, GemmKernel):
+            self._bind_gemm(k, b)
+        elif isinstance(k, TraversalKernel) and "traversal_max" in b.names:
+            w = self.kp.buffers[k.stage.out].width  # type: ignore[attr-defined]
+            for part in ("max", "sum"):
+                b.scratch[f"traversal_{part}"] = f"{k.name}_{part}"
+                self.scratch_shapes[f"{k.name}_{part}"] = (a.num_nodes * w,)
+        return b
+
+    def _bind_gemm(self, k: GemmKernel, b: _Bound) -> None:
+        s = kernel_schedule(k, self.schedule, "cpu")
+        if s["impl"] == "generated":
+            order, tiles, groups = self._cached(("tiles", k.rows, k.by, k.weight_end, k.out_via if k.accumulate else None,
+                                                 int(s["tile_rows"]), self.blocks), lambda: self._tiles(k, int(s["tile_rows"])))
+            b.set("gemm_order", self._pointer(order))
+            b.set("gemm_tiles", self._pointer(tiles))
+            b.set("gemm_groups", self._pointer(groups))
+            b.set("gemm_ngroups", groups.numel() - 1)
+            return
+        order, sorted_types, segments, gather, scatter, identity = self._cached(
+            ("blas", k.rows, k.by, k.weight_end, k.x_via, k.out_via if k.accumulate else None), lambda: self._segments(k))
+        n = order.numel()
+        inplace = identity and not k.accumulate and k.out is not None
+        copy = not k.accumulate and k.out is not None and not inplace
+        nout = k.out_heads * k.out_dim
+        self.blas[k.name] = _BlasGemm(k, segments, gather, scatter, inplace, bool(k.bias or k.epilogue or copy), n, nout)
+        b.set("gemm_order", self._pointer(order))
+        b.set("gemm_types", self._pointer(sorted_types))
+        b.set("gemm_rows", n)
+        b.set("gemm_inplace", int(inplace))
+        if not inplace:
+            self.scratch_shapes[f"{k.name}_staged"] = (n, nout)
+
+    def _cached(self, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
+        """Per-graph arrays, shared by every program bound to the graph with the same layout and width."""
+        cache = self.graph.__dict__.setdefault("_rgtune_cpu_bind", {})
+        key = (self.kp.layout, self.kp.index_bits) + key
+        if key not in cache:
+            cache[key] = make()
+        return cache[key]
+
+    def _tiles(self, k: GemmKernel, tile_rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        a = self.a
+        n = a.rows(k.rows)
+        types = row_types(a, k.rows, k.by, k.weight_end)
+        block = owner_blocks(row_index(a, k.rows, k.out_via), self.blocks) if k.accumulate else None
+        order, tiles, groups = gemm_tiles(None if types is None else types.numpy(), tile_rows,
+                                          None if block is None else block, n)
+        idx = np.int32 if self.kp.index_bits == 32 else np.int64
+        return torch.from_numpy(order.astype(idx)), torch.from_numpy(tiles), torch.from_numpy(groups)
+
+    def _segments(self, k: GemmKernel) -> tuple[torch.Tensor, torch.Tensor, list[tuple[int | None, int, int]],
+                                                 torch.Tensor | None, torch.Tensor | None, bool]:
+        """Row order by type, each ordered row's type, the type segments, the gather and scatter rows,
+        and whether the order is the identity (then the output rows can be the matmul's output)."""
+        a = self.a
+        n = a.rows(k.rows)
+        types = row_types(a, k.rows, k.by, k.weight_end)
+        if types is None:
+            order, sorted_types, segments = np.arange(n), np.zeros(n, np.int64), [(None, 0, n)]
+        else:
+            t = types.numpy()
+            order = np.argsort(t, kind="stable")
+            sorted_types = t[order]
+            bounds = np.searchsorted(sorted_types, np.arange(int(t.max(initial=0)) + 2)).tolist()
+            segments = [(ty, bounds[ty], bounds[ty + 1]) for ty in range(len(bounds) - 1) if bounds[ty + 1] > bounds[ty]]
+        identity = bool(np.array_equal(order, np.arange(n)))
+        gather = None if (k.x_via == "row" and identity) else torch.from_numpy(row_index(a, k.rows, k.x_via).numpy()[order])
+        scatter = torch.from_numpy(row_index(a, k.rows, k.out_via).numpy()[order]) if k.accumulate else None
+        idx = np.int32 if self.kp.index_bits == 32 else np.int64
+        return (torch.from_numpy(order.astype(idx)), torch.from_numpy(np.ascontiguousarray(sorted_types, np.int64)),
+                segments, gather, scatter, identity)
+
+    def _steps(self) -> list[Callable[[dict[str, torch.Tensor], dict[str, torch.Tensor]], None]]:
+        steps = []
+        for k in self.kp.kernels:
+            if isinstance(k, WeightKernel):
+                steps.append(self._fold_step(k))
+            elif k.name in self.blas:
+                steps.append(self._blas_step(self.blas[k.name]))
+            else:
+                steps.append(self._c_step(self.bound[k.name]))
+        return steps
+
+    def _c_step(self, b: _Bound) -> Callable[..., None]:
+        def step(bufs: dict[str, torch.Tensor], params: dict[str, torch.Tensor]) -> None:
+            self._point(b, bufs, params)
+            b.call()
+        return step
+
+    def _point(self, b: _Bound, bufs: dict[str, torch.Tensor], params: dict[str, torch.Tensor]) -> None:
+        """This call's tensors into ``b``'s context (pointers only; nothing is copied)."""
+        b.set("num_threads", torch.get_num_threads())
+        for canon, name in b.source.buffers.items():
+            b.set(canon, _ptr(bufs[name]))
+        for canon, name in b.source.params.items():
+            b.set(f"P_{canon}", _ptr(params[name]))
+        for fld, ws in b.scratch.items():
+            b.set(fld, _ptr(self.workspace[ws]))
+
+    def _fold_step(self, k: WeightKernel) -> Callable[..., None]:
+        def step(bufs: dict[str, torch.Tensor], params: dict[str, torch.Tensor]) -> None:
+            params[k.out] = fold_weights(k, params, self.a, self.kp.param_shapes).to(torch.float32).contiguous()
+        return step
+
+    def _blas_step(self, g: _BlasGemm) -> Callable[..., None]:
+        k, b = g.kernel, self.bound[g.kernel.name]
+
+        def step(bufs: dict[str, torch.Tensor], params: dict[str, torch.Tensor]) -> None:
+            x = bufs[k.x].view(-1, self.kp.buffers[k.x].width)
+            xg = x if g.gather is None else x.index_select(0, g.gather)
+            staged = bufs[k.out].view(-1, g.width) if g.inplace else self.workspace[f"{k.name}_staged"]
+            w = params[k.weight]
+            for t, s, e in g.segments:
+                wt = w if t is None else w[t]
+                if k.per_head:  # (n, H, Din) x (H, Din, Dout) -> (n, H, Dout)
+                    res = torch.bmm(xg[s:e].view(e - s, k.in_heads, k.in_dim).transpose(0, 1), wt)
+                    staged[s:e].view(e - s, k.out_heads, k.out_dim).copy_(res.transpose(0, 1))
+                else:
+                    torch.matmul(xg[s:e], wt, out=staged[s:e])
+            if g.finish:
+                self._point(b, bufs, params)
+                b.set("gemm_staged", _ptr(staged))
+                b.call()
+            if g.scatter is not None:
+                bufs[k.out].view(-1, g.width).index_add_(0, g.scatter, staged)  # type: ignore[index]
+        return step
+
+    # ------------------------------------------------------------------ running
+    def run(self, x: torch.Tensor, params: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The layer's output ``(num_nodes, out_features)`` for input ``x`` and learnable ``params``."""
+        with torch.no_grad():
+            x = self._check_input(x)
+            p = self._check_params(params)
+            bufs = self._buffers(x)
+            for step in self.steps:
+                step(bufs, p)
+            return bufs[self.kp.output].view(self.a.num_nodes, -1)
+
+    def _check_input(self, x: torch.Tensor) -> torch.Tensor:
+        width = self.kp.buffers[self.kp.input].width
+        _check_tensor("input x", x, (self.a.num_nodes, width))
+        return x.contiguous()
+
+    def _check_params(self, params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        out = {}
+        for name, shape in self.param_shapes.items():
+            if name not in params:
+                raise KeyError(f"missing param {name!r}; the program needs {sorted(self.param_shapes)}")
+            t = params[name]
+            _check_tensor(f"param {name!r}", t, shape)
+            out[name] = t.detach().contiguous()
+        return out
+
+    def _buffers(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        kp, a = self.kp, self.a
+        bufs = {kp.input: x}
+        for name, b in kp.buffers.items():
+            if name == kp.input:
+                continue
+            shape = (a.rows(b.domain), b.width)
+            zero = name in kp.zero_init
+            if name == kp.output:  # fresh every call: outputs never alias
+                bufs[name] = torch.zeros(shape) if zero else torch.empty(shape)
+                continue
+            t = self.workspace.get(name)
+            if t is None or tuple(t.shape) != shape:
+                t = self.workspace[name] = torch.empty(shape)
+            if zero:
+                t.zero_()
+            bufs[name] = t
+        for name, shape in self.scratch_shapes.items():
+            if name not in self.workspace:
+                self.workspace[name] = torch.empty(shape)
+        return bufs
+
+
+def _ptr(t: torch.Tensor) -> int:
+    return t.data_ptr() if t.numel() else 0
+
+
+def _check_tensor(what: str, t: torch.Tensor, shape: tuple[int, ...]) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise ValueError(f"{what} is on {t.device}; the cpu backend needs CPU tensors (call .cpu())")
+    if t.dtype != torch.float32:
+        raise TypeError(f"{what} has dtype {t.dtype}; the cpu backend computes in float32 (call .float())")
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{what} must have shape {tuple(shape)}, got {tuple(t.shape)}")
+
+
+# ---------------------------------------------------------------- graph-side arrays
+
+
+def row_types(a: GraphArrays, rows: str, by: str, end: str | None) -> torch.Tensor | None:
+    """The weight slice of every row of a GEMM (``None`` when one weight serves all rows)."""
+    if by == "none":
+        return None
+    if rows == "node":
+        return a.node_type.long()
+    if rows == "edge":
+        if by == "rel":
+            return a.e_rel.long()
+        return a.node_type.long()[(a.e_src if end == "src" else a.e_dst).long()]
+    node, rel = (a.sp_node, a.sp_rel) if rows == "src_pair" else (a.dp_node, a.dp_rel)
+    return rel.long() if by == "rel" else a.node_type.long()[node.long()]
+
+
+def row_index(a: GraphArrays, rows: str, via: str) -> torch.Tensor:
+    """The row in another domain that each row reaches through ``via`` (int64)."""
+    if via == "row":
+        return torch.arange(a.rows(rows))
+    table = {("edge", "src"): a.e_src, ("edge", "dst"): a.e_dst, ("edge", "src_pair"): a.e_sp,
+             ("edge", "dst_pair"): a.e_dp, ("src_pair", "pair_node"): a.sp_node, ("dst_pair", "pair_node"): a.dp_node}
+    if (rows, via) not in table:
+        raise ValueError(f"no index {via!r} on {rows} rows")
+    return table[(rows, via)].long()
+
+
+def owner_blocks(target: torch.Tensor, blocks: int) -> np.ndarray:
+    """Split the target rows into ``blocks`` ranges of about equal row counts; each row's block."""
+    t = target.numpy()
+    if t.size == 0:
+        return np.zeros(0, np.int64)
+    ranked = np.sort(t)
+    cuts = ranked[(np.arange(1, blocks) * t.size) // blocks]
+    return np.searchsorted(cuts, t, side="right").astype(np.int64)
+
+
+def gemm_tiles(types: np.ndarray | None, tile_rows: int, block: np.ndarray | None,
+               n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Row order, tiles ``(start, end, type)`` and work groups (tile ranges) of a tiled GEMM.
+
+    Rows are sorted by (owner block, type), stably; a tile is at most ``tile_rows`` rows of
+    one type and block. Without blocks every tile is its own work group; with blocks a group
+    is a block, so one thread does all rows whose accumulation targets lie in it.
+
+    >>> order, tiles, groups = gemm_tiles(np.array([1, 0, 1, 1]), 2, None, 4)
+    >>> order.tolist(), tiles.tolist(), groups.tolist()
+    ([1, 0, 2, 3], [[0, 1, 0], [1, 3, 1], [3, 4, 1]], [0, 1, 2, 3])
+    """
+    types = np.zeros(n, np.int64) if types is None else types.astype(np.int64)
+    key = types if block is None else block * (int(types.max(initial=0)) + 1) + types
+    order = np.argsort(key, kind="stable")
+    if n == 0:
+        return order, np.zeros((0, 3), np.int64), np.zeros(1, np.int64)
+    skey = key[order]
+    run_start = np.flatnonzero(np.concatenate([[True], skey[1:] != skey[:-1]]))
+    run_end = np.append(run_start[1:], n)
+    count = (run_end - run_start + tile_rows - 1) // tile_rows
+    run = np.repeat(np.arange(run_start.size), count)
+    first = np.cumsum(count) - count
+    start = run_start[run] + (np.arange(run.size) - first[run]) * tile_rows
+    end = np.minimum(start + tile_rows, run_end[run])
+    tiles = np.ascontiguousarray(np.stack([start, end, types[order][start]], 1), np.int64)
+    if block is None:
+        groups = np.arange(tiles.shape[0] + 1, dtype=np.int64)
+    else:
+        groups = np.searchsorted(block[order][start], np.arange(int(block.max()) + 2)).astype(np.int64)
+    return order, tiles, groups
