@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 __version__ = "0.1.0"
+
+# idle OpenMP threads sleep instead of spinning: rgtune's generated kernels and torch run on
+# two OpenMP runtimes that otherwise steal each other's cores (see rgtune/codegen/cpu/__init__.py)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # heavy entry points load on first use, so that `import rgtune` stays light
 _LAZY = {"compile": "rgtune.codegen.compile", "load_tuned": "rgtune.runtime", "load_exported": "rgtune.runtime"}
