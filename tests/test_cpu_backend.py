@@ -8,7 +8,8 @@ The matrix (each case: float32 run vs float64 reference, max|out - ref| / max|re
 * 200 random schedules per model (``space.sample``) at 64/64, 1 head, on the edge-case
   graph, the first 60 of them also on MUTAG;
 * heads 4 and odd sizes (7 -> 10 with 2 heads, 5 -> 12 with 4 heads) on a spread of
-  configurations, on AIFB and the edge-case graph.
+  configurations (every n-th IR configuration, 8 in all, and 6 random schedules), on AIFB
+  and the edge-case graph.
 
 The edge-case graph has a relation without edges, isolated nodes, a node type that is never a
 destination and a hub with more than 10,000 in-edges. All configurations of a model compute
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import os
 import random
+import resource
 import subprocess
 import sys
 import textwrap
@@ -121,10 +123,15 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float(np.abs(o - r).max(initial=0.0) / max(float(np.abs(r).max(initial=0.0)), 1e-30))
 
 
-def verify(backend: CpuBackend, cases: list[tuple[str, Workload, dict[str, Any]]]) -> dict[str, int]:
+def _cpu(r: Any) -> float:
+    return float(r.ru_utime + r.ru_stime)
+
+
+def verify(backend: CpuBackend, cases: list[tuple[str, Workload, dict[str, Any]]]) -> dict[str, Any]:
     """Compile every distinct kernel of ``cases`` (in parallel), then run each distinct program (cases
     whose sources and manifest coincide are one program) against its workload's reference."""
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    s0 = resource.getrusage(resource.RUSAGE_SELF)
     programs, texts, seen = [], [], set()
     for label, w, cfg in cases:
         kp = w.space.compile(cfg).kernels
@@ -136,7 +143,7 @@ def verify(backend: CpuBackend, cases: list[tuple[str, Workload, dict[str, Any]]
         programs.append((label, w, cfg, kp))
         texts += [s.text for s in gen.kernels]
     libs = cc.compile_libraries(texts)
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     failures = []
     for label, w, cfg, kp in programs:
         try:
@@ -148,7 +155,9 @@ def verify(backend: CpuBackend, cases: list[tuple[str, Workload, dict[str, Any]]
             failures.append(f"{label} {w.graph.name}: {err}\n    {cfg}")
     compiled = len({lib.key for lib in libs if not lib.cache_hit})
     stats = {"cases": len(cases), "programs": len(programs), "kernels": len(set(texts)), "compiled": compiled,
-             "compile_s": round(t1 - t0, 1), "run_s": round(time.perf_counter() - t1, 1)}
+             "compile_s": round(t1 - t0, 1), "run_s": round(time.perf_counter() - t1, 1),
+             "compiler_cpu_s": round(c1.ru_utime + c1.ru_stime - c0.ru_utime - c0.ru_stime, 1),
+             "python_cpu_s": round(_cpu(resource.getrusage(resource.RUSAGE_SELF)) - _cpu(s0), 1)}
     print(f"verify: {stats}")
     assert not failures, f"{len(failures)} of {len(programs)} programs fail:\n" + "\n".join(failures[:5])
     return stats
@@ -191,7 +200,7 @@ def test_heads_and_odd_sizes_match_reference(model: str, dims: tuple[int, int, i
         w = workload(model, dims, g)
         cfgs = list(w.space.ir_configs())
         rng = random.Random(99)
-        picked = cfgs[:: max(1, len(cfgs) // 12)] + [w.space.sample(rng) for _ in range(12)]
+        picked = cfgs[:: max(1, len(cfgs) // 8)] + [w.space.sample(rng) for _ in range(6)]
         cases += [(model, w, runnable(w.space, c)) for c in picked]
     verify(backend, cases)
 
@@ -219,17 +228,25 @@ def test_small_graph_quick(backend: CpuBackend) -> None:
 
 
 def test_compile_cold_and_cached(monkeypatch: pytest.MonkeyPatch, tmp_path: Any, edge_graph: HeteroGraph) -> None:
-    monkeypatch.setenv("RGTUNE_CACHE_DIR", str(tmp_path))
+    """HGT (the largest program): < 1 s cold, < 20 ms from the cache, in this process and in a fresh
+    one. Times are the best of a few attempts (each cold attempt with its own fresh cache), so a
+    busy machine does not fail the test."""
     space = SearchSpace(build_model("hgt", 64, 64, 2), edge_graph, "cpu")
     cfg = space.default()
     kp = space.compile(cfg).kernels
-    cold = CpuBackend().build(kp, edge_graph, cfg)
-    assert not cold.cache_hit and cold.info["compiled"] > 0
-    assert cold.compile_seconds < 1.0, f"cold compile took {cold.compile_seconds:.3f} s"
-    warm = CpuBackend().build(kp, edge_graph, cfg)
-    assert warm.cache_hit and warm.info["compiled"] == 0
-    assert warm.compile_seconds < 0.02, f"cached build took {warm.compile_seconds * 1e3:.1f} ms"
-    # a fresh process finds everything on disk (compiler identity included: no compiler started)
+    colds = []
+    for attempt in range(2):
+        monkeypatch.setenv("RGTUNE_CACHE_DIR", str(tmp_path / f"cold{attempt}"))
+        cold = CpuBackend().build(kp, edge_graph, cfg)
+        assert not cold.cache_hit and cold.info["compiled"] > 0
+        colds.append(cold.compile_seconds)
+        if cold.compile_seconds < 1.0:
+            break
+    assert min(colds) < 1.0, f"cold compile took {colds} s"
+    warm = [CpuBackend().build(kp, edge_graph, cfg) for _ in range(3)]
+    assert all(b.cache_hit and b.info["compiled"] == 0 for b in warm)
+    assert min(b.compile_seconds for b in warm) < 0.02, [b.compile_seconds for b in warm]
+    # a fresh process (another graph) finds everything on disk, the compiler identity included
     script = textwrap.dedent(f"""
         from rgtune.codegen.cpu import CpuBackend
         from rgtune.data.synthetic import random_graph
@@ -242,9 +259,15 @@ def test_compile_cold_and_cached(monkeypatch: pytest.MonkeyPatch, tmp_path: Any,
         b = CpuBackend().build(kp, g, cfg)
         print(b.cache_hit, b.compile_seconds)
     """)
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=os.environ.copy())
-    hit, seconds = out.stdout.split()
-    assert hit == "True" and float(seconds) < 0.02, out.stdout + out.stderr
+    fresh = []
+    for _ in range(3):
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=os.environ.copy())
+        hit, seconds = out.stdout.split()
+        assert hit == "True", out.stdout + out.stderr
+        fresh.append(float(seconds))
+        if fresh[-1] < 0.02:
+            break
+    assert min(fresh) < 0.02, f"cached build in a fresh process took {fresh} s"
 
 
 def test_compile_error_names_the_source_and_has_the_log(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
