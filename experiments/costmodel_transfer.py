@@ -1,0 +1,356 @@
+"""Cost-model transfer: train on other graphs' history, rank a graph with zero trials of its own.
+
+Two steps, each resumable:
+
+1. ``--collect`` fills a history database through the tuning loop (real CPU kernels):
+   a random-sampler study per (model, real graph) -- an unbiased sample of each space, which
+   is also the test set when that graph is held out -- and a TPE study per (model, synthetic
+   graph) with the statistics of other datasets (BGS, AM, ogbn-mag, a skewed custom graph),
+   which is what a user's history looks like.
+2. the evaluation (default) holds out each real graph in turn: the model is trained on every
+   other graph's trials of the same device and backend and ranks the held-out graph's
+   measured schedules. It reports ordered pair accuracy, Kendall's tau, top-1/top-5 error
+   and whether the top-1 pick is within 15% of the best, for a grid of regressors and targets
+   (the evidence for the defaults), with ablations of the training set (no synthetic graphs;
+   synthetic only) and two baselines that need no learning (the default schedule, and
+   ranking by gathered bytes from the IR's counts). It also replays the pruning rule on the
+   held-out trials (zero-shot, anchored at the default schedule only): how much a margin prunes
+   and whether it would have pruned the best schedules.
+
+Outputs (``--out``, default ``experiments/results``): ``costmodel_transfer.csv`` (one row per
+holdout x workload x variant), ``costmodel_transfer_pruning.csv``, ``costmodel_transfer.json``
+and ``costmodel_transfer.png`` (predicted vs measured for the default model).
+
+Examples::
+
+    python experiments/costmodel_transfer.py --help
+    python experiments/costmodel_transfer.py --collect --db sqlite:///cm_history.db          # hours
+    python experiments/costmodel_transfer.py --db sqlite:///cm_history.db                    # minutes
+    python experiments/costmodel_transfer.py --collect --quick --db sqlite:///cm_quick.db    # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from rgtune.tuner.costmodel import (
+    ESTIMATORS,
+    TARGETS,
+    CostModel,
+    GraphLoader,
+    WorkloadContext,
+    evaluate_holdout,
+    ranking_metrics,
+)
+from rgtune.tuner.db import TrialDatabase, WorkloadRecord
+
+REAL = ("aifb", "mutag")
+SYNTHETIC = ("synthetic:bgs,scale=0.1", "synthetic:am,scale=0.01", "synthetic:ogbn-mag,scale=0.003,reverse=1",
+             "synthetic:custom,nodes=20000,edges=100000,ntypes=4,rels=20,degree_skew=1.5")
+MODELS = ("rgat", "hgt")
+MARGINS = (1.5, 2.0, 3.0, 5.0)
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+# ---------------------------------------------------------------------- collection
+def canonical_dataset(name: str, data_dir: str | None = None) -> str:
+    """The name the database records for ``name`` (a synthetic spec drops its default fields)."""
+    from rgtune.data import load_dataset
+
+    return load_dataset(name, root=data_dir).name
+
+
+def collect(db_url: str, models: Sequence[str], real: Sequence[str], synthetic: Sequence[str], *, real_trials: int,
+            synthetic_trials: int, hidden: int, backend: str, data_dir: str | None, seed: int = 11) -> None:
+    """Run the studies that make the history (skipping those already done: resumable)."""
+    from rgtune.tuner.measure import Workload
+    from rgtune.tuner.study import TuneOptions, Tuner
+
+    db = TrialDatabase(db_url)
+    plan = [(ds, m, "random", real_trials) for ds in real for m in models]
+    plan += [(ds, m, "tpe", synthetic_trials) for ds in synthetic for m in models]
+    for ds, model, sampler, trials in plan:
+        done = sum(w.num_trials for w in db.workloads(model=model, in_dim=hidden, backend=backend,
+                                                      dataset=canonical_dataset(ds, data_dir)))
+        if done >= trials:
+            continue
+        t0 = time.time()
+        s = Tuner(Workload(model, ds, hidden, hidden, 1, backend, data_dir), db,
+                  TuneOptions(trials=trials - done, sampler=sampler, seed=seed, progress=False)).run()
+        print(f"collected {model} on {ds}: {s.trials_run} trials ({sampler}) in {time.time() - t0:.0f} s, "
+              f"best {s.best_ms} ms", flush=True)
+
+
+# ---------------------------------------------------------------------- evaluation
+def _is_synthetic(w: WorkloadRecord) -> bool:
+    return w.dataset.startswith("synthetic:")
+
+
+def _variants(holdout: str, estimators: Sequence[str], targets: Sequence[str]) -> list[tuple[str, str, str, Any]]:
+    """(variant, estimator, target, extra exclusion) to evaluate on one holdout."""
+    out: list[tuple[str, str, str, Any]] = [("all_history", e, t, None) for e in estimators for t in targets]
+    out.append(("no_synthetic", "hgb", "log_default", _is_synthetic))
+    out.append(("synthetic_only", "hgb", "log_default", lambda w: not _is_synthetic(w)))
+    return out
+
+
+def _baselines(r_default: Any, db: TrialDatabase, graphs: GraphLoader) -> list[dict[str, Any]]:
+    """Rankings that need no learning, on the schedules the default model was evaluated on."""
+    from rgtune.tuner._costmodel_history import context_for, graph_stats
+
+    rows = []
+    stats = graph_stats(db)
+    for w in r_default.per_workload:
+        rec = db.workloads(workload_id=w["workload_id"])[0]
+        name, chash, st = stats[rec.id]
+        ctx: WorkloadContext = context_for(rec, name, st, graphs(name, chash))
+        default = ctx.space.default()
+        true = w["true"]
+        # the default schedule as the pick: what not tuning at all gives
+        is_default = [1.0 if all(k.get(n) == v for n, v in default.items()) else 2.0 for k in w["knobs"]]
+        by_bytes = [ctx.features(k).get("num:log_bytes_gathered", math.nan) for k in w["knobs"]]
+        for name_, pred in (("baseline_default_schedule", is_default), ("baseline_gathered_bytes", by_bytes)):
+            rows.append({"workload_id": w["workload_id"], "model": w["model"], "variant": name_,
+                         "schedules": len(true), **ranking_metrics(pred, true)})
+    return rows
+
+
+def _pruning_replay(entry: dict[str, Any], default_knobs_ms: float | None, pred_default: float | None) -> list[dict]:
+    """Zero-shot pruning of the held-out trials, late in a study (best so far = the true best).
+
+    Two rules: ``vs_predicted_best`` (the pruner's: a candidate's prediction against the
+    prediction for the best measured schedule) and ``vs_measured_best`` (the prediction in ms,
+    anchored at the measured default schedule, against the best measured time).
+    """
+    pred, true = np.asarray(entry["pred"]), np.asarray(entry["true"])
+    ib = int(true.argmin())
+    best = float(true[ib])
+    near = true <= 1.05 * best
+    rules = {"vs_predicted_best": pred - pred[ib]}
+    if default_knobs_ms is not None and pred_default is not None:
+        rules["vs_measured_best"] = np.log(default_knobs_ms) + (pred - pred_default) - np.log(best)
+    out = []
+    for rule, log_ratio in rules.items():
+        for m in MARGINS:
+            pruned = log_ratio > math.log(m)
+            slow = true > m * best
+            out.append({"workload_id": entry["workload_id"], "model": entry["model"], "rule": rule, "margin": m,
+                        "pruned_fraction": float(pruned.mean()), "best_pruned": bool(pruned[ib]),
+                        "near_best_pruned_fraction": float(pruned[near].mean()),
+                        "pruned_of_slow_fraction": float(pruned[slow].mean()) if slow.any() else math.nan})
+    return out
+
+
+def evaluate(db_url: str, holdouts: Sequence[str], estimators: Sequence[str], targets: Sequence[str],
+             data_dir: str | None, out: Path, models: Sequence[str] | None) -> list[dict[str, Any]]:
+    db = TrialDatabase(db_url)
+    graphs = GraphLoader(data_dir)
+    rows: list[dict[str, Any]] = []
+    prune_rows: list[dict[str, Any]] = []
+    scatter: dict[str, Any] = {}
+    for holdout in holdouts:
+        for variant, est, target, excl in _variants(holdout, estimators, targets):
+            t0 = time.time()
+            try:
+                r = evaluate_holdout(db, holdout, cost_model=CostModel(est, target), graphs=graphs, exclude=excl,
+                                     keep_predictions=True)
+            except ValueError as e:
+                print(f"skip {holdout}: {e}")
+                break
+            r.per_workload = [w for w in r.per_workload if models is None or w["model"] in models]
+            for w in r.per_workload:
+                rows.append({"holdout": holdout, "model": w["model"], "variant": variant, "estimator": est,
+                             "target": target, "n_train": r.n_train, "train_workloads": r.n_train_workloads,
+                             "schedules": w["schedules"], **{k: w[k] for k in ("opa", "kendall_tau",
+                                                                                "top1_error", "top5_error")},
+                             "top1_within_15pct": w["top1_error"] <= 0.15, "seconds": time.time() - t0})
+                print(f"{holdout:<6} {w['model']:<5} {variant:<15} {est:<4} {target:<12} train={r.n_train:<5}"
+                      f" opa={w['opa']:.3f} tau={w['kendall_tau']:.3f} top1={w['top1_error']:.3f}"
+                      f" top5={w['top5_error']:.3f}", flush=True)
+            if (variant, est, target) == ("all_history", "hgb", "log_default"):
+                for w in r.per_workload:
+                    scatter[f"{holdout}/{w['model']}"] = {"pred": w["pred"], "true": w["true"]}
+                    d_ms, d_pred = _default_point(db, w, graphs)
+                    for p in _pruning_replay(w, d_ms, d_pred):
+                        prune_rows.append({"holdout": holdout, **p})
+                for b in _baselines(r, db, graphs):
+                    rows.append({"holdout": holdout, "estimator": "-", "target": "-", "n_train": 0,
+                                 "train_workloads": 0, "top1_within_15pct": b["top1_error"] <= 0.15,
+                                 "seconds": 0.0, **{k: v for k, v in b.items() if k != "workload_id"}})
+    out.mkdir(parents=True, exist_ok=True)
+    _write_csv(out / "costmodel_transfer.csv", rows)
+    _write_csv(out / "costmodel_transfer_pruning.csv", prune_rows)
+    (out / "costmodel_transfer.json").write_text(json.dumps({"db": _display(db_url), "rows": rows,
+                                                            "pruning": prune_rows}, indent=1, default=str))
+    _plot(scatter, out / "costmodel_transfer.png")
+    _print_summary(rows, prune_rows)
+    return rows
+
+
+def _default_point(db: TrialDatabase, entry: dict[str, Any], graphs: GraphLoader) -> tuple[float | None, float | None]:
+    """The held-out workload's default schedule: its measured time and its predicted score."""
+    from rgtune.tuner._costmodel_history import context_for, graph_stats
+
+    rec = db.workloads(workload_id=entry["workload_id"])[0]
+    name, chash, st = graph_stats(db)[rec.id]
+    default = context_for(rec, name, st, graphs(name, chash)).space.default()
+    for knobs, pred, true in zip(entry["knobs"], entry["pred"], entry["true"]):
+        if all(knobs.get(n) == v for n, v in default.items()):
+            return true, pred
+    return None, None
+
+
+def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        return
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in r.items()})
+
+
+def _display(url: str) -> str:
+    # results must not carry this machine's paths: keep the file name only
+    return url.rsplit("/", 1)[-1] if url.startswith("sqlite") else url.split("@")[-1]
+
+
+def _plot(scatter: dict[str, Any], path: Path) -> None:
+    if not scatter:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(scatter), figsize=(4 * len(scatter), 3.6), squeeze=False)
+    for ax, (name, d) in zip(axes[0], sorted(scatter.items())):
+        ax.scatter(d["pred"], d["true"], s=10)
+        ax.set_yscale("log")
+        ax.set_xlabel("predicted log(time / default)")
+        ax.set_ylabel("measured ms")
+        m = ranking_metrics(d["pred"], d["true"])
+        ax.set_title(f"{name}: OPA {m['opa']:.2f}, top-1 +{100 * m['top1_error']:.0f}%", fontsize=9)
+    fig.suptitle("held-out graph, zero trials of its own (trained on the other graphs)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _nanmean(values: list[float]) -> float:
+    finite = [v for v in values if not math.isnan(v)]
+    return float(np.mean(finite)) if finite else math.nan
+
+
+def _print_summary(rows: list[dict[str, Any]], prune_rows: list[dict[str, Any]]) -> None:
+    print("\nmean over held-out workloads, per variant:")
+    keys = sorted({(r["variant"], r["estimator"], r["target"]) for r in rows})
+    for key in keys:
+        sel = [r for r in rows if (r["variant"], r["estimator"], r["target"]) == key]
+        m = {k: float(np.nanmean([r[k] for r in sel])) for k in ("opa", "kendall_tau", "top1_error", "top5_error")}
+        within = sum(bool(r["top1_within_15pct"]) for r in sel)
+        print(f"  {key[0]:<26} {key[1]:<4} {key[2]:<12} opa={m['opa']:.3f} tau={m['kendall_tau']:.3f} "
+              f"top1={m['top1_error']:.3f} top5={m['top5_error']:.3f} top1<=15%: {within}/{len(sel)}")
+    if prune_rows:
+        print("\nzero-shot pruning replay, best so far = the true best (mean over held-out workloads):")
+    for rule in sorted({r["rule"] for r in prune_rows}):
+        for m in MARGINS:
+            sel = [r for r in prune_rows if r["margin"] == m and r["rule"] == rule]
+            print(f"  {rule} margin {m}: prunes {np.mean([r['pruned_fraction'] for r in sel]):.2f} of the schedules, "
+                  f"{_nanmean([r['pruned_of_slow_fraction'] for r in sel]):.2f} of those slower than the margin; "
+                  f"best pruned in {sum(r['best_pruned'] for r in sel)}/{len(sel)}; within 5% of best pruned: "
+                  f"{np.mean([r['near_best_pruned_fraction'] for r in sel]):.2f}")
+
+
+# ---------------------------------------------------------------------- command line
+def split_names(text: str) -> list[str]:
+    """A list option: ';'-separated, or ','-separated when it holds no synthetic spec (those hold commas).
+
+    Example:
+        >>> split_names("aifb,mutag"), split_names("synthetic:custom,nodes=9;aifb")
+        (['aifb', 'mutag'], ['synthetic:custom,nodes=9', 'aifb'])
+    """
+    sep = ";" if ";" in text or "synthetic:" in text else ","
+    return [t for t in (x.strip() for x in text.split(sep)) if t]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("Examples::")[1])
+    p.add_argument("--db", default="sqlite:///cm_history.db", help="the history database (default sqlite:///cm_history.db)")
+    p.add_argument("--collect", action="store_true", help="run the studies that fill the history first")
+    p.add_argument("--no-eval", action="store_true", help="only collect")
+    p.add_argument("--models", default=",".join(MODELS), help="models (default rgat,hgt)")
+    p.add_argument("--real", default=",".join(REAL), help="real graphs: collected with random search, held out in turn")
+    p.add_argument("--synthetic", default=";".join(SYNTHETIC),
+                   help="synthetic graphs for the history, separated by ';' (default: BGS-, AM-, ogbn-mag-like, skewed)")
+    p.add_argument("--holdouts", default=None, help="graphs to hold out (default: --real)")
+    p.add_argument("--real-trials", type=int, default=60, help="random trials per (model, real graph) (default 60)")
+    p.add_argument("--synthetic-trials", type=int, default=40, help="TPE trials per (model, synthetic graph) (default 40)")
+    p.add_argument("--hidden", type=int, default=64, help="feature size (default 64)")
+    p.add_argument("--backend", default=None, help="cpu (default when usable), else reference")
+    p.add_argument("--estimators", default=",".join(sorted(ESTIMATORS)), help="regressors compared (default all)")
+    p.add_argument("--targets", default=",".join(TARGETS), help="targets compared (default all)")
+    p.add_argument("--data-dir", default=None, help="dataset root (default $RGTUNE_DATA_DIR)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="OpenMP threads of the measured kernels (default: the backend's); 1 on a busy machine")
+    p.add_argument("--out", default=str(RESULTS), help="where results go (default experiments/results)")
+    p.add_argument("--quick", action="store_true",
+                   help="a smoke run: rgat only, one synthetic graph, 16 trials each, hgb and log_default only")
+    return p
+
+
+def set_threads(threads: int | None) -> None:
+    """Pin the measured kernels' OpenMP threads (the measurement workers inherit the environment).
+
+    On a shared, busy machine a kernel with as many threads as cores waits at every barrier for
+    a descheduled thread: the same schedule measured 3 ms to 355 ms. One thread is stable to
+    about 30% there. The device's fingerprint records the thread count.
+    """
+    if threads is not None:
+        import os
+
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+
+
+def default_backend() -> str:
+    from rgtune.codegen.base import available_backends
+
+    return "cpu" if available_backends().get("cpu", (False, ""))[0] else "reference"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    models, real, synthetic = split_names(args.models), split_names(args.real), split_names(args.synthetic)
+    estimators, targets = split_names(args.estimators), split_names(args.targets)
+    if args.quick:
+        models, synthetic = models[:1], synthetic[:1]
+        # 16 + 16: the held-out graph's model still sees >= 30 trials of 2 workloads (MIN_TRIALS), so it is on
+        args.real_trials, args.synthetic_trials = min(args.real_trials, 16), min(args.synthetic_trials, 16)
+        estimators, targets = ["hgb"], ["log_default"]
+    backend = args.backend or default_backend()
+    set_threads(args.threads)
+    t0 = time.time()
+    if args.collect:
+        collect(args.db, models, real, synthetic, real_trials=args.real_trials, synthetic_trials=args.synthetic_trials,
+                hidden=args.hidden, backend=backend, data_dir=args.data_dir)
+        print(f"collection done in {time.time() - t0:.0f} s")
+    if not args.no_eval:
+        holdouts = [canonical_dataset(h, args.data_dir) for h in (split_names(args.holdouts) if args.holdouts else real)]
+        evaluate(args.db, holdouts, estimators, targets, args.data_dir, Path(args.out), models)
+    print(f"total {time.time() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

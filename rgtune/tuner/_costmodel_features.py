@@ -1,0 +1,233 @@
+"""Features of one trial for the cost model: knobs, the IR's counts, the graph, the sizes, the device.
+
+A feature row is a plain ``dict[str, float]``. Two kinds of names:
+
+* ``is:...`` indicators (one-hot): ``is:knob:layout.edges=csr_dst``, ``is:model=hgt``,
+  ``is:kernel:gemm`` (then the value is how many kernels of that template run). An indicator
+  missing from a row is 0.
+* ``num:...`` numbers: log-scaled counts (``num:log_flops``), counts relative to the workload's
+  default schedule (``num:rel_flops = log(flops / default flops)``), graph statistics, sizes,
+  and the numeric value of integer knobs (``num:knob:gemm.tile_rows = log2(32)``). A number
+  missing from a row is NaN (a graph that could not be loaded has no counts; the tree models
+  route NaN on their own).
+
+Nothing here names a model, a knob or a template: knobs come from the configuration, templates
+from the kernels, statistics from :class:`~rgtune.data.graph.GraphStats`. The relative counts
+are what lets a model trained on one graph rank the schedules of another: the workload's scale
+cancels out, as it does in the per-workload target.
+
+Example:
+    >>> from rgtune.data.synthetic import random_graph
+    >>> g = random_graph((20, 30), num_relations=3, num_edges=200, seed=0)
+    >>> ctx = WorkloadContext.create("rgcn", g, 8, 8, 1, backend="cpu", device="test cpu")
+    >>> row = ctx.features(ctx.space.default())
+    >>> row["num:rel_flops"], row["is:knob:layout.edges=csr_dst"], row["is:model=rgcn"]
+    (0.0, 1.0, 1.0)
+    >>> row == ctx.features(ctx.space.default())    # deterministic
+    True
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from rgtune.data.graph import HeteroGraph
+    from rgtune.ir.kernels import KernelProgram
+    from rgtune.search_spaces import SearchSpace
+
+__all__ = ["WorkloadContext", "FeatureEncoder", "COUNT_KEYS", "graph_features"]
+
+#: the scalar entries of :func:`rgtune.ir.counts.count` that become features
+COUNT_KEYS = ("flops", "bytes_min", "bytes_gathered", "kernels", "atomics", "gemm_rows_total")
+
+#: graph statistics used as they are (ratios, coefficients of variation) or log-scaled (sizes)
+_STAT_PLAIN = ("in_degree_cv", "out_degree_cv", "src_pair_ratio", "dst_pair_ratio", "edges_per_relation_cv",
+               "mean_in_degree")
+_STAT_LOG = ("num_nodes", "num_edges", "num_ntypes", "num_rels", "max_in_degree", "max_out_degree")
+
+
+def _log(x: float) -> float:
+    return math.log1p(max(float(x), 0.0))
+
+
+def graph_features(stats: Mapping[str, Any]) -> dict[str, float]:
+    """The graph part of a row, from :meth:`GraphStats.as_dict` (or the database's copy of it).
+
+    Example:
+        >>> graph_features({"num_edges": 99, "src_pair_ratio": 0.5})["num:graph:src_pair_ratio"]
+        0.5
+    """
+    out: dict[str, float] = {}
+    for k in _STAT_PLAIN:
+        v = stats.get(k)
+        out[f"num:graph:{k}"] = float(v) if v is not None else math.nan
+    for k in _STAT_LOG:
+        v = stats.get(k)
+        out[f"num:graph:log_{k}"] = _log(v) if v is not None else math.nan
+    e, n = stats.get("num_edges"), stats.get("num_nodes")
+    rels, empty = stats.get("num_rels"), stats.get("empty_relations")
+    # how skewed the hub is relative to the average: what decides load balance across threads
+    if e and n and stats.get("max_in_degree") is not None:
+        out["num:graph:hub_share"] = float(stats["max_in_degree"]) / float(e)
+    if rels and empty is not None:
+        out["num:graph:empty_rel_fraction"] = float(empty) / float(rels)
+    return out
+
+
+def _knob_features(config: Mapping[str, Any]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for name in sorted(config):
+        value = config[name]
+        out[f"is:knob:{name}={value}"] = 1.0
+        # integer knobs (tile sizes, chunks, index bits) are ordered: give the trees the order too
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            out[f"num:knob:{name}"] = math.log2(float(value))
+    return out
+
+
+def _count_features(c: Mapping[str, Any], base: Mapping[str, Any] | None, num_edges: float) -> dict[str, float]:
+    out: dict[str, float] = {}
+    e = max(float(num_edges), 1.0)
+    for k in COUNT_KEYS:
+        v = float(c[k])
+        out[f"num:log_{k}"] = _log(v)
+        out[f"num:per_edge_{k}"] = _log(v / e)
+        if base is not None:
+            out[f"num:rel_{k}"] = _log(v) - _log(float(base[k]))
+    flops, bmin, bgat = float(c["flops"]), float(c["bytes_min"]), float(c["bytes_gathered"])
+    out["num:intensity"] = _log(flops / max(bmin, 1.0))
+    out["num:gather_overhead"] = bgat / max(bmin, 1.0)  # how much a cache would save
+    return out
+
+
+@dataclass
+class WorkloadContext:
+    """What does not change between the trials of one workload: sizes, graph, device; its space.
+
+    ``graph`` may be None (a graph of the history that cannot be loaded here): then the
+    row has no counts (NaN) but keeps the knobs, statistics and sizes.
+    """
+
+    model: str
+    in_dim: int
+    out_dim: int
+    heads: int
+    backend: str
+    device: str
+    stats: dict[str, Any]
+    graph: "HeteroGraph | None" = None
+    target: str = "cpu"
+    _space: "SearchSpace | None" = field(default=None, repr=False)
+    _base_counts: dict[str, Any] | None = field(default=None, repr=False)
+    _fixed: dict[str, float] | None = field(default=None, repr=False)
+
+    @classmethod
+    def create(cls, model: str, graph: "HeteroGraph", in_dim: int, out_dim: int, heads: int, *,
+               backend: str, device: str, target: str | None = None) -> "WorkloadContext":
+        """A context for a loaded graph (its statistics are read from it)."""
+        return cls(model, in_dim, out_dim, heads, backend, device, dict(graph.stats.as_dict()), graph,
+                   target or backend_target(backend))
+
+    @property
+    def space(self) -> "SearchSpace":
+        """The workload's search space (built on first use; needs the graph)."""
+        if self._space is None:
+            from rgtune.ir.models import build_model
+            from rgtune.search_spaces import SearchSpace
+
+            self._space = SearchSpace(build_model(self.model, self.in_dim, self.out_dim, self.heads), self.graph,
+                                      self.target)
+        return self._space
+
+    def _compiled(self, config: Mapping[str, Any], kernels: "KernelProgram | None") -> "KernelProgram | None":
+        if kernels is not None or self.graph is None:
+            return kernels
+        try:
+            point = self.space.compile(config)
+        except Exception:  # noqa: BLE001 - a knob set of another rgtune version: the row just has no counts
+            return None
+        return point.kernels if point.compiled is not None else None
+
+    def _counts(self, config: Mapping[str, Any], kernels: "KernelProgram | None") -> dict[str, Any] | None:
+        from rgtune.ir.counts import count
+
+        if kernels is None or self.graph is None:
+            return None
+        try:
+            return count(kernels, self.graph, dict(config))
+        except Exception:  # noqa: BLE001 - as above
+            return None
+
+    def _fixed_features(self) -> dict[str, float]:
+        if self._fixed is None:
+            fixed = graph_features(self.stats)
+            fixed.update({
+                "num:size:log_in_dim": math.log2(self.in_dim), "num:size:log_out_dim": math.log2(self.out_dim),
+                "num:size:log_heads": math.log2(self.heads),
+                # per-edge work of a dense message: what the counts scale with
+                "num:size:log_edge_work": _log(float(self.stats.get("num_edges") or 0) * self.in_dim * self.out_dim),
+                f"is:model={self.model}": 1.0, f"is:backend={self.backend}": 1.0, f"is:device={self.device}": 1.0,
+            })
+            self._fixed = fixed
+        return self._fixed
+
+    def features(self, config: Mapping[str, Any], kernels: "KernelProgram | None" = None) -> dict[str, float]:
+        """The feature row of one configuration (``kernels``: its compiled kernels, if at hand)."""
+        row = dict(self._fixed_features())
+        row.update(_knob_features(config))
+        kernels = self._compiled(config, kernels)
+        counts = self._counts(config, kernels)
+        if counts is not None and kernels is not None:
+            if self._base_counts is None:
+                default = self.space.default()
+                self._base_counts = self._counts(default, self._compiled(default, None)) or {}
+            row.update(_count_features(counts, self._base_counts or None,
+                                       float(self.stats.get("num_edges") or 0)))
+            for k in kernels.kernels:
+                key = f"is:kernel:{k.template}"
+                row[key] = row.get(key, 0.0) + 1.0
+        return row
+
+
+def backend_target(backend: str) -> str:
+    """The schedule target (``cpu``/``cuda``) of a backend name; ``cpu`` if it cannot be created here."""
+    try:
+        from rgtune.codegen.base import create
+
+        return str(create(backend).target)
+    except Exception:  # noqa: BLE001 - e.g. cuda without a GPU: its knobs are still the cuda ones
+        return "cuda" if backend.startswith("cuda") else "cpu"
+
+
+@dataclass
+class FeatureEncoder:
+    """Feature rows -> a matrix with fixed, sorted columns (learned from the training rows).
+
+    Example:
+        >>> enc = FeatureEncoder.fit([{"num:a": 1.0, "is:x": 1.0}, {"num:b": 2.0}])
+        >>> enc.columns
+        ['is:x', 'num:a', 'num:b']
+        >>> enc.transform([{"num:a": 3.0, "is:unseen": 1.0}]).tolist()
+        [[0.0, 3.0, nan]]
+    """
+
+    columns: list[str]
+
+    @classmethod
+    def fit(cls, rows: Iterable[Mapping[str, float]]) -> "FeatureEncoder":
+        names: set[str] = set()
+        for r in rows:
+            names.update(r)
+        return cls(sorted(names))
+
+    def transform(self, rows: Sequence[Mapping[str, float]]) -> np.ndarray:
+        x = np.empty((len(rows), len(self.columns)), dtype=np.float64)
+        missing = np.array([math.nan if c.startswith("num:") else 0.0 for c in self.columns])
+        for i, r in enumerate(rows):
+            x[i] = [r.get(c, m) for c, m in zip(self.columns, missing)]
+        return x

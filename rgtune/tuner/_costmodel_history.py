@@ -1,0 +1,145 @@
+"""The cost model's training data: ``ok`` trials of the database as feature rows with a time.
+
+One :class:`Sample` per ``ok`` trial. Rows are computed once per trial id and kept in a
+cache (saved with the model), because a row needs the trial's graph (for the IR's counts)
+and loading every graph of the history is the expensive part of training, not the fit.
+
+Graphs are found by the name the database keeps (``aifb``, ``synthetic:bgs,scale=0.1``)
+through :func:`rgtune.data.load_dataset`, and accepted only when their content hash is the
+recorded one; a graph that cannot be loaded here leaves its rows without counts.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+from rgtune.tuner._costmodel_features import WorkloadContext, backend_target
+from rgtune.tuner._db_records import canonical_knobs
+
+if TYPE_CHECKING:
+    from rgtune.data.graph import HeteroGraph
+    from rgtune.tuner.db import TrialDatabase, WorkloadRecord
+
+log = logging.getLogger("rgtune.costmodel")
+
+GraphResolver = Callable[[str, str], "HeteroGraph | None"]
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One measured schedule: its workload (the normalization group), features and time."""
+
+    workload: str
+    features: dict[str, float]
+    ms: float
+    is_default: bool = False
+    trial_id: int | None = None
+    schedule: str = ""  # the knobs' hash: repeated measurements of one schedule are one point
+
+
+@dataclass
+class GraphLoader:
+    """Graphs by (name, content hash), loaded once; None where the graph is not available here.
+
+    Example:
+        >>> GraphLoader(enabled=False)("aifb", "0123")
+    """
+
+    data_dir: str | None = None
+    enabled: bool = True
+    _graphs: dict[str, "HeteroGraph | None"] = field(default_factory=dict)
+
+    def add(self, graph: "HeteroGraph") -> None:
+        self._graphs[graph.content_hash] = graph
+
+    def __call__(self, name: str, content_hash: str) -> "HeteroGraph | None":
+        if content_hash in self._graphs:
+            return self._graphs[content_hash]
+        graph = None
+        if self.enabled:
+            try:
+                from rgtune.data import load_dataset
+
+                graph = load_dataset(name, root=self.data_dir)
+                if graph.content_hash != content_hash:
+                    log.info("graph %r loads with another content hash than the history's; its rows have no counts",
+                             name)
+                    graph = None
+            except Exception as e:  # noqa: BLE001 - any dataset problem: the rows just have no counts
+                log.info("graph %r of the history is not available here (%s); its rows have no counts", name, e)
+        self._graphs[content_hash] = graph
+        return graph
+
+
+def workload_key(workload_id: int) -> str:
+    return f"w{workload_id}"
+
+
+def graph_stats(db: "TrialDatabase") -> dict[int, tuple[str, str, dict[str, Any]]]:
+    """Workload id -> (graph name, content hash, statistics) as the database recorded them."""
+    import sqlalchemy as sa
+
+    from rgtune.tuner._db_models import Graph, Workload
+
+    q = sa.select(Workload.id, Graph.name, Graph.content_hash, Graph.stats).join(Graph, Workload.graph_id == Graph.id)
+    with db.session() as s:
+        return {int(w): (str(n), str(h), dict(st or {})) for w, n, h, st in s.execute(q).all()}
+
+
+def context_for(w: "WorkloadRecord", name: str, stats: dict[str, Any], graph: "HeteroGraph | None") -> WorkloadContext:
+    return WorkloadContext(w.model, w.in_dim, w.out_dim, w.heads, w.backend, w.device, stats, graph,
+                           backend_target(w.backend))
+
+
+def matching_workloads(db: "TrialDatabase", backend: str, device: str | None,
+                       exclude: Callable[["WorkloadRecord"], bool] | None = None) -> list["WorkloadRecord"]:
+    """The workloads on this device (by name) and backend.
+
+    By name, not by fingerprint: a compiler or driver update makes a new fingerprint, and the
+    schedules' *relative* costs mostly survive it. Times themselves are never compared across
+    stacks: a workload has one device fingerprint, and the target is normalized per workload.
+    """
+    return [w for w in db.workloads(backend=backend, device=device) if exclude is None or not exclude(w)]
+
+
+def load_samples(db: "TrialDatabase", workloads: Iterable["WorkloadRecord"], graphs: GraphLoader,
+                 cache: dict[int, dict[str, float]], contexts: dict[int, WorkloadContext] | None = None) -> list[Sample]:
+    """Every ``ok`` trial of ``workloads`` as a :class:`Sample`; rows come from ``cache`` when there.
+
+    ``cache`` (trial id -> row) is filled with the rows computed here.
+    """
+    stats = graph_stats(db)
+    contexts = {} if contexts is None else contexts
+    samples: list[Sample] = []
+    for w in workloads:
+        trials = db.history(w, status="ok")
+        if not trials:
+            continue
+        name, chash, st = stats[w.id]
+        ctx = contexts.get(w.id)
+        default: dict[str, Any] | None = None
+        for t in trials:
+            if t.median_ms is None or t.median_ms <= 0:
+                continue
+            row = cache.get(t.id)
+            if row is None:
+                if ctx is None:
+                    ctx = contexts[w.id] = context_for(w, name, st, graphs(name, chash))
+                row = cache[t.id] = ctx.features(t.knobs)
+            if default is None:
+                default = _default_knobs(w, ctx, st, graphs, name, chash, contexts)
+            samples.append(Sample(workload_key(w.id), row, float(t.median_ms), t.knobs == default, t.id,
+                                  t.schedule_hash))
+    return samples
+
+
+def _default_knobs(w: "WorkloadRecord", ctx: WorkloadContext | None, st: dict[str, Any], graphs: GraphLoader,
+                   name: str, chash: str, contexts: dict[int, WorkloadContext]) -> dict[str, Any]:
+    if ctx is None:
+        ctx = contexts[w.id] = context_for(w, name, st, graphs(name, chash))
+    try:
+        return canonical_knobs(ctx.space.default())[0]
+    except Exception:  # noqa: BLE001 - a model this version cannot build: no default, median normalization
+        return {"__none__": True}

@@ -1,0 +1,259 @@
+"""The learned cost model: a scikit-learn regressor on per-workload normalized log times.
+
+Absolute times do not transfer between graphs (AIFB's layer takes milliseconds, ogbn-mag's
+seconds), but the *relative* cost of schedules largely does: so the target is normalized
+within each workload, and so are the strongest features (counts relative to the default
+schedule). Targets (``target=``):
+
+* ``log_default`` (the default): ``log(time / the workload's default-schedule time)``;
+  the default schedule is the first trial of every study, so the anchor is always measured
+  (a workload without it is anchored at its median time);
+* ``zscore``: the per-workload z-score of log time;
+* ``rank``: the per-workload percentile of the time (0 fastest, 1 slowest), a ranking proxy.
+
+Predictions are scores (lower is faster); :class:`~rgtune.tuner.costmodel.CostModelPruner`
+turns them into milliseconds with the trials measured so far.
+
+Example:
+    >>> import random
+    >>> samples = [Sample(f"w{w}", {"num:x": x, "num:g": w}, (1 + w) * (1 + x))
+    ...            for w in range(3) for x in range(20)]
+    >>> m = CostModel(estimator="et", min_trials=30).fit(samples)
+    >>> m.ready, m.n_trials, m.n_workloads
+    (True, 60, 3)
+    >>> s = m.predict([{"num:x": 1.0, "num:g": 5.0}, {"num:x": 15.0, "num:g": 5.0}])
+    >>> bool(s[0] < s[1])
+    True
+    >>> CostModel(min_trials=100).fit(samples).status.startswith("cost model off")
+    True
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import defaultdict
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from rgtune.tuner._costmodel_features import FeatureEncoder
+from rgtune.tuner._costmodel_history import Sample
+
+log = logging.getLogger("rgtune.costmodel")
+
+__all__ = ["CostModel", "ESTIMATORS", "TARGETS", "MIN_TRIALS", "MIN_WORKLOADS"]
+
+#: below this many ``ok`` trials (on this device and backend) the model stays out of the way
+MIN_TRIALS = 30
+#: ... or with fewer workloads than this, unless the current workload alone has MIN_TRIALS
+MIN_WORKLOADS = 2
+
+TARGETS = ("log_default", "zscore", "rank")
+
+
+def _hgb(seed: int) -> Any:
+    from sklearn.ensemble import HistGradientBoostingRegressor
+
+    # small and shallow: hundreds to thousands of rows, retrained while tuning
+    return HistGradientBoostingRegressor(max_iter=150, learning_rate=0.1, max_leaf_nodes=15, min_samples_leaf=5,
+                                         l2_regularization=1.0, early_stopping=False, random_state=seed)
+
+
+def _imputed(est: Any) -> Any:
+    from sklearn.impute import SimpleImputer
+    from sklearn.pipeline import make_pipeline
+
+    # these trees take no NaN: a graph without counts gets the column median
+    return make_pipeline(SimpleImputer(strategy="median", keep_empty_features=True), est)
+
+
+def _gbr(seed: int) -> Any:
+    from sklearn.ensemble import GradientBoostingRegressor
+
+    return _imputed(GradientBoostingRegressor(n_estimators=150, max_depth=4, learning_rate=0.1, subsample=0.8,
+                                              random_state=seed))
+
+
+def _rf(seed: int) -> Any:
+    from sklearn.ensemble import RandomForestRegressor
+
+    return _imputed(RandomForestRegressor(n_estimators=150, min_samples_leaf=2, max_features=0.5, n_jobs=1,
+                                          random_state=seed))
+
+
+def _et(seed: int) -> Any:
+    from sklearn.ensemble import ExtraTreesRegressor
+
+    return _imputed(ExtraTreesRegressor(n_estimators=150, min_samples_leaf=2, max_features=0.5, n_jobs=1,
+                                        random_state=seed))
+
+
+#: scikit-learn regressors by name: a factory ``seed -> estimator``; any regressor with fit/predict works
+ESTIMATORS: dict[str, Callable[[int], Any]] = {"hgb": _hgb, "gbr": _gbr, "rf": _rf, "et": _et}
+
+
+def normalized_targets(samples: Sequence[Sample], target: str) -> np.ndarray:
+    """The training target of each sample, normalized within its workload (see the module docstring)."""
+    if target not in TARGETS:
+        raise ValueError(f"unknown target {target!r}; choose one of {list(TARGETS)}")
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, s in enumerate(samples):
+        groups[s.workload].append(i)
+    logt = np.log(np.array([s.ms for s in samples], dtype=float))
+    y = np.empty(len(samples))
+    for idx in groups.values():
+        v = logt[idx]
+        if target == "log_default":
+            anchors = [logt[i] for i in idx if samples[i].is_default]
+            y[idx] = v - (float(np.median(anchors)) if anchors else float(np.median(v)))
+        elif target == "zscore":
+            y[idx] = (v - v.mean()) / max(float(v.std()), 1e-3)
+        else:
+            from scipy.stats import rankdata
+
+            y[idx] = (rankdata(v) - 1) / max(len(v) - 1, 1)
+    return y
+
+
+class CostModel:
+    """Features -> a per-workload relative score of a schedule (lower is faster).
+
+    Args:
+        estimator: a name of :data:`ESTIMATORS` or a factory ``seed -> regressor``.
+        target: how times are normalized per workload (:data:`TARGETS`).
+        min_trials, min_workloads: how much history it takes before the model is :attr:`ready`.
+        balance: weight each workload equally (a workload with many trials does not drown the others).
+        seed: the estimator's random state (fits are deterministic).
+    """
+
+    def __init__(self, estimator: str | Callable[[int], Any] = "hgb", target: str = "log_default", *,
+                 min_trials: int = MIN_TRIALS, min_workloads: int = MIN_WORKLOADS, balance: bool = True,
+                 seed: int = 0) -> None:
+        if isinstance(estimator, str) and estimator not in ESTIMATORS:
+            raise ValueError(f"unknown estimator {estimator!r}; choose one of {sorted(ESTIMATORS)}")
+        if target not in TARGETS:
+            raise ValueError(f"unknown target {target!r}; choose one of {list(TARGETS)}")
+        self.estimator = estimator
+        self.target = target
+        self.min_trials = int(min_trials)
+        self.min_workloads = int(min_workloads)
+        self.balance = balance
+        self.seed = seed
+        self.encoder: FeatureEncoder | None = None
+        self.regressor: Any = None
+        self.n_trials = 0
+        self.n_workloads = 0
+        #: log-time change per unit of score (1 for ``log_default``): how the pruner reads scores as ms
+        self.log_scale = 1.0
+        self.trained_on: tuple[int, ...] = ()  # trial ids of the last fit (None ids left out)
+        self.status = "cost model off: not trained yet"
+
+    # ------------------------------------------------------------------ settings
+    def params(self) -> dict[str, Any]:
+        """The settings, as plain values (stored with a study, printed by the CLI)."""
+        est = self.estimator if isinstance(self.estimator, str) else getattr(self.estimator, "__name__", "custom")
+        return {"estimator": est, "target": self.target, "min_trials": self.min_trials,
+                "min_workloads": self.min_workloads, "balance": self.balance, "seed": self.seed}
+
+    @property
+    def ready(self) -> bool:
+        """Trained on enough history to be trusted with pruning."""
+        return self.regressor is not None and self.status.startswith("cost model on")
+
+    def _enough(self, samples: Sequence[Sample], current: str | None) -> tuple[bool, str]:
+        n, workloads = len(samples), {s.workload for s in samples}
+        own = sum(1 for s in samples if s.workload == current) if current is not None else 0
+        if n >= self.min_trials and (len(workloads) >= self.min_workloads or own >= self.min_trials):
+            return True, f"cost model on: trained on {n} ok trials of {len(workloads)} workload(s)"
+        return False, (f"cost model off: {n} ok trial(s) of {len(workloads)} workload(s) on this device and "
+                       f"backend; it needs >= {self.min_trials} trials on >= {self.min_workloads} workloads "
+                       f"(or {self.min_trials} on this one); tuning without it")
+
+    # ------------------------------------------------------------------ fit / predict
+    def fit(self, samples: Sequence[Sample], current: str | None = None) -> "CostModel":
+        """Fit on ``samples`` (any workloads); ``current`` names the workload being tuned, if any.
+
+        With too little history the model is fit anyway when it can be (for evaluation) but
+        :attr:`ready` stays False and :attr:`status` says why.
+        """
+        enough, self.status = self._enough(samples, current)
+        self.n_trials, self.n_workloads = len(samples), len({s.workload for s in samples})
+        self.trained_on = tuple(sorted(s.trial_id for s in samples if s.trial_id is not None))
+        if len(samples) < 2:
+            self.regressor = self.encoder = None
+            return self
+        y = normalized_targets(samples, self.target)
+        rows = [s.features for s in samples]
+        self.encoder = FeatureEncoder.fit(rows)
+        x = self.encoder.transform(rows)
+        factory = ESTIMATORS[self.estimator] if isinstance(self.estimator, str) else self.estimator
+        reg = factory(self.seed)
+        with _one_thread():
+            reg.fit(x, y, **self._fit_kwargs(reg, samples))
+        self.regressor = reg
+        self.log_scale = _log_scale(samples, y)
+        log.info("%s", self.status)
+        return self
+
+    def _fit_kwargs(self, reg: Any, samples: Sequence[Sample]) -> dict[str, Any]:
+        if not self.balance:
+            return {}
+        counts: dict[str, int] = defaultdict(int)
+        for s in samples:
+            counts[s.workload] += 1
+        w = np.array([1.0 / counts[s.workload] for s in samples])
+        w *= len(samples) / w.sum()
+        if hasattr(reg, "steps"):  # a pipeline: the weight goes to its last step
+            return {f"{reg.steps[-1][0]}__sample_weight": w}
+        return {"sample_weight": w}
+
+    def predict(self, rows: Sequence[Mapping[str, float]]) -> np.ndarray:
+        """Scores of feature rows (lower is faster); comparable within one workload."""
+        if self.regressor is None or self.encoder is None:
+            raise RuntimeError("the cost model is not trained")
+        with _one_thread():
+            return np.asarray(self.regressor.predict(self.encoder.transform(rows)), dtype=float)
+
+    # ------------------------------------------------------------------ persistence
+    def state(self) -> dict[str, Any]:
+        """What :func:`write_model` stores (no database handle, no graph)."""
+        return {k: v for k, v in self.__dict__.items()}
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> "CostModel":
+        m = cls.__new__(cls)
+        m.__dict__.update(state)
+        return m
+
+
+_controller: Any = None
+
+
+def _one_thread() -> Any:
+    """A context in which OpenMP/BLAS use one thread.
+
+    The trees' OpenMP threads spinning on a shared, busy machine made a one-row prediction take
+    0.3 s and a 1 s fit take minutes; one thread is fast at these sizes. The controller is made
+    once: building one scans the loaded libraries (~30 ms).
+    """
+    global _controller
+    if _controller is None:
+        from threadpoolctl import ThreadpoolController
+
+        _controller = ThreadpoolController()
+    return _controller.limit(limits=1)
+
+
+def _log_scale(samples: Sequence[Sample], y: np.ndarray) -> float:
+    """Least-squares slope of log time on the target, within workloads (1 for ``log_default``)."""
+    logt = np.log(np.array([s.ms for s in samples], dtype=float))
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, s in enumerate(samples):
+        groups[s.workload].append(i)
+    num = den = 0.0
+    for idx in groups.values():
+        dy, dt = y[idx] - y[idx].mean(), logt[idx] - logt[idx].mean()
+        num += float(dy @ dt)
+        den += float(dy @ dy)
+    return num / den if den > 0 and math.isfinite(num / den) else 1.0

@@ -1,0 +1,262 @@
+"""The pruning policy: skip the measurement of candidates the cost model says are clearly worse.
+
+Policy (:class:`PrunePolicy`; :meth:`PrunePolicy.as_dict` is what a study records):
+
+1. Until the model is :attr:`~CostModel.ready` (enough history) nothing is pruned.
+2. Until this workload has ``warmup`` measured trials (the default schedule first) nothing is
+   pruned: predictions are relative, and these trials turn them into milliseconds
+   (``log ms = c + log_scale * score``, ``c`` the median residual over this workload's trials).
+3. A fraction ``explore`` of candidates is measured whatever the prediction (a seeded coin per
+   candidate): the model learns only from what is measured, and a model that is wrong about
+   a region must get the chance to find out.
+4. Otherwise a candidate is pruned when the model predicts it slower than ``margin`` x the
+   *best schedule measured so far* (prediction against prediction: the model's ranking, its
+   strong side, decides, and its error in absolute time cancels out; against the measured
+   best time, a zero-shot model pruned the best schedule of 2 of 4 held-out workloads at
+   margin 2, against its own prediction of the best none, see
+   ``experiments/costmodel_transfer.py``). Every other candidate is measured. Early, the best
+   is still poor and little is pruned; later, most of the sampler's detours are. The default
+   margin 1.5 pruned 58% of the held-out schedules in that replay and none within 5% of the
+   best (the trees' predictions are compressed: 1.5 predicted is more than 1.5 measured).
+5. After ``max_skip`` prunes in a row the next candidate is measured (a study cannot stall
+   on a model that predicts everything worse).
+
+The model is refit on the history plus this study's measurements every ``retrain_every``
+``ok`` trials (:meth:`CostModelPruner.observe`).
+
+Example (a cost model on a synthetic history; the tuner calls ``bind``/``__call__``/``observe``):
+    >>> p = CostModelPruner(policy=PrunePolicy(margin=1.5, explore=0.0))
+    >>> p({}, None)               # not bound to a workload: never prunes, predicts nothing
+    (False, None)
+    >>> p.status
+    'cost model off: not bound to a workload yet'
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Mapping
+
+import numpy as np
+
+from rgtune.tuner._costmodel_features import WorkloadContext, backend_target
+from rgtune.tuner._costmodel_history import GraphLoader, Sample, workload_key
+from rgtune.tuner._costmodel_model import CostModel
+from rgtune.tuner._costmodel_train import fit_on_history, save_history_rows
+from rgtune.tuner._db_records import canonical_knobs
+
+if TYPE_CHECKING:
+    from rgtune.data.graph import HeteroGraph
+    from rgtune.search_spaces import SearchSpace
+    from rgtune.tuner.db import TrialDatabase, WorkloadRecord
+
+log = logging.getLogger("rgtune.costmodel")
+
+__all__ = ["PrunePolicy", "CostModelPruner"]
+
+
+@dataclass(frozen=True)
+class PrunePolicy:
+    """When the cost model may skip a measurement (see the module docstring for the rule)."""
+
+    margin: float = 1.5  # prune when predicted > margin x the prediction for the best measured schedule
+    explore: float = 0.1  # fraction of candidates measured regardless of the prediction
+    warmup: int = 3  # measured trials of this workload before anything is pruned
+    retrain_every: int = 5  # ok trials between refits
+    max_skip: int = 50  # prunes in a row after which the next candidate is measured
+    seed: int = 0  # the explore coin's seed
+
+    def __post_init__(self) -> None:
+        if not self.margin >= 1.0:
+            raise ValueError(f"margin must be >= 1 (a multiple of the best time), got {self.margin}")
+        if not 0.0 <= self.explore <= 1.0:
+            raise ValueError(f"explore must be a fraction in [0, 1], got {self.explore}")
+        if self.warmup < 1 or self.retrain_every < 1 or self.max_skip < 1:
+            raise ValueError("warmup, retrain_every and max_skip must be >= 1")
+
+    def as_dict(self) -> dict[str, Any]:
+        """The parameters and the rule, as plain JSON values (to store with the study)."""
+        return {"rule": "prune if predicted(candidate) > margin * predicted(best measured schedule), except an "
+                        "explore fraction; none before warmup measured trials or while the model is not ready",
+                **asdict(self)}
+
+
+@dataclass
+class _Workload:
+    """The pruner's view of the workload being tuned."""
+
+    key: str
+    ctx: WorkloadContext
+    default: dict[str, Any]
+    samples: list[Sample] = field(default_factory=list)  # this workload's measured trials (history + now)
+    scores: list[float] = field(default_factory=list)  # the current model's score of each
+    best_ms: float | None = None
+    best: int | None = None  # index of the fastest sample
+    offset: float | None = None  # c in log ms = c + log_scale * score
+
+
+class CostModelPruner:
+    """``TuneOptions.pruner``: ``(config, point) -> (prune?, predicted_ms)``, learning as trials finish.
+
+    The loop calls :meth:`bind` once the workload is known, the pruner for every valid
+    candidate, :meth:`observe` after every measured trial, and :meth:`close` at the end.
+
+    Args:
+        model: the cost model's settings (a fresh :class:`CostModel` by default).
+        policy: the pruning rule (:class:`PrunePolicy`).
+        model_path: where the trained model is saved: ``"auto"`` (next to an SQLite database,
+            else the per-user cache), a path, or None (never saved).
+        data_dir: where the history's graphs are loaded from (their counts are features).
+        graphs: a :class:`GraphLoader` to share loaded graphs with (instead of ``data_dir``).
+    """
+
+    def __init__(self, model: CostModel | None = None, policy: PrunePolicy | None = None, *,
+                 model_path: Any = "auto", data_dir: str | None = None, graphs: GraphLoader | None = None) -> None:
+        self.template = model or CostModel()
+        self.model = self.template
+        self.policy = policy or PrunePolicy()
+        self.model_path = model_path
+        self.graphs = graphs or GraphLoader(data_dir)
+        self._rng = random.Random(self.policy.seed)
+        self._db: "TrialDatabase | None" = None
+        self._record: "WorkloadRecord | None" = None
+        self._w: _Workload | None = None
+        self._others: list[Sample] = []
+        self._rows: dict[int, dict[str, float]] = {}
+        self._contexts: dict[int, WorkloadContext] = {}
+        self._path: Any = None
+        self._since_fit = 0
+        self._skipped = 0
+        self.status = "cost model off: not bound to a workload yet"
+        self.counts = {"candidates": 0, "predicted": 0, "pruned": 0, "explored": 0, "observed": 0, "refits": 0}
+        #: one entry per candidate: predicted_ms, pruned, explored (experiments read it)
+        self.decisions: list[dict[str, Any]] = []
+
+    # ------------------------------------------------------------------ lifecycle
+    def bind(self, db: "TrialDatabase", workload: "WorkloadRecord", graph: "HeteroGraph",
+             space: "SearchSpace | None" = None) -> str:
+        """Train (or load) the model on the history of ``workload``'s device and backend; the status line."""
+        self._db, self._record = db, workload
+        self.graphs.add(graph)
+        ctx = WorkloadContext(workload.model, workload.in_dim, workload.out_dim, workload.heads, workload.backend,
+                              workload.device, dict(graph.stats.as_dict()), graph,
+                              space.target if space is not None else backend_target(workload.backend))
+        if space is not None:
+            ctx._space = space
+        self._contexts[workload.id] = ctx
+        fit = fit_on_history(db, self.template, workload.backend, workload.device,
+                             path=self.model_path, graphs=self.graphs, current=workload, contexts=self._contexts)
+        self.model, self._rows, self._path = fit.model, fit.rows, fit.path
+        key = workload_key(workload.id)
+        self._others = [s for s in fit.samples if s.workload != key]
+        self._w = _Workload(key, ctx, canonical_knobs(ctx.space.default())[0],
+                            [s for s in fit.samples if s.workload == key])
+        self._rescore()
+        self.status = self.model.status
+        log.info("%s", self.status)
+        return self.status
+
+    def close(self) -> None:
+        """Save the model with the rows of this study's trials (call once the study ends)."""
+        if self._db is None or self._record is None or self.model.regressor is None:
+            return
+        save_history_rows(self._db, self.model, self._record.backend, self._record.device, self._path,
+                          self.graphs, self._rows, self._contexts)
+
+    # ------------------------------------------------------------------ the hook
+    def __call__(self, config: Mapping[str, Any], point: Any) -> tuple[bool, float | None]:
+        """Prune this candidate? And its predicted time in ms (None when there is none)."""
+        w = self._w
+        if w is None or not self.model.ready:
+            return False, None
+        self.counts["candidates"] += 1
+        try:
+            score = float(self.model.predict([w.ctx.features(config, _kernels(point))])[0])
+        except Exception as e:  # noqa: BLE001 - a model that cannot predict must not stop the study
+            log.warning("cost model: prediction failed (%s: %s); measuring", type(e).__name__, e)
+            return False, None
+        self.counts["predicted"] += 1
+        predicted = self._to_ms(score)
+        prune = explored = False
+        if w.best is not None and w.best < len(w.scores) and len(w.samples) >= self.policy.warmup:
+            explored = self._rng.random() < self.policy.explore
+            slower = self.model.log_scale * (score - w.scores[w.best])  # predicted log(candidate / best)
+            clearly_worse = slower > math.log(self.policy.margin)
+            prune = clearly_worse and not explored and self._skipped < self.policy.max_skip
+        self._skipped = self._skipped + 1 if prune else 0
+        self.counts["pruned"] += prune
+        self.counts["explored"] += explored
+        self.decisions.append({"predicted_ms": predicted, "pruned": prune, "explored": explored})
+        return prune, predicted
+
+    def observe(self, config: Mapping[str, Any], point: Any, median_ms: float | None) -> None:
+        """Learn from a finished trial (``median_ms`` None: it failed; only ``ok`` times are learnt)."""
+        w = self._w
+        if w is None or median_ms is None or not median_ms > 0 or not math.isfinite(median_ms):
+            return
+        self.counts["observed"] += 1
+        try:
+            row = w.ctx.features(config, _kernels(point))
+        except Exception as e:  # noqa: BLE001
+            log.warning("cost model: cannot featurize a trial (%s); not learnt", e)
+            return
+        knobs = canonical_knobs(dict(config))[0]
+        w.samples.append(Sample(w.key, row, float(median_ms), knobs == w.default))
+        if w.best_ms is None or median_ms < w.best_ms:
+            w.best_ms, w.best = float(median_ms), len(w.samples) - 1
+        self._since_fit += 1
+        if self._since_fit >= self.policy.retrain_every:
+            self._refit()
+        elif self.model.regressor is not None:
+            w.scores.append(float(self.model.predict([row])[0]))
+            self._calibrate()
+
+    # ------------------------------------------------------------------ reporting
+    def describe(self) -> dict[str, Any]:
+        """Policy, model settings, status and counts: what a study should record about its pruner."""
+        return {"policy": self.policy.as_dict(), "model": self.model.params(), "status": self.status,
+                "counts": dict(self.counts)}
+
+    # ------------------------------------------------------------------ internals
+    def _refit(self) -> None:
+        assert self._w is not None
+        self._since_fit = 0
+        self.model.fit(self._others + self._w.samples, current=self._w.key)
+        self.status = self.model.status
+        self.counts["refits"] += 1
+        self._rescore()
+
+    def _rescore(self) -> None:
+        w = self._w
+        assert w is not None
+        w.best = min(range(len(w.samples)), key=lambda i: w.samples[i].ms) if w.samples else None
+        w.best_ms = w.samples[w.best].ms if w.best is not None else None
+        if self.model.regressor is None or not w.samples:
+            w.scores = []
+        else:
+            w.scores = [float(x) for x in self.model.predict([s.features for s in w.samples])]
+        self._calibrate()
+
+    def _calibrate(self) -> None:
+        w = self._w
+        assert w is not None
+        if not w.scores or len(w.scores) != len(w.samples):
+            w.offset = None
+            return
+        logt = np.log([s.ms for s in w.samples])
+        w.offset = float(np.median(logt - self.model.log_scale * np.asarray(w.scores)))
+
+    def _to_ms(self, score: float) -> float | None:
+        w = self._w
+        if w is None or w.offset is None:
+            return None
+        return float(math.exp(w.offset + self.model.log_scale * score))
+
+
+def _kernels(point: Any) -> Any:
+    """The compiled kernels of a point, if it has them (the pruner also takes None)."""
+    compiled = getattr(point, "compiled", None)
+    return None if compiled is None else compiled.kernels

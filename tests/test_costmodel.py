@@ -1,0 +1,334 @@
+"""The learned cost model: features, training, the saved model, the pruning policy, holdout metrics, CLI."""
+
+from __future__ import annotations
+
+import inspect
+import io
+import math
+import random
+import re
+from contextlib import redirect_stdout
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rgtune.data import load_dataset
+from rgtune.ir.counts import count
+from rgtune.ir.models import MODELS, build_model
+from rgtune.search_spaces import SearchSpace
+from rgtune.tuner import _costmodel_features, _costmodel_store
+from rgtune.tuner.costmodel import (
+    CostModel,
+    CostModelPruner,
+    GraphLoader,
+    PrunePolicy,
+    Sample,
+    WorkloadContext,
+    costmodel_main,
+    evaluate_holdout,
+    fit_on_history,
+    kendall_tau,
+    model_path_for,
+    ordered_pair_accuracy,
+    ranking_metrics,
+    topk_error,
+)
+from rgtune.tuner.db import DeviceInfo, TrialDatabase
+
+GRAPHS = [f"synthetic:custom,nodes={n},edges={e},ntypes=2,rels={r},seed=1"
+          for n, e, r in ((200, 1500, 3), (300, 2500, 5), (250, 4000, 4))]
+DEVICE = DeviceInfo(name="test cpu", backend="cpu", compiler="cc 1")
+OTHER_DEVICE = DeviceInfo(name="other cpu", backend="cpu", compiler="cc 2")
+SIZES = (8, 8, 1)
+LOADED = GraphLoader()  # shared: loading a graph and its layouts once keeps the tests fast
+
+
+def small_hgb(seed: int) -> Any:
+    """A quick regressor for tests (module level: a saved model pickles it by name)."""
+    from sklearn.ensemble import HistGradientBoostingRegressor
+
+    return HistGradientBoostingRegressor(max_iter=40, max_leaf_nodes=8, random_state=seed)
+
+
+def _true_ms(space: SearchSpace, graph: Any, config: dict[str, Any]) -> float:
+    """A made-up but structured device: moved bytes, atomics and launches cost time."""
+    c = count(space.compile(config).kernels, graph, config)
+    return 1e-3 + 2e-6 * c["bytes_gathered"] + 1e-5 * c["atomics"] + 5e-3 * c["kernels"] + 1e-8 * c["flops"]
+
+
+_BY_NAME: dict[str, Any] = {}
+
+
+def _graph(name: str) -> Any:
+    if name not in _BY_NAME:
+        _BY_NAME[name] = g = load_dataset(name)
+        LOADED.add(g)
+    return _BY_NAME[name]
+
+
+def _fill(db: TrialDatabase, graph_name: str, trials: int, seed: int, device: DeviceInfo = DEVICE,
+          model: str = "rgcn") -> Any:
+    g = _graph(graph_name)
+    space = SearchSpace(build_model(model, *SIZES), g, "cpu")
+    w = db.ensure_workload(model, g, device, in_dim=SIZES[0], out_dim=SIZES[1], heads=SIZES[2], backend="cpu")
+    rng = random.Random(seed)
+    configs = [space.default()] + [space.sample(rng) for _ in range(trials - 1)]
+    for cfg in configs:
+        t = db.start_trial(w, cfg)
+        db.finish_trial(t, "ok", median_ms=_true_ms(space, g, cfg))
+    return w
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory) -> TrialDatabase:
+    """Three graphs x 15 trials on one device, and a few trials on another device."""
+    path = tmp_path_factory.mktemp("cm") / "results.db"
+    db = TrialDatabase(f"sqlite:///{path}")
+    for i, name in enumerate(GRAPHS):
+        _fill(db, name, 15, seed=i)
+    _fill(db, GRAPHS[0], 4, seed=9, device=OTHER_DEVICE)
+    return db
+
+
+def _device(db: TrialDatabase, device: DeviceInfo = DEVICE) -> str:
+    return device.name  # the history of a device is found by its name
+
+
+# ------------------------------------------------------------------ features
+def test_features_are_deterministic_and_name_no_model_or_knob():
+    g = _graph(GRAPHS[0])
+    names_per_model = {}
+    for model in sorted(MODELS):
+        ctx = WorkloadContext.create(model, g, 8, 8, 2 if model != "rgcn" else 1, backend="cpu", device="d")
+        cfg = ctx.space.sample(random.Random(0))
+        a, b = ctx.features(cfg), ctx.features(dict(reversed(list(cfg.items()))))
+        assert a == b and all(k.startswith(("is:", "num:")) for k in a)
+        assert all(math.isfinite(v) for v in a.values())
+        # every knob of the space shows up by its own name: the features are derived, not listed
+        assert {f"is:knob:{k.name}={cfg[k.name]}" for k in ctx.space.knobs} <= set(a)
+        names_per_model[model] = a
+    src = inspect.getsource(_costmodel_features).replace(_costmodel_features.__doc__ or "", "")  # code, not examples
+    assert not any(m in src for m in MODELS), "the featurizer must not name a model"
+    assert "gemm." not in src and "layout." not in src, "the featurizer must not name a knob"
+    # the relative counts of the default schedule are 0 (the per-workload anchor)
+    ctx = WorkloadContext.create("rgat", g, 8, 8, 1, backend="cpu", device="d")
+    assert ctx.features(ctx.space.default())["num:rel_bytes_gathered"] == 0.0
+
+
+def test_a_graph_that_is_not_loaded_gives_rows_without_counts():
+    g = _graph(GRAPHS[0])
+    full = WorkloadContext.create("rgcn", g, 8, 8, 1, backend="cpu", device="d")
+    bare = WorkloadContext("rgcn", 8, 8, 1, "cpu", "d", dict(g.stats.as_dict()), None)
+    row = bare.features(full.space.default())
+    assert "num:log_flops" not in row and "num:log_flops" in full.features(full.space.default())
+    assert row["num:graph:src_pair_ratio"] == g.stats.src_pair_ratio
+
+
+# ------------------------------------------------------------------ training / prediction
+def _samples(db: TrialDatabase) -> list[Sample]:
+    return fit_on_history(db, CostModel(min_trials=1), "cpu", _device(db), path=None, graphs=LOADED).samples
+
+
+@pytest.mark.parametrize("estimator", ["hgb", "et"])
+def test_training_on_other_graphs_ranks_a_new_one(history, estimator):
+    fit = fit_on_history(history, CostModel(estimator), "cpu", _device(history), path=None, graphs=LOADED,
+                         exclude=lambda w: w.dataset == GRAPHS[2])
+    assert fit.model.ready and fit.model.n_trials == 30 and fit.model.n_workloads == 2
+    mine = {f"w{w.id}" for w in history.workloads() if w.device == DEVICE.name}
+    assert {s.workload for s in fit.samples} <= mine  # another device's times are not comparable
+    r = evaluate_holdout(history, GRAPHS[2], cost_model=CostModel(estimator), graphs=LOADED)
+    assert r.n_train == 30 and r.per_workload[0]["schedules"] >= 10
+    assert r.metrics["opa"] > 0.75, r.metrics  # the made-up device is a function of the counts
+
+
+def test_a_compiler_update_keeps_the_history_but_another_device_does_not(history, tmp_path):
+    db = _copy(history, tmp_path)
+    _fill(db, GRAPHS[1], 3, seed=5, device=DeviceInfo(name=DEVICE.name, backend="cpu", compiler="cc 1.1"))
+    fit = fit_on_history(db, CostModel(small_hgb), "cpu", DEVICE.name, path=None, graphs=LOADED)
+    assert len(fit.samples) == 3 * 15 + 3  # the 4 trials of "other cpu" are left out
+    assert len({s.workload for s in fit.samples}) == 4  # the new stack is its own workload (own normalization)
+
+
+def test_fit_is_deterministic_and_targets_are_per_workload(history):
+    samples = _samples(history)
+    a = CostModel(small_hgb).fit(samples).predict([s.features for s in samples[:5]])
+    b = CostModel(small_hgb).fit(samples).predict([s.features for s in samples[:5]])
+    assert a.tolist() == b.tolist()
+    from rgtune.tuner._costmodel_model import normalized_targets
+
+    y = normalized_targets(samples, "log_default")
+    assert all(y[i] == 0.0 for i, s in enumerate(samples) if s.is_default)  # the anchor
+    z = normalized_targets(samples, "rank")
+    assert z.min() == 0.0 and z.max() <= 1.0  # percentiles (ties share the mean rank)
+    first = [i for i, s in enumerate(samples) if s.workload == samples[0].workload]
+    assert ordered_pair_accuracy(z[first], [samples[i].ms for i in first]) == 1.0
+
+
+def test_too_little_history_keeps_the_model_out_of_the_way(history, tmp_path):
+    small = TrialDatabase(f"sqlite:///{tmp_path / 'small.db'}")
+    w = _fill(small, GRAPHS[0], 8, seed=0)
+    fit = fit_on_history(small, CostModel(), "cpu", w.device, graphs=LOADED)
+    assert not fit.model.ready and fit.model.status.startswith("cost model off")
+    assert "8 ok trial(s) of 1 workload(s)" in fit.model.status
+    pruner = CostModelPruner(CostModel(), PrunePolicy(explore=0.0, warmup=1), graphs=LOADED)
+    status = pruner.bind(small, w, _graph(GRAPHS[0]))
+    assert status.startswith("cost model off")
+    space = SearchSpace(build_model("rgcn", *SIZES), _graph(GRAPHS[0]), "cpu")
+    assert all(pruner(space.sample(random.Random(i)), None) == (False, None) for i in range(5))
+
+
+# ------------------------------------------------------------------ the saved model
+def test_a_saved_model_is_reused_and_a_corrupt_or_incompatible_one_is_retrained(history, tmp_path, monkeypatch):
+    db = _copy(history, tmp_path)
+    fp = _device(db)
+    first = fit_on_history(db, CostModel(small_hgb), "cpu", fp, graphs=LOADED)
+    saved = model_path_for(db, fp, "cpu")
+    assert first.path == saved and saved.exists() and saved.parent.name == "copy.db.costmodel"
+    again = fit_on_history(db, CostModel(small_hgb), "cpu", fp, graphs=LOADED)
+    assert again.loaded and not again.refit  # same history: the saved regressor is used as it is
+    rows = [s.features for s in first.samples[:4]]
+    assert again.model.predict(rows).tolist() == first.model.predict(rows).tolist()
+
+    data = bytearray(saved.read_bytes())
+    data[-20:] = b"\x00" * 20  # a damaged payload
+    saved.write_bytes(bytes(data))
+    fixed = fit_on_history(db, CostModel(small_hgb), "cpu", fp, graphs=LOADED)
+    assert not fixed.loaded and fixed.refit and "checksum" in fixed.note
+    assert fit_on_history(db, CostModel(small_hgb), "cpu", fp, graphs=LOADED).loaded  # rewritten, trusted again
+
+    saved.write_bytes(b"garbage\x00\xff")
+    assert "corrupt header" in fit_on_history(db, CostModel(small_hgb), "cpu", fp, graphs=LOADED).note
+
+    monkeypatch.setattr(_costmodel_store, "FORMAT_VERSION", _costmodel_store.FORMAT_VERSION + 1)
+    newer = fit_on_history(db, CostModel(small_hgb), "cpu", fp, graphs=LOADED)
+    assert not newer.loaded and "format" in newer.note and newer.model.ready
+    # a model saved with other settings is not taken for this one
+    assert "trained for" in fit_on_history(db, CostModel(small_hgb, "rank"), "cpu", fp, graphs=LOADED).note
+
+
+# ------------------------------------------------------------------ the pruning policy
+def _bound_pruner(history, policy: PrunePolicy) -> tuple[CostModelPruner, SearchSpace]:
+    w = next(w for w in history.workloads() if w.dataset == GRAPHS[1] and w.device == DEVICE.name)
+    g = _graph(GRAPHS[1])
+    space = SearchSpace(build_model("rgcn", *SIZES), g, "cpu")
+    pruner = CostModelPruner(CostModel(small_hgb), policy, model_path=None, graphs=LOADED)
+    assert pruner.bind(history, w, g, space).startswith("cost model on")
+    return pruner, space
+
+
+def test_the_explore_fraction_is_measured_whatever_the_prediction(history):
+    pruner, space = _bound_pruner(history, PrunePolicy(margin=1.0, explore=0.25, seed=7, max_skip=10_000))
+    _everything_worse(pruner)
+    rng = random.Random(0)
+    configs = [space.sample(rng) for _ in range(30)] * 5  # the coin is per candidate, repeats or not
+    decisions = []
+    for _ in range(2):
+        pruner._rng = random.Random(pruner.policy.seed)
+        decisions.append([pruner(cfg, None) for cfg in configs])
+    assert decisions[0] == decisions[1]  # seeded
+    measured = sum(not prune for prune, _ in decisions[0]) / len(configs)
+    assert 0.15 <= measured <= 0.35, measured  # 150 draws: 3 standard deviations
+    assert pruner.counts["explored"] == sum(not p for p, _ in decisions[0] + decisions[1])
+    assert all(ms is not None and ms > 0 for _, ms in decisions[0])
+
+
+def _everything_worse(pruner: CostModelPruner) -> None:
+    w = pruner._w
+    w.scores[w.best] = -1e6  # the model now believes the best measured schedule is unbeatable
+
+
+def test_only_clearly_worse_predictions_are_pruned(history):
+    pruner, space = _bound_pruner(history, PrunePolicy(margin=1.3, explore=0.0, max_skip=10_000))
+    w = pruner._w
+    best_predicted = pruner._to_ms(w.scores[w.best])  # the rule compares prediction with prediction
+    rng = random.Random(1)
+    seen = {True: 0, False: 0}
+    for _ in range(60):
+        cfg = space.sample(rng)
+        prune, ms = pruner(cfg, space.compile(cfg))
+        ratio = ms / best_predicted
+        if abs(ratio - 1.3) > 1e-9:
+            assert prune == (ratio > 1.3), (ms, best_predicted)
+        seen[prune] += 1
+    assert seen[True] > 0 and seen[False] > 0
+
+
+def test_warmup_max_skip_and_observe(history):
+    pruner, space = _bound_pruner(history, PrunePolicy(margin=1.0, explore=0.0, max_skip=3, retrain_every=2))
+    _everything_worse(pruner)
+    rng = random.Random(2)
+    out = [pruner(c, None)[0] for c in (space.sample(rng) for _ in range(8))]
+    assert out == [True, True, True, False, True, True, True, False]  # never more than max_skip in a row
+    before = pruner.counts["refits"]
+    g = _graph(GRAPHS[1])
+    for c in (space.sample(rng) for _ in range(4)):
+        pruner.observe(c, space.compile(c), _true_ms(space, g, c))
+    pruner.observe(space.default(), None, None)  # a failed trial teaches nothing
+    assert pruner.counts["refits"] == before + 2 and pruner.counts["observed"] == 4
+    desc = pruner.describe()
+    assert desc["policy"]["margin"] == 1.0 and desc["model"]["estimator"] == "small_hgb"
+    with pytest.raises(ValueError):
+        PrunePolicy(explore=1.5)
+
+
+def _copy(db: TrialDatabase, tmp_path: Path) -> TrialDatabase:
+    import sqlite3
+
+    path = tmp_path / "copy.db"
+    src, dst = sqlite3.connect(db.engine.url.database), sqlite3.connect(path)
+    with dst:
+        src.backup(dst)  # WAL mode: a file copy could miss what is still in the -wal file
+    src.close()
+    dst.close()
+    return TrialDatabase(f"sqlite:///{path}")
+
+
+def test_a_fresh_workload_prunes_nothing_before_its_warmup(history, tmp_path):
+    fresh_db = _copy(history, tmp_path)
+    g = _graph(GRAPHS[2])
+    # a new size on a known graph: a new workload without trials
+    new = fresh_db.ensure_workload("rgcn", g, DEVICE, in_dim=16, out_dim=16, heads=1, backend="cpu")
+    pruner = CostModelPruner(CostModel(small_hgb), PrunePolicy(margin=1.0, explore=0.0, warmup=2), model_path=None,
+                             graphs=LOADED)
+    assert pruner.bind(fresh_db, new, g).startswith("cost model on")
+    space = SearchSpace(build_model("rgcn", 16, 16, 1), g, "cpu")
+    assert pruner(space.default(), None) == (False, None)  # no measured trial: no ms yet
+    pruner.observe(space.default(), None, 5.0)
+    prune, ms = pruner(space.sample(random.Random(3)), None)
+    assert not prune and ms is not None  # one measured trial < warmup 2
+
+
+# ------------------------------------------------------------------ metrics and the command
+def test_ranking_metrics_on_a_crafted_example():
+    true = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    assert ordered_pair_accuracy(true, true) == 1.0 and kendall_tau(true, true) == pytest.approx(1.0)
+    rev = true[::-1]
+    assert ordered_pair_accuracy(rev, true) == 0.0 and kendall_tau(rev, true) == pytest.approx(-1.0)
+    swapped = [2.0, 1.0, 3.0, 4.0, 5.0, 6.0]  # 1 of 15 pairs wrong
+    assert ordered_pair_accuracy(swapped, true) == pytest.approx(14 / 15)
+    assert kendall_tau(swapped, true) == pytest.approx(13 / 15)
+    assert topk_error(swapped, true, 1) == pytest.approx(1.0)  # picks the 2.0 schedule: 100% slower
+    assert topk_error(swapped, true, 5) == 0.0
+    assert topk_error([6, 5, 4, 3, 2, 1], true, 5) == pytest.approx(1.0)  # top 5 miss the best (1.0): best of them 2.0
+    assert ordered_pair_accuracy([1, 1, 1], [1, 2, 3]) == 0.5  # ties in the prediction: half right
+    assert set(ranking_metrics(true, true)) == {"opa", "kendall_tau", "top1_error", "top5_error"}
+
+
+def test_costmodel_main_ends_with_the_metrics_line(history):
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        rc = costmodel_main(["--eval", "--db", str(history.url), "--holdout", GRAPHS[0], "--backend", "cpu"])
+    lines = buf.getvalue().strip().splitlines()
+    assert rc == 0
+    assert re.fullmatch(r"opa=\d\.\d{4} kendall_tau=-?\d\.\d{4} top1_error=\d+\.\d{4} top5_error=\d+\.\d{4}",
+                        lines[-1]), lines[-1]
+    assert costmodel_main(["--eval", "--db", str(history.url)]) == 2
+    with redirect_stdout(io.StringIO()):
+        assert costmodel_main(["--eval", "--db", str(history.url), "--holdout", "no-such-graph"]) == 1
+
+
+def test_costmodel_main_does_not_create_a_database(tmp_path):
+    missing = tmp_path / "missing.db"
+    assert costmodel_main(["--eval", "--db", f"sqlite:///{missing}", "--holdout", "aifb"]) == 1
+    assert not missing.exists()
