@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from rgtune.data.graph import HeteroGraph
 from rgtune.codegen.weights import fold_weights
-from rgtune.ir.bind import GraphArrays, graph_arrays
+from rgtune.ir.bind import GraphArrays, graph_arrays, row_types
 from rgtune.ir.kernels import (Acc, AggregateStage, BinaryE, ConcatE, EdgeSoftmaxStage, EdgeStore, Expr, GatedE,
                                GemmKernel, GraphLoad, InnerE, KernelProgram, Load, MapKernel, ParamLoad, ScaleE,
                                SoftmaxAggregate, TraversalKernel, UnaryE, WeightKernel)
@@ -105,19 +105,6 @@ class ReferenceExecutor:
         return out.reshape(a.num_nodes, -1)
 
     # ---------------------------------------------------------------- gemm
-    def _row_types(self, rows: str, by: str, end: str | None) -> torch.Tensor | None:
-        a = self.a
-        if by == "none":
-            return None
-        if rows == "node":
-            return a.node_type.long()
-        if rows == "edge":
-            if by == "rel":
-                return a.e_rel.long()
-            return a.node_type.long()[(a.e_src if end == "src" else a.e_dst).long()]
-        node, rel = (a.sp_node, a.sp_rel) if rows == "src_pair" else (a.dp_node, a.dp_rel)
-        return rel.long() if by == "rel" else a.node_type.long()[node.long()]
-
     def _segments(self, rows: str, by: str, end: str | None) -> tuple[torch.Tensor | None, list[tuple[int, int, int]]]:
         """Rows grouped by weight type: ``(permutation or None, [(type, start, stop), ...])``."""
         a = self.a
@@ -130,7 +117,7 @@ class ReferenceExecutor:
         elif rows in ("src_pair", "dst_pair") and by == "rel":
             perm, offsets = None, a.sp_offsets if rows == "src_pair" else a.dp_offsets
         else:  # rows typed by the node type of one end: sort them by it
-            types = self._row_types(rows, by, end)
+            types = row_types(self.a, rows, by, end)
             assert types is not None
             perm = torch.sort(types, stable=True).indices
             counts = torch.bincount(types, minlength=a.num_ntypes)

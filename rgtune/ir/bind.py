@@ -101,3 +101,19 @@ def _build(g: HeteroGraph, layout: str, bits: int) -> GraphArrays:
         inv_dst_degree=(1.0 / in_deg)[eid].contiguous(),
         rel_src_ntype=i(g.src_ntype_of_rel), rel_dst_ntype=i(g.dst_ntype_of_rel),
     )
+
+
+def row_types(a: GraphArrays, rows: str, by: str, end: str | None = None) -> torch.Tensor | None:
+    """The weight slice (node type or relation) of every row of a GEMM over ``rows``, in row
+    order; ``None`` when one weight serves all rows (``by="none"``). ``end`` picks the edge end
+    whose node type indexes a per-node-type weight on edge rows."""
+    if by == "none":
+        return None
+    if rows == "node":
+        return a.node_type.long()
+    if rows == "edge":
+        if by == "rel":
+            return a.e_rel.long()
+        return a.node_type.long()[(a.e_src if end == "src" else a.e_dst).long()]
+    node, rel = (a.sp_node, a.sp_rel) if rows == "src_pair" else (a.dp_node, a.dp_rel)
+    return rel.long() if by == "rel" else a.node_type.long()[node.long()]

@@ -38,7 +38,7 @@ from rgtune.codegen.cpu.rows import GRAPH_CONSTANTS, INDEX_ARRAYS
 from rgtune.codegen.reference import param_full_shape
 from rgtune.codegen.weights import fold_weights
 from rgtune.data.graph import HeteroGraph
-from rgtune.ir.bind import GraphArrays, graph_arrays
+from rgtune.ir.bind import GraphArrays, graph_arrays, row_types
 from rgtune.ir.kernels import GemmKernel, KernelProgram, TraversalKernel, WeightKernel, kernel_schedule
 
 #: owner blocks per thread for accumulating GEMMs (more blocks: better balance, shorter segments)
@@ -331,20 +331,6 @@ def _check_tensor(what: str, t: torch.Tensor, shape: tuple[int, ...]) -> None:
 
 
 # ---------------------------------------------------------------- graph-side arrays
-
-
-def row_types(a: GraphArrays, rows: str, by: str, end: str | None) -> torch.Tensor | None:
-    """The weight slice of every row of a GEMM (``None`` when one weight serves all rows)."""
-    if by == "none":
-        return None
-    if rows == "node":
-        return a.node_type.long()
-    if rows == "edge":
-        if by == "rel":
-            return a.e_rel.long()
-        return a.node_type.long()[(a.e_src if end == "src" else a.e_dst).long()]
-    node, rel = (a.sp_node, a.sp_rel) if rows == "src_pair" else (a.dp_node, a.dp_rel)
-    return rel.long() if by == "rel" else a.node_type.long()[node.long()]
 
 
 def row_index(a: GraphArrays, rows: str, via: str) -> torch.Tensor:

@@ -37,7 +37,7 @@ from rgtune.codegen.cuda._unit import Grid, KernelUnit, Launch
 from rgtune.codegen.cuda.nvrtc import Cubin, check_resources
 from rgtune.codegen.weights import fold_weights
 from rgtune.data.graph import HeteroGraph
-from rgtune.ir.bind import GraphArrays, graph_arrays
+from rgtune.ir.bind import GraphArrays, graph_arrays, row_types
 from rgtune.ir.kernels import GemmKernel, KernelProgram, WeightKernel
 
 STICKY_NOTE = ("a CUDA fault is sticky: this process's CUDA context is unusable now; "
@@ -66,26 +66,13 @@ def gemm_segments(k: GemmKernel, a: GraphArrays) -> tuple[torch.Tensor, torch.Te
     seg_off = {"node_offsets": a.node_offsets, "rel_offsets": a.rel_offsets, "sp_offsets": a.sp_offsets,
                "dp_offsets": a.dp_offsets}[segments_of(k)].long()
     rows = a.e_rel_order.long() if k.rows == "edge" else torch.arange(n)
-    types = _row_types(k, a)[rows] if n else torch.zeros(0, dtype=torch.int64)
+    types = row_types(a, k.rows, k.by, k.weight_end)[rows] if n else torch.zeros(0, dtype=torch.int64)
     counts = seg_off[1:] - seg_off[:-1]
     first = torch.clamp(seg_off[:-1], max=max(n - 1, 0))
     seg_type = torch.where(counts > 0, types[first] if n else torch.zeros_like(counts), torch.zeros_like(counts))
     if n and not torch.equal(torch.repeat_interleave(seg_type, counts), types):
         raise BackendError(f"{k.name}: rows of one segment need different weights; cannot tile by segment")
     return seg_off, seg_type
-
-
-def _row_types(k: GemmKernel, a: GraphArrays) -> torch.Tensor:
-    """The weight slice of every row (row id order), as the reference executor picks it."""
-    nt = a.node_type.long()
-    if k.rows == "node":
-        return nt
-    if k.rows == "edge":
-        if k.by == "rel":
-            return a.e_rel.long()
-        return nt[(a.e_src if k.weight_end == "src" else a.e_dst).long()]
-    node, rel = (a.sp_node, a.sp_rel) if k.rows == "src_pair" else (a.dp_node, a.dp_rel)
-    return rel.long() if k.by == "rel" else nt[node.long()]
 
 
 def balanced_tiles(seg_off: torch.Tensor, tile_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
