@@ -700,7 +700,41 @@ def test_sqlite_two_processes_write_concurrently(tmp_path: Path) -> None:
     _check_two_writers(url, n)
 
 
+def _optuna_opener(url: str, barrier: Any) -> None:
+    # Every worker opens the empty database and Optuna's storage at the same moment, as
+    # `tune` workers started together do; Optuna's own table creation is not concurrency-safe.
+    import optuna
+
+    barrier.wait()
+    db = TrialDatabase(url)
+    storage = db.optuna_storage()
+    study = optuna.create_study(study_name="rgtune:race", storage=storage, load_if_exists=True)
+    study.optimize(lambda tr: float(tr.suggest_int("x", 0, 3)), n_trials=2)
+    storage.engine.dispose()
+    db.close()
+
+
+def _check_optuna_race(url: str, workers: int) -> None:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    barrier = mp.get_context("spawn").Barrier(workers)
+    _run_workers(_optuna_opener, [(url, barrier)] * workers)
+    study = optuna.load_study(study_name="rgtune:race", storage=url)
+    assert len(study.trials) == 2 * workers
+
+
+@pytest.mark.slow
+def test_sqlite_workers_open_optuna_storage_at_once(tmp_path: Path) -> None:
+    _check_optuna_race(_file_url(tmp_path / "results.db"), 4)
+
+
 # ---------------------------------------------------------------------- PostgreSQL
+@pytest.mark.slow
+def test_postgres_workers_open_optuna_storage_at_once(postgres_url: str) -> None:
+    _check_optuna_race(postgres_url, 4)
+
+
 @pytest.mark.slow
 def test_postgres_schema_upgrade_and_best(postgres_url: str) -> None:
     _make_0001_database(postgres_url)

@@ -16,6 +16,8 @@ finds head, and does nothing.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -27,7 +29,10 @@ from sqlalchemy.engine import Connection, Engine
 from rgtune.tuner._db_errors import SchemaVersionError
 from rgtune.tuner._db_models import SCHEMA_VERSION, TABLE_PREFIX, VERSION_TABLE
 
-__all__ = ["MIGRATIONS_DIR", "alembic_config", "known_revisions", "current_revision", "ensure_schema", "migrate", "check_readable"]
+__all__ = [
+    "MIGRATIONS_DIR", "alembic_config", "known_revisions", "current_revision", "ensure_schema", "migrate", "check_readable",
+    "schema_lock",
+]
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 _PG_LOCK_KEY = int.from_bytes(b"rgtunedb", "big")  # any constant; fits PostgreSQL's signed bigint
@@ -125,6 +130,28 @@ def migrate(write_engine: Engine, revision: str) -> None:
             command.downgrade(cfg, revision)
         else:
             command.upgrade(cfg, revision)
+
+
+@contextmanager
+def schema_lock(write_engine: Engine) -> Iterator[None]:
+    """Hold the schema lock while other code creates tables (Optuna's RDBStorage does, unguarded).
+
+    Two PostgreSQL workers running ``CREATE TABLE`` for the same new table at once make one fail
+    with a ``pg_type`` unique violation, so the second waits here until the first is done and
+    then finds the tables. SQLite needs no lock: its DDL runs under the database write lock, and
+    RDBStorage's own engine must not be blocked by one held here.
+    """
+    if write_engine.dialect.name != "postgresql":
+        yield
+        return
+    with write_engine.connect() as conn:
+        conn.execute(sa.text("SELECT pg_advisory_lock(:k)"), {"k": _PG_LOCK_KEY})
+        conn.commit()
+        try:
+            yield
+        finally:
+            conn.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": _PG_LOCK_KEY})
+            conn.commit()
 
 
 def _lock(conn: Connection) -> None:

@@ -58,7 +58,7 @@ from rgtune.tuner._db_errors import (
     one_line,
     translate,
 )
-from rgtune.tuner._db_migrate import check_readable, ensure_schema
+from rgtune.tuner._db_migrate import check_readable, ensure_schema, schema_lock
 from rgtune.tuner._db_models import SCHEMA_VERSION, Device, Graph, Schedule, Trial, Workload
 from rgtune.tuner._db_queries import (
     StatusArg,
@@ -253,6 +253,28 @@ class TrialDatabase:
         password is included: print :attr:`name` (password hidden) instead.
         """
         return self.engine.url.render_as_string(hide_password=False)
+
+    def optuna_storage(self) -> Any:
+        """An ``optuna.storages.RDBStorage`` on this database, safe to open from many workers at once.
+
+        RDBStorage creates and stamps its tables on first use without any locking; concurrent
+        first opens are serialized here (PostgreSQL) or retried once the winner is done (SQLite).
+        """
+        import optuna
+
+        if self.readonly:
+            raise DatabaseReadOnlyError(f"{self.name} was opened read-only; Optuna's storage writes to it")
+        # the same SQLite file is written by rgtune's own engine: wait for its locks instead of failing
+        kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}} if self.dialect == "sqlite" else {}
+        for attempt in range(3):
+            try:
+                with schema_lock(self._writer):
+                    return optuna.storages.RDBStorage(self.url, engine_kwargs=kwargs)
+            except sa_exc.OperationalError as e:
+                if attempt == 2 or "already exists" not in str(e):
+                    raise self._translate(e) from e
+                time.sleep(0.2 * (1.0 + random.random()))
+        raise AssertionError("unreachable")
 
     @property
     def dialect(self) -> str:

@@ -124,7 +124,7 @@ class Tuner:
                                               heads=w.heads, backend=w.backend)
         self.db.mark_stale_running(self.record)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        storage = optuna.storages.RDBStorage(self.db.url, engine_kwargs=_engine_kwargs(self.db.url))
+        storage = self.db.optuna_storage()
         name = self.record.study_name
         if self.options.fresh:
             # a new study (the sampler forgets); the trials already recorded stay in the history
@@ -256,13 +256,6 @@ def _target(backend: str) -> str:
     from rgtune.codegen.base import create
 
     return create(backend).target
-
-
-def _engine_kwargs(url: str) -> dict[str, Any]:
-    if url.startswith("sqlite"):
-        # the same file is written by rgtune's own engine; wait for its locks instead of failing
-        return {"connect_args": {"timeout": 60}}
-    return {}
 
 
 def _progress(opts: TuneOptions) -> Any:
