@@ -8,8 +8,7 @@ For each (model, dataset, seed) two studies run through the real tuning loop
 * ``tpe+cm``: the same sampler and seed, with :class:`~rgtune.tuner.costmodel.CostModelPruner`
   as ``TuneOptions.pruner``. Its history is every other graph's trials (the history
   database of ``costmodel_transfer.py --collect`` minus the tuned graph: leave-graph-out),
-  plus what the study measures as it goes (``observe``, called by this script's
-  :class:`CurveTuner` until the loop calls it itself).
+  plus what the study measures as it goes (the loop calls its ``observe``).
 
 Every run gets its own copy of that history database (so no run sees another run's trials)
 and its own kernel cache (so no run reuses another's compiled kernels). The best known
@@ -46,7 +45,7 @@ import numpy as np
 from rgtune.tuner.costmodel import CostModel, CostModelPruner, PrunePolicy, fit_on_history
 from rgtune.tuner.db import DeviceInfo, TrialDatabase
 from rgtune.tuner.measure import MeasureResult, Workload
-from rgtune.tuner.study import TuneOptions, Tuner
+from rgtune.tuner.study import UNMEASURED, TuneOptions, Tuner
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ARMS = ("tpe", "tpe+cm")
@@ -54,52 +53,38 @@ ARMS = ("tpe", "tpe+cm")
 
 # ---------------------------------------------------------------------- the loop, instrumented
 class CurveTuner(Tuner):
-    """A :class:`Tuner` that stops after ``budget`` measured trials and traces every trial.
+    """A :class:`Tuner` that traces every trial (the loop itself counts the measured-trial budget
+    and does the cost model's wiring: ``bind``, ``observe`` after each measured trial, ``close``)."""
 
-    With a pruner it also does the loop wiring the cost model needs: ``bind`` once the
-    workload is known, ``observe`` after each measured trial, ``close`` at the end.
-    """
-
-    def __init__(self, workload: Workload, db: TrialDatabase, options: TuneOptions, budget: int,
-                 max_proposals: int) -> None:
+    def __init__(self, workload: Workload, db: TrialDatabase, options: TuneOptions) -> None:
         super().__init__(workload, db, options)
-        self.pruner: CostModelPruner | None = options.pruner  # type: ignore[assignment]
-        self.budget, self.max_proposals = budget, max_proposals
         self.measured, self.best = 0, math.inf
         self.trace: list[dict[str, Any]] = []
         self.setup_s = 0.0
-        self.bind_status = ""
 
     def run(self) -> Any:
         self._t0 = time.perf_counter()
-        try:
-            return super().run()
-        finally:
-            if self.pruner is not None:
-                self.pruner.close()
+        return super().run()
 
     def _setup(self) -> None:
         super()._setup()
-        if self.pruner is not None:
-            self.bind_status = self.pruner.bind(self.db, self.record, self.graph, self.space)
         self.setup_s = time.perf_counter() - self._t0
 
-    def _evaluate(self, config: dict[str, Any], number: int) -> MeasureResult:
-        result = super()._evaluate(config, number)
-        measured = result.status not in ("pruned", "invalid")
+    @property
+    def bind_status(self) -> str:
+        return self.pruner_status or ""
+
+    def _evaluate(self, config: dict[str, Any], point: Any, number: int) -> MeasureResult:
+        result = super()._evaluate(config, point, number)
         ms = result.median * 1e3 if result.status == "ok" and result.median is not None else None
-        if measured:
+        if result.status not in UNMEASURED:
             self.measured += 1
-            if self.pruner is not None:
-                self.pruner.observe(config, None, ms)
             if ms is not None:
                 self.best = min(self.best, ms)
         self.trace.append({"proposal": len(self.trace) + 1, "measured": self.measured, "status": result.status,
                            "ms": ms, "best_ms": self.best if math.isfinite(self.best) else None,
                            "predicted_ms": result.info.get("predicted_ms"),
                            "wall_s": time.perf_counter() - self._t0})
-        if self.measured >= self.budget or len(self.trace) >= self.max_proposals:
-            self.options.trials = 0  # the loop checks this before asking for the next trial
         return result
 
 
@@ -233,10 +218,10 @@ def run_one(model: str, dataset: str, seed: int, arm: str, base: Path, workdir: 
         pruner = CostModelPruner(CostModel(), PrunePolicy(margin=args.margin, explore=args.explore,
                                                           warmup=args.warmup, seed=seed), data_dir=args.data_dir)
     db = TrialDatabase(f"sqlite:///{db_path}")
-    opts = TuneOptions(trials=args.budget * args.max_proposal_factor, sampler="tpe", seed=seed, progress=False,
-                       measure=MeasureOptions(timeout=args.trial_timeout), pruner=pruner)
-    tuner = CurveTuner(Workload(model, dataset, args.hidden, args.hidden, 1, backend, args.data_dir), db, opts,
-                       args.budget, args.budget * args.max_proposal_factor)
+    opts = TuneOptions(trials=args.budget, sampler="tpe", seed=seed, progress=False,
+                       measure=MeasureOptions(timeout=args.trial_timeout), pruner=pruner,
+                       max_proposals_per_trial=args.max_proposal_factor)
+    tuner = CurveTuner(Workload(model, dataset, args.hidden, args.hidden, 1, backend, args.data_dir), db, opts)
     t0 = time.time()
     try:
         summary = tuner.run()

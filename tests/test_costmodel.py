@@ -68,10 +68,10 @@ def _graph(name: str) -> Any:
 
 
 def _fill(db: TrialDatabase, graph_name: str, trials: int, seed: int, device: DeviceInfo = DEVICE,
-          model: str = "rgcn") -> Any:
+          model: str = "rgcn", backend: str = "cpu") -> Any:
     g = _graph(graph_name)
     space = SearchSpace(build_model(model, *SIZES), g, "cpu")
-    w = db.ensure_workload(model, g, device, in_dim=SIZES[0], out_dim=SIZES[1], heads=SIZES[2], backend="cpu")
+    w = db.ensure_workload(model, g, device, in_dim=SIZES[0], out_dim=SIZES[1], heads=SIZES[2], backend=backend)
     rng = random.Random(seed)
     configs = [space.default()] + [space.sample(rng) for _ in range(trials - 1)]
     for cfg in configs:
@@ -297,6 +297,56 @@ def test_a_fresh_workload_prunes_nothing_before_its_warmup(history, tmp_path):
     pruner.observe(space.default(), None, 5.0)
     prune, ms = pruner(space.sample(random.Random(3)), None)
     assert not prune and ms is not None  # one measured trial < warmup 2
+
+
+# ------------------------------------------------------------------ in the tuning loop
+def test_the_tuning_loop_drives_a_model_trained_on_other_graphs(tmp_path):
+    from rgtune.tuner.measure import MeasureOptions, MeasureWorker, Workload
+    from rgtune.tuner.study import TuneOptions, Tuner
+
+    workload = Workload("rgcn", GRAPHS[1], *SIZES, "reference")
+    with MeasureWorker(workload) as worker:
+        here = worker.start()  # the history must be this device's for the model to train on it
+    db = TrialDatabase(f"sqlite:///{tmp_path / 'results.db'}")
+    for i, name in enumerate((GRAPHS[0], GRAPHS[2])):
+        _fill(db, name, 16, seed=i, device=here, backend="reference")
+    pruner = CostModelPruner(CostModel(small_hgb), PrunePolicy(margin=1.0, explore=0.0, warmup=2, max_skip=3),
+                             model_path=None, graphs=LOADED)
+    s = Tuner(workload, db, TuneOptions(trials=6, seed=0, progress=False, pruner=pruner,
+                                        measure=MeasureOptions(warmup=1, repeats=2, min_seconds=0.0))).run()
+    assert s.pruner is not None and s.pruner["status"].startswith("cost model on"), s.pruner
+    counts = s.pruner["counts"]
+    assert s.measured == 6 and counts["observed"] == s.statuses["ok"] == 6, s.statuses
+    assert counts["predicted"] == counts["candidates"] == s.trials_run and counts["pruned"] == s.statuses.get("pruned", 0)
+    # every trial after the first measured one carries its prediction (ms need one measurement to anchor)
+    rows = db.history(s.workload_id)
+    assert rows[0].predicted_ms is None and all(r.predicted_ms is not None and r.predicted_ms > 0 for r in rows[1:])
+    assert [r.status for r in rows[:2]] == ["ok", "ok"]  # warmup: the default schedule and one more are measured
+    run = 0
+    for r in rows:  # never more than max_skip prunes in a row
+        run = run + 1 if r.status == "pruned" else 0
+        assert run <= 3
+
+
+def test_tune_cli_cost_model_flags(tmp_path):
+    from rgtune.tuner.cli import main
+
+    url = f"sqlite:///{tmp_path / 'results.db'}"
+    args = ["tune", "--model", "rgcn", "--dataset", GRAPHS[0], "--hidden", "8", "--backend", "reference",
+            "--db", url, "--trials", "2", "--seed", "0", "--quiet"]
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        assert main(args) == 0
+    out = buf.getvalue()
+    # a fresh database: the model stays out of the way and says why
+    assert "measured trials" in out and re.search(r"cost model: cost model off: .*0 of \d+ candidates pruned", out), out
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        assert main(args + ["--cost-model", "off"]) == 0
+    assert "cost model:" not in buf.getvalue()
+    assert main(args + ["--cost-model-margin", "0.5"]) == 2
+    with redirect_stdout(io.StringIO()):
+        assert main(["costmodel", "--eval", "--db", url]) == 2  # the subcommand is reachable from `rgtune`
 
 
 # ------------------------------------------------------------------ metrics and the command

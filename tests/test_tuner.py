@@ -113,6 +113,61 @@ def test_the_default_schedule_is_the_first_trial_and_a_study_resumes(db):
 
 
 # ------------------------------------------------------------------ kill -9, then resume
+# ------------------------------------------------------------------ a pruner in the loop
+class _ScriptedPruner:
+    """Prunes every other candidate (or all of them) and records how the loop drives it."""
+
+    def __init__(self, prune_all: bool = False) -> None:
+        self.prune_all = prune_all
+        self.calls, self.closed = 0, 0
+        self.bound: list[int] = []
+        self.observed: list[float | None] = []
+
+    def bind(self, db, workload, graph, space) -> str:
+        self.bound.append(workload.id)
+        return "scripted pruner on"
+
+    def __call__(self, config, point):
+        self.calls += 1
+        assert point.valid and point.kernels is not None  # the loop hands over the compiled point
+        prune = self.prune_all or self.calls % 2 == 0
+        return prune, (7.5 if prune else None)
+
+    def observe(self, config, point, median_ms) -> None:
+        self.observed.append(median_ms)
+
+    def close(self) -> None:
+        self.closed += 1
+
+    def describe(self) -> dict:
+        return {"status": "scripted pruner on", "counts": {"candidates": self.calls}}
+
+
+def test_pruned_candidates_cost_no_budget_and_the_pruner_learns_every_measurement(db):
+    pruner = _ScriptedPruner()
+    s = Tuner(_workload("reference"), db, TuneOptions(trials=4, seed=0, progress=False, measure=FAST,
+                                                       pruner=pruner)).run()
+    # measured, pruned, measured, pruned, ... until 4 measured: the budget counts measurements
+    assert s.measured == 4 and s.statuses == {"ok": 4, "pruned": 3} and s.trials_run == 7
+    assert pruner.bound == [s.workload_id] and pruner.closed == 1
+    assert len(pruner.observed) == 4 and all(ms is not None and ms > 0 for ms in pruner.observed)
+    pruned = db.history(s.workload_id, status="pruned")
+    assert len(pruned) == 3 and all(r.predicted_ms == 7.5 and r.median_ms is None for r in pruned)
+    assert db.best(s.workload_id).status == "ok"
+    import optuna
+
+    study = optuna.load_study(study_name=s.study_name, storage=db.url)
+    assert study.user_attrs["rgtune.pruner"] == pruner.describe() == s.pruner
+    assert sum(t.state == optuna.trial.TrialState.PRUNED for t in study.trials) == 3
+
+
+def test_a_pruner_that_prunes_everything_cannot_stall_the_study(db):
+    pruner = _ScriptedPruner(prune_all=True)
+    s = Tuner(_workload("reference"), db, TuneOptions(trials=2, seed=0, progress=False, measure=FAST, pruner=pruner,
+                                                       max_proposals_per_trial=3)).run()
+    assert s.measured == 0 and s.statuses == {"pruned": 6} and pruner.observed == [] and pruner.closed == 1
+
+
 def _tune_cmd(db_url: str, trials: int, backend: str) -> list[str]:
     return [sys.executable, "-m", "rgtune.tuner.cli", "tune", "--model", "rgcn", "--dataset", GRAPH, "--hidden", "8",
             "--trials", str(trials), "--backend", backend, "--db", db_url, "--sampler", "random", "--seed", "1",

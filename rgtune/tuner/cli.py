@@ -166,19 +166,36 @@ def cmd_tune(args: argparse.Namespace) -> int:
                         args.data_dir)
     options = TuneOptions(trials=trials, time_budget=args.time_budget, sampler=args.sampler, seed=args.seed,
                           fresh=args.fresh, progress=not args.quiet and sys.stderr.isatty(),
-                          measure=MeasureOptions(timeout=args.trial_timeout))
+                          measure=MeasureOptions(timeout=args.trial_timeout), pruner=_cost_model_pruner(args))
     print(f"tuning {args.model} on {graph.name} ({graph.num_nodes():,} nodes, {graph.num_edges():,} edges, "
           f"{graph.num_rels} relations), hidden={args.hidden}, heads={args.heads}, backend={backend}, "
           f"db={db.name}", file=sys.stderr)
-    summary = Tuner(workload, db, options).run()
+    tuner = Tuner(workload, db, options)
+    summary = tuner.run()
     _print_summary(summary)
     return 130 if summary.interrupted else 0
 
 
+def _cost_model_pruner(args: argparse.Namespace) -> Any:
+    if args.cost_model == "off":
+        return None
+    from rgtune.tuner.costmodel import CostModelPruner, PrunePolicy
+
+    try:
+        policy = PrunePolicy(margin=args.cost_model_margin, explore=args.cost_model_explore, seed=args.seed or 0)
+    except ValueError as e:
+        raise CLIError(f"--cost-model-margin/--cost-model-explore: {e}") from e
+    return CostModelPruner(policy=policy, data_dir=args.data_dir)
+
+
 def _print_summary(s) -> None:
     status = ", ".join(f"{k} {v}" for k, v in sorted(s.statuses.items()))
-    print(f"study {s.study_name}: {s.trials_run} trials in {s.elapsed_s:.1f} s ({status or 'none'})"
+    print(f"study {s.study_name}: {s.measured} measured trials in {s.elapsed_s:.1f} s ({status or 'none'})"
           + (" -- interrupted; run the same command to resume" if s.interrupted else ""))
+    if s.pruner is not None:
+        c = s.pruner.get("counts", {})
+        print(f"cost model: {s.pruner.get('status')}; {c.get('pruned', 0)} of {c.get('candidates', 0)} candidates "
+              f"pruned, {c.get('refits', 0)} refits")
     if s.default_ms is not None:
         print(f"default schedule: {s.default_ms:.4g} ms")
     if s.best_ms is None:
@@ -279,7 +296,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Search how a layer is computed (the IR's knobs and the kernels' schedules) on one graph, "
                     "verify and time every point, and record each trial in the database. The same command "
                     "resumes the same study.",
-        epilog="Example: tune --model hgt --dataset aifb --trials 50")
+        epilog="Example: tune --model hgt --dataset aifb --trials 50\n\n"
+               "--trials counts measured trials: candidates the cost model prunes are recorded but cost none.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_workload_args(p)
     p.add_argument("--trials", type=_positive_int, default=None,
                    help="trials to run now (default 50 unless --time-budget is given)")
@@ -292,6 +311,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a trial taking longer is killed and recorded as timeout (default 60)")
     p.add_argument("--fresh", action="store_true", help="start a new study instead of resuming (history is kept)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--cost-model", default="on", choices=("on", "off"),
+                   help="on (default): the learned cost model, trained on this device's history, skips measuring "
+                        "candidates it predicts clearly slower than the best so far (recorded as pruned; they do "
+                        "not count against --trials); it stays out of the way until the history is large enough")
+    p.add_argument("--cost-model-margin", type=float, default=1.5, metavar="X",
+                   help="prune a candidate predicted slower than X times the best measured schedule (default 1.5)")
+    p.add_argument("--cost-model-explore", type=float, default=0.1, metavar="FRACTION",
+                   help="fraction of candidates measured whatever the prediction (default 0.1)")
     p.set_defaults(func=cmd_tune)
 
     for name, about, func in (("best", "the best recorded schedule of a workload", cmd_best),
@@ -314,10 +341,18 @@ def build_parser() -> argparse.ArgumentParser:
     # these parse their own arguments (see main)
     sub.add_parser("export", help="write the best schedule's kernels to a folder for training code", add_help=False)
     sub.add_parser("bench", help="tuned layer vs reference lowering vs PyG vs DGL, side by side", add_help=False)
+    sub.add_parser("costmodel", help="train the cost model on the history, or evaluate it on a held-out graph",
+                   add_help=False)
     return parser
 
 
-_DELEGATED = {"export": "_export_main", "bench": "_bench_main"}
+_DELEGATED = {"export": "_export_main", "bench": "_bench_main", "costmodel": "_costmodel_main"}
+
+
+def _costmodel_main(argv: list[str]) -> int:
+    from rgtune.tuner.costmodel import costmodel_main
+
+    return costmodel_main(argv)
 
 
 def _export_main(argv: list[str]) -> int:

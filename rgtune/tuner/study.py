@@ -6,6 +6,11 @@ resumes the same study; ``fresh=True`` starts a new one (the recorded trials sta
 real measurements). The default schedule is the first trial of every study, so a study
 always reports its speedup over it.
 
+Budget: ``trials`` counts *measured* trials. A candidate the pruner (the learned cost model,
+:class:`~rgtune.tuner.costmodel.CostModelPruner`) skips is recorded as ``pruned`` with its
+predicted time and told to Optuna as pruned, but costs no measurement and no budget; at most
+``max_proposals_per_trial`` x ``trials`` candidates are proposed in all.
+
 Crash safety: a trial is committed as ``running`` before it is measured. When a study
 resumes, trials left ``running`` by a dead process (Ctrl-C, kill -9, power loss) become
 ``failed`` in both rgtune's history and Optuna's storage, so the counts add up.
@@ -28,7 +33,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, runtime_checkable
 
 from rgtune.tuner.measure import MeasureOptions, MeasureResult, MeasureWorker, Workload
 
@@ -38,19 +43,51 @@ if TYPE_CHECKING:
     from rgtune.tuner.db import TrialDatabase
 
 SAMPLERS = ("tpe", "random", "gp", "cmaes")
+#: statuses that cost no measurement (and so no budget)
+UNMEASURED = ("pruned",)
+
+
+class Pruner(Protocol):
+    """``TuneOptions.pruner``: decides per candidate whether to skip measuring it."""
+
+    def __call__(self, config: dict[str, Any], point: Any) -> tuple[bool, float | None]:
+        """(prune?, predicted ms or None) for a valid candidate."""
+        ...
+
+
+@runtime_checkable
+class LearningPruner(Pruner, Protocol):
+    """A pruner that learns from the study: the loop binds it, feeds it every measured trial, closes it."""
+
+    def bind(self, db: "TrialDatabase", workload: Any, graph: Any, space: Any) -> str:
+        """Attach to the workload being tuned (train on the history); returns a status line."""
+        ...
+
+    def observe(self, config: Mapping[str, Any], point: Any, median_ms: float | None) -> None:
+        """A measured trial finished (``median_ms`` None: it did not verify or failed)."""
+        ...
+
+    def close(self) -> None:
+        """The study ended (save what was learned)."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """Policy, settings, status and counts, as JSON values (recorded with the study)."""
+        ...
 
 
 @dataclass
 class TuneOptions:
-    trials: int | None = 50  # new trials to run in this invocation (None: until the time budget)
+    trials: int | None = 50  # measured trials to run in this invocation (None: until the time budget)
     time_budget: float | None = None  # seconds; no new trial starts after it
     sampler: str = "tpe"
     seed: int | None = None
     fresh: bool = False
     progress: bool = True
     measure: MeasureOptions = field(default_factory=MeasureOptions)
-    #: optional pruning policy: (config, point) -> (prune?, predicted_ms); see the cost model
-    pruner: Callable[[dict[str, Any], Any], tuple[bool, float | None]] | None = None
+    #: skips measuring candidates it predicts clearly worse (see :class:`LearningPruner`, the cost model)
+    pruner: Pruner | None = None
+    max_proposals_per_trial: int = 10  # candidates proposed in all <= this x trials (pruned ones included)
 
 
 @dataclass
@@ -65,6 +102,8 @@ class TuneSummary:
     best_trial_id: int | None
     elapsed_s: float
     interrupted: bool = False
+    measured: int = 0  # trials that cost a measurement (not pruned)
+    pruner: dict[str, Any] | None = None  # the pruner's describe() at the end, if it has one
 
     @property
     def speedup(self) -> float | None:
@@ -139,6 +178,12 @@ class Tuner:
         self._fail_abandoned_optuna_trials()
         if not self.study.trials:
             self.study.enqueue_trial(self.space.default(), skip_if_exists=True)
+        self.pruner_status: str | None = None
+        pruner = self.options.pruner
+        if isinstance(pruner, LearningPruner):
+            self.pruner_status = pruner.bind(self.db, self.record, self.graph, self.space)
+            # the policy and its parameters stay with the study (counts are updated at the end)
+            self.study.set_user_attr("rgtune.pruner", pruner.describe())
 
     @staticmethod
     def _latest_study_name(storage: Any, base: str) -> str:
@@ -168,11 +213,13 @@ class Tuner:
         opts = self.options
         start = time.time()
         statuses: dict[str, int] = {}
-        ran = 0
+        proposed = measured = 0
+        max_proposed = None if opts.trials is None else opts.trials * max(1, opts.max_proposals_per_trial)
         interrupted = False
         bar = _progress(opts)
         try:
-            while (opts.trials is None or ran < opts.trials) and \
+            while (opts.trials is None or measured < opts.trials) and \
+                    (max_proposed is None or proposed < max_proposed) and \
                     (opts.time_budget is None or time.time() - start < opts.time_budget):
                 trial = self.study.ask()
                 trial.set_user_attr("rgtune.worker", _worker_id())
@@ -180,7 +227,8 @@ class Tuner:
                 tid = self.db.start_trial(self.record, config, optuna_trial=trial.number)
                 trial.set_user_attr("rgtune.trial_id", tid)
                 try:
-                    result = self._evaluate(config, trial.number)
+                    point = self.space.compile(config)
+                    result = self._evaluate(config, point, trial.number)
                 except KeyboardInterrupt:
                     self.db.finish_trial(tid, "failed", error="interrupted (Ctrl-C)")
                     self.study.tell(trial, state=TrialState.FAIL)
@@ -193,7 +241,10 @@ class Tuner:
                 else:
                     self.study.tell(trial, state=TrialState.FAIL)
                 statuses[result.status] = statuses.get(result.status, 0) + 1
-                ran += 1
+                proposed += 1
+                if result.status not in UNMEASURED:
+                    measured += 1
+                    self._observe(config, point, result)
                 self._update_progress(bar, result, start)
         except KeyboardInterrupt:
             interrupted = True
@@ -201,18 +252,37 @@ class Tuner:
             if bar is not None:
                 bar.close()
             self.worker.close()
-        return self._summary(ran, statuses, time.time() - start, interrupted)
+            pruner_info = self._close_pruner()
+        return self._summary(proposed, measured, statuses, time.time() - start, interrupted, pruner_info)
 
-    def _evaluate(self, config: dict[str, Any], number: int) -> MeasureResult:
-        point = self.space.compile(config)
+    def _evaluate(self, config: dict[str, Any], point: Any, number: int) -> MeasureResult:
         if not point.valid:  # recorded, never compiled
             return MeasureResult("invalid", error="; ".join(point.problems))
+        predicted = None
         if self.options.pruner is not None:
             prune, predicted = self.options.pruner(config, point)
             if prune:
                 return MeasureResult("pruned", info={"predicted_ms": predicted})
         seed = (self.options.seed or 0) * 1_000_003 + number
-        return self.worker.measure(config, seed=seed)
+        result = self.worker.measure(config, seed=seed)
+        if predicted is not None:  # recorded next to the measurement: how good the model is, online
+            result.info["predicted_ms"] = predicted
+        return result
+
+    def _observe(self, config: dict[str, Any], point: Any, result: MeasureResult) -> None:
+        pruner = self.options.pruner
+        if isinstance(pruner, LearningPruner) and result.status != "invalid":
+            ms = result.median * 1e3 if result.status == "ok" and result.median is not None else None
+            pruner.observe(config, point, ms)
+
+    def _close_pruner(self) -> dict[str, Any] | None:
+        pruner = self.options.pruner
+        if not isinstance(pruner, LearningPruner):
+            return None
+        pruner.close()
+        info = pruner.describe()
+        self.study.set_user_attr("rgtune.pruner", info)
+        return info
 
     def _record(self, tid: int, r: MeasureResult) -> None:
         ms = None if r.median is None else r.median * 1e3
@@ -235,6 +305,9 @@ class Tuner:
         best = self.db.best(self.record)
         default = self.default_ms()
         post = {"last": result.status}
+        if result.status == "pruned":
+            predicted = result.info.get("predicted_ms")
+            post["last"] = "pruned" + (f" (predicted {predicted:.3g} ms)" if predicted else "")
         if best is not None:
             post["best"] = f"{best.median_ms:.3g} ms"
             if default:
@@ -242,13 +315,17 @@ class Tuner:
         if self.options.time_budget is not None:
             post["left"] = f"{max(0.0, self.options.time_budget - (time.time() - start)):.0f} s"
         bar.set_postfix(post, refresh=False)
-        bar.update(1)
+        if result.status in UNMEASURED:
+            bar.refresh()  # the bar counts measured trials, the budget
+        else:
+            bar.update(1)
 
-    def _summary(self, ran: int, statuses: dict[str, int], elapsed: float, interrupted: bool) -> TuneSummary:
+    def _summary(self, proposed: int, measured: int, statuses: dict[str, int], elapsed: float, interrupted: bool,
+                 pruner: dict[str, Any] | None) -> TuneSummary:
         best = self.db.best(self.record)
-        return TuneSummary(self.record.id, self.study.study_name, ran, statuses, self.default_ms(),
+        return TuneSummary(self.record.id, self.study.study_name, proposed, statuses, self.default_ms(),
                            best.median_ms if best else None, best.knobs if best else None,
-                           best.id if best else None, elapsed, interrupted)
+                           best.id if best else None, elapsed, interrupted, measured, pruner)
 
 
 # ---------------------------------------------------------------------- helpers
