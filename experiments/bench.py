@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import platform
 import shlex
@@ -386,6 +387,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of weights and input")
     p.add_argument("--output", default="BENCHMARKS.md", help="the markdown file to update (default BENCHMARKS.md)")
     p.add_argument("--no-write", action="store_true", help="print only")
+    p.add_argument("--json", default=None, metavar="PATH",
+                   help="also append the result as one JSON line (every repeat's time) to PATH")
     return p
 
 
@@ -407,24 +410,40 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
         print(f"rgtune bench: error: {type(e).__name__}: {str(e).strip().splitlines()[0]}", file=sys.stderr)
         return 1
     print(format_table(res))
+    if args.json:
+        with open(args.json, "a") as f:
+            f.write(json.dumps(result_json(res)) + "\n")
     if not args.no_write:
         write_benchmarks(Path(args.output), res)
         print(f"wrote the row to {args.output}")
     return 0
 
 
+def result_json(res: BenchResult) -> dict[str, Any]:
+    """One benchmark run as plain JSON values (what ``--json`` appends)."""
+    return {"model": res.model, "dataset": res.dataset, "in_dim": res.in_dim, "out_dim": res.out_dim,
+            "heads": res.heads, "backend": res.backend, "schedule": res.schedule, "threads": res.threads,
+            "repeats": res.repeats, "date": res.date, "command": res.command, "machine": res.machine,
+            "versions": res.versions,
+            "impls": {i.key: {"name": i.name, "math": i.math, "error": i.error, "problem": i.problem,
+                              "median_ms": {m: i.median_ms(m) for m in MODES},
+                              "times_ms": {m: [t * 1e3 for t in i.times[m]] for m in MODES}} for i in res.impls}}
+
+
 def _portable(argv: Sequence[str]) -> list[str]:
     """The command line as BENCHMARKS.md records it: without where files live on this machine
-    (``--output``, ``--data-dir``, ``--no-write``; a database path by its file name)."""
+    (``--output``, ``--data-dir``, ``--json``, ``--no-write``; a database by its file name)."""
     out: list[str] = []
     it = iter(argv)
     for arg in it:
         name, eq, value = arg.partition("=")
-        if name in ("--output", "--data-dir", "--db") and not eq:
+        if name in ("--output", "--data-dir", "--db", "--json") and not eq:
             value = next(it, "")
-        if name in ("--output", "--data-dir", "--no-write"):
+        if name in ("--output", "--data-dir", "--no-write", "--json"):
             continue
         if name == "--db":
+            if value.startswith("sqlite:///"):  # a file's URL: its name only
+                value = "sqlite:///" + Path(value[len("sqlite:///"):]).name
             out += ["--db", value if "://" in value else Path(value).name]
             continue
         out.append(arg)
