@@ -726,13 +726,13 @@ def _check_optuna_race(url: str, workers: int) -> None:
 
 @pytest.mark.slow
 def test_sqlite_workers_open_optuna_storage_at_once(tmp_path: Path) -> None:
-    _check_optuna_race(_file_url(tmp_path / "results.db"), 4)
+    _check_optuna_race(_file_url(tmp_path / "results.db"), 8)
 
 
 # ---------------------------------------------------------------------- PostgreSQL
 @pytest.mark.slow
 def test_postgres_workers_open_optuna_storage_at_once(postgres_url: str) -> None:
-    _check_optuna_race(postgres_url, 4)
+    _check_optuna_race(postgres_url, 8)
 
 
 @pytest.mark.slow

@@ -158,6 +158,10 @@ class WorkloadFilter(TypedDict, total=False):
 
 
 
+#: what losing a race to create Optuna's tables looks like (the winner made them meanwhile)
+_LOST_CREATE_RACE = ("already exists", "UNIQUE constraint failed", "database is locked", "duplicate key")
+
+
 def _utcnow() -> datetime:
     return datetime.now(UTC).replace(tzinfo=None)
 
@@ -258,7 +262,9 @@ class TrialDatabase:
         """An ``optuna.storages.RDBStorage`` on this database, safe to open from many workers at once.
 
         RDBStorage creates and stamps its tables on first use without any locking; concurrent
-        first opens are serialized here (PostgreSQL) or retried once the winner is done (SQLite).
+        first opens are serialized here (PostgreSQL: an advisory lock) or, on SQLite, the losers
+        of the race (a duplicate ``alembic_version`` row, a table that already exists) retry and
+        find the winner's tables.
         """
         import optuna
 
@@ -266,14 +272,16 @@ class TrialDatabase:
             raise DatabaseReadOnlyError(f"{self.name} was opened read-only; Optuna's storage writes to it")
         # the same SQLite file is written by rgtune's own engine: wait for its locks instead of failing
         kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}} if self.dialect == "sqlite" else {}
-        for attempt in range(3):
+        attempts = 6
+        for attempt in range(attempts):
             try:
                 with schema_lock(self._writer):
                     return optuna.storages.RDBStorage(self.url, engine_kwargs=kwargs)
-            except sa_exc.OperationalError as e:
-                if attempt == 2 or "already exists" not in str(e):
+            except sa_exc.DBAPIError as e:
+                # SQLite: the loser of a race to create or stamp the tables fails, then finds them made
+                if attempt == attempts - 1 or not any(m in str(e) for m in _LOST_CREATE_RACE):
                     raise self._translate(e) from e
-                time.sleep(0.2 * (1.0 + random.random()))
+                time.sleep(0.1 * (attempt + 1) * (1.0 + random.random()))
         raise AssertionError("unreachable")
 
     @property
