@@ -24,8 +24,8 @@ and ``costmodel_transfer.png`` (predicted vs measured for the default model).
 Examples::
 
     python experiments/costmodel_transfer.py --help
-    python experiments/costmodel_transfer.py --collect --db sqlite:///cm_history.db          # hours
-    python experiments/costmodel_transfer.py --db sqlite:///cm_history.db                    # minutes
+    python experiments/costmodel_transfer.py --collect --db sqlite:///cm_history.db          # ~5 min, 2 cores
+    python experiments/costmodel_transfer.py --db sqlite:///cm_history.db                    # ~30 s
     python experiments/costmodel_transfer.py --collect --quick --db sqlite:///cm_quick.db    # a smoke run
 """
 
