@@ -36,6 +36,8 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Callable, Mapping
 
 from rgtune.codegen.cfamily import CEmitter
@@ -151,6 +153,17 @@ def _dst_loop(f: CFunction, chunk: int) -> Any:
     return f.body.block("for (int64_t dn = 0; dn < num_nodes; ++dn)")
 
 
+@contextmanager
+def _dst_edges(f: CFunction, chunk: int) -> Iterator[Lines]:
+    """The parallel loop over destinations ``dn`` with ``e0..e1``, the CSR range of its in-edges
+    (a destination without any is skipped); yields the function body to write the loop's body to."""
+    f.use("num_nodes")
+    with _dst_loop(f, chunk):
+        f.body.line("const int64_t e0 = csr_indptr[dn], e1 = csr_indptr[dn + 1];")
+        f.body.line("if (e0 == e1) continue;")
+        yield f.body
+
+
 def _edge_store(f: CFunction, st: EdgeStore, kp: KernelProgram, chunk: int) -> None:
     ob = kp.buffers[st.out]
     out, ne = f.use(st.out, writes=True), f.use("num_edges")
@@ -164,11 +177,7 @@ def _edge_store(f: CFunction, st: EdgeStore, kp: KernelProgram, chunk: int) -> N
 def _aggregate_dst(f: CFunction, st: AggregateStage, kp: KernelProgram, chunk: int) -> None:
     ob = kp.buffers[st.out]
     w, out = ob.width, f.use(st.out, writes=True)
-    f.use("num_nodes")
-    B = f.body
-    with _dst_loop(f, chunk):
-        B.line("const int64_t e0 = csr_indptr[dn], e1 = csr_indptr[dn + 1];")
-        B.line("if (e0 == e1) continue;")
+    with _dst_edges(f, chunk) as B:
         if st.out_via == "dst":
             B.line(f"float acc[{w}] = {{0}};  /* this destination's sum, kept in registers / L1 */")
             with B.block("for (int64_t e = e0; e < e1; ++e)"):
@@ -188,11 +197,7 @@ def _aggregate_dst(f: CFunction, st: AggregateStage, kp: KernelProgram, chunk: i
 def _softmax_dst(f: CFunction, st: EdgeSoftmaxStage, kp: KernelProgram, chunk: int) -> None:
     ob = kp.buffers[st.out]
     w, out = ob.width, f.use(st.out, writes=True)
-    f.use("num_nodes")
-    B = f.body
-    with _dst_loop(f, chunk):
-        B.line("const int64_t e0 = csr_indptr[dn], e1 = csr_indptr[dn + 1];")
-        B.line("if (e0 == e1) continue;")
+    with _dst_edges(f, chunk) as B:
         B.line(f"float mx[{w}], sm[{w}];")
         B.line(f"for (int j = 0; j < {w}; ++j) {{ mx[j] = -INFINITY; sm[j] = 0.0f; }}")
         B.line("/* pass 1: scores and their max */")

@@ -121,6 +121,21 @@ def kernel_head(lines: list[str], fname: str, threads: int) -> None:
     lines.append(f"extern \"C\" __global__ void __launch_bounds__({threads}) {fname}(PARAMS) {{")
 
 
+def warp_per_dst_head(lines: list[str], fname: str, threads: int, coarsening: int) -> None:
+    """Opens a kernel in which a warp takes ``coarsening`` destinations in turn; each iteration
+    has ``v`` (the destination row), ``lane`` and ``beg``/``end`` (its CSR in-edge range) and is
+    closed by the caller."""
+    kernel_head(lines, fname, threads)
+    w = lines.append
+    w("  const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;")
+    w("  const int lane = threadIdx.x & 31;")
+    w("#pragma unroll 1")
+    w(f"  for (int cc = 0; cc < {coarsening}; ++cc) {{  // coarsening: destinations per warp")
+    w(f"    const long long v = warp * {coarsening} + cc;")
+    w("    if (v >= num_rows) return;  // warp-uniform")
+    w("    const idx_t beg = csr_indptr[v], end = csr_indptr[v + 1];")
+
+
 def finish_kernel(ctx: Context, lines: list[str], sizes: list[tuple[str, str]]) -> tuple[str, tuple[Arg, ...]]:
     """The kernel text with its parameter list, and the arguments the runtime binds."""
     args = ctx.args((), sizes)

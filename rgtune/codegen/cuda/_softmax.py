@@ -9,7 +9,7 @@ max (``rg_atomic_max``, the int-ordering trick), then ``exp(score - max)`` and a
 
 from __future__ import annotations
 
-from rgtune.codegen.cuda._context import Body, Context, finish_kernel, kernel_head
+from rgtune.codegen.cuda._context import Body, Context, finish_kernel, kernel_head, warp_per_dst_head
 from rgtune.codegen.cuda._unit import Grid, Launch, Temp
 from rgtune.ir.kernels import Expr, KernelProgram, TraversalKernel, expr_str
 
@@ -26,14 +26,7 @@ def softmax_dst_lanes(ctx: Context, k: TraversalKernel, score: Expr, NT: int, C:
     ctx.arrays.add("csr_indptr")
     L: list[str] = []
     w = L.append
-    kernel_head(L, "traverse", NT)
-    w("  const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;")
-    w("  const int lane = threadIdx.x & 31;")
-    w("#pragma unroll 1")
-    w(f"  for (int cc = 0; cc < {C}; ++cc) {{  // coarsening: destinations per warp")
-    w(f"    const long long v = warp * {C} + cc;")
-    w("    if (v >= num_rows) return;  // warp-uniform")
-    w("    const idx_t beg = csr_indptr[v], end = csr_indptr[v + 1];")
+    warp_per_dst_head(L, "traverse", NT, C)
     w(f"    float m[{CH}], den[{CH}];  // per channel: running max and rescaled sum of this lane's edges")
     w("#pragma unroll")
     w(f"    for (int ch = 0; ch < {CH}; ++ch) {{ m[ch] = -INFINITY; den[ch] = 0.0f; }}")

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from rgtune.codegen.cuda._context import Body, Context, finish_kernel, kernel_head
+from rgtune.codegen.cuda._context import Body, Context, finish_kernel, kernel_head, warp_per_dst_head
 from rgtune.codegen.cuda._expr import ATOMIC_MAX, FIND_PAIR, UnsupportedKernel, prelude
 from rgtune.codegen.cuda._lanes import atomic_vec, chunk, store_vec, warp_inner
 from rgtune.codegen.cuda._softmax import softmax_dst_lanes, softmax_edge_passes
@@ -111,14 +111,7 @@ def _dst_warp(ctx: Context, k: TraversalKernel, score: Expr | None, message: Exp
     ctx.arrays.add("csr_indptr")
     L: list[str] = []
     w = L.append
-    kernel_head(L, "traverse", NT)
-    w("  const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;")
-    w("  const int lane = threadIdx.x & 31;")
-    w("#pragma unroll 1")
-    w(f"  for (int cc = 0; cc < {C}; ++cc) {{  // coarsening: destinations per warp")
-    w(f"    const long long v = warp * {C} + cc;")
-    w("    if (v >= num_rows) return;  // warp-uniform")
-    w("    const idx_t beg = csr_indptr[v], end = csr_indptr[v + 1];")
+    warp_per_dst_head(L, "traverse", NT, C)
     softmax = score is not None
     to_pairs = out_via == "dst_pair"
     pair_ix = ctx.index("edge", "rid")
@@ -165,6 +158,20 @@ def _dst_warp(ctx: Context, k: TraversalKernel, score: Expr | None, message: Exp
 
         chunk_loop(indent, body)
 
+    def next_pair() -> None:
+        """At an edge of a new destination pair: flush the finished pair's sums, start the next."""
+        w(f"      const idx_t p = {pair_ix('dst_pair')};")
+        w("      if (p != cur) {")
+        w("        if (cur >= 0) {")
+        flush("          ", "cur", False)
+        w("        }")
+        w("        cur = p;")
+        w("#pragma unroll")
+        w(f"        for (int q = 0; q < {NCH}; ++q)")
+        w("#pragma unroll")
+        w(f"          for (int c = 0; c < {VW}; ++c) sum[q][c] = 0.0f;")
+        w("      }")
+
     if not softmax:
         def add(ind: str, values: list[list[str]]) -> None:
             for c in range(VW):
@@ -174,18 +181,7 @@ def _dst_warp(ctx: Context, k: TraversalKernel, score: Expr | None, message: Exp
             w("    idx_t cur = -1;  // the destination pair being summed (edges of a pair are consecutive in CSR)")
         w("    for (idx_t rid = beg; rid < end; ++rid) {")
         if to_pairs:
-            pair = pair_ix("dst_pair")
-            w(f"      const idx_t p = {pair};")
-            w("      if (p != cur) {")
-            w("        if (cur >= 0) {")
-            flush("          ", "cur", False)
-            w("        }")
-            w("        cur = p;")
-            w("#pragma unroll")
-            w(f"        for (int q = 0; q < {NCH}; ++q)")
-            w("#pragma unroll")
-            w(f"          for (int c = 0; c < {VW}; ++c) sum[q][c] = 0.0f;")
-            w("      }")
+            next_pair()
         edge_values("      ", [message], add)
         w("    }")
         if to_pairs:
@@ -241,17 +237,7 @@ def _dst_warp(ctx: Context, k: TraversalKernel, score: Expr | None, message: Exp
 
             w("    idx_t cur = -1;")
             w("    for (idx_t rid = beg; rid < end; ++rid) {  // pass 2: alpha * message into destination pairs")
-            w(f"      const idx_t p = {pair_ix('dst_pair')};")
-            w("      if (p != cur) {")
-            w("        if (cur >= 0) {")
-            flush("          ", "cur", False)
-            w("        }")
-            w("        cur = p;")
-            w("#pragma unroll")
-            w(f"        for (int q = 0; q < {NCH}; ++q)")
-            w("#pragma unroll")
-            w(f"          for (int c = 0; c < {VW}; ++c) sum[q][c] = 0.0f;")
-            w("      }")
+            next_pair()
             edge_values("      ", [score, message], weighted)
             w("    }")
             w("    if (cur >= 0) {")
