@@ -42,6 +42,7 @@ from torch import Tensor
 from rgtune.data.interop import to_dgl, to_pyg_homogeneous
 from rgtune.models import HGT, RGAT, RGCN, RelationalLayer
 from rgtune.models._base import edge_softmax, segment_matmul
+from rgtune.models.pyg import to_pyg_hgt, to_pyg_rgcn
 
 __all__ = ["Baseline", "BUILDERS", "tie_rgat_attention", "pyg_rgcn", "pyg_rgat", "pyg_hgt", "dgl_rgcn", "dgl_rgat",
            "dgl_hgt"]
@@ -104,14 +105,7 @@ def _pyg():
 
 def pyg_rgcn(layer: RGCN) -> Baseline:
     _pyg()
-    from torch_geometric.nn import RGCNConv
-
-    conv = RGCNConv(layer.in_dim, layer.out_dim, layer.num_rels, aggr="mean")
-    with torch.no_grad():
-        conv.weight.copy_(layer.weight)
-        conv.root.copy_(layer.root)
-        conv.bias.copy_(layer.bias)
-    conv = conv.to(device=_device(layer), dtype=_dtype(layer))
+    conv = to_pyg_rgcn(layer)
     edge_index, edge_type, _ = to_pyg_homogeneous(layer.graph)
     edge_index, edge_type = edge_index.to(_device(layer)), edge_type.to(_device(layer))
     ref = _f64(layer)
@@ -145,25 +139,8 @@ def pyg_rgat(layer: RGAT) -> Baseline:
 
 def pyg_hgt(layer: HGT) -> Baseline:
     _pyg()
-    from torch_geometric.nn import HGTConv
-
     g = layer.graph
-    conv = HGTConv(layer.in_dim, layer.out_dim, (g.ntypes, g.canonical_etypes), heads=layer.heads)
-    R, H = layer.num_rels, layer.heads
-    with torch.no_grad():  # the mapping documented in rgtune.models.HGT
-        for t, nt in enumerate(g.ntypes):
-            kqv = conv.kqv_lin.lins[nt]
-            kqv.weight.copy_(torch.cat([layer.k_weight[t].T, layer.q_weight[t].T, layer.v_weight[t].T], 0))
-            kqv.bias.copy_(torch.cat([layer.k_bias[t], layer.q_bias[t], layer.v_bias[t]]))
-            conv.out_lin.lins[nt].weight.copy_(layer.a_weight[t].T)
-            conv.out_lin.lins[nt].bias.copy_(layer.a_bias[t])
-            conv.skip[nt].copy_(layer.skip[t].view(1))
-        for r, cet in enumerate(g.canonical_etypes):
-            conv.p_rel["__".join(cet)].copy_(layer.mu[r].view(1, H))
-            for h in range(H):
-                conv.k_rel.weight[h * R + r].copy_(layer.w_att[r, h])  # head-major type index
-                conv.v_rel.weight[h * R + r].copy_(layer.w_msg[r, h])
-    conv = conv.to(device=_device(layer), dtype=_dtype(layer))
+    conv = to_pyg_hgt(layer)  # the mapping documented in rgtune.models.HGT
     edge_index = {c: torch.stack(g.edges(c)).to(_device(layer)) for c in g.canonical_etypes}
     dst_types = [t for t in g.ntypes if any(c[2] == t for c in g.canonical_etypes)]
     rows = _rows_of(g, dst_types)  # PyG leaves node types that no relation points to out

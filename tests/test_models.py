@@ -15,6 +15,7 @@ from torch import Tensor
 
 from rgtune.data import HeteroGraph
 from rgtune.models import HGT, RGAT, RGCN, RelationalLayer
+from rgtune.models.pyg import to_pyg_hgt, to_pyg_rgcn
 
 TOL = 1e-10
 MODELS: dict[str, type[RelationalLayer]] = {"rgcn": RGCN, "rgat": RGAT, "hgt": HGT}
@@ -96,50 +97,15 @@ def dst_ntypes(g: HeteroGraph) -> set[str]:
 
 
 # --------------------------------------------------------------------- PyG equivalents
-def pyg_rgcn(layer: RGCN) -> torch.nn.Module:
-    from torch_geometric.nn import RGCNConv
-
-    conv = RGCNConv(layer.in_dim, layer.out_dim, layer.num_rels, aggr="mean").double()
-    with torch.no_grad():
-        conv.weight.copy_(layer.weight)
-        conv.root.copy_(layer.root)
-        conv.bias.copy_(layer.bias)
-    return conv
-
-
 def run_pyg_rgcn(layer: RGCN, x: Tensor) -> Tensor:
     g = layer.graph
-    return pyg_rgcn(layer)(x, torch.stack([g.src, g.dst]), g.etype)
-
-
-def pyg_hgt(layer: HGT) -> torch.nn.Module:
-    """PyG's HGTConv with our weights copied in (the mapping documented in :class:`HGT`)."""
-    from torch_geometric.nn import HGTConv
-
-    g = layer.graph
-    conv = HGTConv(layer.in_dim, layer.out_dim, (g.ntypes, g.canonical_etypes), heads=layer.heads).double()
-    R, H = layer.num_rels, layer.heads
-    with torch.no_grad():
-        for t, nt in enumerate(g.ntypes):
-            kqv = conv.kqv_lin.lins[nt]
-            kqv.weight.copy_(torch.cat([layer.k_weight[t].T, layer.q_weight[t].T, layer.v_weight[t].T], 0))
-            kqv.bias.copy_(torch.cat([layer.k_bias[t], layer.q_bias[t], layer.v_bias[t]]))
-            conv.out_lin.lins[nt].weight.copy_(layer.a_weight[t].T)
-            conv.out_lin.lins[nt].bias.copy_(layer.a_bias[t])
-            conv.skip[nt].copy_(layer.skip[t].view(1))
-        for r, cet in enumerate(g.canonical_etypes):
-            assert conv.edge_types_map[cet] == r
-            conv.p_rel["__".join(cet)].copy_(layer.mu[r].view(1, H))
-            for h in range(H):
-                conv.k_rel.weight[h * R + r].copy_(layer.w_att[r, h])  # head-major type index
-                conv.v_rel.weight[h * R + r].copy_(layer.w_msg[r, h])
-    return conv
+    return to_pyg_rgcn(layer)(x, torch.stack([g.src, g.dst]), g.etype)
 
 
 def run_pyg_hgt(layer: HGT, x: Tensor) -> dict[str, Tensor]:
     g = layer.graph
     edge_index = {c: torch.stack(g.edges(c)) for c in g.canonical_etypes}
-    return pyg_hgt(layer)(g.split_nodes(x), edge_index)
+    return to_pyg_hgt(layer)(g.split_nodes(x), edge_index)
 
 
 def check_hgt_against_pyg(layer: HGT, x: Tensor) -> float:

@@ -54,6 +54,7 @@ from rgtune.runtime._lookup import (TunedScheduleWarning, check_model, fingerpri
 from rgtune.runtime.load import select_schedule
 from rgtune.runtime.module import GraphMismatchError, TunedLayer, tuned_layer
 from rgtune.search_spaces import SearchSpace
+from rgtune.tuner._cli_args import add_layer_args
 from rgtune.tuner.db import DatabaseError, TrialDatabase
 
 __all__ = ["EXPORT_FORMAT", "FORMAT_VERSION", "NoTunedScheduleError", "export", "export_layer", "load_exported",
@@ -312,14 +313,7 @@ def export_main(argv: Sequence[str] | None = None) -> int:
                     "(kernel sources, schedule, provenance, README) that rgtune.runtime.load_exported reads "
                     "without the database.",
         epilog="Example: rgtune export --model hgt --dataset aifb -o tuned_hgt/")
-    p.add_argument("--model", required=True, choices=("rgcn", "rgat", "hgt"))
-    p.add_argument("--dataset", required=True, help="the dataset the schedule was tuned on (aifb, synthetic:...)")
-    p.add_argument("--data-dir", default=None, help="dataset root (default: $RGTUNE_DATA_DIR, else the user cache)")
-    p.add_argument("--hidden", type=_positive, default=64, help="in and out feature size (default 64)")
-    p.add_argument("--in-dim", type=_positive, default=None, help="input feature size (default --hidden)")
-    p.add_argument("--out-dim", type=_positive, default=None, help="output feature size (default --hidden)")
-    p.add_argument("--heads", type=_positive, default=1, help="attention heads (default 1)")
-    p.add_argument("--backend", default="auto", help="auto (default), cpu, cuda, reference")
+    add_layer_args(p, "the dataset the schedule was tuned on (aifb, synthetic:...)")
     p.add_argument("--db", default=None, help="SQLAlchemy URL or .db path (default sqlite:///results.db)")
     p.add_argument("-o", "--output", required=True, help="the folder to write (must not exist, or be empty)")
     p.add_argument("--allow-default", action="store_true", help="export the default schedule when none is recorded")
@@ -345,16 +339,6 @@ def export_main(argv: Sequence[str] | None = None) -> int:
     print(f"exported {s['model']} on {s['graph']['name']} ({what}, backend {s['backend']}) to {out}")
     print(f"load it with: rgtune.runtime.load_exported({str(out)!r}, graph)")
     return 0
-
-
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
-    return v
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -12,7 +12,8 @@ import os
 import sys
 from typing import Any, Callable, Sequence
 
-MODELS = ("rgcn", "rgat", "hgt")
+from rgtune.tuner._cli_args import MODELS, positive_int
+
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
 
@@ -28,18 +29,8 @@ def _add_workload_args(p: argparse.ArgumentParser, dataset_required: bool = True
                    help="aifb, mutag, bgs, am, ogbn-mag, or synthetic:<preset>[,key=value...] (see `rgtune datasets`)")
     p.add_argument("--data-dir", default=None,
                    help="folder with one sub-folder per dataset (default: $RGTUNE_DATA_DIR, else the user cache)")
-    p.add_argument("--hidden", type=_positive_int, default=64, help="input and output feature size (default 64)")
-    p.add_argument("--heads", type=_positive_int, default=1, help="attention heads for RGAT/HGT (default 1)")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
-    return v
+    p.add_argument("--hidden", type=positive_int, default=64, help="input and output feature size (default 64)")
+    p.add_argument("--heads", type=positive_int, default=1, help="attention heads for RGAT/HGT (default 1)")
 
 
 def _parse_sets(items: Sequence[str]) -> dict[str, str]:
@@ -300,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
                "--trials counts measured trials: candidates the cost model prunes are recorded but cost none.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_workload_args(p)
-    p.add_argument("--trials", type=_positive_int, default=None,
+    p.add_argument("--trials", type=positive_int, default=None,
                    help="trials to run now (default 50 unless --time-budget is given)")
     p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS", help="start no trial after this long")
     p.add_argument("--backend", default="auto", help="auto (cuda if a GPU is usable, else cpu), cpu, cuda, reference")
@@ -327,15 +318,15 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--model", choices=MODELS, help="filter by model")
         p.add_argument("--dataset", help="filter by dataset (the graph's name)")
         p.add_argument("--backend", help="filter by backend")
-        p.add_argument("--hidden", type=_positive_int, help="filter by feature size")
-        p.add_argument("--heads", type=_positive_int, help="filter by heads")
+        p.add_argument("--hidden", type=positive_int, help="filter by feature size")
+        p.add_argument("--heads", type=positive_int, help="filter by heads")
         p.add_argument("--db", default=None, help="SQLAlchemy URL (default sqlite:///results.db)")
         fmt = p.add_mutually_exclusive_group()
         fmt.add_argument("--json", action="store_true", help="print JSON")
         fmt.add_argument("--csv", action="store_true", help="print CSV")
         if name == "history":
             p.add_argument("--status", help="only trials with this status (ok, invalid, wrong_result, ...)")
-            p.add_argument("--limit", type=_positive_int, default=None, help="at most this many rows")
+            p.add_argument("--limit", type=positive_int, default=None, help="at most this many rows")
         p.set_defaults(func=func)
 
     # these parse their own arguments (see main)

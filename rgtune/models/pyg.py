@@ -1,0 +1,69 @@
+"""PyG's ``RGCNConv`` and ``HGTConv`` with the weights of rgtune's reference layers copied in.
+
+The parameter mapping is the one documented in :class:`~rgtune.models.RGCN` and
+:class:`~rgtune.models.HGT`; with it, PyG's layers compute the same numbers as ours (the tests
+check it, the benchmarks rely on it). The returned module has the layer's dtype and device.
+
+Example (needs ``torch_geometric``):
+    >>> import torch
+    >>> from rgtune.data import HeteroGraph
+    >>> from rgtune.models import RGCN
+    >>> g = HeteroGraph({"a": 3}, {("a", "r", "a"): ([0, 1, 2], [1, 2, 0])})
+    >>> layer = RGCN(g, 4, 4).double()
+    >>> conv = to_pyg_rgcn(layer)
+    >>> x = torch.randn(3, 4, dtype=torch.float64)
+    >>> torch.allclose(conv(x, torch.stack([g.src, g.dst]), g.etype), layer(x))
+    True
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rgtune.models.hgt import HGT
+from rgtune.models.rgcn import RGCN
+
+__all__ = ["to_pyg_rgcn", "to_pyg_hgt"]
+
+
+def _like(conv: torch.nn.Module, layer: torch.nn.Module) -> torch.nn.Module:
+    # before the copy: a float32 PyG module would round float64 weights
+    p = next(layer.parameters())
+    return conv.to(device=p.device, dtype=p.dtype)
+
+
+def to_pyg_rgcn(layer: RGCN) -> torch.nn.Module:
+    """``torch_geometric.nn.RGCNConv(aggr="mean")`` computing ``layer``; call it as ``conv(x, edge_index, edge_type)``."""
+    from torch_geometric.nn import RGCNConv
+
+    conv = _like(RGCNConv(layer.in_dim, layer.out_dim, layer.num_rels, aggr="mean"), layer)
+    with torch.no_grad():
+        conv.weight.copy_(layer.weight)
+        conv.root.copy_(layer.root)
+        conv.bias.copy_(layer.bias)
+    return conv
+
+
+def to_pyg_hgt(layer: HGT) -> torch.nn.Module:
+    """``torch_geometric.nn.HGTConv`` computing ``layer``; call it as ``conv(x_dict, edge_index_dict)``."""
+    from torch_geometric.nn import HGTConv
+
+    g = layer.graph
+    conv = _like(HGTConv(layer.in_dim, layer.out_dim, (g.ntypes, g.canonical_etypes), heads=layer.heads), layer)
+    R, H = layer.num_rels, layer.heads
+    with torch.no_grad():
+        for t, nt in enumerate(g.ntypes):
+            kqv = conv.kqv_lin.lins[nt]
+            kqv.weight.copy_(torch.cat([layer.k_weight[t].T, layer.q_weight[t].T, layer.v_weight[t].T], 0))
+            kqv.bias.copy_(torch.cat([layer.k_bias[t], layer.q_bias[t], layer.v_bias[t]]))
+            conv.out_lin.lins[nt].weight.copy_(layer.a_weight[t].T)
+            conv.out_lin.lins[nt].bias.copy_(layer.a_bias[t])
+            conv.skip[nt].copy_(layer.skip[t].view(1))
+        for r, cet in enumerate(g.canonical_etypes):
+            if conv.edge_types_map[cet] != r:  # PyG numbers relations itself; the copy assumes the same order
+                raise RuntimeError(f"PyG numbers relation {cet} as {conv.edge_types_map[cet]}, rgtune as {r}")
+            conv.p_rel["__".join(cet)].copy_(layer.mu[r].view(1, H))
+            for h in range(H):
+                conv.k_rel.weight[h * R + r].copy_(layer.w_att[r, h])  # head-major type index
+                conv.v_rel.weight[h * R + r].copy_(layer.w_msg[r, h])
+    return conv
