@@ -15,3 +15,8 @@ fi
 # shellcheck disable=SC1091
 . .venv/bin/activate
 export DGLBACKEND=pytorch
+# Offline copies of the real datasets sit beside the checkout in CI (and on the development
+# machines); elsewhere the loaders use the user cache and download what is missing.
+if [ -z "${RGTUNE_DATA_DIR:-}" ] && [ -d ../shared/datasets ]; then
+    export RGTUNE_DATA_DIR="$(cd ../shared/datasets && pwd)"
+fi
