@@ -70,10 +70,6 @@ class CurveTuner(Tuner):
         super()._setup()
         self.setup_s = time.perf_counter() - self._t0
 
-    @property
-    def bind_status(self) -> str:
-        return self.pruner_status or ""
-
     def _evaluate(self, config: dict[str, Any], point: Any, number: int) -> MeasureResult:
         result = super()._evaluate(config, point, number)
         ms = result.median * 1e3 if result.status == "ok" and result.median is not None else None

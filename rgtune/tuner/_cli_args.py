@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-MODELS = ("rgcn", "rgat", "hgt")
+from rgtune.ir.models import MODELS as _IR_MODELS
+
+MODELS = tuple(_IR_MODELS)  # the models the IR defines: rgcn, rgat, hgt
 
 
 def positive_int(text: str) -> int:

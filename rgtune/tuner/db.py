@@ -158,8 +158,9 @@ class WorkloadFilter(TypedDict, total=False):
 
 
 
-#: what losing a race to create Optuna's tables looks like (the winner made them meanwhile)
-_LOST_CREATE_RACE = ("already exists", "UNIQUE constraint failed", "database is locked", "duplicate key")
+def _lost_create_race(exc: sa_exc.DBAPIError) -> bool:
+    """A concurrent first open lost the race to create or stamp Optuna's tables (the winner made them)."""
+    return any(m in str(exc) for m in ("already exists", "UNIQUE constraint failed", "duplicate key"))
 
 
 def _utcnow() -> datetime:
@@ -258,6 +259,7 @@ class TrialDatabase:
         """
         return self.engine.url.render_as_string(hide_password=False)
 
+    @_translated
     def optuna_storage(self) -> Any:
         """An ``optuna.storages.RDBStorage`` on this database, safe to open from many workers at once.
 
@@ -272,17 +274,12 @@ class TrialDatabase:
             raise DatabaseReadOnlyError(f"{self.name} was opened read-only; Optuna's storage writes to it")
         # the same SQLite file is written by rgtune's own engine: wait for its locks instead of failing
         kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}} if self.dialect == "sqlite" else {}
-        attempts = 6
-        for attempt in range(attempts):
-            try:
-                with schema_lock(self._writer):
-                    return optuna.storages.RDBStorage(self.url, engine_kwargs=kwargs)
-            except sa_exc.DBAPIError as e:
-                # SQLite: the loser of a race to create or stamp the tables fails, then finds them made
-                if attempt == attempts - 1 or not any(m in str(e) for m in _LOST_CREATE_RACE):
-                    raise self._translate(e) from e
-                time.sleep(0.1 * (attempt + 1) * (1.0 + random.random()))
-        raise AssertionError("unreachable")
+
+        def open_storage() -> Any:
+            with schema_lock(self._writer):
+                return optuna.storages.RDBStorage(self.url, engine_kwargs=kwargs)
+
+        return self._retrying(open_storage, also=_lost_create_race)
 
     @property
     def dialect(self) -> str:
@@ -323,13 +320,14 @@ class TrialDatabase:
         with Session(self._writer if write else self.engine, expire_on_commit=False) as s, s.begin():
             yield s
 
-    def _retrying(self, fn: Callable[[], T]) -> T:
+    def _retrying(self, fn: Callable[[], T], also: Callable[[sa_exc.DBAPIError], bool] | None = None) -> T:
+        """Run ``fn``, re-running it after retryable errors (and those ``also`` accepts)."""
         delay = 0.05
         for attempt in range(self._retries + 1):
             try:
                 return fn()
             except sa_exc.DBAPIError as e:
-                if attempt == self._retries or not is_retryable(e):
+                if attempt == self._retries or not (is_retryable(e) or (also is not None and also(e))):
                     raise
             time.sleep(delay * (1.0 + random.random()))  # jitter: two losers must not collide again
             delay = min(delay * 2, 2.0)

@@ -178,12 +178,13 @@ class Tuner:
         self._fail_abandoned_optuna_trials()
         if not self.study.trials:
             self.study.enqueue_trial(self.space.default(), skip_if_exists=True)
-        self.pruner_status: str | None = None
         pruner = self.options.pruner
-        if isinstance(pruner, LearningPruner):
-            self.pruner_status = pruner.bind(self.db, self.record, self.graph, self.space)
+        #: the pruner, when it learns from the study (bound now, fed every measured trial, closed at the end)
+        self._learner: LearningPruner | None = pruner if isinstance(pruner, LearningPruner) else None
+        if self._learner is not None:
+            self._learner.bind(self.db, self.record, self.graph, self.space)  # its status ends up in describe()
             # the policy and its parameters stay with the study (counts are updated at the end)
-            self.study.set_user_attr("rgtune.pruner", pruner.describe())
+            self.study.set_user_attr("rgtune.pruner", self._learner.describe())
 
     @staticmethod
     def _latest_study_name(storage: Any, base: str) -> str:
@@ -270,17 +271,15 @@ class Tuner:
         return result
 
     def _observe(self, config: dict[str, Any], point: Any, result: MeasureResult) -> None:
-        pruner = self.options.pruner
-        if isinstance(pruner, LearningPruner) and result.status != "invalid":
+        if self._learner is not None and result.status != "invalid":
             ms = result.median * 1e3 if result.status == "ok" and result.median is not None else None
-            pruner.observe(config, point, ms)
+            self._learner.observe(config, point, ms)
 
     def _close_pruner(self) -> dict[str, Any] | None:
-        pruner = self.options.pruner
-        if not isinstance(pruner, LearningPruner):
+        if self._learner is None:
             return None
-        pruner.close()
-        info = pruner.describe()
+        self._learner.close()
+        info = self._learner.describe()
         self.study.set_user_attr("rgtune.pruner", info)
         return info
 

@@ -136,6 +136,13 @@ def warp_per_dst_head(lines: list[str], fname: str, threads: int, coarsening: in
     w("    const idx_t beg = csr_indptr[v], end = csr_indptr[v + 1];")
 
 
+def softmax_fold(ind: str, m: str, den: str, x: str) -> list[str]:
+    """Fold score ``x`` into a running max ``m`` and sum ``den`` of exp(score - m) (online softmax)."""
+    return [f"{ind}const float mn = fmaxf({m}, {x});",
+            f"{ind}{den} = {den} * expf({m} - mn) + expf({x} - mn);",
+            f"{ind}{m} = mn;"]
+
+
 def finish_kernel(ctx: Context, lines: list[str], sizes: list[tuple[str, str]]) -> tuple[str, tuple[Arg, ...]]:
     """The kernel text with its parameter list, and the arguments the runtime binds."""
     args = ctx.args((), sizes)

@@ -9,7 +9,9 @@ max (``rg_atomic_max``, the int-ordering trick), then ``exp(score - max)`` and a
 
 from __future__ import annotations
 
-from rgtune.codegen.cuda._context import Body, Context, finish_kernel, kernel_head, warp_per_dst_head
+from typing import Callable
+
+from rgtune.codegen.cuda._context import Body, Context, finish_kernel, kernel_head, softmax_fold, warp_per_dst_head
 from rgtune.codegen.cuda._unit import Grid, Launch, Temp
 from rgtune.ir.kernels import Expr, KernelProgram, TraversalKernel, expr_str
 
@@ -30,20 +32,21 @@ def softmax_dst_lanes(ctx: Context, k: TraversalKernel, score: Expr, NT: int, C:
     w(f"    float m[{CH}], den[{CH}];  // per channel: running max and rescaled sum of this lane's edges")
     w("#pragma unroll")
     w(f"    for (int ch = 0; ch < {CH}; ++ch) {{ m[ch] = -INFINITY; den[ch] = 0.0f; }}")
-    em = ctx.emitter("edge", "rid")
-    stmts, x = em.block(score, "h", "d")
-    w("    for (idx_t rid = beg + lane; rid < end; rid += 32) {")
-    w("#pragma unroll")
-    w(f"      for (int ch = 0; ch < {CH}; ++ch) {{")
-    w(f"        const int h = ch / {DS}, d = ch % {DS};")
-    w("        (void)h; (void)d;")
-    L.extend("        " + s for s in stmts)
-    w(f"        const float x = {x};")
-    w("        const float mn = fmaxf(m[ch], x);")
-    w("        den[ch] = den[ch] * expf(m[ch] - mn) + expf(x - mn);")
-    w("        m[ch] = mn;")
-    w("      }")
-    w("    }")
+
+    def lane_edges(body: Callable[[str], list[str]]) -> None:
+        """Each lane over every 32nd in-edge, per channel: the score as ``x``, then ``body(x)``."""
+        stmts, x = ctx.emitter("edge", "rid").block(score, "h", "d")
+        w("    for (idx_t rid = beg + lane; rid < end; rid += 32) {")
+        w("#pragma unroll")
+        w(f"      for (int ch = 0; ch < {CH}; ++ch) {{")
+        w(f"        const int h = ch / {DS}, d = ch % {DS};")
+        w("        (void)h; (void)d;")
+        L.extend("        " + s for s in stmts)
+        L.extend("        " + line for line in body(x))
+        w("      }")
+        w("    }")
+
+    lane_edges(lambda x: [f"const float x = {x};", *softmax_fold("", "m[ch]", "den[ch]", "x")])
     w("#pragma unroll")
     w(f"    for (int ch = 0; ch < {CH}; ++ch) {{  // combine the lanes' (max, sum) pairs")
     w("#pragma unroll")
@@ -55,17 +58,7 @@ def softmax_dst_lanes(ctx: Context, k: TraversalKernel, score: Expr, NT: int, C:
     w("        m[ch] = mn;")
     w("      }")
     w("    }")
-    em2 = ctx.emitter("edge", "rid")
-    stmts2, x2 = em2.block(score, "h", "d")
-    w("    for (idx_t rid = beg + lane; rid < end; rid += 32) {")
-    w("#pragma unroll")
-    w(f"      for (int ch = 0; ch < {CH}; ++ch) {{")
-    w(f"        const int h = ch / {DS}, d = ch % {DS};")
-    w("        (void)h; (void)d;")
-    L.extend("        " + s for s in stmts2)
-    w(f"        out[(long)rid * {CH} + ch] = expf({x2} - m[ch]) / den[ch];")
-    w("      }")
-    w("    }")
+    lane_edges(lambda x: [f"out[(long)rid * {CH} + ch] = expf({x} - m[ch]) / den[ch];"])
     w("  }")
     w("}")
     text, args = finish_kernel(ctx, L, [("node", "num_rows")])

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from rgtune.codegen.cuda._context import Body, Context, finish_kernel, kernel_head, warp_per_dst_head
+from rgtune.codegen.cuda._context import Body, Context, finish_kernel, kernel_head, softmax_fold, warp_per_dst_head
 from rgtune.codegen.cuda._expr import ATOMIC_MAX, FIND_PAIR, UnsupportedKernel, prelude
 from rgtune.codegen.cuda._lanes import atomic_vec, chunk, store_vec, warp_inner
 from rgtune.codegen.cuda._softmax import softmax_dst_lanes, softmax_edge_passes
@@ -221,9 +221,7 @@ def _dst_warp(ctx: Context, k: TraversalKernel, score: Expr | None, message: Exp
                     x = values[0][0] if sc_broadcast else values[0][c]
                     w(f"{ind}{{")
                     w(f"{ind}  const float x = {x};")
-                    w(f"{ind}  const float mn = fmaxf(m[q][{c}], x);")
-                    w(f"{ind}  den[q][{c}] = den[q][{c}] * expf(m[q][{c}] - mn) + expf(x - mn);")
-                    w(f"{ind}  m[q][{c}] = mn;")
+                    L.extend(softmax_fold(ind + "  ", f"m[q][{c}]", f"den[q][{c}]", "x"))
                     w(f"{ind}}}")
 
             w("    for (idx_t rid = beg; rid < end; ++rid) {  // pass 1: softmax max and denominator")
