@@ -23,6 +23,7 @@ from rgtune.tuner.costmodel import (
     CostModelPruner,
     GraphLoader,
     PrunePolicy,
+    RankPolicy,
     Sample,
     WorkloadContext,
     costmodel_main,
@@ -272,6 +273,34 @@ def test_warmup_max_skip_and_observe(history):
         PrunePolicy(explore=1.5)
 
 
+def test_the_rank_policy_measures_the_best_predicted_candidate_not_measured_yet(history):
+    from rgtune.tuner._db_records import canonical_knobs
+
+    assert CostModelPruner(policy=RankPolicy()).pool_size() == 1  # not bound (no model): the sampler alone
+    pruner, space = _bound_pruner(history, RankPolicy(pool=8, explore=0.0))
+    assert pruner.pool_size() == 8
+    rng = random.Random(4)
+    pool = [(c, space.compile(c)) for c in (space.sample(rng) for _ in range(8))]
+    fresh = [i for i, (c, _) in enumerate(pool) if canonical_knobs(c)[1] not in pruner._measured]
+    assert len(fresh) >= 2
+    pick, predicted = pruner.rank(pool)
+    assert len(predicted) == 8 and all(ms is not None and ms > 0 for ms in predicted)
+    assert pick == min(fresh, key=lambda i: predicted[i])
+    pruner.observe(pool[pick][0], pool[pick][1], 5.0)  # measured now: the next pool passes it over
+    again, _ = pruner.rank(pool)
+    assert again != pick and again in fresh
+    # one candidate at a time (the enqueued default schedule) is measured, with its prediction
+    prune, ms = pruner(space.default(), space.compile(space.default()))
+    assert not prune and ms is not None
+    explorer, _ = _bound_pruner(history, RankPolicy(pool=8, explore=1.0))
+    assert explorer.rank(pool)[0] == fresh[0]  # exploring: the sampler's own first proposal
+    desc = pruner.describe()
+    assert desc["policy"]["pool"] == 8 and desc["counts"]["pools"] == 2 and desc["counts"]["not_picked"] == 14
+    for bad in ({"pool": 1}, {"explore": -0.1}, {"retrain_every": 0}):
+        with pytest.raises(ValueError):
+            RankPolicy(**bad)
+
+
 def _copy(db: TrialDatabase, tmp_path: Path) -> TrialDatabase:
     import sqlite3
 
@@ -328,6 +357,30 @@ def test_the_tuning_loop_drives_a_model_trained_on_other_graphs(tmp_path):
         assert run <= 3
 
 
+def test_the_tuning_loop_ranks_pools_with_a_model_trained_on_other_graphs(tmp_path):
+    from rgtune.tuner.measure import MeasureOptions, MeasureWorker, Workload
+    from rgtune.tuner.study import TuneOptions, Tuner
+
+    workload = Workload("rgcn", GRAPHS[1], *SIZES, "reference")
+    with MeasureWorker(workload) as worker:
+        here = worker.start()
+    db = TrialDatabase(f"sqlite:///{tmp_path / 'results.db'}")
+    for i, name in enumerate((GRAPHS[0], GRAPHS[2])):
+        _fill(db, name, 16, seed=i, device=here, backend="reference")
+    pruner = CostModelPruner(CostModel(small_hgb), RankPolicy(pool=6, explore=0.0, retrain_every=2),
+                             model_path=None, graphs=LOADED)
+    s = Tuner(workload, db, TuneOptions(trials=5, seed=0, progress=False, pruner=pruner,
+                                        measure=MeasureOptions(warmup=1, repeats=2, min_seconds=0.0))).run()
+    counts = s.pruner["counts"]
+    assert s.measured == s.trials_run == 5 and s.statuses == {"ok": 5}, s.statuses
+    assert counts["pools"] == 4 and counts["refits"] == 2, counts
+    # the default schedule alone, then 4 pools of up to 6 valid candidates, one measured from each
+    assert counts["candidates"] <= 1 + 4 * 6 and counts["not_picked"] == counts["candidates"] - 1 - 4, counts
+    rows = db.history(s.workload_id)
+    assert len(rows) == 5 and len({r.schedule_hash for r in rows}) == 5  # a pool never re-measures a schedule
+    assert all(r.predicted_ms is not None and r.predicted_ms > 0 for r in rows[1:])
+
+
 def test_tune_cli_cost_model_flags(tmp_path):
     from rgtune.tuner.cli import main
 
@@ -338,13 +391,19 @@ def test_tune_cli_cost_model_flags(tmp_path):
     with redirect_stdout(buf):
         assert main(args) == 0
     out = buf.getvalue()
-    # a fresh database: the model stays out of the way and says why
-    assert "measured trials" in out and re.search(r"cost model: cost model off: .*0 of \d+ candidates pruned", out), out
+    # a fresh database: the model stays out of the way and says why (the default policy ranks pools)
+    assert "measured trials" in out and re.search(r"cost model: cost model off: .*picked 0 of 0 proposed", out), out
     buf = io.StringIO()
     with redirect_stdout(buf):
         assert main(args + ["--cost-model", "off"]) == 0
     assert "cost model:" not in buf.getvalue()
-    assert main(args + ["--cost-model-margin", "0.5"]) == 2
+    assert main(args + ["--cost-model-policy", "prune", "--cost-model-margin", "0.5"]) == 2
+    assert main(args + ["--cost-model-margin", "2"]) == 2  # a prune setting with the rank policy: an error
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        assert main(args + ["--cost-model-policy", "prune", "--cost-model-margin", "2"]) == 0
+    assert re.search(r"cost model: cost model off: .*0 of \d+ candidates pruned", buf.getvalue()), buf.getvalue()
+    assert main(args + ["--cost-model-policy", "rank", "--cost-model-pool", "1"]) == 2
     with redirect_stdout(io.StringIO()):
         assert main(["costmodel", "--eval", "--db", url]) == 2  # the subcommand is reachable from `rgtune`
 

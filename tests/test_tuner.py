@@ -168,6 +168,78 @@ def test_a_pruner_that_prunes_everything_cannot_stall_the_study(db):
     assert s.measured == 0 and s.statuses == {"pruned": 6} and pruner.observed == [] and pruner.closed == 1
 
 
+class _ScriptedRanker(_ScriptedPruner):
+    """Asks for pools of 4 candidates and picks the last one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pools: list[list[dict]] = []
+        self.picks: list[dict] = []
+
+    def pool_size(self) -> int:
+        return 4
+
+    def rank(self, candidates):
+        assert candidates and all(point.valid for _, point in candidates)  # only valid ones are ranked
+        self.pools.append([dict(c) for c, _ in candidates])
+        self.picks.append(dict(candidates[-1][0]))
+        return len(candidates) - 1, [1.0 + i for i in range(len(candidates))]
+
+
+def test_a_ranking_pruner_measures_its_pick_of_each_pool_and_the_study_holds_only_measurements(db):
+    import optuna
+
+    from rgtune.tuner._db_records import canonical_knobs
+
+    ranker = _ScriptedRanker()
+    s = Tuner(_workload("reference"), db, TuneOptions(trials=5, seed=0, progress=False, measure=FAST,
+                                                       pruner=ranker)).run()
+    assert s.measured == 5 and s.statuses == {"ok": 5} and s.trials_run == 5
+    assert ranker.calls == 1  # the enqueued default schedule came alone; every later measurement from a pool
+    assert len(ranker.pools) == 4 and all(len(p) == 4 for p in ranker.pools)
+    assert len({str(sorted(c.items())) for pool in ranker.pools for c in pool}) > 4  # the pools differ
+    rows = db.history(s.workload_id)
+    assert [r.knobs for r in rows[1:]] == [canonical_knobs(c)[0] for c in ranker.picks]
+    assert all(r.predicted_ms == 4.0 for r in rows[1:])  # the pick's prediction is recorded with it
+    assert len(ranker.observed) == 5 and ranker.closed == 1
+    study = optuna.load_study(study_name=s.study_name, storage=db.url)
+    # candidates not picked are not trials: the study holds the 5 measurements, linked to the history
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 5
+    assert [t.user_attrs["rgtune.trial_id"] for t in study.trials] == [r.id for r in rows]
+    assert [t.value for t in study.trials] == pytest.approx([r.median_ms for r in rows])
+
+
+def test_the_proposal_pool_copies_every_finished_trial_of_the_study_once(db):
+    import optuna
+
+    from rgtune.tuner.study import _ProposalPool, make_sampler
+
+    Tuner(_workload("reference"), db, TuneOptions(trials=3, seed=0, progress=False, measure=FAST)).run()
+    study = optuna.load_study(study_name=optuna.get_all_study_names(db.url)[0], storage=db.url)
+    pool = _ProposalPool(make_sampler("tpe", 0))
+    pool.sync(study)
+    pool.sync(study)
+    finished = [t for t in pool.copy.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert sorted(t.value for t in finished) == sorted(t.value for t in study.trials)
+    # another worker's trial shows up with the next sync; the proposals themselves stay off the study
+    t = study.ask()
+    for name, dist in study.trials[0].distributions.items():
+        t.suggest_categorical(name, dist.choices)
+    study.tell(t, 1.0)
+    proposals = pool.propose(3, _space())
+    pool.sync(study)
+    assert len(study.trials) == 4 and len(proposals) == 3
+    assert sum(t.state == optuna.trial.TrialState.COMPLETE for t in pool.copy.trials) == 4
+
+
+def _space():
+    from rgtune.data import load_dataset
+    from rgtune.ir.models import build_model
+    from rgtune.search_spaces import SearchSpace
+
+    return SearchSpace(build_model("rgcn", 8, 8, 1), load_dataset(GRAPH), "cpu")
+
+
 def _tune_cmd(db_url: str, trials: int, backend: str) -> list[str]:
     return [sys.executable, "-m", "rgtune.tuner.cli", "tune", "--model", "rgcn", "--dataset", GRAPH, "--hidden", "8",
             "--trials", str(trials), "--backend", backend, "--db", db_url, "--sampler", "random", "--seed", "1",

@@ -16,6 +16,8 @@ from rgtune.tuner._cli_args import MODELS, positive_int
 
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
+#: ``tune --cost-model-policy`` unless given (see BENCHMARKS.md, "Learned cost model", for how they compare)
+DEFAULT_POLICY = "rank"
 
 
 class CLIError(Exception):
@@ -170,13 +172,27 @@ def cmd_tune(args: argparse.Namespace) -> int:
 def _cost_model_pruner(args: argparse.Namespace) -> Any:
     if args.cost_model == "off":
         return None
-    from rgtune.tuner.costmodel import CostModelPruner, PrunePolicy
+    from rgtune.tuner.costmodel import CostModelPruner, PrunePolicy, RankPolicy
 
+    seed, name = args.seed or 0, args.cost_model_policy
+    other = {"rank": ("--cost-model-margin", args.cost_model_margin), "prune": ("--cost-model-pool", args.cost_model_pool)}
+    flag, value = other[name]
+    if value is not None:
+        raise CLIError(f"{flag} does not apply to --cost-model-policy {name}")
     try:
-        policy = PrunePolicy(margin=args.cost_model_margin, explore=args.cost_model_explore, seed=args.seed or 0)
+        if name == "rank":
+            policy: Any = RankPolicy(pool=_or(args.cost_model_pool, RankPolicy.pool), explore=args.cost_model_explore,
+                                     seed=seed)
+        else:
+            policy = PrunePolicy(margin=_or(args.cost_model_margin, PrunePolicy.margin),
+                                 explore=args.cost_model_explore, seed=seed)
     except ValueError as e:
-        raise CLIError(f"--cost-model-margin/--cost-model-explore: {e}") from e
+        raise CLIError(f"--cost-model-policy {name}: {e}") from e
     return CostModelPruner(policy=policy, data_dir=args.data_dir)
+
+
+def _or(value: Any, default: Any) -> Any:
+    return default if value is None else value
 
 
 def _print_summary(s) -> None:
@@ -185,8 +201,12 @@ def _print_summary(s) -> None:
           + (" -- interrupted; run the same command to resume" if s.interrupted else ""))
     if s.pruner is not None:
         c = s.pruner.get("counts", {})
-        print(f"cost model: {s.pruner.get('status')}; {c.get('pruned', 0)} of {c.get('candidates', 0)} candidates "
-              f"pruned, {c.get('refits', 0)} refits")
+        if "pools" in c:  # the rank policy
+            what = (f"picked {c['pools']} of {c.get('candidates', 0)} proposed candidates to measure "
+                    f"({c.get('explored', 0)} were the sampler's own pick)")
+        else:
+            what = f"{c.get('pruned', 0)} of {c.get('candidates', 0)} candidates pruned"
+        print(f"cost model: {s.pruner.get('status')}; {what}, {c.get('refits', 0)} refits")
     if s.default_ms is not None:
         print(f"default schedule: {s.default_ms:.4g} ms")
     if s.best_ms is None:
@@ -288,7 +308,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "verify and time every point, and record each trial in the database. The same command "
                     "resumes the same study.",
         epilog="Example: tune --model hgt --dataset aifb --trials 50\n\n"
-               "--trials counts measured trials: candidates the cost model prunes are recorded but cost none.",
+               "--trials counts measured trials: candidates the cost model prunes are recorded but cost none; with "
+               "the rank policy, the candidates of a pool that are not picked are not trials at all.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_workload_args(p)
     p.add_argument("--trials", type=positive_int, default=None,
@@ -303,13 +324,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fresh", action="store_true", help="start a new study instead of resuming (history is kept)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--cost-model", default="on", choices=("on", "off"),
-                   help="on (default): the learned cost model, trained on this device's history, skips measuring "
-                        "candidates it predicts clearly slower than the best so far (recorded as pruned; they do "
-                        "not count against --trials); it stays out of the way until the history is large enough")
-    p.add_argument("--cost-model-margin", type=float, default=1.5, metavar="X",
-                   help="prune a candidate predicted slower than X times the best measured schedule (default 1.5)")
+                   help="on (default): the learned cost model, trained on this device's history, steers the "
+                        "search (see --cost-model-policy); it stays out of the way until the history is large "
+                        "enough, and says so")
+    p.add_argument("--cost-model-policy", default=DEFAULT_POLICY, choices=("prune", "rank"),
+                   help="prune: skip measuring candidates predicted clearly slower than the best so far (recorded "
+                        "as pruned; they do not count against --trials); rank: the sampler proposes "
+                        "--cost-model-pool candidates per measurement and the one predicted fastest is measured, "
+                        "unless it is predicted less than 5%% faster than the sampler's own first proposal "
+                        f"(default {DEFAULT_POLICY})")
+    p.add_argument("--cost-model-margin", type=float, default=None, metavar="X",
+                   help="prune: skip a candidate predicted slower than X times the best measured schedule "
+                        "(default 1.5)")
+    p.add_argument("--cost-model-pool", type=int, default=None, metavar="N",
+                   help="rank: candidates proposed per measurement (default 16)")
     p.add_argument("--cost-model-explore", type=float, default=0.1, metavar="FRACTION",
-                   help="fraction of candidates measured whatever the prediction (default 0.1)")
+                   help="prune: fraction of candidates measured whatever the prediction; rank: fraction of "
+                        "measurements that take the sampler's own proposal (default 0.1)")
     p.set_defaults(func=cmd_tune)
 
     for name, about, func in (("best", "the best recorded schedule of a workload", cmd_best),

@@ -1,5 +1,11 @@
 """The tuning loop: Optuna ask -> suggest a point -> (invalid? pruned?) -> measure -> tell.
 
+With a ranking pruner (the cost model's rank policy) a measurement instead starts from a pool:
+the sampler proposes ``pool`` candidates on an in-memory copy of the study (on the database
+each proposal would write its parameters, ~50 ms on SQLite, against ~3 ms in memory), the
+pruner picks one, and only that one is measured and added to the study. The copy learns
+every finished trial of the study, this worker's and any other's, before each pool.
+
 One Optuna study per workload (model, sizes, graph content, device, backend, mode), stored
 through Optuna's RDBStorage in the same database as rgtune's trial history. The same command
 resumes the same study; ``fresh=True`` starts a new one (the recorded trials stay: they are
@@ -33,7 +39,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from rgtune.tuner.measure import MeasureOptions, MeasureResult, MeasureWorker, Workload
 
@@ -73,6 +79,19 @@ class LearningPruner(Pruner, Protocol):
 
     def describe(self) -> dict[str, Any]:
         """Policy, settings, status and counts, as JSON values (recorded with the study)."""
+        ...
+
+
+@runtime_checkable
+class RankingPruner(LearningPruner, Protocol):
+    """A learning pruner that can also pick the one candidate to measure out of a pool of proposals."""
+
+    def pool_size(self) -> int:
+        """How many candidates to propose for the next measurement (1: one at a time, through ``__call__``)."""
+        ...
+
+    def rank(self, candidates: Sequence[tuple[dict[str, Any], Any]]) -> tuple[int, list[float | None]]:
+        """The index of the valid ``(config, point)`` candidate to measure, and each one's predicted ms."""
         ...
 
 
@@ -181,6 +200,8 @@ class Tuner:
         pruner = self.options.pruner
         #: the pruner, when it learns from the study (bound now, fed every measured trial, closed at the end)
         self._learner: LearningPruner | None = pruner if isinstance(pruner, LearningPruner) else None
+        self._ranker: RankingPruner | None = pruner if isinstance(pruner, RankingPruner) else None
+        self._proposals: _ProposalPool | None = None  # created with the first pool
         if self._learner is not None:
             self._learner.bind(self.db, self.record, self.graph, self.space)  # its status ends up in describe()
             # the policy and its parameters stay with the study (counts are updated at the end)
@@ -208,8 +229,6 @@ class Tuner:
 
     # ------------------------------------------------------------------ loop
     def run(self) -> TuneSummary:
-        from optuna.trial import TrialState
-
         self._setup()
         opts = self.options
         start = time.time()
@@ -222,25 +241,11 @@ class Tuner:
             while (opts.trials is None or measured < opts.trials) and \
                     (max_proposed is None or proposed < max_proposed) and \
                     (opts.time_budget is None or time.time() - start < opts.time_budget):
-                trial = self.study.ask()
-                trial.set_user_attr("rgtune.worker", _worker_id())
-                config = self.space.suggest(trial)
-                tid = self.db.start_trial(self.record, config, optuna_trial=trial.number)
-                trial.set_user_attr("rgtune.trial_id", tid)
-                try:
-                    point = self.space.compile(config)
-                    result = self._evaluate(config, point, trial.number)
-                except KeyboardInterrupt:
-                    self.db.finish_trial(tid, "failed", error="interrupted (Ctrl-C)")
-                    self.study.tell(trial, state=TrialState.FAIL)
-                    raise
-                self._record(tid, result)
-                if result.status == "ok":
-                    self.study.tell(trial, result.median * 1e3)  # type: ignore[operator]
-                elif result.status == "pruned":
-                    self.study.tell(trial, state=TrialState.PRUNED)
+                pool = self._ranker.pool_size() if self._ranker is not None else 1
+                if pool > 1 and not self._enqueued():
+                    config, point, result = self._pool_round(pool)
                 else:
-                    self.study.tell(trial, state=TrialState.FAIL)
+                    config, point, result = self._single_round()
                 statuses[result.status] = statuses.get(result.status, 0) + 1
                 proposed += 1
                 if result.status not in UNMEASURED:
@@ -256,11 +261,67 @@ class Tuner:
             pruner_info = self._close_pruner()
         return self._summary(proposed, measured, statuses, time.time() - start, interrupted, pruner_info)
 
-    def _evaluate(self, config: dict[str, Any], point: Any, number: int) -> MeasureResult:
+    def _single_round(self) -> tuple[dict[str, Any], Any, MeasureResult]:
+        """Ask the study for one candidate; prune or measure it; tell the study."""
+        from optuna.trial import TrialState
+
+        trial = self.study.ask()
+        trial.set_user_attr("rgtune.worker", _worker_id())
+        config = self.space.suggest(trial)
+        tid = self.db.start_trial(self.record, config, optuna_trial=trial.number)
+        trial.set_user_attr("rgtune.trial_id", tid)
+        try:
+            point = self.space.compile(config)
+            result = self._evaluate(config, point, trial.number)
+        except KeyboardInterrupt:
+            self.db.finish_trial(tid, "failed", error="interrupted (Ctrl-C)")
+            self.study.tell(trial, state=TrialState.FAIL)
+            raise
+        self._record(tid, result)
+        if result.status == "ok":
+            self.study.tell(trial, result.median * 1e3)  # type: ignore[operator]
+        elif result.status == "pruned":
+            self.study.tell(trial, state=TrialState.PRUNED)
+        else:
+            self.study.tell(trial, state=TrialState.FAIL)
+        return config, point, result
+
+    def _pool_round(self, pool: int) -> tuple[dict[str, Any], Any, MeasureResult]:
+        """Propose ``pool`` candidates, measure the ranking pruner's pick, add it to the study."""
+        assert self._ranker is not None
+        if self._proposals is None:
+            self._proposals = _ProposalPool(make_sampler(self.options.sampler, self.options.seed))
+        self._proposals.sync(self.study)
+        proposals = self._proposals.propose(pool, self.space)
+        compiled = [(p, self.space.compile(p.config)) for p in proposals]
+        valid = [(p, point) for p, point in compiled if point.valid]
+        if valid:
+            pick, predictions = self._ranker.rank([(p.config, point) for p, point in valid])
+            (chosen, point), predicted = valid[pick], predictions[pick]
+        else:  # every proposal breaks a constraint: record one as invalid, as the single path would
+            (chosen, point), predicted = compiled[0], None
+        tid = self.db.start_trial(self.record, chosen.config)  # its Optuna trial exists once it is told
+        try:
+            result = self._evaluate(chosen.config, point, chosen.number, ranked=True, predicted=predicted)
+        except KeyboardInterrupt:
+            self.db.finish_trial(tid, "failed", error="interrupted (Ctrl-C)")
+            raise
+        self._record(tid, result)
+        self._proposals.tell(self.study, chosen, result, {"rgtune.trial_id": tid, "rgtune.worker": _worker_id()})
+        return chosen.config, point, result
+
+    def _enqueued(self) -> bool:
+        """Trials wait in the study (the default schedule, or a user's ``enqueue_trial``): they come first."""
+        from optuna.trial import TrialState
+
+        return bool(self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+
+    def _evaluate(self, config: dict[str, Any], point: Any, number: int, *, ranked: bool = False,
+                  predicted: float | None = None) -> MeasureResult:
+        """Prune or measure one candidate (``ranked``: a ranking pruner chose it out of a pool, ``predicted``)."""
         if not point.valid:  # recorded, never compiled
             return MeasureResult("invalid", error="; ".join(point.problems))
-        predicted = None
-        if self.options.pruner is not None:
+        if not ranked and self.options.pruner is not None:
             prune, predicted = self.options.pruner(config, point)
             if prune:
                 return MeasureResult("pruned", info={"predicted_ms": predicted})
@@ -340,6 +401,61 @@ def _progress(opts: TuneOptions) -> Any:
     from tqdm import tqdm
 
     return tqdm(total=opts.trials, unit="trial", dynamic_ncols=True, desc="tuning")
+
+
+@dataclass
+class _Proposal:
+    """A candidate proposed on the in-memory copy: its knob values and its Optuna parameters."""
+
+    config: dict[str, Any]
+    params: dict[str, Any]
+    distributions: dict[str, Any]
+    number: int  # the copy's trial number (seeds the measurement)
+
+
+class _ProposalPool:
+    """The study's sampler on an in-memory copy of the study: candidate pools without database writes.
+
+    Every proposal is told failed on the copy at once (samplers ignore failed trials), so the
+    candidates that are not measured never weigh on the sampler; the measured one is added to
+    the real study, and comes back to the copy with the next :meth:`sync`.
+    """
+
+    def __init__(self, sampler: "optuna.samplers.BaseSampler") -> None:
+        import optuna
+
+        self.copy = optuna.create_study(direction="minimize", sampler=sampler)
+        self._copied: set[int] = set()  # numbers of the real study's trials already on the copy
+
+    def sync(self, study: "optuna.Study") -> None:
+        """Copy the study's finished trials (of every worker) that the copy does not have yet."""
+        from optuna.trial import TrialState
+
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+            if t.number not in self._copied:
+                self._copied.add(t.number)
+                self.copy.add_trial(t)
+
+    def propose(self, n: int, space: Any) -> list[_Proposal]:
+        from optuna.trial import TrialState
+
+        out = []
+        for _ in range(n):
+            trial = self.copy.ask()
+            config = space.suggest(trial)
+            out.append(_Proposal(config, dict(trial.params), dict(trial.distributions), trial.number))
+            self.copy.tell(trial, state=TrialState.FAIL)
+        return out
+
+    @staticmethod
+    def tell(study: "optuna.Study", chosen: _Proposal, result: MeasureResult, attrs: dict[str, Any]) -> None:
+        """Add the measured candidate to the real study, finished."""
+        from optuna.trial import TrialState, create_trial
+
+        ok = result.status == "ok" and result.median is not None
+        study.add_trial(create_trial(
+            state=TrialState.COMPLETE if ok else TrialState.FAIL, value=result.median * 1e3 if ok else None,
+            params=chosen.params, distributions=chosen.distributions, user_attrs=attrs))
 
 
 def _worker_id() -> str:

@@ -86,7 +86,7 @@ class CudaBackend(Backend):
         info = {"arch": arch, "nvrtc": ".".join(map(str, nvrtc.nvrtc_version())),
                 "resources": {u: {f: vars(r) for f, r in c[arch].resources.items()}
                               for u, c in compiled.cubins.items()}}
-        return BuiltProgram(self.name, gen.sources(), compiled.seconds, hit, program.run, info)
+        return BuiltProgram(self.name, gen.sources, compiled.seconds, hit, program.run, info)
 
     def time_runs(self, built: BuiltProgram, x: Any, params: Mapping[str, Any], warmup: int,
                   repeats: int) -> list[float]:

@@ -65,6 +65,7 @@ class GeneratedProgram:
     schedule: dict[str, Any]
     units: list[KernelUnit] = field(default_factory=list)
 
+    @property
     def sources(self) -> dict[str, str]:
         """File name -> source text (``gemm1.cu``, ...), as :class:`BuiltProgram.sources` keeps them."""
         return {f"{u.name}.cu": u.source for u in self.units}
