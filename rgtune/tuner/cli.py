@@ -202,8 +202,9 @@ def _print_summary(s) -> None:
     if s.pruner is not None:
         c = s.pruner.get("counts", {})
         if "pools" in c:  # the rank policy
+            own = c.get("explored", 0) + c.get("deferred", 0)
             what = (f"picked {c['pools']} of {c.get('candidates', 0)} proposed candidates to measure "
-                    f"({c.get('explored', 0)} were the sampler's own pick)")
+                    f"({own} of them the sampler's own first proposal)")
         else:
             what = f"{c.get('pruned', 0)} of {c.get('candidates', 0)} candidates pruned"
         print(f"cost model: {s.pruner.get('status')}; {what}, {c.get('refits', 0)} refits")
