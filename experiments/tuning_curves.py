@@ -54,7 +54,6 @@ import contextlib
 import csv
 import json
 import math
-import os
 import random
 import sqlite3
 import sys
@@ -65,6 +64,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from rgtune._environ import scoped_env
 from rgtune.tuner._db_records import canonical_knobs
 from rgtune.tuner.costmodel import CostModel, CostModelPruner, PrunePolicy, RankPolicy, fit_on_history
 from rgtune.tuner.db import DeviceInfo, TrialDatabase
@@ -213,15 +213,8 @@ def _own_cache(run_dir: Path) -> Iterator[None]:
             link = cache / f.name
             if not link.exists():
                 link.symlink_to(f.resolve())
-    before = os.environ.get("RGTUNE_CACHE_DIR")
-    os.environ["RGTUNE_CACHE_DIR"] = str(cache)
-    try:
+    with scoped_env("RGTUNE_CACHE_DIR", str(cache)):
         yield
-    finally:
-        if before is None:
-            os.environ.pop("RGTUNE_CACHE_DIR", None)
-        else:
-            os.environ["RGTUNE_CACHE_DIR"] = before
 
 
 def _run_dir(workdir: Path, model: str, dataset: str, seed: int, arm: str) -> Path:

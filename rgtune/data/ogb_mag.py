@@ -34,6 +34,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from rgtune._environ import scoped_env
 from rgtune.data._cache import data_root
 from rgtune.data.errors import DatasetError, DatasetNotFoundError
 from rgtune.data.graph import HeteroGraph, NodeTask
@@ -72,19 +73,12 @@ class _LogWriter(io.TextIOBase):
 def _ogb_environment() -> Iterator[None]:
     # OGB pickles numpy arrays and loads them with a bare torch.load, which torch >= 2.6 refuses
     # (weights_only by default). The file is the one OGB itself wrote from the raw CSVs, so allow it.
-    old = os.environ.get("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
-    os.environ["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"] = "1"
-    try:
-        # OGB prints and draws tqdm bars while processing; send both to the log.
-        with warnings.catch_warnings(), contextlib.redirect_stdout(_LogWriter()), contextlib.redirect_stderr(_LogWriter()):
-            warnings.filterwarnings("ignore", message=".*TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD.*")
-            warnings.filterwarnings("ignore", category=FutureWarning)
-            yield
-    finally:
-        if old is None:
-            os.environ.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
-        else:
-            os.environ["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"] = old
+    # OGB prints and draws tqdm bars while processing; send both to the log.
+    with scoped_env("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1"), warnings.catch_warnings(), \
+            contextlib.redirect_stdout(_LogWriter()), contextlib.redirect_stderr(_LogWriter()):
+        warnings.filterwarnings("ignore", message=".*TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD.*")
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        yield
 
 
 def _open_ogb(root: Path) -> Any:

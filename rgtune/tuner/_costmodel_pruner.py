@@ -132,10 +132,6 @@ class RankPolicy:
                 **asdict(self)}
 
 
-#: the policies by the name ``tune --cost-model-policy`` takes
-POLICIES: dict[str, type[PrunePolicy] | type[RankPolicy]] = {"prune": PrunePolicy, "rank": RankPolicy}
-
-
 @dataclass
 class _Workload:
     """The pruner's view of the workload being tuned."""
@@ -260,19 +256,21 @@ class CostModelPruner:
         """Which of the pool's valid ``(config, point)`` candidates to measure, and each one's predicted ms.
 
         The first pick of the model among the candidates this workload has not measured yet (all
-        of them if every one was); for an ``explore`` fraction, the sampler's own first proposal.
+        of them if every one was), unless it is predicted less than ``min_gain`` faster than the
+        sampler's own first proposal; that one for an ``explore`` fraction too.
         """
-        w = self._w
+        policy, w = self.policy, self._w
+        if not isinstance(policy, RankPolicy):
+            raise TypeError(f"rank() needs a RankPolicy; this pruner has {type(policy).__name__}")
         if not candidates:
             raise ValueError("rank() needs at least one candidate")
-        explore = self.policy.explore if isinstance(self.policy, RankPolicy) else 0.0
-        explored = self._rng.random() < explore
-        self.counts["pools"] = self.counts.get("pools", 0) + 1
+        explored = self._rng.random() < policy.explore
+        self.counts["pools"] += 1
         self.counts["candidates"] += len(candidates)
-        keys = [canonical_knobs(dict(config))[1] for config, _ in candidates]
-        fresh = [i for i, k in enumerate(keys) if k not in self._measured]
+        fresh = [i for i, (config, _) in enumerate(candidates)
+                 if canonical_knobs(dict(config))[1] not in self._measured]
         if not fresh:
-            self.counts["repeats"] = self.counts.get("repeats", 0) + 1
+            self.counts["repeats"] += 1
         fresh = fresh or list(range(len(candidates)))
         scores: list[float] | None = None
         if w is not None and self.model.ready:
@@ -288,10 +286,10 @@ class CostModelPruner:
         predicted = [self._to_ms(x) for x in scores]
         pick = min(fresh, key=lambda i: scores[i])
         gain = self.model.log_scale * (scores[fresh[0]] - scores[pick])  # predicted log(sampler's / model's)
-        if explored or gain < math.log1p(self.policy.min_gain if isinstance(self.policy, RankPolicy) else 0.0):
-            self.counts["deferred"] = self.counts.get("deferred", 0) + (not explored)
+        if explored or gain < math.log1p(policy.min_gain):
+            self.counts["deferred"] += not explored
             pick = fresh[0]
-        self.counts["not_picked"] = self.counts.get("not_picked", 0) + len(candidates) - 1
+        self.counts["not_picked"] += len(candidates) - 1
         self.counts["explored"] += explored
         self.decisions.append({"predicted_ms": predicted[pick], "pruned": False, "explored": explored,
                                "pool": len(candidates)})

@@ -174,25 +174,18 @@ def _cost_model_pruner(args: argparse.Namespace) -> Any:
         return None
     from rgtune.tuner.costmodel import CostModelPruner, PrunePolicy, RankPolicy
 
-    seed, name = args.seed or 0, args.cost_model_policy
-    other = {"rank": ("--cost-model-margin", args.cost_model_margin), "prune": ("--cost-model-pool", args.cost_model_pool)}
-    flag, value = other[name]
-    if value is not None:
-        raise CLIError(f"{flag} does not apply to --cost-model-policy {name}")
+    name = args.cost_model_policy
+    own = {"rank": ("pool", args.cost_model_pool), "prune": ("margin", args.cost_model_margin)}  # one setting each
+    for other, (setting, value) in own.items():
+        if other != name and value is not None:
+            raise CLIError(f"--cost-model-{setting} does not apply to --cost-model-policy {name}")
+    setting, value = own[name]
     try:
-        if name == "rank":
-            policy: Any = RankPolicy(pool=_or(args.cost_model_pool, RankPolicy.pool), explore=args.cost_model_explore,
-                                     seed=seed)
-        else:
-            policy = PrunePolicy(margin=_or(args.cost_model_margin, PrunePolicy.margin),
-                                 explore=args.cost_model_explore, seed=seed)
+        policy = {"rank": RankPolicy, "prune": PrunePolicy}[name](
+            explore=args.cost_model_explore, seed=args.seed or 0, **({} if value is None else {setting: value}))
     except ValueError as e:
         raise CLIError(f"--cost-model-policy {name}: {e}") from e
     return CostModelPruner(policy=policy, data_dir=args.data_dir)
-
-
-def _or(value: Any, default: Any) -> Any:
-    return default if value is None else value
 
 
 def _print_summary(s) -> None:

@@ -39,12 +39,12 @@ from rgtune.tuner._costmodel_features import FeatureEncoder, WorkloadContext, gr
 from rgtune.tuner._costmodel_history import GraphLoader, Sample
 from rgtune.tuner._costmodel_metrics import kendall_tau, ordered_pair_accuracy, ranking_metrics, topk_error
 from rgtune.tuner._costmodel_model import ESTIMATORS, MIN_TRIALS, MIN_WORKLOADS, TARGETS, CostModel
-from rgtune.tuner._costmodel_pruner import POLICIES, CostModelPruner, PrunePolicy, RankPolicy
+from rgtune.tuner._costmodel_pruner import CostModelPruner, PrunePolicy, RankPolicy
 from rgtune.tuner._costmodel_store import FORMAT_VERSION
 from rgtune.tuner._costmodel_train import HistoryFit, fit_on_history, model_path_for
 
 __all__ = [
-    "CostModel", "CostModelPruner", "PrunePolicy", "RankPolicy", "POLICIES", "Sample", "WorkloadContext", "FeatureEncoder", "GraphLoader",
+    "CostModel", "CostModelPruner", "PrunePolicy", "RankPolicy", "Sample", "WorkloadContext", "FeatureEncoder", "GraphLoader",
     "HistoryFit", "HoldoutResult", "ESTIMATORS", "TARGETS", "MIN_TRIALS", "MIN_WORKLOADS", "FORMAT_VERSION",
     "fit_on_history", "model_path_for", "evaluate_holdout", "costmodel_main", "graph_features",
     "ordered_pair_accuracy", "kendall_tau", "topk_error", "ranking_metrics",

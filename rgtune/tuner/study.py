@@ -242,7 +242,7 @@ class Tuner:
                     (max_proposed is None or proposed < max_proposed) and \
                     (opts.time_budget is None or time.time() - start < opts.time_budget):
                 pool = self._ranker.pool_size() if self._ranker is not None else 1
-                if pool > 1 and not self._enqueued():
+                if pool > 1 and self._pool_ready():
                     config, point, result = self._pool_round(pool)
                 else:
                     config, point, result = self._single_round()
@@ -278,20 +278,15 @@ class Tuner:
             self.study.tell(trial, state=TrialState.FAIL)
             raise
         self._record(tid, result)
-        if result.status == "ok":
-            self.study.tell(trial, result.median * 1e3)  # type: ignore[operator]
-        elif result.status == "pruned":
-            self.study.tell(trial, state=TrialState.PRUNED)
-        else:
-            self.study.tell(trial, state=TrialState.FAIL)
+        state, value = _optuna_outcome(result)
+        self.study.tell(trial, value, state=state)
         return config, point, result
 
     def _pool_round(self, pool: int) -> tuple[dict[str, Any], Any, MeasureResult]:
         """Propose ``pool`` candidates, measure the ranking pruner's pick, add it to the study."""
-        assert self._ranker is not None
-        if self._proposals is None:
-            self._proposals = _ProposalPool(make_sampler(self.options.sampler, self.options.seed))
-        self._proposals.sync(self.study)
+        from optuna.trial import create_trial
+
+        assert self._ranker is not None and self._proposals is not None  # _pool_ready() synced the copy
         proposals = self._proposals.propose(pool, self.space)
         compiled = [(p, self.space.compile(p.config)) for p in proposals]
         valid = [(p, point) for p, point in compiled if point.valid]
@@ -307,14 +302,18 @@ class Tuner:
             self.db.finish_trial(tid, "failed", error="interrupted (Ctrl-C)")
             raise
         self._record(tid, result)
-        self._proposals.tell(self.study, chosen, result, {"rgtune.trial_id": tid, "rgtune.worker": _worker_id()})
+        state, value = _optuna_outcome(result)
+        self.study.add_trial(create_trial(state=state, value=value, params=chosen.params,
+                                          distributions=chosen.distributions,
+                                          user_attrs={"rgtune.trial_id": tid, "rgtune.worker": _worker_id()}))
         return chosen.config, point, result
 
-    def _enqueued(self) -> bool:
-        """Trials wait in the study (the default schedule, or a user's ``enqueue_trial``): they come first."""
-        from optuna.trial import TrialState
-
-        return bool(self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+    def _pool_ready(self) -> bool:
+        """Bring the in-memory copy up to date; False while trials wait in the study (the default
+        schedule, or a user's ``enqueue_trial``): those come first, one at a time."""
+        if self._proposals is None:
+            self._proposals = _ProposalPool(make_sampler(self.options.sampler, self.options.seed))
+        return not self._proposals.sync(self.study)
 
     def _evaluate(self, config: dict[str, Any], point: Any, number: int, *, ranked: bool = False,
                   predicted: float | None = None) -> MeasureResult:
@@ -418,7 +417,7 @@ class _ProposalPool:
 
     Every proposal is told failed on the copy at once (samplers ignore failed trials), so the
     candidates that are not measured never weigh on the sampler; the measured one is added to
-    the real study, and comes back to the copy with the next :meth:`sync`.
+    the real study (``Tuner._pool_round``), and comes back to the copy with the next :meth:`sync`.
     """
 
     def __init__(self, sampler: "optuna.samplers.BaseSampler") -> None:
@@ -427,14 +426,19 @@ class _ProposalPool:
         self.copy = optuna.create_study(direction="minimize", sampler=sampler)
         self._copied: set[int] = set()  # numbers of the real study's trials already on the copy
 
-    def sync(self, study: "optuna.Study") -> None:
-        """Copy the study's finished trials (of every worker) that the copy does not have yet."""
+    def sync(self, study: "optuna.Study") -> bool:
+        """Copy the study's finished trials (of every worker) that the copy does not have yet;
+        whether trials wait in the study (one read of the storage answers both)."""
         from optuna.trial import TrialState
 
-        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
-            if t.number not in self._copied:
+        waiting = False
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.WAITING)):
+            if t.state == TrialState.WAITING:
+                waiting = True
+            elif t.number not in self._copied:
                 self._copied.add(t.number)
                 self.copy.add_trial(t)
+        return waiting
 
     def propose(self, n: int, space: Any) -> list[_Proposal]:
         from optuna.trial import TrialState
@@ -447,15 +451,14 @@ class _ProposalPool:
             self.copy.tell(trial, state=TrialState.FAIL)
         return out
 
-    @staticmethod
-    def tell(study: "optuna.Study", chosen: _Proposal, result: MeasureResult, attrs: dict[str, Any]) -> None:
-        """Add the measured candidate to the real study, finished."""
-        from optuna.trial import TrialState, create_trial
 
-        ok = result.status == "ok" and result.median is not None
-        study.add_trial(create_trial(
-            state=TrialState.COMPLETE if ok else TrialState.FAIL, value=result.median * 1e3 if ok else None,
-            params=chosen.params, distributions=chosen.distributions, user_attrs=attrs))
+def _optuna_outcome(result: MeasureResult) -> tuple["optuna.trial.TrialState", float | None]:
+    """What Optuna is told of a trial: complete with its time in ms, pruned, or failed."""
+    from optuna.trial import TrialState
+
+    if result.status == "ok" and result.median is not None:
+        return TrialState.COMPLETE, result.median * 1e3
+    return (TrialState.PRUNED if result.status == "pruned" else TrialState.FAIL), None
 
 
 def _worker_id() -> str:
