@@ -54,7 +54,6 @@ import contextlib
 import csv
 import json
 import math
-import random
 import sqlite3
 import sys
 import time
@@ -68,7 +67,7 @@ from rgtune._environ import scoped_env
 from rgtune.tuner._db_records import canonical_knobs
 from rgtune.tuner.costmodel import CostModel, CostModelPruner, PrunePolicy, RankPolicy, fit_on_history
 from rgtune.tuner.db import DeviceInfo, TrialDatabase
-from rgtune.tuner.measure import MeasureOptions, MeasureResult, MeasureWorker, Workload
+from rgtune.tuner.measure import MeasureOptions, MeasureResult, Workload, measure_rounds
 from rgtune.tuner.study import UNMEASURED, TuneOptions, Tuner
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -381,22 +380,10 @@ def _cached_retimes(path: Path, settings: Mapping[str, Any]) -> dict[str, dict[s
 
 def _measure_rounds(knobs: Mapping[str, Mapping[str, Any]], workload: Workload, args: argparse.Namespace,
                     retime_dir: Path) -> dict[str, list[float | None]]:
-    """Each schedule's time (ms; None unless ok) in each round; every round in a new shuffled order, so
-    that a drift of the machine's state does not favour the schedules measured first."""
-    times: dict[str, list[float | None]] = {h: [] for h in knobs}
-    with _own_cache(retime_dir):  # kernels compiled in the first round are reused in the later ones
-        worker = MeasureWorker(workload, MeasureOptions(timeout=args.trial_timeout))
-        try:
-            worker.start()
-            for rnd in range(args.retime_rounds):
-                order = sorted(knobs)
-                random.Random(rnd).shuffle(order)
-                for h in order:
-                    res = worker.measure(knobs[h], seed=rnd)
-                    times[h].append(res.median * 1e3 if res.status == "ok" and res.median is not None else None)
-        finally:
-            worker.close()
-    return times
+    """Each schedule's time (ms; None unless ok) in each round (see :func:`measure_rounds`)."""
+    with _own_cache(retime_dir):
+        seconds = measure_rounds(workload, knobs, args.retime_rounds, MeasureOptions(timeout=args.trial_timeout))
+    return {h: [None if t is None else t * 1e3 for t in v] for h, v in seconds.items()}
 
 
 def _median_ok(times: Sequence[float | None]) -> float | None:

@@ -126,6 +126,17 @@ def test_a_graph_that_is_not_loaded_gives_rows_without_counts():
     assert row["num:graph:src_pair_ratio"] == g.stats.src_pair_ratio
 
 
+def test_a_history_graph_that_cannot_be_loaded_is_reported_once(caplog):
+    # its rows lose the counts, and the model ranks clearly worse: that must not pass silently
+    loader = GraphLoader()
+    with caplog.at_level("WARNING", logger="rgtune.costmodel"):
+        assert loader("no-such-dataset", "0123") is None
+        assert loader("no-such-dataset", "0123") is None
+    warnings = [r for r in caplog.records if "cannot be loaded here" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "'no-such-dataset'" in warnings[0].getMessage() and "--data-dir" in warnings[0].getMessage()
+
+
 # ------------------------------------------------------------------ training / prediction
 def _samples(db: TrialDatabase) -> list[Sample]:
     return fit_on_history(db, CostModel(min_trials=1), "cpu", _device(db), path=None, graphs=LOADED).samples

@@ -186,6 +186,23 @@ def test_flops_match_hand_count_hgt_default(aifb):
     assert count(kp, g)["flops"] == expected
 
 
+def test_weight_folds_of_reordering_are_counted(aifb):
+    # composing K/Q/V with W_att/W_msg per relation is work on weights alone, done every call: a
+    # reordering that saves GEMM rows pays for it, and a count that skipped it favoured it
+    g, i, h, d = aifb, 8, 2, 4
+    model = build_model("hgt", i, h * d, h)
+    plain = count(compile_program(model, {}, g).kernels, g)
+    assert (plain["weight_flops"], plain["weight_folds"]) == (0, 0)
+    cfg = {"reorder.compose": "on", "reorder.attention_side": "dst"}
+    folded = count(compile_program(model, cfg, g).kernels, g)
+    r = g.num_rels
+    compose = 2 * r * i * h * d * d  # per relation: (Din, H*D) with per-head (D, D)
+    compose_bias = 2 * r * h * d * d
+    # W_msg into V and W_att^T into Q, each with its bias; the transpose of W_att moves data only
+    assert folded["weight_folds"] == 5
+    assert folded["weight_flops"] == 2 * compose + 2 * compose_bias
+
+
 # ------------------------------------------------------------------ models & knobs
 def test_models_are_short():
     lines = 0

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rgtune.tuner.db import TrialDatabase
-from rgtune.tuner.measure import MeasureOptions, MeasureWorker, Workload
+from rgtune.tuner.measure import MeasureOptions, MeasureWorker, Workload, measure_rounds
 from rgtune.tuner.study import TuneOptions, Tuner
 
 GRAPH = "synthetic:custom,nodes=300,edges=2500,ntypes=2,rels=4,seed=1"
@@ -64,6 +64,14 @@ def test_a_wrong_kernel_is_a_wrong_result_with_its_error():
         r = w.measure({}, seed=0)
     assert r.status == "wrong_result" and r.max_error > 1e-4 and "relative error" in r.error
     assert r.median is None  # never timed
+
+
+def test_measure_rounds_times_every_schedule_in_every_round_and_only_ok_ones():
+    configs = {"default": {}, "64-bit": {"layout.index_bits": 64}, "bad": {"layout.index_bits": 7}}
+    times = measure_rounds(_workload("reference"), configs, rounds=3, options=FAST)
+    assert set(times) == set(configs) and all(len(v) == 3 for v in times.values())
+    assert all(t is not None and t > 0 for name in ("default", "64-bit") for t in times[name])
+    assert times["bad"] == [None, None, None]  # an invalid value is never timed
 
 
 def test_a_worker_that_cannot_load_its_dataset_says_why():

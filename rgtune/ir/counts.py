@@ -1,5 +1,12 @@
 """What a schedule costs on a graph, counted from its kernels: FLOPs, bytes, launches, atomics.
 
+The derived weights of linear operator reordering (:class:`~rgtune.ir.kernels.WeightKernel`,
+folded with torch once per call) count too: their work grows with the number of relations,
+not with the graph's size, so on a graph with many relations and few edges per relation a
+reordering that saves GEMM rows can cost more in folding than it saves. ``weight_flops`` is
+that part of ``flops`` and ``weight_folds`` the number of folds; ``kernels`` counts the
+generated kernels only.
+
 Two byte counts: ``bytes_min`` reads every buffer, weight and index array a kernel touches
 once and writes its outputs once (the floor a perfect cache would reach: the roofline's
 minimum bytes), ``bytes_gathered`` counts a gathered row every time a row reads it (what a
@@ -37,10 +44,16 @@ def count(kp: KernelProgram, graph: "HeteroGraph", schedule: dict[str, Any] | No
     num_types = {"ntype": a.num_ntypes, "rel": a.num_rels, "none": 1}
     width = {name: b.width for name, b in kp.buffers.items()}
     schedule = schedule or {}
-    flops = bytes_min = bytes_gathered = atomics = launches = 0
+    flops = bytes_min = bytes_gathered = atomics = launches = weight_flops = folds = 0
     gemm_rows: dict[str, int] = {}
     for k in kp.kernels:
         if isinstance(k, WeightKernel):
+            f, moved, gathered = _fold_cost(k, kp, num_types)
+            folds += 1
+            weight_flops += f
+            flops += f
+            bytes_min += moved
+            bytes_gathered += gathered
             continue
         launches += 1
         if isinstance(k, GemmKernel):
@@ -86,6 +99,38 @@ def count(kp: KernelProgram, graph: "HeteroGraph", schedule: dict[str, Any] | No
             bytes_gathered += moved
     return {"flops": int(flops), "bytes_min": int(bytes_min), "bytes_gathered": int(bytes_gathered),
             "kernels": launches, "atomics": int(atomics), "gemm_rows": gemm_rows,
-            "gemm_rows_total": int(sum(gemm_rows.values()))}
+            "gemm_rows_total": int(sum(gemm_rows.values())), "weight_flops": int(weight_flops),
+            "weight_folds": folds}
+
+
+def _fold_cost(k: WeightKernel, kp: KernelProgram, num_types: dict[str, int]) -> tuple[int, int, int]:
+    """(FLOPs, minimum bytes, gathered bytes) of one weight fold, as :func:`rgtune.codegen.weights.fold_weights`
+    computes it: one output slice per type of the derived param (per relation, in every fold mode)."""
+    def elems(name: str) -> int:
+        n = 1
+        for s in kp.param_shapes[name]:
+            n *= s
+        return n
+
+    def slices(name: str) -> int:
+        return num_types.get(kp.param_by.get(name, "none"), 1)
+
+    out_slices = slices(k.out)
+    out_elems = out_slices * elems(k.out)
+    a_elems = slices(k.a) * elems(k.a)
+    b_elems = 0 if k.b is None else slices(k.b) * elems(k.b)
+    a_gathered = a_elems  # each slice of the source read once ...
+    if k.mode in ("transpose", "split_heads"):  # data movement only
+        flops = 0
+    elif k.mode == "vec":  # per slice (Din, H*D) . (H, D) -> (Din, H)
+        flops = 2 * out_slices * elems(k.a)
+    elif k.mode in ("compose", "compose_bias"):  # per output element, a length-D dot product
+        assert k.b is not None
+        flops = 2 * out_elems * kp.param_shapes[k.b][-1]
+        a_gathered = out_slices * elems(k.a)  # ... but compose gathers the end node type's slice per relation
+    else:
+        raise ValueError(f"unknown weight fold mode {k.mode!r}")
+    moved = (a_elems + b_elems + out_elems) * FLOAT_BYTES
+    return int(flops), int(moved), int((a_gathered + b_elems + out_elems) * FLOAT_BYTES)
 
 

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 __all__ = ["WorkloadContext", "FeatureEncoder", "COUNT_KEYS", "graph_features"]
 
 #: the scalar entries of :func:`rgtune.ir.counts.count` that become features
-COUNT_KEYS = ("flops", "bytes_min", "bytes_gathered", "kernels", "atomics", "gemm_rows_total")
+COUNT_KEYS = ("flops", "bytes_min", "bytes_gathered", "kernels", "atomics", "gemm_rows_total", "weight_flops")
 
 #: graph statistics used as they are (ratios, coefficients of variation) or log-scaled (sizes)
 _STAT_PLAIN = ("in_degree_cv", "out_degree_cv", "src_pair_ratio", "dst_pair_ratio", "edges_per_relation_cv",

@@ -64,11 +64,15 @@ class GraphLoader:
 
                 graph = load_dataset(name, root=self.data_dir)
                 if graph.content_hash != content_hash:
-                    log.info("graph %r loads with another content hash than the history's; its rows have no counts",
-                             name)
+                    log.warning("graph %r loads here with another content than the history's; its trials are "
+                                "learnt without the IR's counts (a weaker model)", name)
                     graph = None
             except Exception as e:  # noqa: BLE001 - any dataset problem: the rows just have no counts
-                log.info("graph %r of the history is not available here (%s); its rows have no counts", name, e)
+                # a warning, once per graph: without the counts the model ranks clearly worse (an
+                # evaluation without the dataset folder gave other numbers than one with it)
+                log.warning("graph %r of the history cannot be loaded here (%s); its trials are learnt without the "
+                            "IR's counts (a weaker model): pass --data-dir or set RGTUNE_DATA_DIR", name,
+                            " ".join(str(e).split()) or type(e).__name__)
         self._graphs[content_hash] = graph
         return graph
 

@@ -35,7 +35,7 @@ __all__ = ["FORMAT_VERSION", "MAGIC", "write_model", "read_model", "default_mode
 
 MAGIC = "rgtune-costmodel"
 #: bump when the payload's meaning changes (features, target, fields): older files are retrained
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: feature rows count the weight folds of reordering (weight_flops)
 SUFFIX = ".rgcm"
 
 

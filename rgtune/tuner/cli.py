@@ -100,6 +100,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"  bytes (minimum) {c['bytes_min']:,}")
     print(f"  bytes (gathered){c['bytes_gathered']:>14,}")
     print(f"  kernels         {c['kernels']}")
+    if c["weight_folds"]:
+        print(f"  weight folds    {c['weight_folds']} ({c['weight_flops']:,} of the FLOPs, every call)")
     print(f"  atomic updates  {c['atomics']:,}")
     print(f"  GEMM rows       {c['gemm_rows']}")
     if args.source:

@@ -26,6 +26,7 @@ Example:
 from __future__ import annotations
 
 import multiprocessing as mp
+import random
 import signal
 import statistics
 import time
@@ -283,6 +284,33 @@ class MeasureWorker:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def measure_rounds(workload: Workload, configs: Mapping[str, Mapping[str, Any]], rounds: int,
+                   options: MeasureOptions | None = None) -> dict[str, list[float | None]]:
+    """Each configuration's time (seconds, the trial's median; None unless ``ok``) in each of ``rounds``.
+
+    One worker measures them all, every round in a new shuffled order (seeded by the round), so that a
+    drift of the machine's state favours no configuration; the kernels compiled in the first round are
+    cached for the later ones. Single trials on a shared machine differ by tens of percent: comparing
+    schedules that are a few percent apart needs the median of such rounds.
+
+    Example:
+        >>> w = Workload("rgcn", "synthetic:custom,nodes=300,edges=2000,ntypes=2,rels=3", 8, 8, 1, "reference")
+        >>> t = measure_rounds(w, {"default": {}}, rounds=2, options=MeasureOptions(repeats=2, warmup=1))
+        >>> len(t["default"]), all(x > 0 for x in t["default"])
+        (2, True)
+    """
+    times: dict[str, list[float | None]] = {name: [] for name in configs}
+    with MeasureWorker(workload, options) as worker:
+        worker.start()
+        for rnd in range(rounds):
+            order = sorted(configs)
+            random.Random(rnd).shuffle(order)
+            for name in order:
+                res = worker.measure(configs[name], seed=rnd)
+                times[name].append(res.median if res.status == "ok" else None)
+    return times
 
 
 def _exit_reason(code: int | None) -> str:
