@@ -57,12 +57,14 @@ from rgtune.tuner.costmodel import (
     ranking_metrics,
 )
 from rgtune.tuner.db import TrialDatabase, WorkloadRecord
-from rgtune.tuner.measure import Workload, measure_rounds
+from rgtune.tuner.measure import Workload, measure_rounds, median_ok
 
 REAL = ("aifb", "mutag")
 SYNTHETIC = ("synthetic:bgs,scale=0.1", "synthetic:am,scale=0.01", "synthetic:ogbn-mag,scale=0.003,reverse=1",
              "synthetic:custom,nodes=20000,edges=100000,ntypes=4,rels=20,degree_skew=1.5")
 MODELS = ("rgat", "hgt")
+#: the tuner's model (variant, estimator, target): plotted, replayed for pruning, re-timed
+DEFAULT_VARIANT = ("all_history", "hgb", "log_default")
 MARGINS = (1.5, 2.0, 3.0, 5.0)
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -185,7 +187,7 @@ def evaluate(db_url: str, holdouts: Sequence[str], estimators: Sequence[str], ta
                 print(f"{holdout:<6} {w['model']:<5} {variant:<15} {est:<4} {target:<12} train={r.n_train:<5}"
                       f" opa={w['opa']:.3f} tau={w['kendall_tau']:.3f} top1={w['top1_error']:.3f}"
                       f" top5={w['top5_error']:.3f}", flush=True)
-            if (variant, est, target) == ("all_history", "hgb", "log_default"):
+            if (variant, est, target) == DEFAULT_VARIANT:
                 default_model[holdout] = r.per_workload
                 for w in r.per_workload:
                     scatter[f"{holdout}/{w['model']}"] = {"pred": w["pred"], "true": w["true"]}
@@ -215,7 +217,7 @@ def retime_top1(db_url: str, default_model: dict[str, list[dict[str, Any]]], *, 
     biased low; a pick 20% "slower" than it can be as fast when both are timed again side by side.
     """
     if not default_model:
-        print("no re-timing: the default model (all_history, hgb, log_default) was not evaluated")
+        print(f"no re-timing: the default model {DEFAULT_VARIANT} was not evaluated")
         return []
     db = TrialDatabase(db_url)
     rows: list[dict[str, Any]] = []
@@ -223,19 +225,16 @@ def retime_top1(db_url: str, default_model: dict[str, list[dict[str, Any]]], *, 
         for w in entries:
             rec = db.workloads(workload_id=w["workload_id"])[0]
             true, pred = np.asarray(w["true"]), np.asarray(w["pred"])
-            chosen = {f"best{i + 1}": int(j) for i, j in enumerate(np.argsort(true)[:top])}
+            names = {int(j): f"best{i + 1}" for i, j in enumerate(np.argsort(true)[:top])}
             pick = int(np.argmin(pred))
-            if pick not in chosen.values():
-                chosen["pick"] = pick
-            configs = {name: w["knobs"][i] for name, i in chosen.items()}
+            pick_name = names.setdefault(pick, "pick")
+            configs = {name: w["knobs"][i] for i, name in names.items()}
             workload = Workload(rec.model, holdout, rec.in_dim, rec.out_dim, rec.heads, rec.backend, data_dir)
             t0 = time.time()
             seconds = measure_rounds(workload, configs, rounds)
-            medians = {n: float(np.median([t for t in v if t is not None])) * 1e3
-                       for n, v in seconds.items() if any(t is not None for t in v)}
-            fastest = min(medians.values())
-            pick_name = next(n for n, i in chosen.items() if i == pick)
-            for name, i in chosen.items():
+            medians = {n: m * 1e3 for n, v in seconds.items() if (m := median_ok(v)) is not None}
+            fastest = min(medians.values(), default=math.nan)
+            for i, name in names.items():
                 rows.append({"holdout": holdout, "model": rec.model, "schedule": name, "is_pick": name == pick_name,
                              "history_ms": float(true[i]), "retimed_ms": medians.get(name),
                              "rounds_ms": [None if t is None else round(t * 1e3, 4) for t in seconds[name]],

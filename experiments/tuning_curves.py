@@ -67,7 +67,7 @@ from rgtune._environ import scoped_env
 from rgtune.tuner._db_records import canonical_knobs
 from rgtune.tuner.costmodel import CostModel, CostModelPruner, PrunePolicy, RankPolicy, fit_on_history
 from rgtune.tuner.db import DeviceInfo, TrialDatabase
-from rgtune.tuner.measure import MeasureOptions, MeasureResult, Workload, measure_rounds
+from rgtune.tuner.measure import MeasureOptions, MeasureResult, Workload, measure_rounds, median_ok
 from rgtune.tuner.study import UNMEASURED, TuneOptions, Tuner
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -364,7 +364,7 @@ def retime_workload(key: WorkloadKey, schedules: Mapping[str, Mapping[str, Any]]
     t0 = time.perf_counter()
     workload = Workload(model, dataset, args.hidden, args.hidden, 1, backend, args.data_dir)
     rounds = _measure_rounds({h: s["knobs"] for h, s in schedules.items()}, workload, args, path.parent)
-    out = {h: {**s, "rounds_ms": rounds[h], "retimed_ms": _median_ok(rounds[h])} for h, s in schedules.items()}
+    out = {h: {**s, "rounds_ms": rounds[h], "retimed_ms": median_ok(rounds[h])} for h, s in schedules.items()}
     path.write_text(json.dumps({"settings": settings, "schedules": {
         h: {k: v[k] for k in ("knobs", "rounds_ms", "retimed_ms")} for h, v in out.items()}}))
     print(_retime_line(key, out, f"{time.perf_counter() - t0:.0f} s"), flush=True)
@@ -384,11 +384,6 @@ def _measure_rounds(knobs: Mapping[str, Mapping[str, Any]], workload: Workload, 
     with _own_cache(retime_dir):
         seconds = measure_rounds(workload, knobs, args.retime_rounds, MeasureOptions(timeout=args.trial_timeout))
     return {h: [None if t is None else t * 1e3 for t in v] for h, v in seconds.items()}
-
-
-def _median_ok(times: Sequence[float | None]) -> float | None:
-    ok = [t for t in times if t is not None]
-    return float(np.median(ok)) if ok else None
 
 
 def _retime_line(key: WorkloadKey, out: Mapping[str, Mapping[str, Any]], how: str) -> str:

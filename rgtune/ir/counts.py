@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from rgtune.ir.bind import graph_arrays
@@ -60,10 +61,7 @@ def count(kp: KernelProgram, graph: "HeteroGraph", schedule: dict[str, Any] | No
             n = rows[k.rows]
             gemm_rows[k.name] = n
             flops += n * k.flops_per_row()
-            w_elems = 1
-            for s in kp.param_shapes[k.weight]:
-                w_elems *= s
-            weight_bytes = num_types[k.by] * w_elems * FLOAT_BYTES
+            weight_bytes = num_types[k.by] * _param_elems(kp, k.weight) * FLOAT_BYTES
             in_row = k.in_heads * k.in_dim * FLOAT_BYTES
             src_rows = n if k.x_via == "row" else rows[kp.buffers[k.x].domain]
             out_bytes = sum(n * width[o] for o, _ in k.epilogue) * FLOAT_BYTES
@@ -103,31 +101,30 @@ def count(kp: KernelProgram, graph: "HeteroGraph", schedule: dict[str, Any] | No
             "weight_folds": folds}
 
 
+def _param_elems(kp: KernelProgram, name: str) -> int:
+    """Elements of one type's slice of a param (a weight of one relation or node type)."""
+    return math.prod(kp.param_shapes[name])
+
+
 def _fold_cost(k: WeightKernel, kp: KernelProgram, num_types: dict[str, int]) -> tuple[int, int, int]:
     """(FLOPs, minimum bytes, gathered bytes) of one weight fold, as :func:`rgtune.codegen.weights.fold_weights`
     computes it: one output slice per type of the derived param (per relation, in every fold mode)."""
-    def elems(name: str) -> int:
-        n = 1
-        for s in kp.param_shapes[name]:
-            n *= s
-        return n
-
     def slices(name: str) -> int:
         return num_types.get(kp.param_by.get(name, "none"), 1)
 
-    out_slices = slices(k.out)
-    out_elems = out_slices * elems(k.out)
-    a_elems = slices(k.a) * elems(k.a)
-    b_elems = 0 if k.b is None else slices(k.b) * elems(k.b)
+    out_slices, a_slice = slices(k.out), _param_elems(kp, k.a)
+    out_elems = out_slices * _param_elems(kp, k.out)
+    a_elems = slices(k.a) * a_slice
+    b_elems = 0 if k.b is None else slices(k.b) * _param_elems(kp, k.b)
     a_gathered = a_elems  # each slice of the source read once ...
     if k.mode in ("transpose", "split_heads"):  # data movement only
         flops = 0
     elif k.mode == "vec":  # per slice (Din, H*D) . (H, D) -> (Din, H)
-        flops = 2 * out_slices * elems(k.a)
+        flops = 2 * out_slices * a_slice
     elif k.mode in ("compose", "compose_bias"):  # per output element, a length-D dot product
         assert k.b is not None
         flops = 2 * out_elems * kp.param_shapes[k.b][-1]
-        a_gathered = out_slices * elems(k.a)  # ... but compose gathers the end node type's slice per relation
+        a_gathered = out_slices * a_slice  # ... but compose gathers the end node type's slice per relation
     else:
         raise ValueError(f"unknown weight fold mode {k.mode!r}")
     moved = (a_elems + b_elems + out_elems) * FLOAT_BYTES

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from rgtune.tuner.db import TrialDatabase, WorkloadRecord
 
 log = logging.getLogger("rgtune.costmodel")
+#: what a history graph that cannot be loaded costs (said in the warning once per graph)
+_WITHOUT_COUNTS = "its trials are learnt without the IR's counts (a weaker model)"
 
 GraphResolver = Callable[[str, str], "HeteroGraph | None"]
 
@@ -64,15 +66,14 @@ class GraphLoader:
 
                 graph = load_dataset(name, root=self.data_dir)
                 if graph.content_hash != content_hash:
-                    log.warning("graph %r loads here with another content than the history's; its trials are "
-                                "learnt without the IR's counts (a weaker model)", name)
+                    log.warning("graph %r loads here with another content than the history's; %s", name,
+                                _WITHOUT_COUNTS)
                     graph = None
             except Exception as e:  # noqa: BLE001 - any dataset problem: the rows just have no counts
                 # a warning, once per graph: without the counts the model ranks clearly worse (an
                 # evaluation without the dataset folder gave other numbers than one with it)
-                log.warning("graph %r of the history cannot be loaded here (%s); its trials are learnt without the "
-                            "IR's counts (a weaker model): pass --data-dir or set RGTUNE_DATA_DIR", name,
-                            " ".join(str(e).split()) or type(e).__name__)
+                log.warning("graph %r of the history cannot be loaded here (%s); %s: pass --data-dir or set "
+                            "RGTUNE_DATA_DIR", name, " ".join(str(e).split()) or type(e).__name__, _WITHOUT_COUNTS)
         self._graphs[content_hash] = graph
         return graph
 

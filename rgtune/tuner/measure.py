@@ -32,7 +32,7 @@ import statistics
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 STATUSES = ("running", "ok", "invalid", "compile_error", "runtime_error", "wrong_result", "timeout", "pruned",
             "failed")
@@ -311,6 +311,17 @@ def measure_rounds(workload: Workload, configs: Mapping[str, Mapping[str, Any]],
                 res = worker.measure(configs[name], seed=rnd)
                 times[name].append(res.median if res.status == "ok" else None)
     return times
+
+
+def median_ok(times: Sequence[float | None]) -> float | None:
+    """The median of a configuration's ``ok`` rounds of :func:`measure_rounds` (None: no round was ok).
+
+    Example:
+        >>> median_ok([3.0, None, 1.0, 2.0]), median_ok([None])
+        (2.0, None)
+    """
+    ok = [t for t in times if t is not None]
+    return statistics.median(ok) if ok else None
 
 
 def _exit_reason(code: int | None) -> str:
