@@ -6,10 +6,12 @@ Two steps, each resumable:
    a random-sampler study per (model, real graph) -- an unbiased sample of each space, which
    is also the test set when that graph is held out -- and a TPE study per (model, synthetic
    graph) with the statistics of other datasets (BGS, AM, ogbn-mag, a skewed custom graph),
-   which is what a user's history looks like.
+   which is what a user's history looks like. With ``--repeat-real R`` every schedule of the
+   real graphs is then measured R more times in interleaved rounds, each a trial of the history.
 2. the evaluation (default) holds out each real graph in turn: the model is trained on every
    other graph's trials of the same device and backend and ranks the held-out graph's
-   measured schedules. It reports ordered pair accuracy, Kendall's tau, top-1/top-5 error
+   measured schedules (a schedule's time: the median of its measurements; the metrics against
+   its first measurement alone are reported beside them). It reports ordered pair accuracy, Kendall's tau, top-1/top-5 error
    and whether the top-1 pick is within 15% of the best, for a grid of regressors and targets
    (the evidence for the defaults), with ablations of the training set (no synthetic graphs;
    synthetic only) and two baselines that need no learning (the default schedule, and
@@ -19,6 +21,10 @@ Two steps, each resumable:
 3. ``--retime-rounds N`` (optional, measures): the default model's zero-shot pick and the held-out
    graph's ``--retime-top`` fastest schedules are timed again side by side, N interleaved rounds,
    because the history's top-1 error compares single noisy measurements.
+4. ``--warm N,N,...`` (optional, no measuring): the tuning loop's situation instead of zero-shot: the
+   held-out workload's first N trials (in random orders, the default schedule first) join the
+   training set, weighted ``--warm-weights`` workloads' worth (``CostModel(current_weight=...)``),
+   and the model ranks the rest (``costmodel_warm_start.csv``).
 
 Outputs (``--out``, default ``experiments/results``): ``costmodel_transfer.csv`` (one row per
 holdout x workload x variant), ``costmodel_transfer_pruning.csv``, ``costmodel_transfer.json``
@@ -29,8 +35,10 @@ Examples::
 
     python experiments/costmodel_transfer.py --help
     python experiments/costmodel_transfer.py --collect --db sqlite:///cm_history.db          # ~5 min, 2 cores
+    python experiments/costmodel_transfer.py --collect --repeat-real 5 --db sqlite:///cm_history.db  # + ~10 min
     python experiments/costmodel_transfer.py --db sqlite:///cm_history.db                    # ~30 s
     python experiments/costmodel_transfer.py --db sqlite:///cm_history.db --retime-rounds 7  # + ~1 min
+    python experiments/costmodel_transfer.py --db sqlite:///cm_history.db --warm 5,10,20,40  # + ~5 min
     python experiments/costmodel_transfer.py --collect --quick --db sqlite:///cm_quick.db    # a smoke run
 """
 
@@ -52,6 +60,7 @@ from rgtune.tuner.costmodel import (
     TARGETS,
     CostModel,
     GraphLoader,
+    Sample,
     WorkloadContext,
     evaluate_holdout,
     ranking_metrics,
@@ -78,7 +87,8 @@ def canonical_dataset(name: str, data_dir: str | None = None) -> str:
 
 
 def collect(db_url: str, models: Sequence[str], real: Sequence[str], synthetic: Sequence[str], *, real_trials: int,
-            synthetic_trials: int, hidden: int, backend: str, data_dir: str | None, seed: int = 11) -> None:
+            synthetic_trials: int, hidden: int, backend: str, data_dir: str | None, seed: int = 11,
+            repeat_real: int = 0) -> None:
     """Run the studies that make the history (skipping those already done: resumable)."""
     from rgtune.tuner.measure import Workload
     from rgtune.tuner.study import TuneOptions, Tuner
@@ -96,6 +106,43 @@ def collect(db_url: str, models: Sequence[str], real: Sequence[str], synthetic: 
                   TuneOptions(trials=trials - done, sampler=sampler, seed=seed, progress=False)).run()
         print(f"collected {model} on {ds}: {s.trials_run} trials ({sampler}) in {time.time() - t0:.0f} s, "
               f"best {s.best_ms} ms", flush=True)
+    if repeat_real > 0:
+        for ds, model, _, _ in plan[:len(real) * len(models)]:
+            for w in db.workloads(model=model, in_dim=hidden, backend=backend, dataset=canonical_dataset(ds, data_dir)):
+                repeat_schedules(db, w, ds, repeat_real, data_dir)
+
+
+def repeat_schedules(db: TrialDatabase, w: WorkloadRecord, dataset: str, repeats: int, data_dir: str | None) -> None:
+    """Measure every ``ok`` schedule of ``w`` until it has ``1 + repeats`` measurements, in interleaved rounds
+    (:func:`measure_rounds`), each measurement a trial of the history (resumable).
+
+    The held-out graph's schedules are the test set of the evaluation, which takes a schedule's time as the
+    median of its measurements: one measurement here varies by tens of percent from run to run, and the
+    fastest of 60 single measurements is biased low (the winner's curse), so a top-1 error against it is
+    mostly noise.
+    """
+    from rgtune.tuner.study import record_measurement
+
+    counts: dict[str, int] = {}
+    knobs: dict[str, dict[str, Any]] = {}
+    ok = {t.schedule_hash for t in db.history(w, status="ok")}
+    for t in db.history(w):
+        if t.schedule_hash in ok and t.status != "running":
+            counts[t.schedule_hash] = counts.get(t.schedule_hash, 0) + 1
+            knobs[t.schedule_hash] = t.knobs
+    short = {h: knobs[h] for h, n in counts.items() if n < 1 + repeats}
+    if not short:
+        return
+    rounds = 1 + repeats - min(counts[h] for h in short)
+
+    def record(name: str, rnd: int, result: Any) -> None:
+        record_measurement(db, db.start_trial(w, short[name]), result)
+
+    t0 = time.time()
+    measure_rounds(Workload(w.model, dataset, w.in_dim, w.out_dim, w.heads, w.backend, data_dir), short, rounds,
+                   on_result=record)
+    print(f"repeated {len(short)} schedules of {w.model} on {dataset} in {rounds} interleaved rounds "
+          f"({time.time() - t0:.0f} s)", flush=True)
 
 
 # ---------------------------------------------------------------------- evaluation
@@ -179,14 +226,17 @@ def evaluate(db_url: str, holdouts: Sequence[str], estimators: Sequence[str], ta
                 break
             r.per_workload = [w for w in r.per_workload if models is None or w["model"] in models]
             for w in r.per_workload:
+                first = ranking_metrics(w["pred"], w["first"])  # the schedule's first measurement as its time
                 rows.append({"holdout": holdout, "model": w["model"], "variant": variant, "estimator": est,
                              "target": target, "n_train": r.n_train, "train_workloads": r.n_train_workloads,
-                             "schedules": w["schedules"], **{k: w[k] for k in ("opa", "kendall_tau",
-                                                                                "top1_error", "top5_error")},
-                             "top1_within_15pct": w["top1_error"] <= 0.15, "seconds": time.time() - t0})
+                             "schedules": w["schedules"], "measurements": w["measurements"],
+                             **{k: w[k] for k in ("opa", "kendall_tau", "top1_error", "top5_error")},
+                             "top1_within_15pct": w["top1_error"] <= 0.15,
+                             **{f"{k}_first": first[k] for k in ("opa", "top1_error")}, "seconds": time.time() - t0})
                 print(f"{holdout:<6} {w['model']:<5} {variant:<15} {est:<4} {target:<12} train={r.n_train:<5}"
                       f" opa={w['opa']:.3f} tau={w['kendall_tau']:.3f} top1={w['top1_error']:.3f}"
-                      f" top5={w['top5_error']:.3f}", flush=True)
+                      f" top5={w['top5_error']:.3f} (first measurement only: opa={first['opa']:.3f}"
+                      f" top1={first['top1_error']:.3f})", flush=True)
             if (variant, est, target) == DEFAULT_VARIANT:
                 default_model[holdout] = r.per_workload
                 for w in r.per_workload:
@@ -245,6 +295,65 @@ def retime_top1(db_url: str, default_model: dict[str, list[dict[str, Any]]], *, 
                   f"re-timed against the history's {top} fastest {retimed_err:.3f} ({rounds} rounds, "
                   f"{time.time() - t0:.0f} s)", flush=True)
     _write_csv(out / "costmodel_transfer_retimed.csv", rows)
+    return rows
+
+
+def warm_start(db_url: str, holdouts: Sequence[str], models: Sequence[str], *, own: Sequence[int],
+               weights: Sequence[float], repeats: int, data_dir: str | None, out: Path) -> list[dict[str, Any]]:
+    """The model as the tuning loop uses it: the other graphs' history plus the first trials of the tuned one.
+
+    For each held-out workload, ``repeats`` random orders of its measured schedules (the default
+    schedule always first, as in a study): train on the other graphs' history plus the first ``n``
+    of them (``n`` in ``own``), with the tuned workload weighted ``current_weight`` workloads' worth
+    (each of ``weights``), and rank the schedules it has not seen. Besides the ranking metrics,
+    ``opa_fast``: ordered pair accuracy among the unseen schedules in the fastest half, where a
+    tuner's late decisions are made.
+    """
+    from rgtune.tuner._costmodel_history import load_samples, matching_workloads, workload_key
+
+    db = TrialDatabase(db_url)
+    graphs = GraphLoader(data_dir)
+    rows: list[dict[str, Any]] = []
+    cache: dict[int, dict[str, float]] = {}
+    for holdout in holdouts:
+        held = [w for w in db.workloads(dataset=holdout) if w.num_ok > 0 and w.model in models]
+        for w in held:
+            others = [x for x in matching_workloads(db, w.backend, w.device)
+                      if x.dataset != holdout and x.graph_hash != w.graph_hash]
+            history = load_samples(db, others, graphs, cache)
+            # one entry per schedule: its first measurement is what the loop would have learnt from, the
+            # median of its measurements (with --repeat-real) is its true time when it is ranked
+            by_schedule: dict[str, list[Sample]] = {}
+            for s in load_samples(db, [w], graphs, cache):
+                by_schedule.setdefault(s.schedule, []).append(s)
+            true_ms = {h: float(np.median([s.ms for s in v])) for h, v in by_schedule.items()}
+            mine = [v[0] for v in by_schedule.values()]
+            default = [s for s in mine if s.is_default][:1]
+            rest = [s for s in mine if s not in default]
+            for rep in range(repeats):
+                order = [rest[i] for i in np.random.default_rng(rep).permutation(len(rest))]
+                for n in own:
+                    seen, unseen = default + order[:max(n - len(default), 0)], order[max(n - len(default), 0):]
+                    if len(unseen) < 5:
+                        continue
+                    true = np.array([true_ms[s.schedule] for s in unseen])
+                    fast = true <= np.median(true)
+                    for weight in weights:
+                        m = CostModel(current_weight=weight).fit(history + seen, current=workload_key(w.id))
+                        pred = m.predict([s.features for s in unseen])
+                        rows.append({"holdout": holdout, "model": w.model, "own_trials": len(seen),
+                                     "current_weight": weight, "repeat": rep, "unseen": len(unseen),
+                                     **ranking_metrics(pred, true),
+                                     "opa_fast": ranking_metrics(pred[fast], true[fast])["opa"]})
+                print(f"warm start {holdout} {w.model}: order {rep + 1}/{repeats} done", flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    _write_csv(out / "costmodel_warm_start.csv", rows)
+    print("\nwarm start, mean over orders (own trials x current_weight):")
+    for key in sorted({(r["holdout"], r["model"], r["own_trials"], r["current_weight"]) for r in rows}):
+        sel = [r for r in rows if (r["holdout"], r["model"], r["own_trials"], r["current_weight"]) == key]
+        mean = {k: float(np.nanmean([r[k] for r in sel])) for k in ("opa", "opa_fast", "top1_error", "top5_error")}
+        print(f"  {key[0]:<6} {key[1]:<5} own={key[2]:<3} weight={key[3]:<5g} opa={mean['opa']:.3f} "
+              f"opa_fast={mean['opa_fast']:.3f} top1={mean['top1_error']:.3f} top5={mean['top5_error']:.3f}")
     return rows
 
 
@@ -311,8 +420,11 @@ def _print_summary(rows: list[dict[str, Any]], prune_rows: list[dict[str, Any]])
         sel = [r for r in rows if (r["variant"], r["estimator"], r["target"]) == key]
         m = {k: float(np.nanmean([r[k] for r in sel])) for k in ("opa", "kendall_tau", "top1_error", "top5_error")}
         within = sum(bool(r["top1_within_15pct"]) for r in sel)
+        first = [r["top1_error_first"] for r in sel if "top1_error_first" in r]
+        tail = (f"; first measurement only: top1={np.mean(first):.3f} top1<=15%: "
+                f"{sum(e <= 0.15 for e in first)}/{len(first)}") if first else ""
         print(f"  {key[0]:<26} {key[1]:<4} {key[2]:<12} opa={m['opa']:.3f} tau={m['kendall_tau']:.3f} "
-              f"top1={m['top1_error']:.3f} top5={m['top5_error']:.3f} top1<=15%: {within}/{len(sel)}")
+              f"top1={m['top1_error']:.3f} top5={m['top5_error']:.3f} top1<=15%: {within}/{len(sel)}{tail}")
     if prune_rows:
         print("\nzero-shot pruning replay, best so far = the true best (mean over held-out workloads):")
     for rule in sorted({r["rule"] for r in prune_rows}):
@@ -348,6 +460,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="synthetic graphs for the history, separated by ';' (default: BGS-, AM-, ogbn-mag-like, skewed)")
     p.add_argument("--holdouts", default=None, help="graphs to hold out (default: --real)")
     p.add_argument("--real-trials", type=int, default=60, help="random trials per (model, real graph) (default 60)")
+    p.add_argument("--repeat-real", type=int, default=0, metavar="R",
+                   help="--collect: measure each schedule of the real graphs R more times, in interleaved rounds "
+                        "(the evaluation's true time of a schedule is the median of its measurements; default 0)")
     p.add_argument("--synthetic-trials", type=int, default=40, help="TPE trials per (model, synthetic graph) (default 40)")
     p.add_argument("--hidden", type=int, default=64, help="feature size (default 64)")
     p.add_argument("--backend", default=None, help="cpu (default when usable), else reference")
@@ -362,6 +477,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "fastest schedules again in this many interleaved rounds (default 0: off)")
     p.add_argument("--retime-top", type=int, default=3,
                    help="how many of the held-out graph's fastest measured schedules are re-timed (default 3)")
+    p.add_argument("--warm", default=None, metavar="N,N,...",
+                   help="also evaluate the model with the held-out workload's first N trials in its training set "
+                        "(the tuning loop's situation), for each N; writes costmodel_warm_start.csv")
+    p.add_argument("--warm-weights", default="1,4,12",
+                   help="current_weight values compared by --warm (default 1,4,12)")
+    p.add_argument("--warm-repeats", type=int, default=5, help="random trial orders per --warm setting (default 5)")
     p.add_argument("--quick", action="store_true",
                    help="a smoke run: rgat only, one synthetic graph, 16 trials each, hgb and log_default only")
     return p
@@ -400,11 +521,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.time()
     if args.collect:
         collect(args.db, models, real, synthetic, real_trials=args.real_trials, synthetic_trials=args.synthetic_trials,
-                hidden=args.hidden, backend=backend, data_dir=args.data_dir)
+                hidden=args.hidden, backend=backend, data_dir=args.data_dir, repeat_real=args.repeat_real)
         print(f"collection done in {time.time() - t0:.0f} s")
     if not args.no_eval:
         holdouts = [canonical_dataset(h, args.data_dir) for h in (split_names(args.holdouts) if args.holdouts else real)]
         _, default_model = evaluate(args.db, holdouts, estimators, targets, args.data_dir, Path(args.out), models)
+        if args.warm:
+            warm_start(args.db, holdouts, models, own=[int(x) for x in split_names(args.warm)],
+                       weights=[float(x) for x in split_names(args.warm_weights)], repeats=args.warm_repeats,
+                       data_dir=args.data_dir, out=Path(args.out))
         if args.retime_rounds > 0:
             retime_top1(args.db, default_model, rounds=args.retime_rounds, top=args.retime_top,
                         data_dir=args.data_dir, out=Path(args.out))

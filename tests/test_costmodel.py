@@ -96,6 +96,17 @@ def _device(db: TrialDatabase, device: DeviceInfo = DEVICE) -> str:
     return device.name  # the history of a device is found by its name
 
 
+# ------------------------------------------------------------------ docs
+@pytest.mark.parametrize("module", ["costmodel", "_costmodel_model", "_costmodel_features", "_costmodel_metrics",
+                                    "_costmodel_store", "_costmodel_history", "_costmodel_pruner", "measure"])
+def test_docstring_examples_run(module: str) -> None:
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(f"rgtune.tuner.{module}"), optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
+
+
 # ------------------------------------------------------------------ features
 def test_features_are_deterministic_and_name_no_model_or_knob():
     g = _graph(GRAPHS[0])
@@ -175,6 +186,25 @@ def test_fit_is_deterministic_and_targets_are_per_workload(history):
     assert z.min() == 0.0 and z.max() <= 1.0  # percentiles (ties share the mean rank)
     first = [i for i, s in enumerate(samples) if s.workload == samples[0].workload]
     assert ordered_pair_accuracy(z[first], [samples[i].ms for i in first]) == 1.0
+
+
+
+def test_current_weight_lets_the_tuned_workloads_own_trials_decide():
+    # ten other workloads where a larger x is slower; the tuned one ("cur") is the other way round
+    others = [Sample(f"w{w}", {"num:x": float(x)}, 1.0 + x) for w in range(10) for x in range(12)]
+    own = [Sample("cur", {"num:x": float(x)}, 20.0 - x) for x in range(0, 12, 2)]
+    probe = [{"num:x": 2.0}, {"num:x": 10.0}]  # schedules the tuned workload has measured
+
+    def own_order_follows_own_trials(weight: float) -> bool:
+        model = CostModel("et", current_weight=weight, min_trials=2).fit(others + own, current="cur")
+        low_x, high_x = model.predict(probe)
+        return bool(high_x < low_x)
+
+    assert not own_order_follows_own_trials(1.0)  # one workload among eleven: the majority decides
+    assert own_order_follows_own_trials(50.0)
+    assert CostModel(current_weight=4).params()["current_weight"] == 4.0  # part of the saved model's key
+    with pytest.raises(ValueError, match="current_weight must be a positive number"):
+        CostModel(current_weight=0)
 
 
 def test_too_little_history_keeps_the_model_out_of_the_way(history, tmp_path):

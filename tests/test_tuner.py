@@ -68,8 +68,13 @@ def test_a_wrong_kernel_is_a_wrong_result_with_its_error():
 
 def test_measure_rounds_times_every_schedule_in_every_round_and_only_ok_ones():
     configs = {"default": {}, "64-bit": {"layout.index_bits": 64}, "bad": {"layout.index_bits": 7}}
-    times = measure_rounds(_workload("reference"), configs, rounds=3, options=FAST)
+    seen: list[tuple[str, int, str]] = []
+    times = measure_rounds(_workload("reference"), configs, rounds=3, options=FAST,
+                           on_result=lambda name, rnd, res: seen.append((name, rnd, res.status)))
     assert set(times) == set(configs) and all(len(v) == 3 for v in times.values())
+    assert sorted((n, r) for n, r, _ in seen) == sorted((n, r) for n in configs for r in range(3))
+    assert all((status == "ok") == (n != "bad") for n, _, status in seen)
+    assert [r for _, r, _ in seen] == sorted(r for _, r, _ in seen)  # round after round
     assert all(t is not None and t > 0 for name in ("default", "64-bit") for t in times[name])
     assert times["bad"] == [None, None, None]  # an invalid value is never timed
 

@@ -67,7 +67,8 @@ def evaluate_holdout(db: "TrialDatabase", holdout_dataset: str, *, model: str | 
     one graph). Each held-out workload (one per model and size) is ranked on its own, every
     measured schedule once (the median of its repeated measurements); the result's metrics
     are the mean over those workloads. ``exclude`` leaves more workloads out of the training
-    (ablations); ``keep_predictions`` adds each schedule's ``knobs``, ``pred`` and ``true`` (ms).
+    (ablations); ``keep_predictions`` adds each schedule's ``knobs``, ``pred``, ``true`` (ms) and
+    ``first`` (its first measurement, ms).
 
     Example:
         >>> from rgtune.tuner.db import TrialDatabase
@@ -112,9 +113,11 @@ def evaluate_holdout(db: "TrialDatabase", holdout_dataset: str, *, model: str | 
         true = [float(np.median(times[k])) for k in keys]
         pred = fit.model.predict([ctx.features(knobs[k]) for k in keys])
         entry = {"workload_id": w.id, "model": w.model, "in_dim": w.in_dim, "out_dim": w.out_dim, "heads": w.heads,
-                 "schedules": len(keys), **ranking_metrics(pred, true)}
+                 "schedules": len(keys), "measurements": sum(len(v) for v in times.values()),
+                 **ranking_metrics(pred, true)}
         if keep_predictions:
-            entry.update(knobs=[knobs[k] for k in keys], pred=[float(x) for x in pred], true=true)
+            entry.update(knobs=[knobs[k] for k in keys], pred=[float(x) for x in pred], true=true,
+                         first=[times[k][0] for k in keys])
         result.per_workload.append(entry)
     result.metrics = {k: float(np.nanmean([r[k] for r in result.per_workload])) for k in METRICS}
     return result

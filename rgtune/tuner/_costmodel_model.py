@@ -42,7 +42,7 @@ from rgtune.tuner._costmodel_history import Sample
 
 log = logging.getLogger("rgtune.costmodel")
 
-__all__ = ["CostModel", "ESTIMATORS", "TARGETS", "MIN_TRIALS", "MIN_WORKLOADS"]
+__all__ = ["CostModel", "ESTIMATORS", "TARGETS", "MIN_TRIALS", "MIN_WORKLOADS", "CURRENT_WEIGHT", "sample_weights"]
 
 #: below this many ``ok`` trials (on this device and backend) the model stays out of the way
 MIN_TRIALS = 30
@@ -50,6 +50,9 @@ MIN_TRIALS = 30
 MIN_WORKLOADS = 2
 
 TARGETS = ("log_default", "zscore", "rank")
+
+#: the default weight of the workload being tuned, in workloads' worth (see ``CostModel``)
+CURRENT_WEIGHT = 1.0
 
 
 def _hgb(seed: int) -> Any:
@@ -116,6 +119,31 @@ def normalized_targets(samples: Sequence[Sample], target: str) -> np.ndarray:
     return y
 
 
+def sample_weights(samples: Sequence[Sample], *, balance: bool, current: str | None = None,
+                   current_weight: float = 1.0) -> np.ndarray | None:
+    """Training weights (mean 1): each workload's total weight equal when ``balance``, the
+    ``current`` workload's times ``current_weight``; None when every weight would be 1.
+
+    Example:
+        >>> s = [Sample("a", {}, 1.0), Sample("a", {}, 2.0), Sample("b", {}, 1.0)]
+        >>> sample_weights(s, balance=True).tolist()
+        [0.75, 0.75, 1.5]
+        >>> sample_weights(s, balance=True, current="b", current_weight=4.0).tolist()
+        [0.3, 0.3, 2.4]
+        >>> sample_weights(s, balance=False) is None
+        True
+    """
+    has_current = current is not None and current_weight != 1.0 and any(s.workload == current for s in samples)
+    if not balance and not has_current:
+        return None
+    counts: dict[str, int] = defaultdict(int)
+    for s in samples:
+        counts[s.workload] += 1
+    w = np.array([(1.0 / counts[s.workload] if balance else 1.0) * (current_weight if s.workload == current else 1.0)
+                  for s in samples])
+    return w * (len(samples) / w.sum())
+
+
 class CostModel:
     """Features -> a per-workload relative score of a schedule (lower is faster).
 
@@ -124,21 +152,27 @@ class CostModel:
         target: how times are normalized per workload (:data:`TARGETS`).
         min_trials, min_workloads: how much history it takes before the model is :attr:`ready`.
         balance: weight each workload equally (a workload with many trials does not drown the others).
+        current_weight: how many workloads' worth of weight the workload being tuned (``fit``'s
+            ``current``) gets: 1 counts it as one workload among the others; more lets its own
+            trials, once it has some, decide where the other graphs' history disagrees.
         seed: the estimator's random state (fits are deterministic).
     """
 
     def __init__(self, estimator: str | Callable[[int], Any] = "hgb", target: str = "log_default", *,
                  min_trials: int = MIN_TRIALS, min_workloads: int = MIN_WORKLOADS, balance: bool = True,
-                 seed: int = 0) -> None:
+                 current_weight: float = CURRENT_WEIGHT, seed: int = 0) -> None:
         if isinstance(estimator, str) and estimator not in ESTIMATORS:
             raise ValueError(f"unknown estimator {estimator!r}; choose one of {sorted(ESTIMATORS)}")
         if target not in TARGETS:
             raise ValueError(f"unknown target {target!r}; choose one of {list(TARGETS)}")
+        if not (math.isfinite(current_weight) and current_weight > 0):
+            raise ValueError(f"current_weight must be a positive number of workloads' worth, got {current_weight}")
         self.estimator = estimator
         self.target = target
         self.min_trials = int(min_trials)
         self.min_workloads = int(min_workloads)
         self.balance = balance
+        self.current_weight = float(current_weight)
         self.seed = seed
         self.encoder: FeatureEncoder | None = None
         self.regressor: Any = None
@@ -154,7 +188,8 @@ class CostModel:
         """The settings, as plain values (stored with a study, printed by the CLI)."""
         est = self.estimator if isinstance(self.estimator, str) else getattr(self.estimator, "__name__", "custom")
         return {"estimator": est, "target": self.target, "min_trials": self.min_trials,
-                "min_workloads": self.min_workloads, "balance": self.balance, "seed": self.seed}
+                "min_workloads": self.min_workloads, "balance": self.balance,
+                "current_weight": self.current_weight, "seed": self.seed}
 
     @property
     def ready(self) -> bool:
@@ -190,20 +225,16 @@ class CostModel:
         factory = ESTIMATORS[self.estimator] if isinstance(self.estimator, str) else self.estimator
         reg = factory(self.seed)
         with _one_thread():
-            reg.fit(x, y, **self._fit_kwargs(reg, samples))
+            reg.fit(x, y, **self._fit_kwargs(reg, samples, current))
         self.regressor = reg
         self.log_scale = _log_scale(samples, y)
         log.info("%s", self.status)
         return self
 
-    def _fit_kwargs(self, reg: Any, samples: Sequence[Sample]) -> dict[str, Any]:
-        if not self.balance:
+    def _fit_kwargs(self, reg: Any, samples: Sequence[Sample], current: str | None) -> dict[str, Any]:
+        w = sample_weights(samples, balance=self.balance, current=current, current_weight=self.current_weight)
+        if w is None:
             return {}
-        counts: dict[str, int] = defaultdict(int)
-        for s in samples:
-            counts[s.workload] += 1
-        w = np.array([1.0 / counts[s.workload] for s in samples])
-        w *= len(samples) / w.sum()
         if hasattr(reg, "steps"):  # a pipeline: the weight goes to its last step
             return {f"{reg.steps[-1][0]}__sample_weight": w}
         return {"sample_weight": w}

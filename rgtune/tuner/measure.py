@@ -32,7 +32,7 @@ import statistics
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 STATUSES = ("running", "ok", "invalid", "compile_error", "runtime_error", "wrong_result", "timeout", "pruned",
             "failed")
@@ -287,13 +287,15 @@ class MeasureWorker:
 
 
 def measure_rounds(workload: Workload, configs: Mapping[str, Mapping[str, Any]], rounds: int,
-                   options: MeasureOptions | None = None) -> dict[str, list[float | None]]:
+                   options: MeasureOptions | None = None,
+                   on_result: Callable[[str, int, MeasureResult], None] | None = None) -> dict[str, list[float | None]]:
     """Each configuration's time (seconds, the trial's median; None unless ``ok``) in each of ``rounds``.
 
     One worker measures them all, every round in a new shuffled order (seeded by the round), so that a
     drift of the machine's state favours no configuration; the kernels compiled in the first round are
     cached for the later ones. Single trials on a shared machine differ by tens of percent: comparing
-    schedules that are a few percent apart needs the median of such rounds.
+    schedules that are a few percent apart needs the median of such rounds. ``on_result(name, round,
+    result)`` sees every measurement as it finishes (e.g. to record it as a trial).
 
     Example:
         >>> w = Workload("rgcn", "synthetic:custom,nodes=300,edges=2000,ntypes=2,rels=3", 8, 8, 1, "reference")
@@ -310,6 +312,8 @@ def measure_rounds(workload: Workload, configs: Mapping[str, Mapping[str, Any]],
             for name in order:
                 res = worker.measure(configs[name], seed=rnd)
                 times[name].append(res.median if res.status == "ok" else None)
+                if on_result is not None:
+                    on_result(name, rnd, res)
     return times
 
 

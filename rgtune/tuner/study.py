@@ -344,11 +344,7 @@ class Tuner:
         return info
 
     def _record(self, tid: int, r: MeasureResult) -> None:
-        ms = None if r.median is None else r.median * 1e3
-        self.db.finish_trial(
-            tid, r.status, median_ms=ms, times_ms=[t * 1e3 for t in r.times] or None,
-            compile_s=r.compile_seconds, max_error=r.max_error,
-            error=r.error, source_hash=r.source_hash, predicted_ms=r.info.get("predicted_ms"))
+        record_measurement(self.db, tid, r)
 
     # ------------------------------------------------------------------ reporting
     def default_ms(self) -> float | None:
@@ -388,6 +384,14 @@ class Tuner:
 
 
 # ---------------------------------------------------------------------- helpers
+def record_measurement(db: "TrialDatabase", trial_id: int, result: MeasureResult) -> None:
+    """Finish a started trial with a measurement's outcome (times in ms, the prediction if it had one)."""
+    ms = None if result.median is None else result.median * 1e3
+    db.finish_trial(
+        trial_id, result.status, median_ms=ms, times_ms=[t * 1e3 for t in result.times] or None,
+        compile_s=result.compile_seconds, max_error=result.max_error,
+        error=result.error, source_hash=result.source_hash, predicted_ms=result.info.get("predicted_ms"))
+
 def _target(backend: str) -> str:
     from rgtune.codegen.base import create
 
