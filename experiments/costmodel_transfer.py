@@ -102,8 +102,9 @@ def collect(db_url: str, models: Sequence[str], real: Sequence[str], synthetic: 
         if done >= trials:
             continue
         t0 = time.time()
+        # confirm_top=0: the history holds the studies' own measurements (and --repeat-real's rounds)
         s = Tuner(Workload(model, ds, hidden, hidden, 1, backend, data_dir), db,
-                  TuneOptions(trials=trials - done, sampler=sampler, seed=seed, progress=False)).run()
+                  TuneOptions(trials=trials - done, sampler=sampler, seed=seed, progress=False, confirm_top=0)).run()
         print(f"collected {model} on {ds}: {s.trials_run} trials ({sampler}) in {time.time() - t0:.0f} s, "
               f"best {s.best_ms} ms", flush=True)
     if repeat_real > 0:

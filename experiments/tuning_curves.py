@@ -253,7 +253,8 @@ def run_one(model: str, dataset: str, seed: int, arm: str, base: Path, workdir: 
     db = TrialDatabase(f"sqlite:///{db_path}")
     opts = TuneOptions(trials=args.budget, sampler="tpe", seed=seed, progress=False,
                        measure=MeasureOptions(timeout=args.trial_timeout), pruner=pruner,
-                       max_proposals_per_trial=args.max_proposal_factor)
+                       max_proposals_per_trial=args.max_proposal_factor,
+                       confirm_top=0)  # the search alone: the incumbents are re-timed after all runs
     tuner = CurveTuner(Workload(model, dataset, args.hidden, args.hidden, 1, backend, args.data_dir), db, opts)
     t0 = time.time()
     with _own_cache(run_dir):

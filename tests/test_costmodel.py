@@ -382,7 +382,7 @@ def test_the_tuning_loop_drives_a_model_trained_on_other_graphs(tmp_path):
         _fill(db, name, 16, seed=i, device=here, backend="reference")
     pruner = CostModelPruner(CostModel(small_hgb), PrunePolicy(margin=1.0, explore=0.0, warmup=2, max_skip=3),
                              model_path=None, graphs=LOADED)
-    s = Tuner(workload, db, TuneOptions(trials=6, seed=0, progress=False, pruner=pruner,
+    s = Tuner(workload, db, TuneOptions(trials=6, seed=0, progress=False, pruner=pruner, confirm_top=0,
                                         measure=MeasureOptions(warmup=1, repeats=2, min_seconds=0.0))).run()
     assert s.pruner is not None and s.pruner["status"].startswith("cost model on"), s.pruner
     counts = s.pruner["counts"]
@@ -410,7 +410,7 @@ def test_the_tuning_loop_ranks_pools_with_a_model_trained_on_other_graphs(tmp_pa
         _fill(db, name, 16, seed=i, device=here, backend="reference")
     pruner = CostModelPruner(CostModel(small_hgb), RankPolicy(pool=6, explore=0.0, retrain_every=2),
                              model_path=None, graphs=LOADED)
-    s = Tuner(workload, db, TuneOptions(trials=5, seed=0, progress=False, pruner=pruner,
+    s = Tuner(workload, db, TuneOptions(trials=5, seed=0, progress=False, pruner=pruner, confirm_top=0,
                                         measure=MeasureOptions(warmup=1, repeats=2, min_seconds=0.0))).run()
     counts = s.pruner["counts"]
     assert s.measured == s.trials_run == 5 and s.statuses == {"ok": 5}, s.statuses

@@ -213,6 +213,44 @@ def test_only_ok_can_be_best() -> None:
     assert db.trial(t).status == "running"  # refused calls changed nothing
 
 
+
+def _check_confirmation_decides_the_best(db: TrialDatabase) -> None:
+    w = _workload(db, model="rgat")  # a workload of its own in a database that may hold others
+    lucky = _trial(db, w, {"s": "lucky"}, "ok", 1.0)  # one fast measurement
+    _trial(db, w, {"s": "steady"}, "ok", 1.1)
+    assert _best_id(db, w) == lucky
+    c = db.start_confirmation(w, schedules=2, rounds=3)
+    rounds = {"lucky": [1.6, 1.4, 1.5], "steady": [1.2, 1.1, 1.3]}
+    ids = {}
+    for r in range(3):
+        for name, times in rounds.items():
+            ids[name, r] = tid = db.start_trial(w, {"s": name}, confirmation_id=c)
+            db.finish_trial(tid, "ok", median_ms=times[r])
+    _trial(db, w, {"s": "lucky"}, "wrong_result", 0.1, max_error=1.0)  # never counts
+    assert _best_id(db, w) == lucky  # an unfinished (e.g. interrupted) confirmation is ignored
+    db.finish_confirmation(c)
+    best = db.best(w)
+    assert best is not None and best.knobs == {"s": "steady"} and best.confirmation_id == c
+    assert (best.id, best.median_ms) == (ids["steady", 0], 1.2)  # the middle round: the median
+    assert _best_id(db, model="rgat") == best.id  # through filters too
+    _trial(db, w, {"s": "later"}, "ok", 1.25)  # a later trial of the search, slower than the median
+    assert _best_id(db, w) == best.id
+    newer = _trial(db, w, {"s": "newer"}, "ok", 0.9)  # faster than the confirmed median: not confirmed yet
+    assert _best_id(db, w) == newer and db.trial(newer).confirmation_id is None
+    assert db.confirmed_best(w).id == best.id  # what the next confirmation must include
+    rec = db.confirmation(c)
+    assert (rec.workload_id, rec.schedules, rec.rounds, rec.finished_at is not None) == (w.id, 2, 3, True)
+    with pytest.raises(NotFoundError, match="no confirmation"):
+        db.finish_confirmation(10_000)
+    with pytest.raises(NotFoundError, match="no confirmation"):
+        db.start_trial(w, {"s": "x"}, confirmation_id=10_000)
+    with pytest.raises(ValueError, match="rounds must be a positive integer"):
+        db.start_confirmation(w, schedules=2, rounds=0)
+
+
+def test_a_finished_confirmation_decides_the_best() -> None:
+    _check_confirmation_decides_the_best(TrialDatabase("sqlite://"))
+
 def test_schedule_knobs_are_canonical() -> None:
     np = pytest.importorskip("numpy")
     db = TrialDatabase("sqlite://")
@@ -370,7 +408,7 @@ def test_head_revision_matches_models() -> None:
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
 
-    assert known_revisions() == ["0001", "0002"] and known_revisions()[-1] == SCHEMA_VERSION
+    assert known_revisions() == ["0001", "0002", "0003"] and known_revisions()[-1] == SCHEMA_VERSION
     db = TrialDatabase("sqlite://")
     with db.engine.connect() as conn:
         ctx = MigrationContext.configure(conn, opts=_COMPARE_OPTS)
@@ -387,7 +425,8 @@ def test_upgrade_from_0001_keeps_data(tmp_path: Path) -> None:
     with _raw(_file_url(path)).connect() as conn:  # upgraded in place, recorded
         assert conn.exec_driver_sql(f"SELECT version_num FROM {VERSION_TABLE}").scalar() == SCHEMA_VERSION
         cols = {c["name"] for c in sa.inspect(conn).get_columns("rg_trials")}
-        assert {"worker", "heartbeat_at", "predicted_ms"} <= cols and not {"host", "pid"} & cols
+        assert {"worker", "heartbeat_at", "predicted_ms", "confirmation_id"} <= cols and not {"host", "pid"} & cols
+        assert "rg_confirmations" in sa.inspect(conn).get_table_names()
         assert "ix_rg_trials_workload_status_median" in {i["name"] for i in sa.inspect(conn).get_indexes("rg_trials")}
 
 
@@ -412,7 +451,7 @@ def test_upgrade_refused_when_disabled(tmp_path: Path) -> None:
         TrialDatabase(url, readonly=True)
 
 
-@pytest.mark.parametrize("version, pattern", [("0003", "newer than this rgtune knows"), ("zz99", "does not know")])
+@pytest.mark.parametrize("version, pattern", [("0004", "newer than this rgtune knows"), ("zz99", "does not know")])
 def test_newer_or_unknown_schema_is_refused_untouched(tmp_path: Path, version: str, pattern: str) -> None:
     path = tmp_path / "results.db"
     db = TrialDatabase(_file_url(path))
@@ -747,6 +786,7 @@ def test_postgres_schema_upgrade_and_best(postgres_url: str) -> None:
     ok = _trial(db, w, {"a": 2}, "ok", 0.9)
     _trial(db, w, {"a": 3}, "ok", 1.9)
     assert _best_id(db, w) == ok and db.count_trials(w) == 3
+    _check_confirmation_decides_the_best(db)
 
 
 @pytest.mark.slow

@@ -93,7 +93,7 @@ def test_a_worker_that_cannot_load_its_dataset_says_why():
                                             ("_faulty_backends:Hang", "timeout")])
 def test_faults_cost_one_trial_and_are_never_best(db, monkeypatch, backend, status):
     monkeypatch.setenv("RGTUNE_FAULT_KNOB", "layout.index_bits=64")
-    opts = TuneOptions(trials=12, sampler="random", seed=3, progress=False,
+    opts = TuneOptions(trials=12, sampler="random", seed=3, progress=False, confirm_top=0,
                        measure=MeasureOptions(warmup=1, repeats=2, min_seconds=0.0, timeout=4.0))
     summary = Tuner(_workload(backend), db, opts).run()
     assert summary.trials_run == 12 and db.count_trials() == 12
@@ -105,7 +105,7 @@ def test_faults_cost_one_trial_and_are_never_best(db, monkeypatch, backend, stat
 
 
 def test_the_default_schedule_is_the_first_trial_and_a_study_resumes(db):
-    opts = TuneOptions(trials=3, sampler="random", seed=0, progress=False, measure=FAST)
+    opts = TuneOptions(trials=3, sampler="random", seed=0, progress=False, measure=FAST, confirm_top=0)
     first = Tuner(_workload("reference"), db, opts).run()
     rows = db.history()
     from rgtune.ir.models import build_model
@@ -121,9 +121,45 @@ def test_the_default_schedule_is_the_first_trial_and_a_study_resumes(db):
 
     study = optuna.load_study(study_name=first.study_name, storage=db.url)
     assert len(study.trials) == 6
-    fresh = Tuner(_workload("reference"), db, TuneOptions(trials=1, fresh=True, progress=False, measure=FAST)).run()
+    fresh = Tuner(_workload("reference"), db, TuneOptions(trials=1, fresh=True, progress=False, measure=FAST,
+                                                            confirm_top=0)).run()
     assert fresh.study_name != first.study_name and db.count_trials() == 7
 
+
+
+def test_the_fastest_schedules_are_confirmed_in_interleaved_rounds_and_decide_the_best(db):
+    import statistics
+
+    opts = TuneOptions(trials=8, sampler="random", seed=0, progress=False, measure=FAST, confirm_top=3,
+                       confirm_rounds=3)
+    s = Tuner(_workload("reference"), db, opts).run()
+    c = s.confirmation
+    search = [t for t in db.history(status="ok") if t.confirmation_id is None]
+    fastest: list[str] = []
+    for t in sorted(search, key=lambda t: (t.median_ms, t.id)):
+        if t.schedule_hash not in fastest:
+            fastest.append(t.schedule_hash)
+    assert c is not None and c.finished and c.rounds == 3 and c.schedules == min(3, len(fastest)) >= 2
+    assert c.searched_best_ms == min(t.median_ms for t in search)
+    rounds = [t for t in db.history() if t.confirmation_id == c.id]
+    assert s.measured == 8 and len(rounds) == 3 * c.schedules  # confirmation costs no budget
+    assert {t.schedule_hash for t in rounds} == set(fastest[:c.schedules])
+    for r in range(3):  # every round times every schedule once
+        assert len({t.schedule_hash for t in rounds[r * c.schedules:(r + 1) * c.schedules]}) == c.schedules
+    medians = {h: statistics.median(t.median_ms for t in rounds if t.schedule_hash == h) for h in fastest[:c.schedules]}
+    best = db.best()
+    assert best is not None and best.confirmation_id == c.id and best.median_ms == min(medians.values())
+    assert (s.best_trial_id, s.best_ms) == (best.id, best.median_ms)
+    # a later run confirms its own fastest schedules and the last winner, which must defend its place
+    again = Tuner(_workload("reference"), db, TuneOptions(trials=2, sampler="random", seed=1, progress=False,
+                                                          measure=FAST, confirm_top=2, confirm_rounds=1)).run()
+    assert again.confirmation is not None
+    assert best.schedule_hash in {t.schedule_hash for t in db.history() if t.confirmation_id == again.confirmation.id}
+    off = Tuner(_workload("reference"), db, TuneOptions(trials=1, seed=2, progress=False, measure=FAST,
+                                                        confirm_top=0)).run()
+    assert off.confirmation is None and db.count_trials() == 8 + len(rounds) + 2 + again.confirmation.schedules + 1
+    with pytest.raises(ValueError, match="confirm_rounds"):
+        Tuner(_workload("reference"), db, TuneOptions(confirm_rounds=0))
 
 # ------------------------------------------------------------------ kill -9, then resume
 # ------------------------------------------------------------------ a pruner in the loop
@@ -158,7 +194,7 @@ class _ScriptedPruner:
 
 def test_pruned_candidates_cost_no_budget_and_the_pruner_learns_every_measurement(db):
     pruner = _ScriptedPruner()
-    s = Tuner(_workload("reference"), db, TuneOptions(trials=4, seed=0, progress=False, measure=FAST,
+    s = Tuner(_workload("reference"), db, TuneOptions(trials=4, seed=0, progress=False, measure=FAST, confirm_top=0,
                                                        pruner=pruner)).run()
     # measured, pruned, measured, pruned, ... until 4 measured: the budget counts measurements
     assert s.measured == 4 and s.statuses == {"ok": 4, "pruned": 3} and s.trials_run == 7
@@ -176,7 +212,7 @@ def test_pruned_candidates_cost_no_budget_and_the_pruner_learns_every_measuremen
 
 def test_a_pruner_that_prunes_everything_cannot_stall_the_study(db):
     pruner = _ScriptedPruner(prune_all=True)
-    s = Tuner(_workload("reference"), db, TuneOptions(trials=2, seed=0, progress=False, measure=FAST, pruner=pruner,
+    s = Tuner(_workload("reference"), db, TuneOptions(trials=2, seed=0, progress=False, measure=FAST, pruner=pruner, confirm_top=0,
                                                        max_proposals_per_trial=3)).run()
     assert s.measured == 0 and s.statuses == {"pruned": 6} and pruner.observed == [] and pruner.closed == 1
 
@@ -205,7 +241,7 @@ def test_a_ranking_pruner_measures_its_pick_of_each_pool_and_the_study_holds_onl
     from rgtune.tuner._db_records import canonical_knobs
 
     ranker = _ScriptedRanker()
-    s = Tuner(_workload("reference"), db, TuneOptions(trials=5, seed=0, progress=False, measure=FAST,
+    s = Tuner(_workload("reference"), db, TuneOptions(trials=5, seed=0, progress=False, measure=FAST, confirm_top=0,
                                                        pruner=ranker)).run()
     assert s.measured == 5 and s.statuses == {"ok": 5} and s.trials_run == 5
     assert ranker.calls == 1  # the enqueued default schedule came alone; every later measurement from a pool
@@ -227,7 +263,7 @@ def test_the_proposal_pool_copies_every_finished_trial_of_the_study_once(db):
 
     from rgtune.tuner.study import _ProposalPool, make_sampler
 
-    Tuner(_workload("reference"), db, TuneOptions(trials=3, seed=0, progress=False, measure=FAST)).run()
+    Tuner(_workload("reference"), db, TuneOptions(trials=3, seed=0, progress=False, measure=FAST, confirm_top=0)).run()
     study = optuna.load_study(study_name=optuna.get_all_study_names(db.url)[0], storage=db.url)
     pool = _ProposalPool(make_sampler("tpe", 0))
     pool.sync(study)
@@ -256,7 +292,7 @@ def _space():
 def _tune_cmd(db_url: str, trials: int, backend: str) -> list[str]:
     return [sys.executable, "-m", "rgtune.tuner.cli", "tune", "--model", "rgcn", "--dataset", GRAPH, "--hidden", "8",
             "--trials", str(trials), "--backend", backend, "--db", db_url, "--sampler", "random", "--seed", "1",
-            "--quiet"]
+            "--quiet", "--confirm", "0"]  # the search alone (confirmation: see its own test)
 
 
 def _env() -> dict[str, str]:
@@ -365,16 +401,25 @@ def test_a_read_only_database_is_refused(tmp_path):
 
 def test_best_and_history_json(tmp_path):
     url = f"sqlite:///{tmp_path / 'results.db'}"
-    r = _cli("tune", "--model", "rgcn", "--dataset", GRAPH, "--hidden", "8", "--trials", "2", "--backend",
-             "reference", "--db", url, "--quiet", cwd=tmp_path)
+    r = _cli("tune", "--model", "rgcn", "--dataset", GRAPH, "--hidden", "8", "--trials", "3", "--backend",
+             "reference", "--db", url, "--quiet", "--sampler", "random", "--seed", "0", "--confirm-rounds", "3",
+             cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "best schedule" in r.stdout and "over the default schedule" in r.stdout
     import json
 
+    hist = json.loads(_cli("history", "--db", url, "--json", cwd=tmp_path).stdout)
+    search = [t for t in hist if t["confirmation_id"] is None]
+    schedules = len({t["schedule_hash"] for t in search if t["status"] == "ok"})
+    assert len(search) == 3 and len(hist) == 3 + (3 * schedules if schedules >= 2 else 0)
     best = json.loads(_cli("best", "--model", "rgcn", "--db", url, "--json", cwd=tmp_path).stdout)
     assert best[0]["status"] == "ok" and "layout.edges" in best[0]["knobs"]
-    hist = json.loads(_cli("history", "--db", url, "--json", cwd=tmp_path).stdout)
-    assert len(hist) == 2
+    if schedules >= 2:
+        assert "confirmed: median of the rounds" in r.stdout and best[0]["confirmation_id"] is not None
+        assert "median of the 3 rounds of confirmation" in _cli("best", "--model", "rgcn", "--db", url, cwd=tmp_path).stdout
+        assert "confirm " in _cli("history", "--db", url, cwd=tmp_path).stdout
+    assert "--confirm must be 0" in _cli("tune", "--model", "rgcn", "--dataset", GRAPH, "--confirm", "1",
+                                          cwd=tmp_path).stderr
     assert _cli("best", "--model", "hgt", "--db", url, cwd=tmp_path).returncode != 0
 
 

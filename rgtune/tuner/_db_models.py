@@ -19,10 +19,11 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Index, Integer, MetaData, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-__all__ = ["SCHEMA_VERSION", "VERSION_TABLE", "TABLE_PREFIX", "Base", "Device", "Graph", "Workload", "Schedule", "Trial"]
+__all__ = ["SCHEMA_VERSION", "VERSION_TABLE", "TABLE_PREFIX", "Base", "Device", "Graph", "Workload", "Schedule",
+           "Confirmation", "Trial"]
 
 #: the Alembic revision these classes describe; a test checks it is the migrations' head
-SCHEMA_VERSION = "0002"
+SCHEMA_VERSION = "0003"
 VERSION_TABLE = "rg_alembic_version"
 TABLE_PREFIX = "rg_"
 
@@ -107,6 +108,26 @@ class Schedule(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime)
 
 
+class Confirmation(Base):
+    """The fastest schedules of a workload timed again, interleaved rounds in one process (revision 0003).
+
+    Its rounds are trials with ``confirmation_id`` set. Single measurements on a shared machine
+    differ by tens of percent, so the fastest of many is biased low; the median of interleaved
+    rounds is what :meth:`~rgtune.tuner.db.TrialDatabase.best` trusts. ``finished_at`` stays NULL
+    when the confirmation was interrupted: best() ignores it then.
+    """
+
+    __tablename__ = "rg_confirmations"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    workload_id: Mapped[int] = mapped_column(ForeignKey("rg_workloads.id"), index=True)
+    schedules: Mapped[int] = mapped_column(Integer)
+    rounds: Mapped[int] = mapped_column(Integer)
+    worker: Mapped[str | None] = mapped_column(String(255))
+    started_at: Mapped[datetime] = mapped_column(DateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime)
+
+
 class Trial(Base):
     """One measurement attempt of a schedule on a workload; written ``running`` before it starts."""
 
@@ -134,6 +155,8 @@ class Trial(Base):
     predicted_ms: Mapped[float | None] = mapped_column(Float)  # the cost model's guess, before measuring
     worker: Mapped[str | None] = mapped_column(String(255))  # "host:pid" of the measuring process
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime)  # last sign of life while running
+    # --- added by revision 0003
+    confirmation_id: Mapped[int | None] = mapped_column(ForeignKey("rg_confirmations.id"), index=True)
 
     workload: Mapped[Workload] = relationship()
     schedule: Mapped[Schedule] = relationship(lazy="joined")

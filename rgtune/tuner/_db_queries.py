@@ -108,6 +108,7 @@ def trial_record(t: Trial, w: Workload, g: Graph, d: Device, sch: Schedule) -> T
         started_at=t.started_at,
         finished_at=t.finished_at,
         heartbeat_at=t.heartbeat_at,
+        confirmation_id=t.confirmation_id,
     )
 
 

@@ -22,6 +22,7 @@ __all__ = [
     "DeviceInfo",
     "TrialRecord",
     "WorkloadRecord",
+    "ConfirmationRecord",
     "canonical_json",
     "canonical_knobs",
     "sha256_hex",
@@ -180,7 +181,7 @@ class WorkloadRecord(_Exportable):
     created_at: datetime
     num_trials: int = 0
     num_ok: int = 0
-    best_ms: float | None = None
+    best_ms: float | None = None  # the fastest single ok measurement (best() may confirm another)
 
 
 @dataclass(frozen=True)
@@ -215,6 +216,20 @@ class TrialRecord(_Exportable):
     started_at: datetime
     finished_at: datetime | None
     heartbeat_at: datetime | None
+    confirmation_id: int | None = None  # a round of this confirmation (None: a trial of the search)
+
+
+@dataclass(frozen=True)
+class ConfirmationRecord(_Exportable):
+    """The fastest schedules of a workload timed again side by side (see ``TrialDatabase.best``)."""
+
+    id: int
+    workload_id: int
+    schedules: int
+    rounds: int
+    worker: str | None
+    started_at: datetime
+    finished_at: datetime | None  # None: interrupted (or still running)
 
 
 def records_to_json(records: Iterable[_Exportable], indent: int | None = 2) -> str:

@@ -153,6 +153,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise CLIError(f"unknown sampler {args.sampler!r}; choose one of {list(SAMPLERS)}")
     if args.time_budget is not None and args.time_budget <= 0:
         raise CLIError(f"--time-budget must be positive, got {args.time_budget}")
+    if args.confirm < 0 or args.confirm == 1:
+        raise CLIError(f"--confirm must be 0 (off) or at least 2 schedules to compare, got {args.confirm}")
     backend = _resolve_backend(args.backend)
     graph = _load_graph(args)  # fail fast on a bad dataset, before the database is touched
     db = _open_db(args.db)
@@ -161,7 +163,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
                         args.data_dir)
     options = TuneOptions(trials=trials, time_budget=args.time_budget, sampler=args.sampler, seed=args.seed,
                           fresh=args.fresh, progress=not args.quiet and sys.stderr.isatty(),
-                          measure=MeasureOptions(timeout=args.trial_timeout), pruner=_cost_model_pruner(args))
+                          measure=MeasureOptions(timeout=args.trial_timeout), pruner=_cost_model_pruner(args),
+                          confirm_top=args.confirm, confirm_rounds=args.confirm_rounds)
     print(f"tuning {args.model} on {graph.name} ({graph.num_nodes():,} nodes, {graph.num_edges():,} edges, "
           f"{graph.num_rels} relations), hidden={args.hidden}, heads={args.heads}, backend={backend}, "
           f"db={db.name}", file=sys.stderr)
@@ -208,8 +211,16 @@ def _print_summary(s) -> None:
     if s.best_ms is None:
         print("no verified schedule yet")
         return
+    c = s.confirmation
+    if c is not None:
+        single = f"; the fastest single measurement of the search was {c.searched_best_ms:.4g} ms" \
+            if c.searched_best_ms is not None else ""
+        done = "" if c.finished else " -- interrupted, so not used"
+        print(f"confirmation {c.id}: the {c.schedules} fastest schedules timed again in {c.rounds} interleaved rounds "
+              f"({c.elapsed_s:.1f} s){single}{done}")
     speed = f" ({s.speedup:.2f}x over the default schedule)" if s.speedup else ""
-    print(f"best schedule: {s.best_ms:.4g} ms{speed}, trial {s.best_trial_id}")
+    how = " (confirmed: median of the rounds)" if c is not None and c.finished else ""
+    print(f"best schedule: {s.best_ms:.4g} ms{how}{speed}, trial {s.best_trial_id}")
     for k, v in sorted(s.best_knobs.items()):
         print(f"  {k} = {v}")
 
@@ -237,7 +248,8 @@ def _emit(records: list, args: argparse.Namespace) -> None:
         for r in records:
             t = f"{r.median_ms:.4g} ms" if r.median_ms is not None else "-"
             err = f"  {r.error.splitlines()[0][:80]}" if r.error else ""
-            print(f"#{r.id:<5} {r.model:<5} {r.dataset:<12} {r.backend:<9} {r.status:<13} {t:>12}{err}")
+            role = "search" if r.confirmation_id is None else f"confirm {r.confirmation_id}"
+            print(f"#{r.id:<5} {r.model:<5} {r.dataset:<12} {r.backend:<9} {role:<10} {r.status:<13} {t:>12}{err}")
 
 
 def _check_db_exists(url: str | None) -> None:
@@ -259,7 +271,9 @@ def cmd_best(args: argparse.Namespace) -> int:
     if args.json or args.csv:
         _emit([best], args)
     else:
-        print(f"best: trial {best.id}, {best.median_ms:.4g} ms, {best.model} on {best.dataset} "
+        how = "" if best.confirmation_id is None else \
+            f" (median of the {db.confirmation(best.confirmation_id).rounds} rounds of confirmation {best.confirmation_id})"
+        print(f"best: trial {best.id}, {best.median_ms:.4g} ms{how}, {best.model} on {best.dataset} "
               f"({best.backend}, {best.device}), max error {best.max_error:.2g}")
         for k, v in sorted(best.knobs.items()):
             print(f"  {k} = {v}")
@@ -337,6 +351,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cost-model-explore", type=float, default=0.1, metavar="FRACTION",
                    help="prune: fraction of candidates measured whatever the prediction; rank: fraction of "
                         "measurements that take the sampler's own proposal (default 0.1)")
+    p.add_argument("--confirm", type=int, default=5, metavar="K",
+                   help="when the search ends, time the K fastest schedules (and the last confirmed winner) again "
+                        "in interleaved rounds; `rgtune best` then returns the one with the lowest median: one "
+                        "measurement varies by tens of percent on a busy machine, so the fastest of many single "
+                        "measurements is biased low (default 5; 0 turns it off)")
+    p.add_argument("--confirm-rounds", type=positive_int, default=5, metavar="R",
+                   help="rounds of the confirmation (default 5; each costs one measurement per schedule)")
     p.set_defaults(func=cmd_tune)
 
     for name, about, func in (("best", "the best recorded schedule of a workload", cmd_best),

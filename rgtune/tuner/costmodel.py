@@ -11,7 +11,9 @@ What it is made of (one private module each):
 * the model (``_costmodel_model``): a scikit-learn regressor (gradient-boosted trees by
   default) on the log time normalized per workload, ``log(time / default-schedule time)``,
   trained on every ``ok`` trial of the same device and backend, so other graphs' trials
-  help a new one.
+  help a new one; each workload weighs the same (``current_weight`` can weigh the tuned one
+  more: up to 12 workloads' worth ranked its unmeasured schedules no better once it had 5-40
+  trials, ``experiments/costmodel_transfer.py --warm``, so the default is 1).
 * training and the saved model (``_costmodel_train``, ``_costmodel_store``): next to an
   SQLite database (``results.db.costmodel/``) or in the per-user cache, with a format
   version and a checksum; anything untrustworthy is retrained.

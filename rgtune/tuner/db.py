@@ -59,7 +59,8 @@ from rgtune.tuner._db_errors import (
     translate,
 )
 from rgtune.tuner._db_migrate import check_readable, ensure_schema, schema_lock
-from rgtune.tuner._db_models import SCHEMA_VERSION, Device, Graph, Schedule, Trial, Workload
+from rgtune.tuner._db_best import best_trial_id, confirmed_winner
+from rgtune.tuner._db_models import SCHEMA_VERSION, Confirmation, Device, Graph, Schedule, Trial, Workload
 from rgtune.tuner._db_queries import (
     StatusArg,
     WorkloadRef,
@@ -76,6 +77,7 @@ from rgtune.tuner._db_queries import (
 )
 from rgtune.tuner._db_records import (
     FINAL_STATUSES,
+    ConfirmationRecord,
     DeviceInfo,
     TrialRecord,
     TrialStatus,
@@ -98,6 +100,7 @@ __all__ = [
     "DeviceInfo",
     "TrialRecord",
     "WorkloadRecord",
+    "ConfirmationRecord",
     "WorkloadFilter",
     "GraphLike",
     "DatabaseError",
@@ -201,7 +204,7 @@ class TrialDatabase:
     Example:
         >>> with TrialDatabase("sqlite://") as db:
         ...     db.schema_version, db.count_trials()
-        ('0002', 0)
+        ('0003', 0)
         >>> TrialDatabase("postgres://")
         Traceback (most recent call last):
         ...
@@ -487,11 +490,13 @@ class TrialDatabase:
         source_hash: str | None = None,
         worker: str | None = None,
         rgtune_version: str | None = None,
+        confirmation_id: int | None = None,
     ) -> int:
         """Record a trial as ``running`` and commit at once (a crash leaves the record); its id.
 
         ``knobs`` are the schedule's knob values, or a schedule id. ``worker`` defaults to this
-        process's ``host:pid`` (see :meth:`mark_stale_running`).
+        process's ``host:pid`` (see :meth:`mark_stale_running`). ``confirmation_id``: the trial is
+        a round of that confirmation (:meth:`start_confirmation`), not a trial of the search.
         """
         wid = workload_id_of(workload)
         sid = knobs if isinstance(knobs, int) else self.ensure_schedule(knobs)
@@ -503,6 +508,8 @@ class TrialDatabase:
                 raise NotFoundError(f"{self.name} has no workload with id {wid}")
             if s.get(Schedule, sid) is None:
                 raise NotFoundError(f"{self.name} has no schedule with id {sid}")
+            if confirmation_id is not None and s.get(Confirmation, confirmation_id) is None:
+                raise NotFoundError(f"{self.name} has no confirmation with id {confirmation_id}")
             t = Trial(
                 workload_id=wid,
                 schedule_id=sid,
@@ -514,6 +521,7 @@ class TrialDatabase:
                 rgtune_version=rgtune_version or rgtune.__version__,
                 started_at=now,
                 heartbeat_at=now,
+                confirmation_id=confirmation_id,
             )
             s.add(t)
             s.flush()
@@ -636,16 +644,79 @@ class TrialDatabase:
 
     @_translated
     def best(self, workload: WorkloadRef | None = None, **filters: Unpack[WorkloadFilter]) -> TrialRecord | None:
-        """The fastest ``ok`` trial (lowest median; the earliest on a tie) among the matching
-        workloads, or None. Only ``ok`` trials (verified, timed) are ever considered.
+        """The best ``ok`` trial among the matching workloads, or None. Only ``ok`` trials (verified,
+        timed) are ever considered.
+
+        Per workload: without a confirmation, its fastest trial (lowest median; the earliest on a
+        tie); after one (:meth:`start_confirmation`), the confirmed winner: the schedule with the
+        lowest median over the rounds of the latest finished confirmation, as its middle round
+        (a faster trial of the search recorded after that confirmation wins instead). Across
+        workloads, the lowest median of those.
 
         Filters select workloads; times only compare on one device and graph, so callers
         normally pin the workload, or model + dataset + device.
         """
-        q = filtered(trial_select(), workload, filters)
-        q = q.where(Trial.status == TrialStatus.OK.value, Trial.median_ms.is_not(None)).order_by(Trial.median_ms, Trial.id).limit(1)
-        rows = self._read(lambda s: s.execute(q).all())
+        ids_q = sa.select(Workload.id).join(Graph, Workload.graph_id == Graph.id).join(
+            Device, Workload.device_id == Device.id)
+        ids_q = filtered(ids_q, workload, filters).distinct()
+
+        def fn(s: Session) -> list[Any]:
+            picks = [t for wid in s.scalars(ids_q).all() if (t := best_trial_id(s, int(wid))) is not None]
+            if not picks:
+                return []
+            q = trial_select().where(Trial.id.in_(picks)).order_by(Trial.median_ms, Trial.id).limit(1)
+            return list(s.execute(q).all())
+
+        rows = self._read(fn)
         return trial_record(*rows[0]) if rows else None
+
+    @_translated
+    def confirmed_best(self, workload: WorkloadRef) -> TrialRecord | None:
+        """The winner of the workload's latest finished confirmation (its middle round), or None;
+        unlike :meth:`best`, whatever the search measured after it."""
+        wid = workload_id_of(workload)
+        winner = self._read(lambda s: confirmed_winner(s, wid))
+        return None if winner is None else self.trial(winner[0])
+
+    @_translated
+    def start_confirmation(self, workload: WorkloadRef, *, schedules: int, rounds: int) -> int:
+        """Record that ``schedules`` schedules of ``workload`` are about to be timed again in ``rounds``
+        interleaved rounds (each round of each a trial started with this ``confirmation_id``); its id.
+
+        Until :meth:`finish_confirmation`, :meth:`best` ignores it (an interrupted one never counts).
+        """
+        wid = workload_id_of(workload)
+        n, r = positive_int(schedules, "schedules"), positive_int(rounds, "rounds")
+
+        def fn(s: Session) -> int:
+            if s.get(Workload, wid) is None:
+                raise NotFoundError(f"{self.name} has no workload with id {wid}")
+            c = Confirmation(workload_id=wid, schedules=n, rounds=r, worker=worker_id(), started_at=_utcnow())
+            s.add(c)
+            s.flush()
+            return int(c.id)
+
+        return self._write(fn)
+
+    @_translated
+    def finish_confirmation(self, confirmation_id: int) -> None:
+        """Mark a confirmation complete: from now on :meth:`best` reads its rounds."""
+        now = _utcnow()
+
+        def fn(s: Session) -> None:
+            q = sa.update(Confirmation).where(Confirmation.id == confirmation_id).values(finished_at=now)
+            if rowcount(s.execute(q)) != 1:
+                raise NotFoundError(f"{self.name} has no confirmation with id {confirmation_id}")
+
+        self._write(fn)
+
+    @_translated
+    def confirmation(self, confirmation_id: int) -> ConfirmationRecord:
+        """One confirmation by id."""
+        c = self._read(lambda s: s.get(Confirmation, confirmation_id))
+        if c is None:
+            raise NotFoundError(f"{self.name} has no confirmation with id {confirmation_id}")
+        return ConfirmationRecord(c.id, c.workload_id, c.schedules, c.rounds, c.worker, c.started_at, c.finished_at)
 
     @_translated
     def history(

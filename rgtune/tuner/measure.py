@@ -32,7 +32,7 @@ import statistics
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 STATUSES = ("running", "ok", "invalid", "compile_error", "runtime_error", "wrong_result", "timeout", "pruned",
             "failed")
@@ -306,15 +306,27 @@ def measure_rounds(workload: Workload, configs: Mapping[str, Mapping[str, Any]],
     times: dict[str, list[float | None]] = {name: [] for name in configs}
     with MeasureWorker(workload, options) as worker:
         worker.start()
-        for rnd in range(rounds):
-            order = sorted(configs)
-            random.Random(rnd).shuffle(order)
-            for name in order:
-                res = worker.measure(configs[name], seed=rnd)
-                times[name].append(res.median if res.status == "ok" else None)
-                if on_result is not None:
-                    on_result(name, rnd, res)
+        for rnd, name in interleaved(configs, rounds):
+            res = worker.measure(configs[name], seed=rnd)
+            times[name].append(res.median if res.status == "ok" else None)
+            if on_result is not None:
+                on_result(name, rnd, res)
     return times
+
+
+def interleaved(names: Iterable[str], rounds: int, salt: str = "") -> Iterator[tuple[int, str]]:
+    """``(round, name)``: every name once per round, each round in a new shuffled order (seeded by
+    ``salt`` and the round), so that a drift of the machine's state favours no name.
+
+    Example:
+        >>> [name for _, name in interleaved(["a", "b", "c"], 2)]
+        ['a', 'c', 'b', 'b', 'c', 'a']
+    """
+    names = sorted(names)
+    for rnd in range(rounds):
+        order = list(names)
+        random.Random(f"{salt}{rnd}" if salt else rnd).shuffle(order)
+        yield from ((rnd, name) for name in order)
 
 
 def median_ok(times: Sequence[float | None]) -> float | None:

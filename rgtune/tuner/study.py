@@ -17,6 +17,14 @@ Budget: ``trials`` counts *measured* trials. A candidate the pruner (the learned
 predicted time and told to Optuna as pruned, but costs no measurement and no budget; at most
 ``max_proposals_per_trial`` x ``trials`` candidates are proposed in all.
 
+Confirmation: one measurement of a schedule varies by tens of percent between runs on a shared
+machine, so the fastest of many single measurements is biased low and often not the fastest
+schedule. When the search ends, the ``confirm_top`` fastest schedules of the workload (and the
+winner of the previous confirmation) are timed again in ``confirm_rounds`` interleaved rounds,
+each round a trial of that confirmation, and :meth:`TrialDatabase.best` returns the schedule
+with the lowest median over the rounds. Confirmation costs ``confirm_top x confirm_rounds``
+measurements, not budget; ``confirm_top=0`` turns it off.
+
 Crash safety: a trial is committed as ``running`` before it is measured. When a study
 resumes, trials left ``running`` by a dead process (Ctrl-C, kill -9, power loss) become
 ``failed`` in both rgtune's history and Optuna's storage, so the counts add up.
@@ -41,7 +49,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_checkable
 
-from rgtune.tuner.measure import MeasureOptions, MeasureResult, MeasureWorker, Workload
+from rgtune.tuner.measure import MeasureOptions, MeasureResult, MeasureWorker, Workload, interleaved
 
 if TYPE_CHECKING:
     import optuna
@@ -107,6 +115,8 @@ class TuneOptions:
     #: skips measuring candidates it predicts clearly worse (see :class:`LearningPruner`, the cost model)
     pruner: Pruner | None = None
     max_proposals_per_trial: int = 10  # candidates proposed in all <= this x trials (pruned ones included)
+    confirm_top: int = 5  # at the end, time this many fastest schedules again (0: off; see the module docstring)
+    confirm_rounds: int = 5  # ... in this many interleaved rounds (odd: the median is one of the rounds)
 
 
 @dataclass
@@ -123,12 +133,25 @@ class TuneSummary:
     interrupted: bool = False
     measured: int = 0  # trials that cost a measurement (not pruned)
     pruner: dict[str, Any] | None = None  # the pruner's describe() at the end, if it has one
+    confirmation: "Confirmed | None" = None  # the confirmation that ended the run, if one ran
 
     @property
     def speedup(self) -> float | None:
         if self.default_ms and self.best_ms:
             return self.default_ms / self.best_ms
         return None
+
+
+@dataclass
+class Confirmed:
+    """What the end-of-run confirmation did."""
+
+    id: int
+    schedules: int
+    rounds: int
+    elapsed_s: float
+    finished: bool  # False: interrupted (the database's best ignores it)
+    searched_best_ms: float | None  # the fastest single measurement of the search, for comparison
 
 
 def make_sampler(name: str, seed: int | None) -> "optuna.samplers.BaseSampler":
@@ -163,6 +186,9 @@ class Tuner:
         self.options = options or TuneOptions()
         if self.options.sampler not in SAMPLERS:
             raise ValueError(f"unknown sampler {self.options.sampler!r}; choose one of {list(SAMPLERS)}")
+        if self.options.confirm_top < 0 or self.options.confirm_rounds < 1:
+            raise ValueError(f"confirm_top must be >= 0 and confirm_rounds >= 1, got {self.options.confirm_top} "
+                             f"and {self.options.confirm_rounds}")
 
     # ------------------------------------------------------------------ setup
     def _setup(self) -> None:
@@ -236,6 +262,7 @@ class Tuner:
         proposed = measured = 0
         max_proposed = None if opts.trials is None else opts.trials * max(1, opts.max_proposals_per_trial)
         interrupted = False
+        confirmed: Confirmed | None = None
         bar = _progress(opts)
         try:
             while (opts.trials is None or measured < opts.trials) and \
@@ -257,9 +284,16 @@ class Tuner:
         finally:
             if bar is not None:
                 bar.close()
+        try:
+            if not interrupted:
+                confirmed = self._confirm()
+                interrupted = confirmed is not None and not confirmed.finished
+        finally:
             self.worker.close()
             pruner_info = self._close_pruner()
-        return self._summary(proposed, measured, statuses, time.time() - start, interrupted, pruner_info)
+        summary = self._summary(proposed, measured, statuses, time.time() - start, interrupted, pruner_info)
+        summary.confirmation = confirmed
+        return summary
 
     def _single_round(self) -> tuple[dict[str, Any], Any, MeasureResult]:
         """Ask the study for one candidate; prune or measure it; tell the study."""
@@ -307,6 +341,49 @@ class Tuner:
                                           distributions=chosen.distributions,
                                           user_attrs={"rgtune.trial_id": tid, "rgtune.worker": _worker_id()}))
         return chosen.config, point, result
+
+    def _confirm(self) -> Confirmed | None:
+        """Time the fastest schedules again in interleaved rounds (see the module docstring); None if
+        there is nothing to compare (fewer than two verified schedules, or ``confirm_top`` < 2)."""
+        opts = self.options
+        if opts.confirm_top < 2:
+            return None
+        previous = self.db.confirmed_best(self.record)
+        knobs: dict[str, dict[str, Any]] = {}  # schedule hash -> knobs, fastest single measurement first
+        fastest: float | None = None
+        for t in self.db.history(self.record, status="ok", order="fastest"):
+            if t.confirmation_id is None and t.schedule_hash not in knobs:
+                fastest = t.median_ms if fastest is None else fastest
+                knobs[t.schedule_hash] = t.knobs
+                if len(knobs) == opts.confirm_top:
+                    break
+        if previous is not None:
+            knobs.setdefault(previous.schedule_hash, previous.knobs)  # the last winner defends its place
+        if len(knobs) < 2:
+            return None
+        cid = self.db.start_confirmation(self.record, schedules=len(knobs), rounds=opts.confirm_rounds)
+        t0 = time.time()
+        bar = _progress(opts, total=len(knobs) * opts.confirm_rounds, desc="confirming")
+        finished = False
+        try:
+            for rnd, h in interleaved(knobs, opts.confirm_rounds, salt=f"confirmation {cid} round "):
+                tid = self.db.start_trial(self.record, knobs[h], confirmation_id=cid)
+                try:
+                    result = self.worker.measure(knobs[h], seed=rnd)
+                except KeyboardInterrupt:
+                    self.db.finish_trial(tid, "failed", error="interrupted (Ctrl-C)")
+                    raise
+                self._record(tid, result)
+                if bar is not None:
+                    bar.update(1)
+            self.db.finish_confirmation(cid)
+            finished = True
+        except KeyboardInterrupt:
+            pass  # the rounds so far stay recorded; best() ignores an unfinished confirmation
+        finally:
+            if bar is not None:
+                bar.close()
+        return Confirmed(cid, len(knobs), opts.confirm_rounds, time.time() - t0, finished, fastest)
 
     def _pool_ready(self) -> bool:
         """Bring the in-memory copy up to date; False while trials wait in the study (the default
@@ -398,12 +475,12 @@ def _target(backend: str) -> str:
     return create(backend).target
 
 
-def _progress(opts: TuneOptions) -> Any:
+def _progress(opts: TuneOptions, total: int | None = None, desc: str = "tuning") -> Any:
     if not opts.progress:
         return None
     from tqdm import tqdm
 
-    return tqdm(total=opts.trials, unit="trial", dynamic_ncols=True, desc="tuning")
+    return tqdm(total=opts.trials if total is None else total, unit="trial", dynamic_ncols=True, desc=desc)
 
 
 @dataclass

@@ -1,0 +1,83 @@
+"""Private helper of :mod:`rgtune.tuner.db`: which trial of a workload is its best.
+
+Without a confirmation, the fastest ``ok`` trial (lowest median; the earliest on a tie).
+
+With one (revision 0003), the latest *finished* confirmation of the workload decides: its
+schedules were timed in interleaved rounds in one process, and the schedule with the lowest
+median over its ``ok`` rounds wins; the trial returned is its round whose time is that median
+(the middle round for an odd number of rounds, else the closest). A trial of the search
+recorded after that confirmation, and faster than the winner's median, is returned instead:
+it has not been confirmed yet (``tune`` confirms at the end of every run by default, so this
+happens only after ``--confirm 0`` or an interrupted confirmation).
+
+Why: on a shared machine one measurement of a schedule varies by tens of percent from run to
+run, so the fastest of a hundred single measurements is biased low (the winner's curse) and
+often not the fastest schedule.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from rgtune.tuner._db_models import Confirmation, Trial
+from rgtune.tuner._db_records import TrialStatus
+
+__all__ = ["best_trial_id", "confirmed_winner", "latest_confirmation_id", "confirmed_pick"]
+
+_OK = TrialStatus.OK.value
+
+
+def latest_confirmation_id(s: Session, workload_id: int) -> int | None:
+    """The workload's latest finished confirmation, if any."""
+    q = (sa.select(Confirmation.id).where(Confirmation.workload_id == workload_id, Confirmation.finished_at.is_not(None))
+         .order_by(Confirmation.id.desc()).limit(1))
+    return s.scalar(q)
+
+
+def confirmed_pick(rounds: list[tuple[int, int, float]]) -> tuple[int, float] | None:
+    """``(trial id, median ms)`` of the winning schedule among ``(trial id, schedule id, ms)`` rounds.
+
+    Example:
+        >>> confirmed_pick([(1, 7, 3.0), (2, 8, 2.0), (3, 7, 1.0), (4, 8, 2.5), (5, 7, 2.0), (6, 8, 9.0)])
+        (5, 2.0)
+        >>> confirmed_pick([]) is None
+        True
+    """
+    by_schedule: dict[int, list[tuple[float, int]]] = defaultdict(list)
+    for trial_id, schedule_id, ms in rounds:
+        by_schedule[schedule_id].append((ms, trial_id))
+    if not by_schedule:
+        return None
+    medians = {sch: statistics.median(ms for ms, _ in v) for sch, v in by_schedule.items()}
+    winner = min(medians, key=lambda sch: (medians[sch], min(t for _, t in by_schedule[sch])))
+    middle = min(by_schedule[winner], key=lambda r: (abs(r[0] - medians[winner]), r[1]))
+    return middle[1], medians[winner]
+
+
+def confirmed_winner(s: Session, workload_id: int) -> tuple[int, float] | None:
+    """``(trial id, median ms)`` of the winner of the workload's latest finished confirmation, if any."""
+    conf = latest_confirmation_id(s, workload_id)
+    if conf is None:
+        return None
+    rows = s.execute(sa.select(Trial.id, Trial.schedule_id, Trial.median_ms)
+                     .where(Trial.confirmation_id == conf, Trial.status == _OK, Trial.median_ms.is_not(None))).all()
+    return confirmed_pick([(int(t), int(sch), float(ms)) for t, sch, ms in rows])
+
+
+def best_trial_id(s: Session, workload_id: int) -> int | None:
+    """The id of the workload's best trial (see the module docstring), or None without ``ok`` trials."""
+    ok = (Trial.workload_id == workload_id, Trial.status == _OK, Trial.median_ms.is_not(None))
+    fastest = sa.select(Trial.id, Trial.median_ms).where(*ok).order_by(Trial.median_ms, Trial.id).limit(1)
+    winner = confirmed_winner(s, workload_id)
+    if winner is not None:
+        winner_id, winner_ms = winner
+        conf = s.scalar(sa.select(Trial.confirmation_id).where(Trial.id == winner_id))
+        last_round = s.scalar(sa.select(sa.func.max(Trial.id)).where(Trial.confirmation_id == conf))
+        newer = s.execute(fastest.where(Trial.id > last_round, Trial.confirmation_id.is_(None))).first()
+        return int(newer[0]) if newer is not None and newer[1] < winner_ms else winner_id
+    row = s.execute(fastest).first()
+    return None if row is None else int(row[0])
