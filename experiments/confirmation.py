@@ -30,7 +30,6 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import statistics
 import sys
@@ -106,15 +105,6 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in r.items()})
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("Examples::")[1])
@@ -140,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from costmodel_transfer import canonical_dataset, default_backend, set_threads, split_names
+    from costmodel_transfer import canonical_dataset, default_backend, set_threads, split_names, write_csv
 
     args = build_parser().parse_args(argv)
     models = split_names(args.models)
@@ -167,8 +157,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary = summarize(rows)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    _write_csv(out / "confirmation.csv", rows)
-    _write_csv(out / "confirmation_retimed.csv", detail)
+    write_csv(out / "confirmation.csv", rows)
+    write_csv(out / "confirmation_retimed.csv", detail)
     (out / "confirmation.json").write_text(json.dumps({"settings": {k: v for k, v in vars(args).items()
                                                                     if k not in ("out", "data_dir")},
                                                        "backend": backend, "summary": summary}, indent=1))

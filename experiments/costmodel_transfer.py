@@ -250,8 +250,8 @@ def evaluate(db_url: str, holdouts: Sequence[str], estimators: Sequence[str], ta
                                  "train_workloads": 0, "top1_within_15pct": b["top1_error"] <= 0.15,
                                  "seconds": 0.0, **{k: v for k, v in b.items() if k != "workload_id"}})
     out.mkdir(parents=True, exist_ok=True)
-    _write_csv(out / "costmodel_transfer.csv", rows)
-    _write_csv(out / "costmodel_transfer_pruning.csv", prune_rows)
+    write_csv(out / "costmodel_transfer.csv", rows)
+    write_csv(out / "costmodel_transfer_pruning.csv", prune_rows)
     (out / "costmodel_transfer.json").write_text(json.dumps({"db": _display(db_url), "rows": rows,
                                                             "pruning": prune_rows}, indent=1, default=str))
     _plot(scatter, out / "costmodel_transfer.png")
@@ -295,7 +295,7 @@ def retime_top1(db_url: str, default_model: dict[str, list[dict[str, Any]]], *, 
             print(f"re-timed {holdout} {rec.model}: pick {pick_name}; top-1 error in the history {history_err:.3f}, "
                   f"re-timed against the history's {top} fastest {retimed_err:.3f} ({rounds} rounds, "
                   f"{time.time() - t0:.0f} s)", flush=True)
-    _write_csv(out / "costmodel_transfer_retimed.csv", rows)
+    write_csv(out / "costmodel_transfer_retimed.csv", rows)
     return rows
 
 
@@ -348,7 +348,7 @@ def warm_start(db_url: str, holdouts: Sequence[str], models: Sequence[str], *, o
                                      "opa_fast": ranking_metrics(pred[fast], true[fast])["opa"]})
                 print(f"warm start {holdout} {w.model}: order {rep + 1}/{repeats} done", flush=True)
     out.mkdir(parents=True, exist_ok=True)
-    _write_csv(out / "costmodel_warm_start.csv", rows)
+    write_csv(out / "costmodel_warm_start.csv", rows)
     print("\nwarm start, mean over orders (own trials x current_weight):")
     for key in sorted({(r["holdout"], r["model"], r["own_trials"], r["current_weight"]) for r in rows}):
         sel = [r for r in rows if (r["holdout"], r["model"], r["own_trials"], r["current_weight"]) == key]
@@ -371,7 +371,8 @@ def _default_point(db: TrialDatabase, entry: dict[str, Any], graphs: GraphLoader
     return None, None
 
 
-def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Rows of dicts as CSV (the union of their keys; floats with 4 decimals); nothing for no rows."""
     if not rows:
         return
     keys = list(dict.fromkeys(k for r in rows for k in r))

@@ -355,7 +355,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="when the search ends, time the K fastest schedules (and the last confirmed winner) again "
                         "in interleaved rounds; `rgtune best` then returns the one with the lowest median: one "
                         "measurement varies by tens of percent on a busy machine, so the fastest of many single "
-                        "measurements is biased low (default 5; 0 turns it off)")
+                        "measurements is biased low; it runs after --trials or --time-budget is spent "
+                        "(default 5; 0 turns it off)")
     p.add_argument("--confirm-rounds", type=positive_int, default=5, metavar="R",
                    help="rounds of the confirmation (default 5; each costs one measurement per schedule)")
     p.set_defaults(func=cmd_tune)
