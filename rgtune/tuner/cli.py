@@ -195,7 +195,8 @@ def _cost_model_pruner(args: argparse.Namespace) -> Any:
 
 def _print_summary(s) -> None:
     status = ", ".join(f"{k} {v}" for k, v in sorted(s.statuses.items()))
-    print(f"study {s.study_name}: {s.measured} measured trials in {s.elapsed_s:.1f} s ({status or 'none'})"
+    what = f"{s.measured} measured trials" + (" and a confirmation" if s.confirmation is not None else "")
+    print(f"study {s.study_name}: {what} in {s.elapsed_s:.1f} s ({status or 'none'})"
           + (" -- interrupted; run the same command to resume" if s.interrupted else ""))
     if s.pruner is not None:
         c = s.pruner.get("counts", {})
