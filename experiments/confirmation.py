@@ -57,11 +57,11 @@ def one_run(model: str, dataset: str, seed: int, args: argparse.Namespace, backe
     c = summary.confirmation
     if c is None or not c.finished:
         raise SystemExit(f"{model} on {dataset}, seed {seed}: no finished confirmation ({summary.statuses})")
-    search = [t for t in db.history(status="ok", order="fastest") if t.confirmation_id is None]
+    trials = db.history()
+    single = min((t for t in trials if t.status == "ok" and t.confirmation_id is None), key=lambda t: (t.median_ms, t.id))
     confirmed = db.best()
     assert confirmed is not None
-    single = search[0]
-    schedules = {t.schedule_hash: t.knobs for t in db.history() if t.confirmation_id == c.id}
+    schedules = {t.schedule_hash: t.knobs for t in trials if t.confirmation_id == c.id}
     seconds = measure_rounds(workload, schedules, args.retime_rounds, MeasureOptions(timeout=args.trial_timeout))
     retimed = {h: m * 1e3 for h, v in seconds.items() if (m := median_ok(v)) is not None}
     fastest = min(retimed.values())

@@ -63,6 +63,7 @@ from rgtune.tuner.costmodel import (
     Sample,
     WorkloadContext,
     evaluate_holdout,
+    ordered_pair_accuracy,
     ranking_metrics,
 )
 from rgtune.tuner.db import TrialDatabase, WorkloadRecord
@@ -124,11 +125,12 @@ def repeat_schedules(db: TrialDatabase, w: WorkloadRecord, dataset: str, repeats
     """
     from rgtune.tuner.study import record_measurement
 
+    trials = [t for t in db.history(w) if t.status != "running"]
+    ok = {t.schedule_hash for t in trials if t.status == "ok"}
     counts: dict[str, int] = {}
     knobs: dict[str, dict[str, Any]] = {}
-    ok = {t.schedule_hash for t in db.history(w, status="ok")}
-    for t in db.history(w):
-        if t.schedule_hash in ok and t.status != "running":
+    for t in trials:
+        if t.schedule_hash in ok:
             counts[t.schedule_hash] = counts.get(t.schedule_hash, 0) + 1
             knobs[t.schedule_hash] = t.knobs
     short = {h: knobs[h] for h, n in counts.items() if n < 1 + repeats}
@@ -345,7 +347,7 @@ def warm_start(db_url: str, holdouts: Sequence[str], models: Sequence[str], *, o
                         rows.append({"holdout": holdout, "model": w.model, "own_trials": len(seen),
                                      "current_weight": weight, "repeat": rep, "unseen": len(unseen),
                                      **ranking_metrics(pred, true),
-                                     "opa_fast": ranking_metrics(pred[fast], true[fast])["opa"]})
+                                     "opa_fast": ordered_pair_accuracy(pred[fast], true[fast])})
                 print(f"warm start {holdout} {w.model}: order {rep + 1}/{repeats} done", flush=True)
     out.mkdir(parents=True, exist_ok=True)
     write_csv(out / "costmodel_warm_start.csv", rows)

@@ -133,8 +133,7 @@ def sample_weights(samples: Sequence[Sample], *, balance: bool, current: str | N
         >>> sample_weights(s, balance=False) is None
         True
     """
-    has_current = current is not None and current_weight != 1.0 and any(s.workload == current for s in samples)
-    if not balance and not has_current:
+    if not balance and (current is None or current_weight == 1.0):
         return None
     counts: dict[str, int] = defaultdict(int)
     for s in samples:

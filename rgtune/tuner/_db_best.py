@@ -26,16 +26,9 @@ from sqlalchemy.orm import Session
 from rgtune.tuner._db_models import Confirmation, Trial
 from rgtune.tuner._db_records import TrialStatus
 
-__all__ = ["best_trial_id", "confirmed_winner", "latest_confirmation_id", "confirmed_pick"]
+__all__ = ["best_trial_id", "confirmed_winner", "confirmed_pick"]
 
 _OK = TrialStatus.OK.value
-
-
-def latest_confirmation_id(s: Session, workload_id: int) -> int | None:
-    """The workload's latest finished confirmation, if any."""
-    q = (sa.select(Confirmation.id).where(Confirmation.workload_id == workload_id, Confirmation.finished_at.is_not(None))
-         .order_by(Confirmation.id.desc()).limit(1))
-    return s.scalar(q)
 
 
 def confirmed_pick(rounds: list[tuple[int, int, float]]) -> tuple[int, float] | None:
@@ -58,25 +51,28 @@ def confirmed_pick(rounds: list[tuple[int, int, float]]) -> tuple[int, float] | 
     return middle[1], medians[winner]
 
 
-def confirmed_winner(s: Session, workload_id: int) -> tuple[int, float] | None:
-    """``(trial id, median ms)`` of the winner of the workload's latest finished confirmation, if any."""
-    conf = latest_confirmation_id(s, workload_id)
+def confirmed_winner(s: Session, workload_id: int) -> tuple[int, float, int] | None:
+    """``(trial id, median ms, id of its last round)`` of the winner of the workload's latest finished
+    confirmation, if it has one with an ``ok`` round."""
+    conf = s.scalar(sa.select(Confirmation.id)
+                    .where(Confirmation.workload_id == workload_id, Confirmation.finished_at.is_not(None))
+                    .order_by(Confirmation.id.desc()).limit(1))
     if conf is None:
         return None
-    rows = s.execute(sa.select(Trial.id, Trial.schedule_id, Trial.median_ms)
-                     .where(Trial.confirmation_id == conf, Trial.status == _OK, Trial.median_ms.is_not(None))).all()
-    return confirmed_pick([(int(t), int(sch), float(ms)) for t, sch, ms in rows])
+    rows = s.execute(sa.select(Trial.id, Trial.schedule_id, Trial.median_ms, Trial.status)
+                     .where(Trial.confirmation_id == conf)).all()
+    pick = confirmed_pick([(int(t), int(sch), float(ms)) for t, sch, ms, st in rows if st == _OK and ms is not None])
+    return None if pick is None else (pick[0], pick[1], max(int(t) for t, *_ in rows))
 
 
 def best_trial_id(s: Session, workload_id: int) -> int | None:
     """The id of the workload's best trial (see the module docstring), or None without ``ok`` trials."""
-    ok = (Trial.workload_id == workload_id, Trial.status == _OK, Trial.median_ms.is_not(None))
-    fastest = sa.select(Trial.id, Trial.median_ms).where(*ok).order_by(Trial.median_ms, Trial.id).limit(1)
+    fastest = (sa.select(Trial.id, Trial.median_ms)
+               .where(Trial.workload_id == workload_id, Trial.status == _OK, Trial.median_ms.is_not(None))
+               .order_by(Trial.median_ms, Trial.id).limit(1))
     winner = confirmed_winner(s, workload_id)
     if winner is not None:
-        winner_id, winner_ms = winner
-        conf = s.scalar(sa.select(Trial.confirmation_id).where(Trial.id == winner_id))
-        last_round = s.scalar(sa.select(sa.func.max(Trial.id)).where(Trial.confirmation_id == conf))
+        winner_id, winner_ms, last_round = winner
         newer = s.execute(fastest.where(Trial.id > last_round, Trial.confirmation_id.is_(None))).first()
         return int(newer[0]) if newer is not None and newer[1] < winner_ms else winner_id
     row = s.execute(fastest).first()

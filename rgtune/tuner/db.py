@@ -661,7 +661,9 @@ class TrialDatabase:
         ids_q = filtered(ids_q, workload, filters).distinct()
 
         def fn(s: Session) -> list[Any]:
-            picks = [t for wid in s.scalars(ids_q).all() if (t := best_trial_id(s, int(wid))) is not None]
+            # one pinned workload (the tuner, every trial) needs no query to find it
+            wids = [workload_id_of(workload)] if workload is not None and not filters else s.scalars(ids_q).all()
+            picks = [t for wid in wids if (t := best_trial_id(s, int(wid))) is not None]
             if not picks:
                 return []
             q = trial_select().where(Trial.id.in_(picks)).order_by(Trial.median_ms, Trial.id).limit(1)

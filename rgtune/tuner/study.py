@@ -186,9 +186,9 @@ class Tuner:
         self.options = options or TuneOptions()
         if self.options.sampler not in SAMPLERS:
             raise ValueError(f"unknown sampler {self.options.sampler!r}; choose one of {list(SAMPLERS)}")
-        if self.options.confirm_top < 0 or self.options.confirm_rounds < 1:
-            raise ValueError(f"confirm_top must be >= 0 and confirm_rounds >= 1, got {self.options.confirm_top} "
-                             f"and {self.options.confirm_rounds}")
+        if self.options.confirm_top < 0 or self.options.confirm_top == 1 or self.options.confirm_rounds < 1:
+            raise ValueError(f"confirm_top must be 0 (off) or >= 2 schedules to compare and confirm_rounds >= 1, got "
+                             f"{self.options.confirm_top} and {self.options.confirm_rounds}")
 
     # ------------------------------------------------------------------ setup
     def _setup(self) -> None:
@@ -344,9 +344,9 @@ class Tuner:
 
     def _confirm(self) -> Confirmed | None:
         """Time the fastest schedules again in interleaved rounds (see the module docstring); None if
-        there is nothing to compare (fewer than two verified schedules, or ``confirm_top`` < 2)."""
+        there is nothing to compare (fewer than two verified schedules, or ``confirm_top`` 0)."""
         opts = self.options
-        if opts.confirm_top < 2:
+        if not opts.confirm_top:
             return None
         previous = self.db.confirmed_best(self.record)
         knobs: dict[str, dict[str, Any]] = {}  # schedule hash -> knobs, fastest single measurement first
