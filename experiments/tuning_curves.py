@@ -9,7 +9,10 @@ For each (model, dataset, seed) up to three studies run through the real tuning 
   and its :class:`~rgtune.tuner.costmodel.PrunePolicy` as ``TuneOptions.pruner``: candidates the
   model predicts clearly worse are not measured;
 * ``tpe+rank``: the same, with :class:`~rgtune.tuner.costmodel.RankPolicy`: TPE proposes
-  ``--pool`` candidates for every measured trial and the one the model ranks first is measured.
+  ``--pool`` candidates for every measured trial and the one the model ranks first is measured;
+  a run opens, after the default schedule, with the model's ``--opening`` first picks of 256
+  random schedules (:attr:`RankPolicy.opening`; ``--opening 0``: no opening, as before
+  2026-11-24).
 
 The cost model's history is every other graph's trials (the history database of
 ``costmodel_transfer.py --collect`` minus the tuned graph: leave-graph-out), plus what the
@@ -225,7 +228,7 @@ def _pruner(arm: str, args: argparse.Namespace, seed: int) -> CostModelPruner | 
         policy: PrunePolicy | RankPolicy = PrunePolicy(margin=args.margin, explore=args.explore,
                                                        warmup=args.warmup, seed=seed)
     elif arm == "tpe+rank":
-        policy = RankPolicy(pool=args.pool, explore=args.explore, seed=seed)
+        policy = RankPolicy(pool=args.pool, explore=args.explore, seed=seed, opening=args.opening)
     else:
         return None
     return CostModelPruner(CostModel(), policy, data_dir=args.data_dir)
@@ -664,6 +667,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=PrunePolicy.warmup, help="tpe+cm: measured trials before pruning")
     p.add_argument("--pool", type=int, default=16,
                    help="tpe+rank: candidates TPE proposes per measured trial (default %(default)s)")
+    p.add_argument("--opening", type=int, default=RankPolicy.opening,
+                   help=f"tpe+rank: the model's first picks measured after the default (default {RankPolicy.opening})")
     p.add_argument("--within", type=float, default=0.05, help="the goal: within this of the best known (default 0.05)")
     p.add_argument("--retime-rounds", type=int, default=5,
                    help="rounds of re-timing the runs' incumbents after the runs (default %(default)s; 0: no re-timing)")
@@ -689,7 +694,7 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         if "tpe+cm" in args.arms:
             PrunePolicy(margin=args.margin, explore=args.explore, warmup=args.warmup)
         if "tpe+rank" in args.arms:
-            RankPolicy(pool=args.pool, explore=args.explore)
+            RankPolicy(pool=args.pool, explore=args.explore, opening=args.opening)
     except ValueError as e:
         parser.error(str(e))
 

@@ -342,6 +342,34 @@ def test_the_rank_policy_measures_the_best_predicted_candidate_not_measured_yet(
             RankPolicy(**bad)
 
 
+def test_the_opening_is_the_models_fastest_predicted_fresh_schedules_no_two_alike(history):
+    from rgtune.tuner._db_records import canonical_knobs
+
+    assert CostModelPruner(policy=RankPolicy()).opening_pool() == 0  # no model: no opening
+    assert CostModelPruner(policy=PrunePolicy()).opening([]) == []
+    pruner, space = _bound_pruner(history, RankPolicy(pool=8, opening=3, opening_pool=40))
+    assert pruner.opening_pool() == 40
+    rng = random.Random(5)
+    configs = [space.sample(rng) for _ in range(12)]
+    measured = next(c for c in configs if canonical_knobs(c)[1] not in pruner._measured)
+    pruner.observe(measured, space.compile(measured), 5.0)
+    configs += [dict(configs[0]), space.default()]  # a duplicate, and the default schedule
+    candidates = [(c, space.compile(c)) for c in configs]
+    candidates = [(c, p) for c, p in candidates if p.valid]
+    picks = pruner.opening(candidates)
+    scores = pruner.model.predict([pruner._w.ctx.features(c, p.kernels) for c, p in candidates])
+    hashes = [canonical_knobs(c)[1] for c, _ in candidates]
+    excluded = pruner._measured | {canonical_knobs(space.default())[1]}
+    first = sorted({h: i for i, h in reversed(list(enumerate(hashes))) if h not in excluded}.values())
+    allowed = sorted(first, key=lambda i: scores[i])
+    assert picks == allowed[:3] and len({hashes[i] for i in picks}) == 3
+    assert pruner.describe()["counts"]["opening"] == 3
+    assert _bound_pruner(history, RankPolicy(opening=0))[0].opening(candidates) == []
+    for bad in ({"opening": -1}, {"opening": 8, "opening_pool": 4}):
+        with pytest.raises(ValueError, match="opening"):
+            RankPolicy(**bad)
+
+
 def _copy(db: TrialDatabase, tmp_path: Path) -> TrialDatabase:
     import sqlite3
 
@@ -408,17 +436,19 @@ def test_the_tuning_loop_ranks_pools_with_a_model_trained_on_other_graphs(tmp_pa
     db = TrialDatabase(f"sqlite:///{tmp_path / 'results.db'}")
     for i, name in enumerate((GRAPHS[0], GRAPHS[2])):
         _fill(db, name, 16, seed=i, device=here, backend="reference")
-    pruner = CostModelPruner(CostModel(small_hgb), RankPolicy(pool=6, explore=0.0, retrain_every=2),
-                             model_path=None, graphs=LOADED)
-    s = Tuner(workload, db, TuneOptions(trials=5, seed=0, progress=False, pruner=pruner, confirm_top=0,
+    pruner = CostModelPruner(CostModel(small_hgb), RankPolicy(pool=6, explore=0.0, retrain_every=2, opening=2,
+                                                              opening_pool=12), model_path=None, graphs=LOADED)
+    s = Tuner(workload, db, TuneOptions(trials=6, seed=0, progress=False, pruner=pruner, confirm_top=0,
                                         measure=MeasureOptions(warmup=1, repeats=2, min_seconds=0.0))).run()
     counts = s.pruner["counts"]
-    assert s.measured == s.trials_run == 5 and s.statuses == {"ok": 5}, s.statuses
-    assert counts["pools"] == 4 and counts["refits"] == 2, counts
-    # the default schedule alone, then 4 pools of up to 6 valid candidates, one measured from each
-    assert counts["candidates"] <= 1 + 4 * 6 and counts["not_picked"] == counts["candidates"] - 1 - 4, counts
+    assert s.measured == s.trials_run == 6 and s.statuses == {"ok": 6}, s.statuses
+    assert counts["opening"] == 2 and 2 <= counts["opening_pool"] <= 12, counts
+    assert counts["pools"] == 3 and counts["refits"] == 3, counts
+    # the default schedule and the opening one at a time, then 3 pools of up to 6 valid candidates, one measured
+    # from each
+    assert counts["candidates"] <= 3 + 3 * 6 and counts["not_picked"] == counts["candidates"] - 3 - 3, counts
     rows = db.history(s.workload_id)
-    assert len(rows) == 5 and len({r.schedule_hash for r in rows}) == 5  # a pool never re-measures a schedule
+    assert len(rows) == 6 and len({r.schedule_hash for r in rows}) == 6  # never re-measured, the opening neither
     assert all(r.predicted_ms is not None and r.predicted_ms > 0 for r in rows[1:])
 
 
@@ -445,6 +475,8 @@ def test_tune_cli_cost_model_flags(tmp_path):
         assert main(args + ["--cost-model-policy", "prune", "--cost-model-margin", "2"]) == 0
     assert re.search(r"cost model: cost model off: .*0 of \d+ candidates pruned", buf.getvalue()), buf.getvalue()
     assert main(args + ["--cost-model-policy", "rank", "--cost-model-pool", "1"]) == 2
+    assert main(args + ["--cost-model-opening", "-1"]) == 2
+    assert main(args + ["--cost-model-policy", "prune", "--cost-model-opening", "2"]) == 2
     with redirect_stdout(io.StringIO()):
         assert main(["costmodel", "--eval", "--db", url]) == 2  # the subcommand is reachable from `rgtune`
 

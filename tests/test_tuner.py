@@ -228,11 +228,37 @@ class _ScriptedRanker(_ScriptedPruner):
     def pool_size(self) -> int:
         return 4
 
+    def __call__(self, config, point):
+        super().__call__(config, point)
+        return False, 2.0  # a candidate that comes alone (the default, the opening) is measured, with a prediction
+
     def rank(self, candidates):
         assert candidates and all(point.valid for _, point in candidates)  # only valid ones are ranked
         self.pools.append([dict(c) for c, _ in candidates])
         self.picks.append(dict(candidates[-1][0]))
         return len(candidates) - 1, [1.0 + i for i in range(len(candidates))]
+
+    def opening_pool(self) -> int:
+        return 0  # no opening: every measurement after the default comes from a pool
+
+    def opening(self, candidates):
+        raise AssertionError("no opening was asked for")
+
+
+class _OpeningRanker(_ScriptedRanker):
+    """Opens with the last two of 10 random candidates, then ranks pools like its parent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.offered: list[dict] = []
+
+    def opening_pool(self) -> int:
+        return 10
+
+    def opening(self, candidates):
+        assert all(point.valid for _, point in candidates)
+        self.offered = [dict(c) for c, _ in candidates]
+        return [len(candidates) - 1, len(candidates) - 2]
 
 
 def test_a_ranking_pruner_measures_its_pick_of_each_pool_and_the_study_holds_only_measurements(db):
@@ -256,6 +282,25 @@ def test_a_ranking_pruner_measures_its_pick_of_each_pool_and_the_study_holds_onl
     assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 5
     assert [t.user_attrs["rgtune.trial_id"] for t in study.trials] == [r.id for r in rows]
     assert [t.value for t in study.trials] == pytest.approx([r.median_ms for r in rows])
+
+
+def test_a_new_study_measures_the_rankers_opening_after_the_default_then_pools(db):
+    from rgtune.tuner._db_records import canonical_knobs
+
+    ranker = _OpeningRanker()
+    opts = TuneOptions(trials=5, seed=0, progress=False, measure=FAST, confirm_top=0, pruner=ranker)
+    s = Tuner(_workload("reference"), db, opts).run()
+    assert s.measured == 5 and s.statuses == {"ok": 5}
+    assert 2 <= len(ranker.offered) <= 10  # the valid ones of 10 random proposals
+    rows = db.history(s.workload_id)
+    # the default, the opening (in the ranker's order, one at a time: through __call__), then pools
+    assert [r.knobs for r in rows[1:3]] == [canonical_knobs(c)[0] for c in ranker.offered[::-1][:2]]
+    assert ranker.calls == 3 and len(ranker.pools) == 2
+    assert [r.knobs for r in rows[3:]] == [canonical_knobs(c)[0] for c in ranker.picks]
+    # a resumed study does not open again
+    again = _OpeningRanker()
+    Tuner(_workload("reference"), db, TuneOptions(**{**opts.__dict__, "pruner": again, "trials": 1})).run()
+    assert again.offered == [] and again.calls == 0 and len(again.pools) == 1
 
 
 def test_the_proposal_pool_copies_every_finished_trial_of_the_study_once(db):

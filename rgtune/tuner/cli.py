@@ -180,14 +180,16 @@ def _cost_model_pruner(args: argparse.Namespace) -> Any:
     from rgtune.tuner.costmodel import CostModelPruner, PrunePolicy, RankPolicy
 
     name = args.cost_model_policy
-    own = {"rank": ("pool", args.cost_model_pool), "prune": ("margin", args.cost_model_margin)}  # one setting each
-    for other, (setting, value) in own.items():
-        if other != name and value is not None:
-            raise CLIError(f"--cost-model-{setting} does not apply to --cost-model-policy {name}")
-    setting, value = own[name]
+    own = {"rank": {"pool": args.cost_model_pool, "opening": args.cost_model_opening},
+           "prune": {"margin": args.cost_model_margin}}  # the settings of one policy only
+    for other, settings in own.items():
+        for setting, value in settings.items():
+            if other != name and value is not None:
+                raise CLIError(f"--cost-model-{setting} does not apply to --cost-model-policy {name}")
+    given = {setting: value for setting, value in own[name].items() if value is not None}
     try:
         policy = {"rank": RankPolicy, "prune": PrunePolicy}[name](
-            explore=args.cost_model_explore, seed=args.seed or 0, **({} if value is None else {setting: value}))
+            explore=args.cost_model_explore, seed=args.seed or 0, **given)
     except ValueError as e:
         raise CLIError(f"--cost-model-policy {name}: {e}") from e
     return CostModelPruner(policy=policy, data_dir=args.data_dir)
@@ -204,6 +206,8 @@ def _print_summary(s) -> None:
             own = c.get("explored", 0) + c.get("deferred", 0)
             what = (f"picked {c['pools']} of {c.get('candidates', 0)} proposed candidates to measure "
                     f"({own} of them the sampler's own first proposal)")
+            if c.get("opening"):
+                what = f"opened with its {c['opening']} first picks of {c.get('opening_pool', 0)} random schedules; " + what
         else:
             what = f"{c.get('pruned', 0)} of {c.get('candidates', 0)} candidates pruned"
         print(f"cost model: {s.pruner.get('status')}; {what}, {c.get('refits', 0)} refits")
@@ -349,6 +353,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default 1.5)")
     p.add_argument("--cost-model-pool", type=int, default=None, metavar="N",
                    help="rank: candidates proposed per measurement (default 16)")
+    p.add_argument("--cost-model-opening", type=int, default=None, metavar="K",
+                   help="rank: a new study first measures the K schedules the model predicts fastest out of 256 "
+                        "random ones, right after the default schedule (default 4; 0: none)")
     p.add_argument("--cost-model-explore", type=float, default=0.1, metavar="FRACTION",
                    help="prune: fraction of candidates measured whatever the prediction; rank: fraction of "
                         "measurements that take the sampler's own proposal (default 0.1)")

@@ -4,7 +4,9 @@ With a ranking pruner (the cost model's rank policy) a measurement instead start
 the sampler proposes ``pool`` candidates on an in-memory copy of the study (on the database
 each proposal would write its parameters, ~50 ms on SQLite, against ~3 ms in memory), the
 pruner picks one, and only that one is measured and added to the study. The copy learns
-every finished trial of the study, this worker's and any other's, before each pool.
+every finished trial of the study, this worker's and any other's, before each pool. A new
+study with a ranking pruner first measures the pruner's *opening*: its picks out of random
+schedules, queued in the study right after the default schedule.
 
 One Optuna study per workload (model, sizes, graph content, device, backend, mode), stored
 through Optuna's RDBStorage in the same database as rgtune's trial history. The same command
@@ -100,6 +102,14 @@ class RankingPruner(LearningPruner, Protocol):
 
     def rank(self, candidates: Sequence[tuple[dict[str, Any], Any]]) -> tuple[int, list[float | None]]:
         """The index of the valid ``(config, point)`` candidate to measure, and each one's predicted ms."""
+        ...
+
+    def opening_pool(self) -> int:
+        """How many random candidates a new study proposes to :meth:`opening` (0: no opening)."""
+        ...
+
+    def opening(self, candidates: Sequence[tuple[dict[str, Any], Any]]) -> list[int]:
+        """The indices of the valid ``(config, point)`` candidates to measure first, after the default schedule."""
         ...
 
 
@@ -221,7 +231,8 @@ class Tuner:
         self.study.set_user_attr("rgtune.workload_id", self.record.id)
         self.study.set_user_attr("rgtune.sampler", self.options.sampler)
         self._fail_abandoned_optuna_trials()
-        if not self.study.trials:
+        new_study = not self.study.trials
+        if new_study:
             self.study.enqueue_trial(self.space.default(), skip_if_exists=True)
         pruner = self.options.pruner
         #: the pruner, when it learns from the study (bound now, fed every measured trial, closed at the end)
@@ -232,6 +243,22 @@ class Tuner:
             self._learner.bind(self.db, self.record, self.graph, self.space)  # its status ends up in describe()
             # the policy and its parameters stay with the study (counts are updated at the end)
             self.study.set_user_attr("rgtune.pruner", self._learner.describe())
+        if new_study and self._ranker is not None:
+            self._enqueue_opening(self._ranker)
+
+    def _enqueue_opening(self, ranker: RankingPruner) -> None:
+        """Queue the ranker's picks out of random schedules as a new study's first trials after the default
+        (the model knows other graphs before this one has a measurement; see ``RankPolicy.opening``)."""
+        import optuna
+
+        n = ranker.opening_pool()
+        if n <= 0:
+            return
+        proposals = _ProposalPool(optuna.samplers.RandomSampler(seed=self.options.seed)).propose(n, self.space)
+        compiled = [(p, self.space.compile(p.config)) for p in proposals]
+        valid = [(p, point) for p, point in compiled if point.valid]
+        for i in ranker.opening([(p.config, point) for p, point in valid]):
+            self.study.enqueue_trial(valid[i][0].params, skip_if_exists=True)
 
     @staticmethod
     def _latest_study_name(storage: Any, base: str) -> str:
