@@ -452,6 +452,30 @@ def test_the_tuning_loop_ranks_pools_with_a_model_trained_on_other_graphs(tmp_pa
     assert all(r.predicted_ms is not None and r.predicted_ms > 0 for r in rows[1:])
 
 
+def test_tune_cli_says_how_the_rank_policy_opened_a_new_study(tmp_path):
+    from rgtune.tuner.cli import main
+    from rgtune.tuner.measure import MeasureWorker, Workload
+
+    with MeasureWorker(Workload("rgcn", GRAPHS[1], *SIZES, "reference")) as worker:
+        here = worker.start()
+    url = f"sqlite:///{tmp_path / 'results.db'}"
+    db = TrialDatabase(url)
+    for i, name in enumerate((GRAPHS[0], GRAPHS[2])):
+        _fill(db, name, 16, seed=i, device=here, backend="reference")
+    db.close()
+    args = ["tune", "--model", "rgcn", "--dataset", GRAPHS[1], "--hidden", str(SIZES[0]), "--backend", "reference",
+            "--db", url, "--trials", "6", "--seed", "0", "--quiet", "--confirm", "0"]
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        assert main(args + ["--cost-model-opening", "3"]) == 0
+    assert re.search(r"cost model: cost model on: .*; opened with its 3 first picks of \d+ random schedules; "
+                     r"picked 2 of \d+ proposed", buf.getvalue()), buf.getvalue()
+    buf = io.StringIO()
+    with redirect_stdout(buf):  # a resumed study does not open again
+        assert main(args) == 0
+    assert "opened" not in buf.getvalue() and "picked 6 of" in buf.getvalue(), buf.getvalue()
+
+
 def test_tune_cli_cost_model_flags(tmp_path):
     from rgtune.tuner.cli import main
 
