@@ -223,15 +223,18 @@ def _run_dir(workdir: Path, model: str, dataset: str, seed: int, arm: str) -> Pa
     return workdir / "runs" / f"{model}-{_safe(dataset)}-s{seed}-{arm.replace('+', '_')}"
 
 
-def _pruner(arm: str, args: argparse.Namespace, seed: int) -> CostModelPruner | None:
+def _policy(arm: str, args: argparse.Namespace, seed: int) -> PrunePolicy | RankPolicy | None:
+    """The cost model's policy of an arm (None: TPE alone); raises ValueError on bad settings."""
     if arm == "tpe+cm":
-        policy: PrunePolicy | RankPolicy = PrunePolicy(margin=args.margin, explore=args.explore,
-                                                       warmup=args.warmup, seed=seed)
-    elif arm == "tpe+rank":
-        policy = RankPolicy(pool=args.pool, explore=args.explore, seed=seed, opening=args.opening)
-    else:
-        return None
-    return CostModelPruner(CostModel(), policy, data_dir=args.data_dir)
+        return PrunePolicy(margin=args.margin, explore=args.explore, warmup=args.warmup, seed=seed)
+    if arm == "tpe+rank":
+        return RankPolicy(pool=args.pool, explore=args.explore, seed=seed, opening=args.opening)
+    return None
+
+
+def _pruner(arm: str, args: argparse.Namespace, seed: int) -> CostModelPruner | None:
+    policy = _policy(arm, args, seed)
+    return None if policy is None else CostModelPruner(CostModel(), policy, data_dir=args.data_dir)
 
 
 # ---------------------------------------------------------------------- one run
@@ -691,10 +694,8 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.retime_rounds < 0 or args.retime_window < 0:
         parser.error("--retime-rounds and --retime-window must be >= 0")
     try:
-        if "tpe+cm" in args.arms:
-            PrunePolicy(margin=args.margin, explore=args.explore, warmup=args.warmup)
-        if "tpe+rank" in args.arms:
-            RankPolicy(pool=args.pool, explore=args.explore, opening=args.opening)
+        for arm in args.arms:
+            _policy(arm, args, seed=0)
     except ValueError as e:
         parser.error(str(e))
 

@@ -242,11 +242,10 @@ class CostModelPruner:
         if w is None or not self.model.ready:
             return False, None
         self.counts["candidates"] += 1
-        try:
-            score = float(self.model.predict([w.ctx.features(config, _kernels(point))])[0])
-        except Exception as e:  # noqa: BLE001 - a model that cannot predict must not stop the study
-            log.warning("cost model: prediction failed (%s: %s); measuring", type(e).__name__, e)
+        scores = self._scores([(config, point)], "measuring")
+        if scores is None:
             return False, None
+        score = scores[0]
         self.counts["predicted"] += 1
         predicted = self._to_ms(score)
         prune = explored = False
@@ -276,7 +275,7 @@ class CostModelPruner:
         of them if every one was), unless it is predicted less than ``min_gain`` faster than the
         sampler's own first proposal; that one for an ``explore`` fraction too.
         """
-        policy, w = self.policy, self._w
+        policy = self.policy
         if not isinstance(policy, RankPolicy):
             raise TypeError(f"rank() needs a RankPolicy; this pruner has {type(policy).__name__}")
         if not candidates:
@@ -289,13 +288,7 @@ class CostModelPruner:
         if not fresh:
             self.counts["repeats"] += 1
         fresh = fresh or list(range(len(candidates)))
-        scores: list[float] | None = None
-        if w is not None and self.model.ready:
-            try:
-                scores = [float(x) for x in self.model.predict([w.ctx.features(c, _kernels(p)) for c, p in candidates])]
-            except Exception as e:  # noqa: BLE001 - a model that cannot predict must not stop the study
-                log.warning("cost model: prediction failed (%s: %s); measuring the sampler's proposal",
-                            type(e).__name__, e)
+        scores = self._scores(candidates, "measuring the sampler's proposal")
         if scores is None:
             self.decisions.append({"predicted_ms": None, "pruned": False, "explored": False, "pool": len(candidates)})
             return fresh[0], [None] * len(candidates)
@@ -326,17 +319,16 @@ class CostModelPruner:
         and not its default schedule (measured anyway); none while the model is not ready.
         """
         policy, w = self.policy, self._w
-        if not isinstance(policy, RankPolicy) or not policy.opening or w is None or not self.model.ready:
+        if not self.opening_pool() or not candidates:
             return []
-        try:
-            scores = self.model.predict([w.ctx.features(c, _kernels(p)) for c, p in candidates]) if candidates else []
-        except Exception as e:  # noqa: BLE001 - a model that cannot predict must not stop the study
-            log.warning("cost model: prediction failed (%s: %s); no opening", type(e).__name__, e)
+        assert isinstance(policy, RankPolicy) and w is not None  # opening_pool() checked both
+        scores = self._scores(candidates, "no opening")
+        if scores is None:
             return []
         self.counts["opening_pool"] += len(candidates)
         seen = set(self._measured) | {canonical_knobs(dict(w.default))[1]}
         picks: list[int] = []
-        for i in sorted(range(len(candidates)), key=lambda i: float(scores[i])):
+        for i in sorted(range(len(candidates)), key=lambda i: scores[i]):
             schedule = canonical_knobs(dict(candidates[i][0]))[1]
             if schedule not in seen:
                 seen.add(schedule)
@@ -376,6 +368,19 @@ class CostModelPruner:
                 "counts": dict(self.counts)}
 
     # ------------------------------------------------------------------ internals
+    def _scores(self, candidates: Sequence[tuple[Mapping[str, Any], Any]], instead: str) -> list[float] | None:
+        """The model's score of each ``(config, point)`` candidate of the bound workload; None while the model
+        is not ready, or (with a warning saying what happens ``instead``) when it cannot predict: a model must
+        never stop the study."""
+        w = self._w
+        if w is None or not self.model.ready:
+            return None
+        try:
+            return [float(x) for x in self.model.predict([w.ctx.features(c, _kernels(p)) for c, p in candidates])]
+        except Exception as e:  # noqa: BLE001
+            log.warning("cost model: prediction failed (%s: %s); %s", type(e).__name__, e, instead)
+            return None
+
     def _refit(self) -> None:
         assert self._w is not None
         self._since_fit = 0

@@ -255,8 +255,7 @@ class Tuner:
         if n <= 0:
             return
         proposals = _ProposalPool(optuna.samplers.RandomSampler(seed=self.options.seed)).propose(n, self.space)
-        compiled = [(p, self.space.compile(p.config)) for p in proposals]
-        valid = [(p, point) for p, point in compiled if point.valid]
+        _, valid = self._compile(proposals)
         for i in ranker.opening([(p.config, point) for p, point in valid]):
             self.study.enqueue_trial(valid[i][0].params, skip_if_exists=True)
 
@@ -348,9 +347,7 @@ class Tuner:
         from optuna.trial import create_trial
 
         assert self._ranker is not None and self._proposals is not None  # _pool_ready() synced the copy
-        proposals = self._proposals.propose(pool, self.space)
-        compiled = [(p, self.space.compile(p.config)) for p in proposals]
-        valid = [(p, point) for p, point in compiled if point.valid]
+        compiled, valid = self._compile(self._proposals.propose(pool, self.space))
         if valid:
             pick, predictions = self._ranker.rank([(p.config, point) for p, point in valid])
             (chosen, point), predicted = valid[pick], predictions[pick]
@@ -368,6 +365,11 @@ class Tuner:
                                           distributions=chosen.distributions,
                                           user_attrs={"rgtune.trial_id": tid, "rgtune.worker": _worker_id()}))
         return chosen.config, point, result
+
+    def _compile(self, proposals: list["_Proposal"]) -> tuple[list[tuple["_Proposal", Any]], list[tuple["_Proposal", Any]]]:
+        """Each proposal with its compiled point, and the valid ones of those (what a ranker is shown)."""
+        compiled = [(p, self.space.compile(p.config)) for p in proposals]
+        return compiled, [(p, point) for p, point in compiled if point.valid]
 
     def _confirm(self) -> Confirmed | None:
         """Time the fastest schedules again in interleaved rounds (see the module docstring); None if
