@@ -66,6 +66,7 @@ from rgtune.tuner.costmodel import (
     ordered_pair_accuracy,
     ranking_metrics,
 )
+from rgtune.tuner import _costmodel_features
 from rgtune.tuner.db import TrialDatabase, WorkloadRecord
 from rgtune.tuner.measure import Workload, measure_rounds, median_ok
 
@@ -468,6 +469,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--collect: measure each schedule of the real graphs R more times, in interleaved rounds "
                         "(the evaluation's true time of a schedule is the median of its measurements; default 0)")
     p.add_argument("--synthetic-trials", type=int, default=40, help="TPE trials per (model, synthetic graph) (default 40)")
+    p.add_argument("--seed", type=int, default=11,
+                   help="--collect: the studies' sampler seed (default 11, the histories so far); another seed "
+                        "draws other schedules, for a history independent of the earlier ones")
     p.add_argument("--hidden", type=int, default=64, help="feature size (default 64)")
     p.add_argument("--backend", default=None, help="cpu (default when usable), else reference")
     p.add_argument("--estimators", default=",".join(sorted(ESTIMATORS)), help="regressors compared (default all)")
@@ -487,6 +491,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warm-weights", default="1,4,12",
                    help="current_weight values compared by --warm (default 1,4,12)")
     p.add_argument("--warm-repeats", type=int, default=5, help="random trial orders per --warm setting (default 5)")
+    p.add_argument("--count-features", metavar="K,K,...", default=None,
+                   help="an ablation: the IR counts the model uses as features instead of the default ones "
+                        f"({','.join(_costmodel_features.COUNT_KEYS)}); any key of rgtune.ir.counts.count, "
+                        "e.g. add index_probes")
     p.add_argument("--quick", action="store_true",
                    help="a smoke run: rgat only, one synthetic graph, 16 trials each, hgb and log_default only")
     return p
@@ -503,6 +511,22 @@ def set_threads(threads: int | None) -> None:
         import os
 
         os.environ["OMP_NUM_THREADS"] = str(threads)
+
+
+def _count_keys(names: Sequence[str]) -> tuple[str, ...]:
+    """``names`` if each is a number :func:`rgtune.ir.counts.count` reports, else a SystemExit naming them."""
+    from rgtune.data.synthetic import random_graph
+    from rgtune.ir.counts import count
+    from rgtune.ir.models import build_model
+    from rgtune.ir.pipeline import compile_program
+
+    g = random_graph((4, 4), num_relations=2, num_edges=16, seed=0)
+    valid = sorted(k for k, v in count(compile_program(build_model("rgcn", 4, 4)).kernels, g).items()
+                   if isinstance(v, int))
+    bad = [n for n in names if n not in valid]
+    if bad or not names:
+        raise SystemExit(f"--count-features: {bad or 'nothing'} is not a count; choose from {valid}")
+    return tuple(names)
 
 
 def default_backend() -> str:
@@ -522,10 +546,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         estimators, targets = ["hgb"], ["log_default"]
     backend = args.backend or default_backend()
     set_threads(args.threads)
+    if args.count_features:
+        # the feature code reads COUNT_KEYS on every row: the whole evaluation sees the ablation
+        _costmodel_features.COUNT_KEYS = _count_keys(split_names(args.count_features))
+        print(f"count features: {', '.join(_costmodel_features.COUNT_KEYS)}")
     t0 = time.time()
     if args.collect:
         collect(args.db, models, real, synthetic, real_trials=args.real_trials, synthetic_trials=args.synthetic_trials,
-                hidden=args.hidden, backend=backend, data_dir=args.data_dir, repeat_real=args.repeat_real)
+                hidden=args.hidden, backend=backend, data_dir=args.data_dir, seed=args.seed,
+                repeat_real=args.repeat_real)
         print(f"collection done in {time.time() - t0:.0f} s")
     if not args.no_eval:
         holdouts = [canonical_dataset(h, args.data_dir) for h in (split_names(args.holdouts) if args.holdouts else real)]

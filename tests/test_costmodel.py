@@ -538,3 +538,14 @@ def test_costmodel_main_does_not_create_a_database(tmp_path):
     missing = tmp_path / "missing.db"
     assert costmodel_main(["--eval", "--db", f"sqlite:///{missing}", "--holdout", "aifb"]) == 1
     assert not missing.exists()
+
+
+def test_transfer_experiment_checks_its_count_features(load_experiment):
+    # the ablation flag of experiments/costmodel_transfer.py: any scalar IR count, and a clear error
+    transfer = load_experiment("costmodel_transfer")
+    assert transfer._count_keys(["flops", "index_probes"]) == ("flops", "index_probes")
+    with pytest.raises(SystemExit, match=r"\['gemm_rows'\] is not a count; choose from .*'index_probes'"):
+        transfer._count_keys(["flops", "gemm_rows"])  # a dict per kernel, not a number
+    with pytest.raises(SystemExit, match="nothing is not a count"):
+        transfer._count_keys([])
+    assert transfer.build_parser().parse_args(["--seed", "23"]).seed == 23

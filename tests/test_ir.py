@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 import random
 from typing import Any
 
@@ -203,6 +204,26 @@ def test_weight_folds_of_reordering_are_counted(aifb):
     assert folded["weight_flops"] == 2 * compose + 2 * compose_bias
 
 
+def test_binary_search_pair_lookups_are_counted():
+    # with compact.pair_index=bsearch every edge finds its (src, rel) pair by binary search in its
+    # relation's block of pairs: ceil(log2(pairs_r + 1)) reads per edge of relation r, in each
+    # kernel that reads through the pair; a direct index costs none of them
+    g = random_graph((10, 20), num_relations=3, num_edges=200, seed=0)
+    src, rel = g.src.tolist(), g.etype.tolist()
+    per_lookup = 0
+    for r in range(g.num_rels):
+        pairs = len({s for s, t in zip(src, rel) if t == r})
+        per_lookup += rel.count(r) * math.ceil(math.log2(pairs + 1))
+    assert per_lookup > g.num_edges()
+    lookups = {"rgcn": 1, "hgt": 2}  # RGCN aggregates W_r h_src; HGT scores with K and aggregates V
+    for name, n in lookups.items():
+        model = build_model(name, 8, 8, 1 if name == "rgcn" else 2)
+        for how, expected in (("bsearch", n * per_lookup), ("direct", 0)):
+            cfg = {"compact.src": "pair", "compact.pair_index": how}
+            assert count(compile_program(model, cfg, g).kernels, g, cfg)["index_probes"] == expected, (name, how)
+    assert count(compile_program(build_model("rgcn", 8, 8), {}, g).kernels, g)["index_probes"] == 0
+
+
 # ------------------------------------------------------------------ models & knobs
 def test_models_are_short():
     lines = 0
@@ -328,9 +349,10 @@ def test_show_prints_program_kernels_and_counts(capsys):
     from rgtune.tuner.cli import main
 
     assert main(["show", "--model", "hgt", "--dataset", "aifb", "--hidden", "8", "--heads", "2",
-                 "--set", "compact.src=pair", "--set", "reorder.compose=on"]) == 0
+                 "--set", "compact.src=pair", "--set", "reorder.compose=on", "--set", "compact.pair_index=bsearch"]) == 0
     out = capsys.readouterr().out
-    for section in ("# program before passes", "# program after passes", "# kernels", "FLOPs", "bytes (minimum)"):
+    for section in ("# program before passes", "# program after passes", "# kernels", "FLOPs", "bytes (minimum)",
+                    "weight folds", "binary-search reads"):
         assert section in out
     assert "k_weight__w_att" in out and "src_pair rows" in out
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -23,7 +22,6 @@ from rgtune.runtime import (GraphMismatchError, NoTunedScheduleError, TunedLayer
 from rgtune.search_spaces import SearchSpace
 from rgtune.tuner.db import TrialDatabase
 
-REPO = Path(__file__).resolve().parents[1]
 GRAPH = "synthetic:custom,nodes=120,edges=700,ntypes=2,rels=3,seed=2"
 OTHER_CONTENT = "synthetic:custom,nodes=120,edges=900,ntypes=2,rels=3,seed=2"  # same types, other edges
 OTHER_TYPES = "synthetic:custom,nodes=120,edges=700,ntypes=3,rels=4,seed=2"
@@ -374,17 +372,8 @@ def test_load_tuned_finds_what_the_tuner_recorded(tmp_path, graph):
 
 
 # ---------------------------------------------------------------------- bench
-def _bench_module():
-    spec = importlib.util.spec_from_file_location("rgtune_bench_under_test", REPO / "experiments" / "bench.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is created
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_bench_prints_a_table_and_replaces_its_rows(tmp_path, capsys):
-    bench = _bench_module()
+def test_bench_prints_a_table_and_replaces_its_rows(tmp_path, capsys, load_experiment):
+    bench = load_experiment("bench")
     md = tmp_path / "BENCHMARKS.md"
     md.write_text("# Benchmarks\n\nhand-written text that must survive\n")
     base = ["--dataset", GRAPH, "--hidden", "8", "--backend", "reference", "--db", str(tmp_path / "none.db"),

@@ -7,6 +7,12 @@ reordering that saves GEMM rows can cost more in folding than it saves. ``weight
 that part of ``flops`` and ``weight_folds`` the number of folds; ``kernels`` counts the
 generated kernels only.
 
+A lookup of an edge's pair row costs nothing extra with ``compact.pair_index=direct`` (it reads
+the edge -> pair index, counted in the bytes) and a binary search with ``bsearch``: for an edge
+of relation ``r`` about ``ceil(log2(pairs_r + 1))`` dependent reads of the relation's block of
+pairs. ``index_probes`` counts those reads over every kernel that finds pairs from edges: work
+no byte count shows, since the block is small and cached, but each probe waits for the last.
+
 Two byte counts: ``bytes_min`` reads every buffer, weight and index array a kernel touches
 once and writes its outputs once (the floor a perfect cache would reach: the roofline's
 minimum bytes), ``bytes_gathered`` counts a gathered row every time a row reads it (what a
@@ -27,12 +33,15 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from rgtune.ir.bind import graph_arrays
 from rgtune.ir.kernels import (AggregateStage, EdgeStore, GemmKernel, KernelProgram, MapKernel,
                                SoftmaxAggregate, TraversalKernel, WeightKernel, expr_loads)
 
 if TYPE_CHECKING:
     from rgtune.data.graph import HeteroGraph
+    from rgtune.ir.bind import GraphArrays
 
 FLOAT_BYTES = 4
 
@@ -45,7 +54,8 @@ def count(kp: KernelProgram, graph: "HeteroGraph", schedule: dict[str, Any] | No
     num_types = {"ntype": a.num_ntypes, "rel": a.num_rels, "none": 1}
     width = {name: b.width for name, b in kp.buffers.items()}
     schedule = schedule or {}
-    flops = bytes_min = bytes_gathered = atomics = launches = weight_flops = folds = 0
+    flops = bytes_min = bytes_gathered = atomics = launches = weight_flops = folds = probes = 0
+    probes_per_lookup = _bsearch_probes(a) if kp.pair_index == "bsearch" else {}
     gemm_rows: dict[str, int] = {}
     for k in kp.kernels:
         if isinstance(k, WeightKernel):
@@ -57,6 +67,7 @@ def count(kp: KernelProgram, graph: "HeteroGraph", schedule: dict[str, Any] | No
             bytes_gathered += gathered
             continue
         launches += 1
+        probes += sum(probes_per_lookup.get(via, 0) for via in _edge_row_vias(k))
         if isinstance(k, GemmKernel):
             n = rows[k.rows]
             gemm_rows[k.name] = n
@@ -98,7 +109,29 @@ def count(kp: KernelProgram, graph: "HeteroGraph", schedule: dict[str, Any] | No
     return {"flops": int(flops), "bytes_min": int(bytes_min), "bytes_gathered": int(bytes_gathered),
             "kernels": launches, "atomics": int(atomics), "gemm_rows": gemm_rows,
             "gemm_rows_total": int(sum(gemm_rows.values())), "weight_flops": int(weight_flops),
-            "weight_folds": folds}
+            "weight_folds": folds, "index_probes": int(probes)}
+
+
+def _edge_row_vias(k: object) -> set[str]:
+    """The vias a kernel's edge rows read through (empty for kernels over other rows)."""
+    if isinstance(k, TraversalKernel):
+        return {via for ex in k.stage.exprs() for _, via in expr_loads(ex)}
+    if isinstance(k, MapKernel) and k.rows == "edge":
+        return {via for _, via in expr_loads(k.value)}
+    if isinstance(k, GemmKernel) and k.rows == "edge":
+        return {k.x_via} | {via for _, e in k.epilogue for _, via in expr_loads(e)}
+    return set()
+
+
+def _bsearch_probes(a: "GraphArrays") -> dict[str, int]:
+    """Binary-search reads to find every edge's source (``src_pair``) and destination pair."""
+    edges_per_rel = torch.bincount(a.e_rel.long(), minlength=a.num_rels).double()
+    out = {}
+    for via, offsets in (("src_pair", a.sp_offsets), ("dst_pair", a.dp_offsets)):
+        pairs_per_rel = (offsets[1:] - offsets[:-1]).double()
+        steps = torch.ceil(torch.log2(pairs_per_rel + 1.0))
+        out[via] = int((edges_per_rel * steps).sum().item())
+    return out
 
 
 def _param_elems(kp: KernelProgram, name: str) -> int:

@@ -42,7 +42,9 @@ if TYPE_CHECKING:
 
 __all__ = ["WorkloadContext", "FeatureEncoder", "COUNT_KEYS", "graph_features"]
 
-#: the scalar entries of :func:`rgtune.ir.counts.count` that become features
+#: the scalar entries of :func:`rgtune.ir.counts.count` that become features. Not
+#: ``index_probes``: tried on 2026-11-24, it ranked an independent history no better
+#: (BENCHMARKS.md, "binary-search probes"), so the model was left as it was.
 COUNT_KEYS = ("flops", "bytes_min", "bytes_gathered", "kernels", "atomics", "gemm_rows_total", "weight_flops")
 
 #: graph statistics used as they are (ratios, coefficients of variation) or log-scaled (sizes)

@@ -102,6 +102,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"  kernels         {c['kernels']}")
     if c["weight_folds"]:
         print(f"  weight folds    {c['weight_folds']} ({c['weight_flops']:,} of the FLOPs, every call)")
+    if c["index_probes"]:
+        print(f"  pair lookups    {c['index_probes']:,} binary-search reads (compact.pair_index=bsearch)")
     print(f"  atomic updates  {c['atomics']:,}")
     print(f"  GEMM rows       {c['gemm_rows']}")
     if args.source:
