@@ -11,6 +11,7 @@ relation (what a GEMM over edge rows iterates); ``rel_offsets`` delimits its rel
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -53,6 +54,18 @@ class GraphArrays:
 
     def index_tensors(self) -> dict[str, torch.Tensor]:
         return {k: v for k, v in self.__dict__.items() if isinstance(v, torch.Tensor)}
+
+    @cached_property
+    def bsearch_probes(self) -> dict[str, int]:
+        """Reads of ``compact.pair_index=bsearch`` to find every edge's pair, per via (``src_pair``,
+        ``dst_pair``): ``ceil(log2(pairs_r + 1))`` per edge of relation ``r``. Computed once per
+        graph, since the cost model counts them for every candidate schedule."""
+        edges_per_rel = torch.diff(self.rel_offsets).double()
+        out = {}
+        for via, pair_offsets in (("src_pair", self.sp_offsets), ("dst_pair", self.dp_offsets)):
+            steps = torch.ceil(torch.log2(torch.diff(pair_offsets).double() + 1.0))
+            out[via] = int((edges_per_rel * steps).sum().item())
+        return out
 
 
 LAYOUT_PERMUTATIONS = {

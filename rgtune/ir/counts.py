@@ -31,9 +31,7 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
-
-import torch
+from typing import TYPE_CHECKING, Any, Iterable
 
 from rgtune.ir.bind import graph_arrays
 from rgtune.ir.kernels import (AggregateStage, EdgeStore, GemmKernel, KernelProgram, MapKernel,
@@ -41,7 +39,6 @@ from rgtune.ir.kernels import (AggregateStage, EdgeStore, GemmKernel, KernelProg
 
 if TYPE_CHECKING:
     from rgtune.data.graph import HeteroGraph
-    from rgtune.ir.bind import GraphArrays
 
 FLOAT_BYTES = 4
 
@@ -55,7 +52,11 @@ def count(kp: KernelProgram, graph: "HeteroGraph", schedule: dict[str, Any] | No
     width = {name: b.width for name, b in kp.buffers.items()}
     schedule = schedule or {}
     flops = bytes_min = bytes_gathered = atomics = launches = weight_flops = folds = probes = 0
-    probes_per_lookup = _bsearch_probes(a) if kp.pair_index == "bsearch" else {}
+    probes_per_lookup = a.bsearch_probes if kp.pair_index == "bsearch" else {}
+
+    def lookups(vias: Iterable[str]) -> int:  # binary-search reads of one kernel over edge rows
+        return sum(probes_per_lookup.get(via, 0) for via in set(vias))
+
     gemm_rows: dict[str, int] = {}
     for k in kp.kernels:
         if isinstance(k, WeightKernel):
@@ -67,7 +68,6 @@ def count(kp: KernelProgram, graph: "HeteroGraph", schedule: dict[str, Any] | No
             bytes_gathered += gathered
             continue
         launches += 1
-        probes += sum(probes_per_lookup.get(via, 0) for via in _edge_row_vias(k))
         if isinstance(k, GemmKernel):
             n = rows[k.rows]
             gemm_rows[k.name] = n
@@ -83,6 +83,8 @@ def count(kp: KernelProgram, graph: "HeteroGraph", schedule: dict[str, Any] | No
             bytes_gathered += n * in_row + weight_bytes + out_bytes + index
             if k.accumulate:
                 atomics += n * k.out_heads * k.out_dim
+            if k.rows == "edge":
+                probes += lookups([k.x_via, *(via for _, e in k.epilogue for _, via in expr_loads(e))])
         elif isinstance(k, TraversalKernel):
             e = rows["edge"]
             flops += e * k.flops_per_edge()
@@ -96,6 +98,7 @@ def count(kp: KernelProgram, graph: "HeteroGraph", schedule: dict[str, Any] | No
             index = e * idx_bytes * len(vias)
             bytes_min += out + index
             bytes_gathered += out + index
+            probes += lookups(vias)
             mapping = schedule.get("traversal.mapping", "dst_parallel")
             if isinstance(st, (AggregateStage, SoftmaxAggregate)) and mapping == "edge_parallel":
                 atomics += e * width[st.out]
@@ -106,32 +109,12 @@ def count(kp: KernelProgram, graph: "HeteroGraph", schedule: dict[str, Any] | No
             moved = (sum(n * width[b] for b, _ in loads) + n * width[k.out]) * FLOAT_BYTES
             bytes_min += moved
             bytes_gathered += moved
+            if k.rows == "edge":
+                probes += lookups(via for _, via in loads)
     return {"flops": int(flops), "bytes_min": int(bytes_min), "bytes_gathered": int(bytes_gathered),
             "kernels": launches, "atomics": int(atomics), "gemm_rows": gemm_rows,
             "gemm_rows_total": int(sum(gemm_rows.values())), "weight_flops": int(weight_flops),
             "weight_folds": folds, "index_probes": int(probes)}
-
-
-def _edge_row_vias(k: object) -> set[str]:
-    """The vias a kernel's edge rows read through (empty for kernels over other rows)."""
-    if isinstance(k, TraversalKernel):
-        return {via for ex in k.stage.exprs() for _, via in expr_loads(ex)}
-    if isinstance(k, MapKernel) and k.rows == "edge":
-        return {via for _, via in expr_loads(k.value)}
-    if isinstance(k, GemmKernel) and k.rows == "edge":
-        return {k.x_via} | {via for _, e in k.epilogue for _, via in expr_loads(e)}
-    return set()
-
-
-def _bsearch_probes(a: "GraphArrays") -> dict[str, int]:
-    """Binary-search reads to find every edge's source (``src_pair``) and destination pair."""
-    edges_per_rel = torch.bincount(a.e_rel.long(), minlength=a.num_rels).double()
-    out = {}
-    for via, offsets in (("src_pair", a.sp_offsets), ("dst_pair", a.dp_offsets)):
-        pairs_per_rel = (offsets[1:] - offsets[:-1]).double()
-        steps = torch.ceil(torch.log2(pairs_per_rel + 1.0))
-        out[via] = int((edges_per_rel * steps).sum().item())
-    return out
 
 
 def _param_elems(kp: KernelProgram, name: str) -> int:
