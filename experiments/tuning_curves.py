@@ -36,6 +36,10 @@ Two measures of quality, both against a goal of ``--within`` (5%) of the best kn
   return); its quality is its re-timed time (its measured time if it was not re-timed), against
   the fastest re-timed schedule. Re-timings are cached in the work directory.
 
+``--timing paired`` times every trial and every re-timing round paired with the default schedule
+(``tune --timing paired``; see :mod:`rgtune.tuner.measure`), which cancels the machine's drift;
+a work directory holds runs of one timing only.
+
 Outputs (``--out``, default ``experiments/results``): ``tuning_curves.csv`` (every trial of
 every run), ``tuning_curves_summary.csv`` and ``.json`` (trials and seconds to the goal,
 medians over seeds; as measured, and re-timed in the ``retimed_*`` columns),
@@ -243,7 +247,11 @@ def run_one(model: str, dataset: str, seed: int, arm: str, base: Path, workdir: 
     run_dir = _run_dir(workdir, model, dataset, seed, arm)
     done = run_dir / "trace.json"
     if done.exists():
-        return json.loads(done.read_text())
+        finished = json.loads(done.read_text())
+        if finished.get("timing", "plain") != args.timing:
+            raise SystemExit(f"tuning_curves: {run_dir} was timed with --timing {finished.get('timing', 'plain')}, "
+                             f"not {args.timing}: use another --workdir")
+        return finished
     run_dir.mkdir(parents=True, exist_ok=True)
     db_path = run_dir / "results.db"
     for p in (db_path, Path(f"{db_path}-wal"), Path(f"{db_path}-shm")):
@@ -258,7 +266,7 @@ def run_one(model: str, dataset: str, seed: int, arm: str, base: Path, workdir: 
     pruner = _pruner(arm, args, seed)
     db = TrialDatabase(f"sqlite:///{db_path}")
     opts = TuneOptions(trials=args.budget, sampler="tpe", seed=seed, progress=False,
-                       measure=MeasureOptions(timeout=args.trial_timeout), pruner=pruner,
+                       measure=_measure_options(args), pruner=pruner,
                        max_proposals_per_trial=args.max_proposal_factor,
                        confirm_top=0)  # the search alone: the incumbents are re-timed after all runs
     tuner = CurveTuner(Workload(model, dataset, args.hidden, args.hidden, 1, backend, args.data_dir), db, opts)
@@ -266,12 +274,17 @@ def run_one(model: str, dataset: str, seed: int, arm: str, base: Path, workdir: 
     with _own_cache(run_dir):
         summary = tuner.run()
     out = {"model": model, "dataset": dataset, "seed": seed, "arm": arm, "budget": args.budget,
-           "setup_s": tuner.setup_s, "elapsed_s": time.time() - t0, "statuses": summary.statuses,
+           "timing": args.timing, "setup_s": tuner.setup_s, "elapsed_s": time.time() - t0, "statuses": summary.statuses,
            "cost_model": pruner.describe() if pruner is not None else None, "trace": tuner.trace}
     text = json.dumps(out, default=str)
     done.write_text(text)
     db.close()
     return json.loads(text)  # what a resumed run reads (JSON types): the two compare alike
+
+
+def _measure_options(args: argparse.Namespace) -> MeasureOptions:
+    """How every trial and every re-timing round of the experiment is measured."""
+    return MeasureOptions(timeout=args.trial_timeout, timing=args.timing)
 
 
 def backfill_knobs(run: dict[str, Any], workdir: Path) -> None:
@@ -362,7 +375,7 @@ def retime_workload(key: WorkloadKey, schedules: Mapping[str, Mapping[str, Any]]
     """
     model, dataset = key
     path = workdir / "retime" / f"{model}-{_safe(dataset)}.json"
-    settings = {"rounds": args.retime_rounds, "hidden": args.hidden, "backend": backend}
+    settings = {"rounds": args.retime_rounds, "hidden": args.hidden, "backend": backend, "timing": args.timing}
     cached = _cached_retimes(path, settings)
     if schedules.keys() <= cached.keys():
         out = {h: {**s, **cached[h]} for h, s in schedules.items()}
@@ -382,14 +395,15 @@ def _cached_retimes(path: Path, settings: Mapping[str, Any]) -> dict[str, dict[s
     if not path.exists():
         return {}
     data = json.loads(path.read_text())
-    return data["schedules"] if data.get("settings") == dict(settings) else {}
+    timed = {"timing": "plain", **data.get("settings", {})}  # caches from before --timing were plain
+    return data["schedules"] if timed == dict(settings) else {}
 
 
 def _measure_rounds(knobs: Mapping[str, Mapping[str, Any]], workload: Workload, args: argparse.Namespace,
                     retime_dir: Path) -> dict[str, list[float | None]]:
     """Each schedule's time (ms; None unless ok) in each round (see :func:`measure_rounds`)."""
     with _own_cache(retime_dir):
-        seconds = measure_rounds(workload, knobs, args.retime_rounds, MeasureOptions(timeout=args.trial_timeout))
+        seconds = measure_rounds(workload, knobs, args.retime_rounds, _measure_options(args))
     return {h: [None if t is None else t * 1e3 for t in v] for h, v in seconds.items()}
 
 
@@ -680,6 +694,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hidden", type=int, default=64, help="feature size (default 64)")
     p.add_argument("--backend", default=None, help="cpu (default when usable), else reference")
     p.add_argument("--trial-timeout", type=float, default=60.0, help="seconds per trial (default 60)")
+    p.add_argument("--timing", default="plain", choices=("plain", "paired"),
+                   help="how trials and re-timing rounds are timed (tune --timing): plain (default) or paired "
+                        "with the default schedule, which cancels the machine's drift")
     p.add_argument("--data-dir", default=None, help="dataset root (default $RGTUNE_DATA_DIR)")
     p.add_argument("--threads", type=int, default=None,
                    help="OpenMP threads of the measured kernels (default: the backend's); 1 on a busy machine")

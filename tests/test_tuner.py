@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rgtune.tuner.db import TrialDatabase
-from rgtune.tuner.measure import MeasureOptions, MeasureWorker, Workload, measure_rounds
+from rgtune.tuner.measure import MeasureOptions, MeasureWorker, Workload, measure_rounds, paired_times
 from rgtune.tuner.study import TuneOptions, Tuner
 
 GRAPH = "synthetic:custom,nodes=300,edges=2500,ntypes=2,rels=4,seed=1"
@@ -36,6 +36,64 @@ def test_a_correct_schedule_is_ok_and_timed():
         r = w.measure({}, seed=1)
     assert r.status == "ok" and r.median is not None and r.median > 0 and r.max_error < 1e-4
     assert len(r.times) >= 2
+
+
+def test_paired_timing_cancels_a_drift_common_to_both_runs():
+    import random
+    import statistics
+
+    rng = random.Random(3)
+    now, speed = [0.0], [1.0]
+
+    def run(cost: float) -> None:
+        now[0] += cost * speed[0]
+        if rng.random() < 0.3:  # the machine's speed jumps between runs, by up to 2x either way
+            speed[0] = rng.uniform(0.5, 2.0)
+
+    opts = MeasureOptions(warmup=2, repeats=15, min_seconds=0.0)
+    ratios, plain = [], []
+    for _ in range(5):
+        c, r = paired_times(lambda: run(0.003), lambda: run(0.002), opts, clock=lambda: now[0])
+        assert len(c) == len(r) == 15
+        ratios.append(statistics.median(a / b for a, b in zip(c, r)))
+        plain.append(statistics.median(c))
+    # a drift between two runs of a pair moves single pairs, not their median, much
+    assert max(ratios) / min(ratios) < 1.25 and abs(statistics.median(ratios) - 1.5) < 0.1
+    assert max(plain) / min(plain) > 1.3  # the same drift, timed plain
+
+
+def test_a_paired_trial_is_its_ratio_to_the_default_on_a_kept_scale():
+    opts = MeasureOptions(warmup=1, repeats=3, min_seconds=0.0, timeout=20.0, timing="paired")
+    with MeasureWorker(_workload("cpu"), opts) as w:
+        r = w.measure({"layout.index_bits": 32}, seed=1)
+        assert r.status == "ok" and r.info["timing"] == "paired" and len(r.times) >= 3
+        scale = r.info["reference_ms"]
+        assert scale > 0 and 0.02 < r.info["vs_reference"] < 50
+        assert r.median == pytest.approx(r.info["vs_reference"] * scale / 1e3)
+        assert w.options.reference_ms == scale  # a restarted worker times on this scale
+        w._kill()
+        r2 = w.measure({}, seed=2)
+        assert r2.status == "ok" and r2.info["reference_ms"] == scale and 0.5 < r2.info["vs_reference"] < 2.0
+
+
+def test_timing_options_are_checked():
+    with pytest.raises(ValueError, match=r"unknown timing 'blocks'; choose one of \['plain', 'paired'\]"):
+        MeasureOptions(timing="blocks")
+    with pytest.raises(ValueError, match="reference_ms must be a positive"):
+        MeasureOptions(timing="paired", reference_ms=0.0)
+
+
+def test_paired_timing_refuses_a_backend_timed_on_the_device(monkeypatch):
+    from rgtune.tuner import measure
+
+    class EventTimed:
+        def time_runs(self, *args):
+            return [1.0]
+
+    session = object.__new__(measure._Session)
+    session.backend, session.w = EventTimed(), _workload("cuda")
+    with pytest.raises(ValueError, match="paired timing alternates host-timed runs; backend 'cuda'"):
+        session._start_reference()
 
 
 def test_a_hanging_kernel_is_a_timeout_and_the_worker_comes_back():
@@ -124,6 +182,20 @@ def test_the_default_schedule_is_the_first_trial_and_a_study_resumes(db):
     fresh = Tuner(_workload("reference"), db, TuneOptions(trials=1, fresh=True, progress=False, measure=FAST,
                                                             confirm_top=0)).run()
     assert fresh.study_name != first.study_name and db.count_trials() == 7
+
+
+def test_a_study_resumed_with_the_other_timing_says_so(db):
+    from dataclasses import replace
+
+    opts = TuneOptions(trials=2, sampler="random", seed=0, progress=False, measure=FAST, confirm_top=0)
+    first = Tuner(_workload("reference"), db, opts).run()
+    paired = replace(opts, measure=replace(FAST, timing="paired"))
+    with pytest.warns(UserWarning, match="was timed plain; its new trials are timed paired"):
+        second = Tuner(_workload("reference"), db, paired).run()
+    assert second.study_name == first.study_name and second.statuses.get("ok") == 2
+    import optuna
+
+    assert optuna.load_study(study_name=first.study_name, storage=db.url).user_attrs["rgtune.timing"] == "paired"
 
 
 
@@ -403,6 +475,7 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     (["tune", "--model", "rgcn", "--dataset", "nope"], "Known datasets"),
     (["tune", "--model", "rgcn", "--dataset", "aifb", "--backend", "tpu"], "choose one of"),
     (["tune", "--model", "rgcn", "--dataset", "aifb", "--sampler", "grid"], "choose one of ['tpe'"),
+    (["tune", "--model", "rgcn", "--dataset", "aifb", "--timing", "blocks"], "invalid choice: 'blocks'"),
     (["tune", "--model", "rgcn", "--dataset", "aifb", "--db", "postgresql+psycopg://u@127.0.0.1:1/x"], "connect"),
     (["tune", "--model", "rgcn", "--dataset", "aifb", "--db", "nonsense://"], "rgtune: error"),
 ])

@@ -165,7 +165,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
                         args.data_dir)
     options = TuneOptions(trials=trials, time_budget=args.time_budget, sampler=args.sampler, seed=args.seed,
                           fresh=args.fresh, progress=not args.quiet and sys.stderr.isatty(),
-                          measure=MeasureOptions(timeout=args.trial_timeout), pruner=_cost_model_pruner(args),
+                          measure=MeasureOptions(timeout=args.trial_timeout, timing=args.timing),
+                          pruner=_cost_model_pruner(args),
                           confirm_top=args.confirm, confirm_rounds=args.confirm_rounds)
     print(f"tuning {args.model} on {graph.name} ({graph.num_nodes():,} nodes, {graph.num_edges():,} edges, "
           f"{graph.num_rels} relations), hidden={args.hidden}, heads={args.heads}, backend={backend}, "
@@ -338,6 +339,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="seed of the sampler and of the test inputs")
     p.add_argument("--trial-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="a trial taking longer is killed and recorded as timeout (default 60)")
+    p.add_argument("--timing", default="plain", choices=("plain", "paired"),
+                   help="plain (default): a trial's time is the median of its runs; paired (CPU backends): every "
+                        "run alternates with a run of the default schedule and the trial's time is their ratio "
+                        "on the default's scale, which cancels the drift of a shared machine's speed (two "
+                        "schedules compare with about half the spread, see BENCHMARKS.md) at twice the timing "
+                        "cost")
     p.add_argument("--fresh", action="store_true", help="start a new study instead of resuming (history is kept)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--cost-model", default="on", choices=("on", "off"),

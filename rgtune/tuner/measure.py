@@ -10,6 +10,20 @@ builds the search space and the float64 reference layer once, then serves trials
 3. time it: warm-up runs, then repeats until both a count and a minimum time are reached;
    the median is the trial's time (the backend synchronizes around each run on a GPU).
 
+Paired timing (``MeasureOptions(timing="paired")``, CPU backends): on a shared machine the speed
+of the whole machine drifts over seconds, so one schedule's trials in one worker vary by 4-8%
+(standard deviation of log time on the 2-core development machine), as much as the differences
+between good schedules. The drift is common to whatever runs at the moment: when every run of the
+candidate alternates with a run of a fixed *reference* (the workload's default schedule, compiled
+once per worker), the trials vary by 2-3%, and the ratio of two schedules timed in the same round
+by 3-4% instead of 5-9% (``experiments/timing_noise.py``). So a paired trial's time is
+``reference_ms x median(candidate run / reference run)``: the ratio, drift cancelled, on the scale
+of the reference's time when the first worker of this :class:`MeasureWorker` calibrated it (a
+restarted worker keeps that scale).
+``times`` stays the candidate's raw runs; ``info`` has ``vs_reference`` (the ratio),
+``reference_ms`` (the scale) and ``reference_now_ms`` (the reference's median in this trial: the
+drift). Timing takes twice as long; compiling and verifying do not change.
+
 The parent waits at most ``timeout`` seconds for a trial: a hanging kernel is killed with
 its process (``timeout``); a crash (segfault, illegal memory access that kills the process)
 is ``runtime_error`` with the signal; either way the next trial gets a fresh worker.
@@ -31,9 +45,10 @@ import signal
 import statistics
 import time
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
+TIMINGS = ("plain", "paired")
 STATUSES = ("running", "ok", "invalid", "compile_error", "runtime_error", "wrong_result", "timeout", "pruned",
             "failed")
 
@@ -60,6 +75,14 @@ class MeasureOptions:
     tolerance: float = 1e-4
     timeout: float = 60.0  # seconds for one trial (compile + verify + time)
     startup_timeout: float = 300.0  # loading the graph and imports in a fresh worker
+    timing: str = "plain"  # "paired": alternate every run with the default schedule's (see the module docstring)
+    reference_ms: float | None = None  # paired timing's scale; None: the worker calibrates it when it starts
+
+    def __post_init__(self) -> None:
+        if self.timing not in TIMINGS:
+            raise ValueError(f"unknown timing {self.timing!r}; choose one of {list(TIMINGS)}")
+        if self.reference_ms is not None and not self.reference_ms > 0:
+            raise ValueError(f"reference_ms must be a positive time in ms, got {self.reference_ms}")
 
 
 @dataclass
@@ -100,6 +123,29 @@ class _Session:
         self.reference = cls(self.graph, workload.in_dim, workload.out_dim, **kwargs).double()
         self.device = getattr(self.backend, "device", None) or "cpu"
         self.torch = torch
+        self.reference_run: Callable[[Any, dict[str, Any]], Any] | None = None
+        self.reference_ms = options.reference_ms
+        if options.timing == "paired":
+            self._start_reference()
+
+    def _start_reference(self) -> None:
+        """Compile the default schedule as the paired timing's reference; calibrate its scale unless given."""
+        if getattr(self.backend, "time_runs", None) is not None:
+            raise ValueError(f"paired timing alternates host-timed runs; backend {self.w.backend!r} times with "
+                             "device events: use timing 'plain'")
+        point = self.space.compile(self.space.default())
+        if not point.valid:
+            raise ValueError(f"paired timing: the default schedule is not valid ({'; '.join(point.problems)})")
+        built = self.backend.build(point.kernels, self.graph, point.config)
+        x, params, _ = self.inputs(0)
+        x32 = x.to(device=self.device, dtype=self.torch.float32)
+        p32 = {k: v.to(device=self.device, dtype=self.torch.float32) for k, v in params.items()}
+        self.reference_run = built.run
+        if self.reference_ms is None:
+            # three blocks, the median of their medians: one block is as noisy as a plain trial
+            blocks = [statistics.median(_plain_times(lambda: self._run(built.run, x32, p32), self.o))
+                      for _ in range(3)]
+            self.reference_ms = statistics.median(blocks) * 1e3
 
     def inputs(self, seed: int) -> tuple[Any, dict[str, Any], Any]:
         """Fresh random input and parameters; the float64 reference output."""
@@ -143,25 +189,75 @@ class _Session:
             why = (f"output shape {tuple(out.shape)} != {tuple(ref.shape)}" if out.shape != ref.shape else
                    f"relative error {err:.3g} exceeds the tolerance {self.o.tolerance:g}")
             return MeasureResult("wrong_result", error=why, **base)
+        if self.reference_run is not None:
+            reference = self.reference_run
+            times, reference_times = paired_times(lambda: self._run(built.run, x32, p32),
+                                                  lambda: self._run(reference, x32, p32), self.o)
+            assert self.reference_ms is not None  # calibrated with the reference
+            ratio = statistics.median(c / r for c, r in zip(times, reference_times))
+            base["info"].update(timing="paired", vs_reference=ratio, reference_ms=self.reference_ms,
+                                reference_now_ms=statistics.median(reference_times) * 1e3)
+            return MeasureResult("ok", median=ratio * self.reference_ms / 1e3, times=times, **base)
         times = self._time(built, x32, p32)
         return MeasureResult("ok", median=statistics.median(times), times=times, **base)
+
+    def _run(self, run: Callable[[Any, dict[str, Any]], Any], x: Any, params: dict[str, Any]) -> None:
+        run(x, params)
+        self.backend.synchronize()
 
     def _time(self, built: Any, x: Any, params: dict[str, Any]) -> list[float]:
         timer = getattr(self.backend, "time_runs", None)
         if timer is not None:  # GPU backends time with events
             return list(timer(built, x, params, self.o.warmup, self.o.repeats))
-        for _ in range(self.o.warmup):
-            built.run(x, params)
-        times: list[float] = []
-        spent = 0.0
-        while len(times) < self.o.max_repeats and (len(times) < self.o.repeats or spent < self.o.min_seconds):
-            t = time.perf_counter()
-            built.run(x, params)
-            self.backend.synchronize()
-            dt = time.perf_counter() - t
-            times.append(dt)
-            spent += dt
-        return times
+        return _plain_times(lambda: self._run(built.run, x, params), self.o)
+
+
+def _plain_times(run: Callable[[], Any], options: MeasureOptions) -> list[float]:
+    """Seconds of each timed run, after ``options.warmup`` untimed ones."""
+    for _ in range(options.warmup):
+        run()
+    times: list[float] = []
+    spent = 0.0
+    while len(times) < options.max_repeats and (len(times) < options.repeats or spent < options.min_seconds):
+        t = time.perf_counter()
+        run()
+        dt = time.perf_counter() - t
+        times.append(dt)
+        spent += dt
+    return times
+
+
+def paired_times(run: Callable[[], Any], run_reference: Callable[[], Any], options: MeasureOptions,
+                 clock: Callable[[], float] = time.perf_counter) -> tuple[list[float], list[float]]:
+    """Seconds of each run of the candidate and of the reference, alternating, pair by pair.
+
+    The pairs alternate which of the two runs first (a run right after another kernel may find
+    the caches or the clock in another state). The counts of ``options`` (``warmup``, ``repeats``,
+    ``min_seconds`` of the candidate's time, ``max_repeats``) apply to the candidate.
+
+    Example (a clock that slows down 2x halfway, as a shared machine does; the ratio is unmoved):
+        >>> now = [0.0]
+        >>> def tick(cost):
+        ...     now[0] += cost * (2.0 if now[0] > 0.5 else 1.0)
+        >>> c, r = paired_times(lambda: tick(0.03), lambda: tick(0.01), MeasureOptions(warmup=1, repeats=20),
+        ...                     clock=lambda: now[0])
+        >>> sorted({round(a / b, 6) for a, b in zip(c, r)}), min(c) < max(c)
+        ([3.0], True)
+    """
+    for _ in range(options.warmup):
+        run()
+        run_reference()
+    times: list[float] = []
+    reference: list[float] = []
+    spent = 0.0
+    while len(times) < options.max_repeats and (len(times) < options.repeats or spent < options.min_seconds):
+        for is_candidate in ((True, False) if len(times) % 2 == 0 else (False, True)):
+            t = clock()
+            (run if is_candidate else run_reference)()
+            dt = clock() - t
+            (times if is_candidate else reference).append(dt)
+        spent += times[-1]
+    return times, reference
 
 
 def _worker_main(conn: Any, workload: Workload, options: MeasureOptions) -> None:
@@ -262,6 +358,10 @@ class MeasureWorker:
         if result.info.pop("worker_exits", False):
             self._proc.join(10)
             self._proc = None
+        scale = result.info.get("reference_ms")
+        if scale and self.options.reference_ms is None:
+            # a restarted worker times on the same scale instead of calibrating its own
+            self.options = replace(self.options, reference_ms=scale)
         return result
 
     def _kill(self) -> None:

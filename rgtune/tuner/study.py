@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_checkable
 
@@ -173,8 +174,6 @@ def make_sampler(name: str, seed: int | None) -> "optuna.samplers.BaseSampler":
     import optuna
 
     if name == "tpe":
-        import warnings
-
         with warnings.catch_warnings():  # multivariate+group is what a conditional space needs
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=10)
@@ -230,6 +229,13 @@ class Tuner:
                                          load_if_exists=True)
         self.study.set_user_attr("rgtune.workload_id", self.record.id)
         self.study.set_user_attr("rgtune.sampler", self.options.sampler)
+        timing = self.options.measure.timing
+        before = self.study.user_attrs.get("rgtune.timing", "plain")
+        if self.study.trials and before != timing:
+            # both are times in ms, but a paired trial is on its reference's scale: they compare within ~10%
+            warnings.warn(f"study {name!r} was timed {before}; its new trials are timed {timing} (use --fresh "
+                          "for a study timed one way)", stacklevel=2)
+        self.study.set_user_attr("rgtune.timing", timing)
         self._fail_abandoned_optuna_trials()
         new_study = not self.study.trials
         if new_study:

@@ -1,0 +1,134 @@
+"""How much one trial's time varies, timed plain and paired with the default schedule.
+
+The tuner compares schedules by single trials. On a shared machine the whole machine's speed
+drifts over seconds, and a plain trial (the median of a block of runs) carries that drift; a
+paired trial (``MeasureOptions(timing="paired")``) alternates every run with a run of the
+default schedule and reports the ratio on a fixed scale, so a drift common to both cancels.
+
+For one workload this times the default schedule and ``--schedules`` others in ``--workers``
+fresh measurement processes per timing mode, ``--rounds`` interleaved rounds each (the modes'
+processes alternate: plain, paired, plain, ...; so a drift of the machine favours neither), one
+trial per schedule and round, as ``tune`` measures it, and reports per mode:
+
+* ``sd_within``: the standard deviation of a schedule's log time over the rounds of one process
+  (mean over schedules and processes): how far two trials of the same schedule in one study differ;
+* ``sd_pair``: the standard deviation over rounds of the log ratio of two schedules timed in the
+  same round (mean over pairs and processes): the noise of the comparison the tuner makes;
+* ``sd_between``: the standard deviation of a schedule's per-process median log time (mean over
+  schedules): how far two studies differ (paired: includes each process's calibration).
+
+The schedules: the fastest ``--schedules`` of ``--schedules-from`` (a ``tuning_curves_retimed.csv``
+of :mod:`tuning_curves`; near-ties are what the tuner must tell apart) or else random valid
+schedules (seeded). Writes ``timing_noise.csv`` (every trial) and ``timing_noise.json`` (the
+summary) to ``--out``.
+
+Examples::
+
+    python experiments/timing_noise.py --model hgt --dataset aifb
+    python experiments/timing_noise.py --model rgat --dataset mutag --workers 4 --rounds 7 \\
+        --schedules-from experiments/results/tuning_curves_seed23/tuning_curves_retimed.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from rgtune.tuner.measure import TIMINGS, MeasureOptions, Workload, measure_rounds
+
+RESULTS = Path(__file__).resolve().parent / "results" / "timing_noise"
+
+
+def pick_schedules(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """The default schedule and ``args.schedules`` others, by name."""
+    chosen: dict[str, dict[str, Any]] = {"default": {}}
+    if args.schedules_from:
+        with open(args.schedules_from, newline="") as f:
+            rows = [r for r in csv.DictReader(f) if r["model"] == args.model and r["dataset"] == args.dataset
+                    and r["retimed_ms"]]
+        if not rows:
+            raise SystemExit(f"timing_noise: no re-timed {args.model} {args.dataset} schedule in {args.schedules_from}")
+        rows.sort(key=lambda r: float(r["retimed_ms"]))
+        chosen.update((f"fast{i}", json.loads(r["knobs"])) for i, r in enumerate(rows[:args.schedules]))
+        return chosen
+    from rgtune.data import load_dataset
+    from rgtune.ir.models import build_model
+    from rgtune.search_spaces import SearchSpace
+
+    space = SearchSpace(build_model(args.model, args.hidden, args.hidden, 1),
+                        load_dataset(args.dataset, root=args.data_dir), "cpu")
+    rng = random.Random(args.seed)
+    chosen.update((f"random{i}", space.sample(rng)) for i in range(args.schedules))
+    return chosen
+
+
+def summarize(log_ms: Mapping[str, Mapping[str, np.ndarray]]) -> dict[str, dict[str, float]]:
+    """Per timing mode: ``log_ms[mode][schedule]`` is a (processes x rounds) array of log times."""
+    out = {}
+    for mode, by_schedule in log_ms.items():
+        names = sorted(by_schedule)
+        within = np.mean([by_schedule[n].std(axis=1).mean() for n in names])
+        between = np.mean([np.median(by_schedule[n], axis=1).std() for n in names])
+        pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
+        pair = np.mean([(by_schedule[a] - by_schedule[b]).std(axis=1).mean() for a, b in pairs]) if pairs else np.nan
+        out[mode] = {"sd_within": float(within), "sd_pair": float(pair), "sd_between": float(between)}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="hgt", choices=("rgcn", "rgat", "hgt"))
+    p.add_argument("--dataset", default="aifb")
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--schedules", type=int, default=3, help="schedules besides the default (default 3)")
+    p.add_argument("--schedules-from", default=None, help="a tuning_curves_retimed.csv: its fastest schedules")
+    p.add_argument("--workers", type=int, default=3, help="measurement processes per timing mode (default 3)")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds per process (default 5)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random schedules")
+    p.add_argument("--data-dir", default=os.environ.get("RGTUNE_DATA_DIR"))
+    p.add_argument("--out", type=Path, default=RESULTS)
+    args = p.parse_args(argv)
+    if args.workers < 2 or args.rounds < 2 or args.schedules < 1:
+        p.error("--workers and --rounds must be >= 2 and --schedules >= 1 (a spread needs two of each)")
+    schedules = pick_schedules(args)
+    workload = Workload(args.model, args.dataset, args.hidden, args.hidden, 1, "cpu", args.data_dir)
+    rows: list[dict[str, Any]] = []
+    log_ms: dict[str, dict[str, list[list[float]]]] = {mode: {n: [] for n in schedules} for mode in TIMINGS}
+    t0 = time.perf_counter()
+    for process in range(args.workers):
+        for mode in TIMINGS:
+            seconds = measure_rounds(workload, schedules, args.rounds, MeasureOptions(timing=mode))
+            for name, times in seconds.items():
+                if any(t is None for t in times):
+                    raise SystemExit(f"timing_noise: schedule {name} failed in a {mode} round: {schedules[name]}")
+                log_ms[mode][name].append([float(np.log(t * 1e3)) for t in times])
+                rows += [{"timing": mode, "process": process, "schedule": name, "round": r, "ms": t * 1e3}
+                         for r, t in enumerate(times)]
+            print(f"process {process + 1}/{args.workers} {mode}: {time.perf_counter() - t0:.0f} s", flush=True)
+    summary = summarize({m: {n: np.array(v) for n, v in d.items()} for m, d in log_ms.items()})
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.out / f"timing_noise_{args.model}_{args.dataset}"
+    with open(f"{stem}.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    Path(f"{stem}.json").write_text(json.dumps({"settings": {k: str(v) for k, v in vars(args).items()},
+                                                "schedules": schedules, "summary": summary}, indent=1))
+    print("| timing | sd within a process | sd of a two-schedule ratio | sd between processes |")
+    print("|---|---|---|---|")
+    for mode, s in summary.items():
+        print(f"| {mode} | {s['sd_within']:.3f} | {s['sd_pair']:.3f} | {s['sd_between']:.3f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
