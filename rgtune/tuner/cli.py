@@ -343,8 +343,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="plain (default): a trial's time is the median of its runs; paired (CPU backends): every "
                         "run alternates with a run of the default schedule and the trial's time is their ratio "
                         "on the default's scale, which cancels the drift of a shared machine's speed (two "
-                        "schedules compare with about half the spread, see BENCHMARKS.md) at twice the timing "
-                        "cost")
+                        "schedules compare with about half the spread, see BENCHMARKS.md) at the cost of a run "
+                        "of the default schedule per timed run")
     p.add_argument("--fresh", action="store_true", help="start a new study instead of resuming (history is kept)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--cost-model", default="on", choices=("on", "off"),

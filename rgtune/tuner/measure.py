@@ -22,7 +22,8 @@ of the reference's time when the first worker of this :class:`MeasureWorker` cal
 restarted worker keeps that scale).
 ``times`` stays the candidate's raw runs; ``info`` has ``vs_reference`` (the ratio),
 ``reference_ms`` (the scale) and ``reference_now_ms`` (the reference's median in this trial: the
-drift). Timing takes twice as long; compiling and verifying do not change.
+drift). Every timed run of the candidate costs a run of the reference too (``min_seconds`` counts
+the candidate's time only); compiling and verifying do not change.
 
 The parent waits at most ``timeout`` seconds for a trial: a hanging kernel is killed with
 its process (``timeout``); a crash (segfault, illegal memory access that kills the process)
