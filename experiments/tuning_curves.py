@@ -74,7 +74,7 @@ from rgtune._environ import scoped_env
 from rgtune.tuner._db_records import canonical_knobs
 from rgtune.tuner.costmodel import CostModel, CostModelPruner, PrunePolicy, RankPolicy, fit_on_history
 from rgtune.tuner.db import DeviceInfo, TrialDatabase
-from rgtune.tuner.measure import MeasureOptions, MeasureResult, Workload, measure_rounds, median_ok
+from rgtune.tuner.measure import TIMINGS, MeasureOptions, MeasureResult, Workload, measure_rounds, median_ok
 from rgtune.tuner.study import UNMEASURED, TuneOptions, Tuner
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -248,9 +248,10 @@ def run_one(model: str, dataset: str, seed: int, arm: str, base: Path, workdir: 
     done = run_dir / "trace.json"
     if done.exists():
         finished = json.loads(done.read_text())
-        if finished.get("timing", "plain") != args.timing:
-            raise SystemExit(f"tuning_curves: {run_dir} was timed with --timing {finished.get('timing', 'plain')}, "
-                             f"not {args.timing}: use another --workdir")
+        timed = finished.get("timing", "plain")  # runs from before --timing were plain
+        if timed != args.timing:
+            raise SystemExit(f"tuning_curves: {run_dir} was timed with --timing {timed}, not {args.timing}: "
+                             "use another --workdir")
         return finished
     run_dir.mkdir(parents=True, exist_ok=True)
     db_path = run_dir / "results.db"
@@ -694,7 +695,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hidden", type=int, default=64, help="feature size (default 64)")
     p.add_argument("--backend", default=None, help="cpu (default when usable), else reference")
     p.add_argument("--trial-timeout", type=float, default=60.0, help="seconds per trial (default 60)")
-    p.add_argument("--timing", default="plain", choices=("plain", "paired"),
+    p.add_argument("--timing", default="plain", choices=TIMINGS,
                    help="how trials and re-timing rounds are timed (tune --timing): plain (default) or paired "
                         "with the default schedule, which cancels the machine's drift")
     p.add_argument("--data-dir", default=None, help="dataset root (default $RGTUNE_DATA_DIR)")

@@ -13,6 +13,7 @@ import sys
 from typing import Any, Callable, Sequence
 
 from rgtune.tuner._cli_args import MODELS, positive_int
+from rgtune.tuner.measure import TIMINGS
 
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
@@ -339,11 +340,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="seed of the sampler and of the test inputs")
     p.add_argument("--trial-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="a trial taking longer is killed and recorded as timeout (default 60)")
-    p.add_argument("--timing", default="plain", choices=("plain", "paired"),
+    p.add_argument("--timing", default="plain", choices=TIMINGS,
                    help="plain (default): a trial's time is the median of its runs; paired (CPU backends): every "
                         "run alternates with a run of the default schedule and the trial's time is their ratio "
                         "on the default's scale, which cancels the drift of a shared machine's speed (two "
-                        "schedules compare with about half the spread, see BENCHMARKS.md) at the cost of a run "
+                        "schedules compare with a 1.4-3x smaller spread, see BENCHMARKS.md) at the cost of a run "
                         "of the default schedule per timed run")
     p.add_argument("--fresh", action="store_true", help="start a new study instead of resuming (history is kept)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

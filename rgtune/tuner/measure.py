@@ -15,8 +15,8 @@ of the whole machine drifts over seconds, so one schedule's trials in one worker
 (standard deviation of log time on the 2-core development machine), as much as the differences
 between good schedules. The drift is common to whatever runs at the moment: when every run of the
 candidate alternates with a run of a fixed *reference* (the workload's default schedule, compiled
-once per worker), the trials vary by 2-3%, and the ratio of two schedules timed in the same round
-by 3-4% instead of 5-9% (``experiments/timing_noise.py``). So a paired trial's time is
+once per worker), the trials vary by 2-4%, and the ratio of two schedules timed in the same round
+by 3-5% instead of 5-9% (``experiments/timing_noise.py``). So a paired trial's time is
 ``reference_ms x median(candidate run / reference run)``: the ratio, drift cancelled, on the scale
 of the reference's time when the first worker of this :class:`MeasureWorker` calibrated it (a
 restarted worker keeps that scale).
@@ -138,15 +138,20 @@ class _Session:
         if not point.valid:
             raise ValueError(f"paired timing: the default schedule is not valid ({'; '.join(point.problems)})")
         built = self.backend.build(point.kernels, self.graph, point.config)
-        x, params, _ = self.inputs(0)
-        x32 = x.to(device=self.device, dtype=self.torch.float32)
-        p32 = {k: v.to(device=self.device, dtype=self.torch.float32) for k, v in params.items()}
+        x32, p32, _ = self.device_inputs(0)
         self.reference_run = built.run
         if self.reference_ms is None:
             # three blocks, the median of their medians: one block is as noisy as a plain trial
             blocks = [statistics.median(_plain_times(lambda: self._run(built.run, x32, p32), self.o))
                       for _ in range(3)]
             self.reference_ms = statistics.median(blocks) * 1e3
+
+    def device_inputs(self, seed: int) -> tuple[Any, dict[str, Any], Any]:
+        """:meth:`inputs` in float32 on the backend's device, and the float64 reference output."""
+        x, params, ref = self.inputs(seed)
+        f32 = self.torch.float32
+        return x.to(device=self.device, dtype=f32), {k: v.to(device=self.device, dtype=f32)
+                                                     for k, v in params.items()}, ref
 
     def inputs(self, seed: int) -> tuple[Any, dict[str, Any], Any]:
         """Fresh random input and parameters; the float64 reference output."""
@@ -175,10 +180,7 @@ class _Session:
         except CompileError as e:
             return MeasureResult("compile_error", error=f"{e}\n{e.log}".strip())
         compile_s = time.perf_counter() - t0
-        x, params, ref = self.inputs(seed)
-        dev = self.device
-        x32 = x.to(device=dev, dtype=torch.float32)
-        p32 = {k: v.to(device=dev, dtype=torch.float32) for k, v in params.items()}
+        x32, p32, ref = self.device_inputs(seed)
         out = built.run(x32, p32)
         self.backend.synchronize()
         out = out.detach().to("cpu", torch.float64)
@@ -190,27 +192,34 @@ class _Session:
             why = (f"output shape {tuple(out.shape)} != {tuple(ref.shape)}" if out.shape != ref.shape else
                    f"relative error {err:.3g} exceeds the tolerance {self.o.tolerance:g}")
             return MeasureResult("wrong_result", error=why, **base)
-        if self.reference_run is not None:
-            reference = self.reference_run
-            times, reference_times = paired_times(lambda: self._run(built.run, x32, p32),
-                                                  lambda: self._run(reference, x32, p32), self.o)
-            assert self.reference_ms is not None  # calibrated with the reference
-            ratio = statistics.median(c / r for c, r in zip(times, reference_times))
-            base["info"].update(timing="paired", vs_reference=ratio, reference_ms=self.reference_ms,
-                                reference_now_ms=statistics.median(reference_times) * 1e3)
-            return MeasureResult("ok", median=ratio * self.reference_ms / 1e3, times=times, **base)
-        times = self._time(built, x32, p32)
-        return MeasureResult("ok", median=statistics.median(times), times=times, **base)
+        times, median = self._time(built, x32, p32, base["info"])
+        return MeasureResult("ok", median=median, times=times, **base)
 
     def _run(self, run: Callable[[Any, dict[str, Any]], Any], x: Any, params: dict[str, Any]) -> None:
         run(x, params)
         self.backend.synchronize()
 
-    def _time(self, built: Any, x: Any, params: dict[str, Any]) -> list[float]:
+    def _time(self, built: Any, x: Any, params: dict[str, Any], info: dict[str, Any]) -> tuple[list[float], float]:
+        """The candidate's runs (seconds) and the trial's time: their median, or paired with the reference
+        (then ``info`` gets the ratio, the scale and the reference's time now)."""
         timer = getattr(self.backend, "time_runs", None)
         if timer is not None:  # GPU backends time with events
-            return list(timer(built, x, params, self.o.warmup, self.o.repeats))
-        return _plain_times(lambda: self._run(built.run, x, params), self.o)
+            times = list(timer(built, x, params, self.o.warmup, self.o.repeats))
+            return times, statistics.median(times)
+
+        def run() -> None:
+            self._run(built.run, x, params)
+
+        if self.reference_run is None:
+            times = _plain_times(run, self.o)
+            return times, statistics.median(times)
+        reference, scale_ms = self.reference_run, self.reference_ms
+        assert scale_ms is not None  # calibrated with the reference
+        times, reference_times = paired_times(run, lambda: self._run(reference, x, params), self.o)
+        ratio = statistics.median(c / r for c, r in zip(times, reference_times))
+        info.update(timing="paired", vs_reference=ratio, reference_ms=scale_ms,
+                    reference_now_ms=statistics.median(reference_times) * 1e3)
+        return times, ratio * scale_ms / 1e3
 
 
 def _plain_times(run: Callable[[], Any], options: MeasureOptions) -> list[float]:
