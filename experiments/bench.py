@@ -149,7 +149,7 @@ def build_impls(model: str, graph: Any, in_dim: int, out_dim: int, heads: int, b
                         list(tuned.parameters())))
     if "lowering" in impls:
         space = SearchSpace(build_model(model, in_dim, out_dim, heads), graph, "cpu")
-        executor = ReferenceExecutor(space.compile(space.default()).kernels, graph)
+        executor = ReferenceExecutor(space.compile(space.default()).kernels, graph, device)
         low = cls(graph, in_dim, out_dim, **kwargs).to(device)
         low.load_state_dict(ref.state_dict())
         names = [n for n in executor.kp.param_shapes if n in dict(low.named_parameters())]

@@ -364,6 +364,22 @@ def test_backend_is_registered_and_explains_why_it_cannot_run() -> None:
             backend.build(_kernels("rgcn", {}), random_graph((4, 4), 2, 10, seed=0), {})
 
 
+def test_graph_replay_is_part_of_the_device_fingerprint(monkeypatch) -> None:
+    """Timings with and without CUDA-graph replay are kept apart in the trial database."""
+    from rgtune.tuner.db import DeviceInfo
+
+    monkeypatch.setenv("RGTUNE_CUDA_GRAPHS", "0")
+    assert not CudaBackend().graphs and CudaBackend(graphs=True).graphs
+    monkeypatch.setenv("RGTUNE_CUDA_GRAPHS", "maybe")
+    with pytest.raises(BackendError, match="RGTUNE_CUDA_GRAPHS.*'maybe'"):
+        CudaBackend()
+    monkeypatch.delenv("RGTUNE_CUDA_GRAPHS")
+
+    replayed, launched = CudaBackend().device_info(), CudaBackend(graphs=False).device_info()
+    assert (replayed["launch"], launched["launch"]) == ("cuda graph", "kernel by kernel")
+    assert DeviceInfo.from_mapping(replayed).fingerprint != DeviceInfo.from_mapping(launched).fingerprint
+
+
 def test_resource_check_rejects_what_cannot_launch() -> None:
     res = nvrtc.Resources(registers=255, shared_bytes=50 * 1024)
     problems = nvrtc.check_resources(res, 512, "f")

@@ -11,6 +11,8 @@ It takes a few minutes (mostly NVRTC; the cubin cache makes a second run faster)
   (and a few random schedules), matches the float64 reference executor on AIFB, MUTAG and
   edge-case synthetic graphs: fp32 output, relative error ``max|out - ref| / max|ref| < 1e-4``;
 * every output element is written: buffers are filled with NaN before the run;
+* a replayed CUDA graph (the default) computes what kernel-by-kernel launches compute, for new
+  inputs, params changed in place and new param tensors; the torch lowering runs on the GPU;
 * device facts, resource checks, CUDA-event timing, and that a faulting kernel surfaces as an
   exception (in a child process: a CUDA fault is sticky and poisons its process).
 
@@ -167,6 +169,58 @@ def test_general_epilogue_path(graphs: dict[str, Any]) -> None:
     _check(CudaBackend(epilogue="row"), graphs["edge_cases"], "hgt", {"fusion.epilogue": "on"}, heads=2)
     _check(CudaBackend(epilogue="row"), graphs["edge_cases"], "rgat", {"fusion.epilogue": "on",
                                                                         "fusion.softmax": "none"})
+
+
+def test_a_recorded_graph_computes_what_the_launches_compute(backend: CudaBackend, graphs: dict[str, Any]) -> None:
+    """Graph replays (the default) against kernel-by-kernel launches: a new input each run, params
+    changed in place (seen by the replay), other param tensors (recorded again), and an earlier
+    output left as it was."""
+    from rgtune.codegen.reference import init_params
+    from rgtune.ir.models import build_model
+    from rgtune.search_spaces.space import SearchSpace
+
+    g = graphs["edge_cases"]
+    for model, cfg in (("hgt", {"reorder.compose": "on", "fusion.softmax": "full"}), ("rgat", {}),
+                       ("rgcn", {"reorder.aggregate_first": "on"})):
+        heads = 1 if model == "rgcn" else 2
+        space = SearchSpace(build_model(model, 32, 32, heads), g, "cuda")
+        point = space.compile({**space.default(), **cfg})
+        program = program_of(backend.build(point.kernels, g, point.config))
+        params = {k: v.cuda() for k, v in init_params(point.kernels, g, seed=3).items()}
+        kept: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for step in range(3):
+            if step == 1:
+                for t in params.values():
+                    t.mul_(1.5)
+            if step == 2:
+                params = {k: v * 0.5 for k, v in params.items()}
+            x = torch.randn(g.num_nodes(), 32, device="cuda")
+            replayed = program.run(x, params)
+            launched = program.run(x, params, fill=float("nan"))  # fill: kernel by kernel
+            program.synchronize()
+            assert program.graph_failure is None and program._captured is not None, program.graph_failure
+            err = ((replayed - launched).abs().max() / launched.abs().max()).item()
+            assert err < 1e-5, f"{model} step {step}: replay differs from the launches by {err:.2e}"
+            kept.append((replayed, launched))
+        for replayed, launched in kept:  # a later replay does not overwrite what an earlier run returned
+            assert ((replayed - launched).abs().max() / launched.abs().max()).item() < 1e-5
+
+
+def test_the_torch_lowering_runs_on_the_gpu(graphs: dict[str, Any]) -> None:
+    """The executor behind a tuned layer's backward (and ``bench``'s lowering) with its arrays on the GPU."""
+    from rgtune.codegen.reference import ReferenceExecutor, init_params
+    from rgtune.ir.models import build_model
+    from rgtune.ir.pipeline import compile_program
+
+    g = graphs["edge_cases"]
+    kp = compile_program(build_model("hgt", 16, 16, 2), {"compact.src": "pair", "reorder.aggregate_first": "on"}).kernels
+    params = init_params(kp, g, dtype=torch.float64, seed=1)
+    x = torch.randn(g.num_nodes(), 16, dtype=torch.float64)
+    on_cpu = ReferenceExecutor(kp, g).run(x, params)
+    executor = ReferenceExecutor(kp, g).to("cuda")
+    assert executor.device.type == "cuda" and executor.to("cuda") is executor
+    on_gpu = executor.run(x.cuda(), {k: v.cuda() for k, v in params.items()})
+    assert ((on_gpu.cpu() - on_cpu).abs().max() / on_cpu.abs().max()).item() < 1e-12
 
 
 def test_device_info_and_resources(backend: CudaBackend, graphs: dict[str, Any]) -> None:

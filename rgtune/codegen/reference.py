@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from rgtune.data.graph import HeteroGraph
 from rgtune.codegen.weights import fold_weights
-from rgtune.ir.bind import GraphArrays, graph_arrays, row_types
+from rgtune.ir.bind import GraphArrays, concrete_device, graph_arrays, row_types
 from rgtune.ir.kernels import (Acc, AggregateStage, BinaryE, ConcatE, EdgeSoftmaxStage, EdgeStore, Expr, GatedE,
                                GemmKernel, GraphLoad, InnerE, KernelProgram, Load, MapKernel, ParamLoad, ScaleE,
                                SoftmaxAggregate, TraversalKernel, UnaryE, WeightKernel)
@@ -60,11 +60,20 @@ def init_params(kp: KernelProgram, graph: HeteroGraph, dtype: torch.dtype = torc
 class ReferenceExecutor:
     """Runs ``kp`` on ``graph``: ``run(x, params) -> output (num_nodes, out_features)``."""
 
-    def __init__(self, kp: KernelProgram, graph: HeteroGraph) -> None:
+    def __init__(self, kp: KernelProgram, graph: HeteroGraph, device: torch.device | str = "cpu") -> None:
         self.kp = kp
         self.graph = graph
-        self.a = graph_arrays(graph, kp.layout, kp.index_bits)
+        self.a = graph_arrays(graph, kp.layout, kp.index_bits).to(device)
         self._pair_index = self._edge_to_pair_maps()
+
+    @property
+    def device(self) -> torch.device:
+        """Where the graph's arrays live: inputs and params must be there too."""
+        return self.a.node_type.device
+
+    def to(self, device: torch.device | str) -> "ReferenceExecutor":
+        """This executor with its graph arrays on ``device`` (``self`` when already there)."""
+        return self if self.device == concrete_device(device) else ReferenceExecutor(self.kp, self.graph, device)
 
     def _edge_to_pair_maps(self) -> dict[str, torch.Tensor]:
         a = self.a

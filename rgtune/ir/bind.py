@@ -10,6 +10,7 @@ relation (what a GEMM over edge rows iterates); ``rel_offsets`` delimits its rel
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -55,6 +56,17 @@ class GraphArrays:
     def index_tensors(self) -> dict[str, torch.Tensor]:
         return {k: v for k, v in self.__dict__.items() if isinstance(v, torch.Tensor)}
 
+    def to(self, device: torch.device | str) -> "GraphArrays":
+        """The same arrays on ``device`` (``self`` when they are there already).
+
+        Torch ops that mix these arrays with tensors on a GPU need them there; an index on the
+        CPU would also cost a host-to-device copy per op, which a captured CUDA graph forbids.
+        """
+        device = concrete_device(device)
+        if self.node_type.device == device:
+            return self
+        return dataclasses.replace(self, **{k: v.to(device) for k, v in self.index_tensors().items()})
+
     @cached_property
     def bsearch_probes(self) -> dict[str, int]:
         """Reads of ``compact.pair_index=bsearch`` to find every edge's pair, per via (``src_pair``,
@@ -66,6 +78,15 @@ class GraphArrays:
             steps = torch.ceil(torch.log2(torch.diff(pair_offsets).double() + 1.0))
             out[via] = int((edges_per_rel * steps).sum().item())
         return out
+
+
+def concrete_device(device: torch.device | str) -> torch.device:
+    """``device`` with the current GPU's index when it names none (``cuda`` -> ``cuda:0``), so that
+    it compares equal to a tensor's ``.device``."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 LAYOUT_PERMUTATIONS = {

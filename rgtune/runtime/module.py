@@ -46,7 +46,6 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, ClassVar, Mapping, Sequence
 
 import torch
@@ -81,16 +80,9 @@ class _Runner:
     def _executor_on(self, device: torch.device) -> ReferenceExecutor:
         """The torch executor of the kernel program, its graph arrays on ``device`` (built on the
         first backward, so inference never pays for it)."""
-        ex = self._executor
-        if ex is None or ex.a.node_type.device != device:
-            ex = ReferenceExecutor(self.kp, self.graph)
-            if device.type != "cpu":  # the executor binds CPU arrays; a GPU backward needs them on the GPU
-                moved = {f.name: getattr(ex.a, f.name).to(device) for f in dataclasses.fields(ex.a)
-                         if isinstance(getattr(ex.a, f.name), Tensor)}
-                ex.a = dataclasses.replace(ex.a, **moved)
-                ex._pair_index = {k: v.to(device) for k, v in ex._pair_index.items()}
-            self._executor = ex
-        return ex
+        if self._executor is None or self._executor.device != device:
+            self._executor = ReferenceExecutor(self.kp, self.graph, device)
+        return self._executor
 
     def forward(self, x: Tensor, params: Sequence[Tensor]) -> Tensor:
         with torch.no_grad():

@@ -18,6 +18,7 @@ Example (no GPU needed):
 
 from __future__ import annotations
 
+import os
 from typing import Any, Mapping, Sequence
 
 from rgtune.codegen.base import Backend, BackendError, BuiltProgram
@@ -29,17 +30,29 @@ from rgtune.ir.kernels import KernelProgram
 __all__ = ["CudaBackend", "InvalidSchedule"]
 
 
+def _graphs_from_env() -> bool:
+    value = os.environ.get("RGTUNE_CUDA_GRAPHS", "1").strip().lower()
+    if value not in ("0", "1", "off", "on", "false", "true"):
+        raise BackendError(f"RGTUNE_CUDA_GRAPHS must be 1/on/true or 0/off/false, got {value!r}")
+    return value in ("1", "on", "true")
+
+
 class CudaBackend(Backend):
-    """CUDA C through NVRTC, launched with CuPy on torch tensors, timed with CUDA events."""
+    """CUDA C through NVRTC, launched on torch tensors (a recorded CUDA graph per program), timed with CUDA events."""
 
     name = "cuda"
     target = "cuda"
     #: where inputs and params must live (the tuner moves them there)
     device = "cuda"
 
-    def __init__(self, epilogue: str = "auto", cache: bool = True) -> None:
+    def __init__(self, epilogue: str = "auto", cache: bool = True, graphs: bool | None = None) -> None:
+        """``graphs``: replay each program as a recorded CUDA graph (see :class:`~.runtime.CudaProgram`);
+        ``False`` launches kernel by kernel; ``None`` (default) reads ``$RGTUNE_CUDA_GRAPHS``
+        (``0`` turns replay off, for every command). The choice is part of :meth:`device_info`,
+        so the trial database keeps timings of the two apart."""
         self.epilogue = epilogue
         self.cache = cache
+        self.graphs = _graphs_from_env() if graphs is None else graphs
 
     @classmethod
     def compile_available(cls) -> tuple[bool, str]:
@@ -80,7 +93,8 @@ class CudaBackend(Backend):
         gen = self.generate(kp, schedule)
         arch = device_arch()
         compiled = nvrtc.compile_program(gen.units, (arch,), cache=self.cache)
-        program = CudaProgram(kp, gen.units, {u: c[arch] for u, c in compiled.cubins.items()}, graph)
+        program = CudaProgram(kp, gen.units, {u: c[arch] for u, c in compiled.cubins.items()}, graph,
+                              graphs=self.graphs)
         hit = all(c[arch].cached for c in compiled.cubins.values())
         # JSON-friendly: the tuner stores it with the trial (the CudaProgram is run_fn's __self__)
         info = {"arch": arch, "nvrtc": ".".join(map(str, nvrtc.nvrtc_version())),
@@ -98,7 +112,7 @@ class CudaBackend(Backend):
         return [ms / 1000.0 for ms in t["times_ms"]]
 
     def device_info(self) -> dict[str, Any]:
-        info: dict[str, Any] = {"backend": self.name}
+        info: dict[str, Any] = {"backend": self.name, "launch": "cuda graph" if self.graphs else "kernel by kernel"}
         try:
             info["nvrtc"] = ".".join(map(str, nvrtc.nvrtc_version()))
             info["compiler"] = f"NVRTC {info['nvrtc']} ({' '.join(nvrtc.options('sm_XX')[1:])})"

@@ -47,7 +47,7 @@ from rgtune.codegen.cuda._emu_header import EMU_HEADER
 from rgtune.codegen.cuda._unit import KernelUnit, Launch
 from rgtune.codegen.cuda.generate import generate
 from rgtune.codegen.cuda.nvrtc import cache_dir
-from rgtune.codegen.cuda.runtime import LaunchError, ProgramRunner, _Loaded
+from rgtune.codegen.cuda.runtime import LaunchError, ProgramRunner, _Loaded, _Step
 from rgtune.data.graph import HeteroGraph
 from rgtune.ir.kernels import KernelProgram
 
@@ -128,11 +128,12 @@ class EmulatedProgram(ProgramRunner):
                 fn.argtypes = [ctypes.c_uint] * 4 + [ctypes.POINTER(ctypes.c_void_p)]
                 fns[f] = fn
             self.loaded.append(_Loaded(u, fns, self._tables(u), dll))
+        self._plan()
 
-    def _launch(self, ld: _Loaded, launch: Launch, grid: tuple[int, int, int], args: list[int]) -> None:
+    def _launch(self, step: _Step, args: list[int]) -> None:
         arr = (ctypes.c_void_p * max(len(args), 1))(*args)
-        if ld.functions[launch.function](*grid, launch.threads, arr):
-            raise LaunchError(f"{ld.unit.name}/{launch.function}: threads of a block wait at different barriers "
+        if step.loaded.functions[step.launch.function](*step.grid, step.launch.threads, arr):
+            raise LaunchError(f"{step.loaded.unit.name}/{step.launch.function}: threads of a block wait at different barriers "
                               "(a divergent __syncthreads or warp shuffle)")
 
     def synchronize(self) -> None:

@@ -8,7 +8,9 @@ Host-side preparation (pure torch on the CPU, tested without a GPU):
 On a GPU, :class:`CudaProgram` loads each unit's cubin with ``cupy.cuda.Module().load``,
 checks launch resources against the function's attributes (threads per block, registers,
 shared memory), and runs the program on torch CUDA tensors without copies: pointers are
-``tensor.data_ptr()``, scalars 64-bit, launches go to torch's current stream.
+``tensor.data_ptr()``, scalars 64-bit, launches go through ``cuLaunchKernel`` to torch's
+current stream. Every launch's grid and fixed arguments are bound once (:meth:`ProgramRunner._plan`),
+and by default the whole program is recorded as a CUDA graph on its first run and replayed.
 
 Errors: an illegal address or a launch failure surfaces as :class:`LaunchError` for that
 schedule, at launch or at the next synchronization (:meth:`CudaProgram.synchronize`).
@@ -23,9 +25,12 @@ Example (no GPU needed):
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import math
 import statistics
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import torch
@@ -33,7 +38,7 @@ import torch
 from rgtune.codegen.base import BackendError
 from rgtune.codegen.cuda._expr import GRAPH_ARRAYS, GRAPH_CONSTANTS
 from rgtune.codegen.cuda._gemm import segments_of
-from rgtune.codegen.cuda._unit import Grid, KernelUnit, Launch
+from rgtune.codegen.cuda._unit import Arg, Grid, KernelUnit, Launch
 from rgtune.codegen.cuda.nvrtc import Cubin, check_resources
 from rgtune.codegen.weights import fold_weights
 from rgtune.data.graph import HeteroGraph
@@ -168,20 +173,42 @@ def program_of(built: Any) -> "CudaProgram":
 
 
 @dataclass
+class _Step:
+    """One launch, bound once: its grid and the arguments that stay the same from run to run.
+
+    Graph arrays, per-edge constants, tile tables and sizes are fixed when a program is bound to
+    its graph; only buffers, params and temps change per run (``per_run``: their positions).
+    Resolving the rest once keeps the host's work per launch to a few writes, which matters on a
+    GPU, where a small graph's kernels take microseconds.
+    """
+
+    loaded: "_Loaded"
+    launch: Launch
+    grid: tuple[int, int, int]
+    values: list[int]
+    per_run: tuple[tuple[int, Arg], ...]
+    state: Any = None  # what a runner keeps per launch (CudaProgram: the packed kernel parameters)
+
+
+@dataclass
 class _Loaded:
     unit: KernelUnit
     functions: dict[str, Any]  # function name -> whatever the runner launches
     tables: dict[str, torch.Tensor]
     module: Any = None
+    steps: list[_Step] = field(default_factory=list)
+
+
+_PER_RUN_KINDS = ("buffer", "param", "temp")
 
 
 class ProgramRunner:
     """Runs generated units on a graph: buffers, derived weights, grids, arguments, launch order.
 
     Subclasses say where the kernels run (:class:`CudaProgram`: a GPU through CuPy;
-    :class:`rgtune.codegen.cuda.emulate.EmulatedProgram`: the CPU), by implementing
-    ``_launch(function, grid, threads, args)`` with ``args`` as 64-bit integers (pointers
-    and sizes, in the order of the kernel's parameters).
+    :class:`rgtune.codegen.cuda.emulate.EmulatedProgram`: the CPU): they load every unit into
+    ``self.loaded``, call :meth:`_plan`, and implement ``_launch(step, args)`` with ``args`` as
+    64-bit integers (pointers and sizes, in the order of the kernel's parameters).
     """
 
     device: torch.device
@@ -190,6 +217,7 @@ class ProgramRunner:
         self.kp = kp
         self.arrays = graph_arrays(graph, kp.layout, kp.index_bits)
         a, dev = self.arrays, self.device
+        self.fold_arrays = a.to(dev)  # derived weights are folded where the params live
         self.rows = {d: a.rows(d) for d in ("node", "edge", "src_pair", "dst_pair")}
         self.graph = {n: getattr(a, n).to(dev).contiguous() for n in GRAPH_ARRAYS if getattr(a, n) is not None}
         self.consts = {n: getattr(a, n).to(device=dev, dtype=torch.float32).contiguous() for n in GRAPH_CONSTANTS}
@@ -199,6 +227,17 @@ class ProgramRunner:
         if not isinstance(u.kernel, GemmKernel):
             return {}
         return {n: t.to(self.device) for n, t in gemm_tables(u, self.arrays).items()}
+
+    def _plan(self) -> None:
+        """Every launch's grid and fixed arguments (once the units are loaded)."""
+        for ld in self.loaded:
+            host_tables = {n: t.cpu() for n, t in ld.tables.items()}  # grids from host copies: no sync per run
+            ld.steps = []
+            for launch in ld.unit.launches:
+                per_run = tuple((i, a) for i, a in enumerate(launch.args) if a.kind in _PER_RUN_KINDS)
+                values = [0 if a.kind in _PER_RUN_KINDS else self._fixed_arg(a, ld.tables) for a in launch.args]
+                ld.steps.append(_Step(ld, launch, grid_of(launch.grid, self.rows, host_tables), values, per_run))
+        self._by_name = {ld.unit.name: ld for ld in self.loaded}
 
     def run(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], fill: float | None = None) -> torch.Tensor:
         """The output for input ``x`` (global node order) and ``params``.
@@ -221,39 +260,40 @@ class ProgramRunner:
                 bufs[name] = torch.full(shape, fill, device=dev)
             else:
                 bufs[name] = torch.empty(shape, device=dev)
-        by_name = {ld.unit.name: ld for ld in self.loaded}
         with self._context():
             for k in kp.kernels:
                 if isinstance(k, WeightKernel):
-                    p[k.out] = _aligned(fold_weights(k, p, self.arrays, kp.param_shapes).float())
+                    p[k.out] = _aligned(fold_weights(k, p, self.fold_arrays, kp.param_shapes).float())
                     continue
-                self._run_unit(by_name[k.name], bufs, p)
+                self._run_unit(self._by_name[k.name], bufs, p)
         return bufs[kp.output].view(n, -1)
 
     def _context(self) -> Any:
-        import contextlib
-
         return contextlib.nullcontext()
 
     def _run_unit(self, ld: _Loaded, bufs: Mapping[str, torch.Tensor], params: Mapping[str, torch.Tensor]) -> None:
         temps = {t.name: torch.full((self.rows[t.domain], t.width), t.fill, device=self.device)
                  for t in ld.unit.temps}
-        for launch in ld.unit.launches:
-            grid = grid_of(launch.grid, self.rows, ld.tables)
-            if 0 in grid:
+        sources = {"buffer": bufs, "param": params, "temp": temps}
+        for step in ld.steps:
+            if 0 in step.grid:
                 continue
-            args = [self._arg(a, bufs, params, temps, ld.tables) for a in launch.args]
-            self._launch(ld, launch, grid, args)
+            args = list(step.values)
+            for i, a in step.per_run:
+                t = sources[a.kind].get(a.ref)
+                if t is None:
+                    raise BackendError(f"kernel argument {a.cname}: no {a.kind} {a.ref!r}")
+                args[i] = t.data_ptr()
+            self._launch(step, args)
 
-    def _launch(self, ld: _Loaded, launch: Launch, grid: tuple[int, int, int], args: list[int]) -> None:
+    def _launch(self, step: _Step, args: list[int]) -> None:
         raise NotImplementedError
 
-    def _arg(self, a: Any, bufs: Mapping[str, torch.Tensor], params: Mapping[str, torch.Tensor],
-             temps: Mapping[str, torch.Tensor], tables: Mapping[str, torch.Tensor]) -> int:
+    def _fixed_arg(self, a: Arg, tables: Mapping[str, torch.Tensor]) -> int:
+        """A size, or the pointer of a graph array, graph constant or tile table, checked for its dtype."""
         if a.kind == "size":
             return self.rows[a.ref]
-        source = {"buffer": bufs, "param": params, "graph": self.graph, "const": self.consts, "temp": temps,
-                  "table": tables}[a.kind]
+        source = {"graph": self.graph, "const": self.consts, "table": tables}[a.kind]
         if a.ref not in source:
             raise BackendError(f"kernel argument {a.cname}: no {a.kind} {a.ref!r}")
         t = source[a.ref]
@@ -264,11 +304,32 @@ class ProgramRunner:
         return t.data_ptr()
 
 
+@dataclass
+class _Captured:
+    """A run recorded as a CUDA graph: replayed on a fixed input buffer, for fixed params."""
+
+    key: tuple[Any, ...]
+    graph: Any  # torch.cuda.CUDAGraph
+    x: torch.Tensor
+    out: torch.Tensor
+
+
 class CudaProgram(ProgramRunner):
-    """A generated program loaded on one GPU and bound to one graph: ``run(x, params) -> output``."""
+    """A generated program loaded on one GPU and bound to one graph: ``run(x, params) -> output``.
+
+    With ``graphs=True`` (the default) the first run records every launch of the program, the
+    derived-weight folding and the buffer initialization as one CUDA graph, and later runs
+    replay it: the host then pays one replay, not a launch per kernel, which on a small graph
+    is most of the time (the kernels of a layer on AIFB take tens of microseconds). A run
+    copies ``x`` into the graph's input buffer and returns a copy of its output buffer. Params
+    are read through their pointers, so changing them in place (an optimizer step) is seen by
+    the next replay; passing other param tensors records the graph again. If recording fails,
+    the program warns once and launches kernel by kernel from then on (``graph_failure`` says
+    why). ``run(..., fill=...)`` always launches kernel by kernel.
+    """
 
     def __init__(self, kp: KernelProgram, units: list[KernelUnit], cubins: Mapping[str, Cubin],
-                 graph: HeteroGraph, device: torch.device | int | None = None) -> None:
+                 graph: HeteroGraph, device: torch.device | int | None = None, graphs: bool = True) -> None:
         cp = _cupy()
         self.device = torch.device("cuda", torch.cuda.current_device() if device is None else
                                    (device if isinstance(device, int) else device.index or 0))
@@ -282,6 +343,11 @@ class CudaProgram(ProgramRunner):
         problems = self.resource_problems()
         if problems:
             raise BackendError("launch resources exceeded: " + "; ".join(problems))
+        self._plan()
+        self.graphs = graphs
+        self.graph_failure: str | None = None
+        self._captured: _Captured | None = None
+        self._stream = 0
 
     def resource_problems(self) -> list[str]:
         """Threads, registers and shared memory of every function against this device's limits."""
@@ -303,20 +369,73 @@ class CudaProgram(ProgramRunner):
                     max_shared=smem)]
         return out
 
+    # ---------------------------------------------------------------- running
+    def run(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], fill: float | None = None) -> torch.Tensor:
+        if fill is not None or not self.graphs:
+            return self._run_launches(x, params, fill)
+        key = _graph_key(x, params)
+        captured = self._captured
+        if captured is None or captured.key != key:
+            self._captured = captured = self._capture(x, params, key)
+            if captured is None:
+                return self._run_launches(x, params)
+        captured.x.copy_(x.reshape(captured.x.shape))
+        captured.graph.replay()
+        return captured.out.clone()
+
+    def _run_launches(self, x: torch.Tensor, params: Mapping[str, torch.Tensor],
+                      fill: float | None = None) -> torch.Tensor:
+        self._stream = torch.cuda.current_stream(self.device).cuda_stream
+        return super().run(x, params, fill)
+
+    def _capture(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], key: tuple[Any, ...]
+                 ) -> _Captured | None:
+        static_x = torch.empty((self.rows["node"], x.numel() // max(self.rows["node"], 1)), device=self.device)
+        static_x.copy_(x.reshape(static_x.shape))
+        try:
+            with torch.cuda.device(self.device):
+                # one run first, off the capture: lazy initialization (cuBLAS handles) stays out of the graph
+                side = torch.cuda.Stream(self.device)
+                side.wait_stream(torch.cuda.current_stream(self.device))
+                with torch.cuda.stream(side):
+                    self._run_launches(static_x, params)
+                torch.cuda.current_stream(self.device).wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    out = self._run_launches(static_x, params)
+        except LaunchError:
+            raise  # a kernel that cannot launch: the schedule's fault, not the recording's
+        except Exception as e:  # noqa: BLE001 - whatever stops the recording, run without a graph
+            self.synchronize()  # unless a kernel of the warm-up run faulted: then LaunchError, as without graphs
+            self.graphs = False
+            self.graph_failure = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+            warnings.warn(f"recording the program as a CUDA graph failed ({self.graph_failure}); "
+                          "launching its kernels one by one from now on", RuntimeWarning, stacklevel=3)
+            return None
+        return _Captured(key, graph, static_x, out)
+
     def _context(self) -> Any:
+        if torch.cuda.current_device() == self.device.index:
+            return contextlib.nullcontext()
         return _cupy().cuda.Device(self.device.index)
 
-    def _launch(self, ld: _Loaded, launch: Launch, grid: tuple[int, int, int], args: list[int]) -> None:
-        import numpy as np
-
-        cp = _cupy()
-        stream = cp.cuda.ExternalStream(torch.cuda.current_stream(self.device).cuda_stream)
-        packed = tuple(np.uint64(v) if a.ctype.endswith("*") else np.int64(v) for a, v in zip(launch.args, args))
-        try:
-            ld.functions[launch.function](grid, (launch.threads, 1, 1), packed, stream=stream)
+    def _launch(self, step: _Step, args: list[int]) -> None:
+        if step.state is None:  # the kernel's parameter array, built once: a pointer per 8-byte value
+            n = max(len(args), 1)
+            values = (ctypes.c_uint64 * n)()
+            pointers = (ctypes.c_void_p * n)(*[ctypes.addressof(values) + 8 * i for i in range(n)])
+            fn = step.loaded.functions[step.launch.function]
+            step.state = (values, pointers, ctypes.addressof(pointers), fn.ptr)
+        values, _, params_address, function = step.state
+        for i, v in enumerate(args):
+            values[i] = v
+        gx, gy, gz = step.grid
+        try:  # the driver copies the parameter values at the call, so the array can be reused at once
+            _cupy().cuda.driver.launchKernel(function, gx, gy, gz, step.launch.threads, 1, 1, 0, self._stream,
+                                             params_address, 0)
         except Exception as e:  # noqa: BLE001 - CuPy's CUDADriverError and friends
-            raise LaunchError(f"{ld.unit.name}/{launch.function} grid={grid} block={launch.threads}: {e}; "
-                              f"{STICKY_NOTE}") from e
+            raise LaunchError(f"{step.loaded.unit.name}/{step.launch.function} grid={step.grid} "
+                              f"block={step.launch.threads}: {e}; {STICKY_NOTE}") from e
 
     def synchronize(self) -> None:
         """Wait for the device; a fault of an earlier launch is raised here as :class:`LaunchError`."""
@@ -324,6 +443,12 @@ class CudaProgram(ProgramRunner):
             torch.cuda.synchronize(self.device)
         except Exception as e:  # noqa: BLE001 - RuntimeError, or torch.AcceleratorError in newer torch
             raise LaunchError(f"{e}; {STICKY_NOTE}") from e
+
+
+def _graph_key(x: torch.Tensor, params: Mapping[str, torch.Tensor]) -> tuple[Any, ...]:
+    """What a recorded graph depends on: the input's shape and every param's storage."""
+    return (tuple(x.shape),) + tuple((n, t.data_ptr(), t.dtype, tuple(t.shape), t.device)
+                                     for n, t in sorted(params.items()))
 
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:

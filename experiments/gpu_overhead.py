@@ -1,0 +1,98 @@
+"""Where the time of one tuned-layer forward goes on a GPU: kernels, program host path, layer host path.
+
+For each model (default schedule, or ``--db`` for the tuned one) it builds the tuned layer twice,
+replaying a recorded CUDA graph and launching kernel by kernel, and times in the same process:
+
+* ``program events``: ``BuiltProgram.run`` called back to back, CUDA events around the whole
+  loop (what the tuner's timing sees when the GPU keeps up with the host);
+* ``program + sync``: one run, then ``torch.cuda.synchronize()``, wall clock;
+* ``layer + sync``: the same through ``layer(x)`` (the checks of :class:`TunedLayer`);
+* ``sync alone``: the synchronization's own cost.
+
+Medians of ``--repeats`` after 10 warm-up calls. Needs a CUDA GPU. Example::
+
+    python experiments/gpu_overhead.py --dataset aifb --models rgcn,hgt
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from typing import Callable, Sequence
+
+import torch
+
+
+def wall_ms(fn: Callable[[], object], repeats: int, sync: bool = True) -> float:
+    """Median wall-clock milliseconds of ``fn()`` (then a device synchronization when ``sync``)."""
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        if sync:
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def events_ms(fn: Callable[[], object], repeats: int) -> float:
+    """Mean milliseconds per call of ``repeats`` back-to-back calls, by CUDA events around the loop."""
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / repeats
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dataset", default="aifb", help="dataset (default aifb)")
+    p.add_argument("--models", default="rgcn,hgt", help="comma-separated models (default rgcn,hgt)")
+    p.add_argument("--hidden", type=int, default=64, help="feature size (default 64)")
+    p.add_argument("--db", default=None, help="trial database: the tuned schedule (default: the default schedule)")
+    p.add_argument("--repeats", type=int, default=200, help="timed calls (default 200)")
+    p.add_argument("--data-dir", default=None, help="dataset root (default $RGTUNE_DATA_DIR)")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("gpu_overhead: error: needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
+        return 1
+
+    from rgtune.codegen.cuda.backend import CudaBackend
+    from rgtune.data import load_dataset
+    from rgtune.runtime import load_tuned
+    from rgtune.runtime.module import tuned_layer
+
+    graph = load_dataset(args.dataset, root=args.data_dir)
+    x = torch.randn(graph.num_nodes(), args.hidden, device="cuda")
+    print(f"sync alone: {wall_ms(lambda: None, args.repeats):.4f} ms")
+    print(f"{'model':6} {'launch':17} {'program events':>15} {'program + sync':>15} {'layer + sync':>13}")
+    for model in args.models.split(","):
+        for graphs in (True, False):
+            backend = CudaBackend(graphs=graphs)
+            if args.db:
+                layer = load_tuned(model, graph, args.hidden, args.hidden, db=args.db, backend=backend).to("cuda")
+            else:
+                layer = tuned_layer(model, graph, args.hidden, args.hidden, backend=backend, device="cuda")
+            runner = layer._runner
+            params = dict(zip(runner.names, [layer._parameters[n] for n in runner.names]))
+            with torch.no_grad():
+                row = (events_ms(lambda: runner.built.run(x, params), args.repeats),
+                       wall_ms(lambda: runner.built.run(x, params), args.repeats),
+                       wall_ms(lambda: layer(x), args.repeats))
+            launch = "cuda graph" if graphs else "kernel by kernel"
+            print(f"{model:6} {launch:17} {row[0]:15.4f} {row[1]:15.4f} {row[2]:13.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
