@@ -78,8 +78,10 @@ from rgtune.tuner.measure import TIMINGS, MeasureOptions, MeasureResult, Workloa
 from rgtune.tuner.study import UNMEASURED, TuneOptions, Tuner
 
 RESULTS = Path(__file__).resolve().parent / "results"
-ARMS = ("tpe", "tpe+cm", "tpe+rank")
-COLORS = {"tpe": "tab:blue", "tpe+cm": "tab:red", "tpe+rank": "tab:green"}
+ARMS = ("tpe", "tpe+cm", "tpe+rank", "tpe+rank0")
+#: what a run compares unless --arms says otherwise; tpe+rank0 (rank without its opening) is for ablations
+DEFAULT_ARMS = ("tpe", "tpe+cm", "tpe+rank")
+COLORS = {"tpe": "tab:blue", "tpe+cm": "tab:red", "tpe+rank": "tab:green", "tpe+rank0": "tab:olive"}
 WorkloadKey = tuple[str, str]  # (model, dataset)
 
 
@@ -231,8 +233,9 @@ def _policy(arm: str, args: argparse.Namespace, seed: int) -> PrunePolicy | Rank
     """The cost model's policy of an arm (None: TPE alone); raises ValueError on bad settings."""
     if arm == "tpe+cm":
         return PrunePolicy(margin=args.margin, explore=args.explore, warmup=args.warmup, seed=seed)
-    if arm == "tpe+rank":
-        return RankPolicy(pool=args.pool, explore=args.explore, seed=seed, opening=args.opening)
+    if arm in ("tpe+rank", "tpe+rank0"):
+        opening = 0 if arm == "tpe+rank0" else args.opening
+        return RankPolicy(pool=args.pool, explore=args.explore, seed=seed, opening=opening)
     return None
 
 
@@ -676,8 +679,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", type=int, default=50, help="measured trials per run (default 50)")
     p.add_argument("--max-proposal-factor", type=int, default=10,
                    help="a run also stops after budget x this many proposals, pruned ones included (default 10)")
-    p.add_argument("--arms", type=_arms, default=",".join(ARMS),
-                   help=f"comma-separated, of {', '.join(ARMS)} (default all)")
+    p.add_argument("--arms", type=_arms, default=",".join(DEFAULT_ARMS),
+                   help=f"comma-separated, of {', '.join(ARMS)} (default {','.join(DEFAULT_ARMS)}; tpe+rank0 is "
+                        "tpe+rank without its opening, whatever --opening says)")
     p.add_argument("--margin", type=float, default=PrunePolicy.margin,
                    help="tpe+cm: pruning margin (default %(default)s)")
     p.add_argument("--explore", type=float, default=PrunePolicy.explore,

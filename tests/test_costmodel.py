@@ -569,3 +569,12 @@ def test_curves_keep_one_timing_per_work_directory(load_experiment, tmp_path):
     plain = {"rounds": 7, "hidden": 64, "backend": "cpu", "timing": "plain"}
     assert curves._cached_retimes(cache, plain) == {"h": {}}
     assert curves._cached_retimes(cache, {**plain, "timing": "paired"}) == {}
+
+
+def test_curves_can_run_rank_without_its_opening_beside_rank(load_experiment):
+    """``tpe+rank0`` (an ablation arm) is the rank policy with no opening, whatever ``--opening`` says."""
+    curves = load_experiment("tuning_curves")
+    args = curves.build_parser().parse_args(["--arms", "tpe,tpe+rank,tpe+rank0", "--opening", "4"])
+    assert args.arms == ["tpe", "tpe+rank", "tpe+rank0"]
+    assert curves._policy("tpe+rank", args, 0).opening == 4 and curves._policy("tpe+rank0", args, 0).opening == 0
+    assert curves.build_parser().parse_args([]).arms == ["tpe", "tpe+cm", "tpe+rank"]  # the default is unchanged
