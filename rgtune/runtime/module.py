@@ -80,8 +80,9 @@ class _Runner:
     def _executor_on(self, device: torch.device) -> ReferenceExecutor:
         """The torch executor of the kernel program, its graph arrays on ``device`` (built on the
         first backward, so inference never pays for it)."""
-        if self._executor is None or self._executor.device != device:
+        if self._executor is None:
             self._executor = ReferenceExecutor(self.kp, self.graph, device)
+        self._executor = self._executor.to(device)
         return self._executor
 
     def forward(self, x: Tensor, params: Sequence[Tensor]) -> Tensor:

@@ -133,8 +133,8 @@ class EmulatedProgram(ProgramRunner):
     def _launch(self, step: _Step, args: list[int]) -> None:
         arr = (ctypes.c_void_p * max(len(args), 1))(*args)
         if step.loaded.functions[step.launch.function](*step.grid, step.launch.threads, arr):
-            raise LaunchError(f"{step.loaded.unit.name}/{step.launch.function}: threads of a block wait at different barriers "
-                              "(a divergent __syncthreads or warp shuffle)")
+            raise LaunchError(f"{step.loaded.unit.name}/{step.launch.function}: threads of a block wait at different "
+                              "barriers (a divergent __syncthreads or warp shuffle)")
 
     def synchronize(self) -> None:
         """Nothing runs asynchronously on the CPU."""

@@ -216,22 +216,23 @@ class ProgramRunner:
     def _bind(self, kp: KernelProgram, graph: HeteroGraph) -> None:
         self.kp = kp
         self.arrays = graph_arrays(graph, kp.layout, kp.index_bits)
-        a, dev = self.arrays, self.device
-        self.fold_arrays = a.to(dev)  # derived weights are folded where the params live
-        self.rows = {d: a.rows(d) for d in ("node", "edge", "src_pair", "dst_pair")}
-        self.graph = {n: getattr(a, n).to(dev).contiguous() for n in GRAPH_ARRAYS if getattr(a, n) is not None}
-        self.consts = {n: getattr(a, n).to(device=dev, dtype=torch.float32).contiguous() for n in GRAPH_CONSTANTS}
+        # one copy on the device, for the kernels' arguments and for folding derived weights next to the params
+        self.device_arrays = on_dev = self.arrays.to(self.device)
+        self.rows = {d: on_dev.rows(d) for d in ("node", "edge", "src_pair", "dst_pair")}
+        self.graph = {n: getattr(on_dev, n).contiguous() for n in GRAPH_ARRAYS if getattr(on_dev, n) is not None}
+        self.consts = {n: getattr(on_dev, n).to(torch.float32).contiguous() for n in GRAPH_CONSTANTS}
         self.loaded: list[_Loaded] = []
+        self._host_tables: dict[str, dict[str, torch.Tensor]] = {}  # unit -> its tables on the CPU (for grids)
 
     def _tables(self, u: KernelUnit) -> dict[str, torch.Tensor]:
-        if not isinstance(u.kernel, GemmKernel):
-            return {}
-        return {n: t.to(self.device) for n, t in gemm_tables(u, self.arrays).items()}
+        host = gemm_tables(u, self.arrays) if isinstance(u.kernel, GemmKernel) else {}
+        self._host_tables[u.name] = host
+        return {n: t.to(self.device) for n, t in host.items()}
 
     def _plan(self) -> None:
         """Every launch's grid and fixed arguments (once the units are loaded)."""
         for ld in self.loaded:
-            host_tables = {n: t.cpu() for n, t in ld.tables.items()}  # grids from host copies: no sync per run
+            host_tables = self._host_tables[ld.unit.name]  # grids from the CPU tables: no device read per run
             ld.steps = []
             for launch in ld.unit.launches:
                 per_run = tuple((i, a) for i, a in enumerate(launch.args) if a.kind in _PER_RUN_KINDS)
@@ -263,7 +264,7 @@ class ProgramRunner:
         with self._context():
             for k in kp.kernels:
                 if isinstance(k, WeightKernel):
-                    p[k.out] = _aligned(fold_weights(k, p, self.fold_arrays, kp.param_shapes).float())
+                    p[k.out] = _aligned(fold_weights(k, p, self.device_arrays, kp.param_shapes).float())
                     continue
                 self._run_unit(self._by_name[k.name], bufs, p)
         return bufs[kp.output].view(n, -1)
