@@ -12,7 +12,9 @@ For each (model, dataset, seed) up to three studies run through the real tuning 
   ``--pool`` candidates for every measured trial and the one the model ranks first is measured;
   a run opens, after the default schedule, with the model's ``--opening`` first picks of 256
   random schedules (:attr:`RankPolicy.opening`; ``--opening 0``: no opening, as before
-  2026-11-24).
+  2026-11-24); a fraction ``--local`` of each pool changes 1-2 knobs of one of the fastest
+  schedules measured so far (:attr:`RankPolicy.local`; ``--local 0``: none, as in every run
+  before the local candidates).
 
 The cost model's history is every other graph's trials (the history database of
 ``costmodel_transfer.py --collect`` minus the tuned graph: leave-graph-out), plus what the
@@ -235,7 +237,7 @@ def _policy(arm: str, args: argparse.Namespace, seed: int) -> PrunePolicy | Rank
         return PrunePolicy(margin=args.margin, explore=args.explore, warmup=args.warmup, seed=seed)
     if arm in ("tpe+rank", "tpe+rank0"):
         opening = 0 if arm == "tpe+rank0" else args.opening
-        return RankPolicy(pool=args.pool, explore=args.explore, seed=seed, opening=opening)
+        return RankPolicy(pool=args.pool, explore=args.explore, seed=seed, opening=opening, local=args.local)
     return None
 
 
@@ -691,6 +693,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tpe+rank: candidates TPE proposes per measured trial (default %(default)s)")
     p.add_argument("--opening", type=int, default=RankPolicy.opening,
                    help=f"tpe+rank: the model's first picks measured after the default (default {RankPolicy.opening})")
+    p.add_argument("--local", type=float, default=RankPolicy.local,
+                   help="tpe+rank: fraction of each pool that changes 1-2 knobs of one of the fastest measured "
+                        f"schedules instead of coming from TPE (default {RankPolicy.local}; 0: none, as in the "
+                        "runs before the replication of 2026-11-24)")
     p.add_argument("--within", type=float, default=0.05, help="the goal: within this of the best known (default 0.05)")
     p.add_argument("--retime-rounds", type=int, default=5,
                    help="rounds of re-timing the runs' incumbents after the runs (default %(default)s; 0: no re-timing)")

@@ -337,7 +337,14 @@ def test_the_rank_policy_measures_the_best_predicted_candidate_not_measured_yet(
     assert explorer.rank(pool)[0] == fresh[0]  # exploring: the sampler's own first proposal
     desc = pruner.describe()
     assert desc["policy"]["pool"] == 8 and desc["counts"]["pools"] == 2 and desc["counts"]["not_picked"] == 14
-    for bad in ({"pool": 1}, {"explore": -0.1}, {"retrain_every": 0}):
+    assert pruner.local_pool() == (4, 3)  # half the pool changes one of the 3 fastest measured schedules
+    assert _bound_pruner(history, RankPolicy(pool=2, local=0.9))[0].local_pool() == (1, 3)  # the sampler keeps one
+    assert CostModelPruner(policy=RankPolicy()).local_pool() == (0, 0)  # no pools (no model): nothing local
+    local = [i == pick for i in range(8)]  # the loop marks the local candidates; their count and picks are kept
+    pruner.rank(pool, local)
+    assert pruner.counts["local"] == 1 and pruner.counts["local_picked"] == 0  # the fresh pick is another one
+    for bad in ({"pool": 1}, {"explore": -0.1}, {"retrain_every": 0}, {"local": 1.0}, {"local": -0.5},
+                {"parents": 0}):
         with pytest.raises(ValueError):
             RankPolicy(**bad)
 

@@ -300,12 +300,16 @@ class _ScriptedRanker(_ScriptedPruner):
     def pool_size(self) -> int:
         return 4
 
+    def local_pool(self) -> tuple[int, int]:
+        return 0, 0  # every candidate from the sampler
+
     def __call__(self, config, point):
         super().__call__(config, point)
         return False, 2.0  # a candidate that comes alone (the default, the opening) is measured, with a prediction
 
-    def rank(self, candidates):
+    def rank(self, candidates, local=None):
         assert candidates and all(point.valid for _, point in candidates)  # only valid ones are ranked
+        assert local is not None and len(local) == len(candidates) and not any(local)
         self.pools.append([dict(c) for c, _ in candidates])
         self.picks.append(dict(candidates[-1][0]))
         return len(candidates) - 1, [1.0 + i for i in range(len(candidates))]
@@ -331,6 +335,63 @@ class _OpeningRanker(_ScriptedRanker):
         assert all(point.valid for _, point in candidates)
         self.offered = [dict(c) for c, _ in candidates]
         return [len(candidates) - 1, len(candidates) - 2]
+
+
+class _LocalRanker(_ScriptedRanker):
+    """Asks for pools of 4 with 2 local candidates (changes of the fastest schedule) and picks the last one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flags: list[list[bool]] = []
+
+    def local_pool(self) -> tuple[int, int]:
+        return 2, 1
+
+    def rank(self, candidates, local=None):
+        self.flags.append(list(local))
+        self.pools.append([dict(c) for c, _ in candidates])
+        self.picks.append(dict(candidates[-1][0]))
+        return len(candidates) - 1, [1.0] * len(candidates)
+
+
+def test_a_ranking_pruners_local_candidates_come_after_the_samplers_and_change_the_fastest_schedule(db):
+    ranker = _LocalRanker()
+    s = Tuner(_workload("reference"), db, TuneOptions(trials=5, seed=0, progress=False, measure=FAST, confirm_top=0,
+                                                       pruner=ranker)).run()
+    assert s.measured == 5 and s.statuses == {"ok": 5}
+    rows = db.history(s.workload_id)
+    for i, flags in enumerate(ranker.flags):
+        # the sampler's proposals first (the ranker compares its pick with the first), then the local ones
+        assert flags == sorted(flags) and 0 < sum(flags) <= 2, flags
+        assert flags[-1], "the picked candidate, the last one, is local"
+        measured = rows[: 1 + i]  # what the study had measured when this pool was proposed
+        fastest = min(measured, key=lambda r: r.median_ms).knobs
+        changed = {k for k, v in ranker.picks[i].items() if fastest.get(k) != v}
+        assert 1 <= len(changed) <= 3, changed  # 1-2 knobs, and one the change makes active at most
+        assert all(r.knobs != ranker.picks[i] for r in measured)  # never a schedule the study has
+
+
+def test_local_candidates_change_one_or_two_parameters_of_one_of_the_fastest_trials(db):
+    import optuna
+
+    from rgtune.tuner.study import _ProposalPool, make_sampler
+
+    pool = _ProposalPool(make_sampler("tpe", 0), seed=0)
+    assert pool.mutate(4, 2, _space()) == []  # nothing completed yet: nothing to change
+    Tuner(_workload("reference"), db, TuneOptions(trials=4, seed=0, progress=False, measure=FAST, confirm_top=0)).run()
+    study = optuna.load_study(study_name=optuna.get_all_study_names(db.url)[0], storage=db.url)
+    pool.sync(study)
+    parents = sorted(study.trials, key=lambda t: t.value)[:2]
+    mutants = pool.mutate(6, 2, _space())
+    assert len(mutants) == 6 and all(m.local for m in mutants)
+    assert len({str(sorted(m.params.items())) for m in mutants}) == 6
+    for m in mutants:
+        diffs = [{k for k in p.params if k in m.params and m.params[k] != p.params[k]} for p in parents]
+        assert any(1 <= len(d) <= 2 for d in diffs), (m.params, [p.params for p in parents])
+        assert all(m.params != t.params for t in study.trials)
+    # the copy learns nothing from them: they are told failed, the study itself never sees them
+    assert sum(t.state == optuna.trial.TrialState.COMPLETE for t in pool.copy.trials) == 4
+    assert len(study.trials) == 4
 
 
 def test_a_ranking_pruner_measures_its_pick_of_each_pool_and_the_study_holds_only_measurements(db):

@@ -25,20 +25,34 @@ skips the measurement of those it predicts clearly worse.
    on a model that predicts everything worse).
 
 **Rank** (:class:`RankPolicy`): for every measurement the sampler proposes ``pool``
-candidates (on an in-memory copy of the study, see ``study.py``), and the model picks the one
-to measure: the one it ranks first among those not measured yet, if it predicts it at least
-``min_gain`` (5%) faster than the sampler's own first proposal; otherwise, and for a fraction
-``explore`` of the measurements, that first proposal (what the sampler alone would have
-measured). The model settles the large differences, where it is reliable (two clusters 4-5x
-apart); within a few percent its ranking is not much better than a coin (within the fast
-cluster its ordered pair accuracy is 0.84-0.89, and a measurement here varies by ~5%), and
-there the sampler's own search decides. Ranking needs no calibration to milliseconds, so it
-starts with the first proposal after the enqueued default schedule. Why: held out from the history, the model's
-top-1 pick among 60 random schedules of a graph it never saw was the fastest of them on all
-four workloads of ``experiments/costmodel_transfer.py``; ranking uses that strength
-directly, where pruning only skips the tail. The candidates not picked cost no measurement
-and are not recorded as trials (``counts`` has how many there were); the sampler never
-learns of them, so they do not weigh on its idea of bad regions.
+candidates (on an in-memory copy of the study, see ``study.py``), of which a fraction
+``local`` (half) are instead *local*: one or two knobs of one of the study's ``parents`` (3)
+fastest measured schedules changed at random; and the model picks the one to measure: the one
+it ranks first among those not measured yet, if it predicts it at least ``min_gain`` (5%)
+faster than the sampler's own first proposal; otherwise, and for a fraction ``explore`` of the
+measurements, that first proposal (what the sampler alone would have measured). The model
+settles the large differences, where it is reliable (two clusters 4-5x apart); within a few
+percent its ranking is not much better than a coin (within the fast cluster its ordered pair
+accuracy is 0.84-0.89, and a measurement here varies by ~5%), and there the sampler's own
+search, or a local candidate's measurement, decides. Ranking needs no calibration to
+milliseconds, so it starts with the first proposal after the enqueued default schedule. Why:
+held out from the history, the model's top-1 pick among 60 random schedules of a graph it
+never saw was the fastest of them on all four workloads of
+``experiments/costmodel_transfer.py``; ranking uses that strength directly, where pruning only
+skips the tail. The candidates not picked cost no measurement and are not recorded as trials
+(``counts`` has how many there were, ``local`` and ``local_picked`` how many were local and
+measured); the sampler never learns of them, so they do not weigh on its idea of bad regions.
+
+**Local candidates** (``local``, part of :class:`RankPolicy`): why. After its opening the
+rank policy was 5-12% off the best within 5 measurements on all four workloads of
+``experiments/tuning_curves.py``, and then stayed 5-13% off for about 20 (the 2026-11-24
+replication), while TPE caught up: its incumbents had the right layout, compaction and
+mapping, and differed from the best schedules in 2-6 of the small knobs (GEMM tiles, chunk
+sizes, index width, epilogue fusion), and TPE's proposals, drawn from its whole idea of good
+regions, seldom keep the large knobs of the incumbent while changing one small one. Local
+candidates do exactly that (the mutation step of TVM MetaSchedule's evolutionary search, with
+the cost model as its filter); the model still picks, so a mutation of a large knob that it
+predicts slow is not measured.
 
 **Opening** (part of :class:`RankPolicy`): before a new study has measured anything but its
 default schedule, the model already knows the other graphs, so it picks the study's next
@@ -126,8 +140,13 @@ class RankPolicy:
     seed: int = 0  # the explore coin's seed
     opening: int = 4  # a new study measures the model's first picks of opening_pool random schedules first
     opening_pool: int = 256
+    local: float = 0.5  # fraction of the pool that changes 1-2 knobs of one of the fastest measured schedules
+    parents: int = 3  # ... of one of this many fastest
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.local < 1.0 or self.parents < 1:
+            raise ValueError(f"local must be a fraction in [0, 1) of the pool (the sampler proposes at least one) "
+                             f"and parents >= 1 schedules, got local {self.local}, parents {self.parents}")
         if self.opening < 0 or (self.opening and self.opening_pool < self.opening):
             raise ValueError(f"opening must be >= 0 schedules (0: none) and opening_pool >= opening, got "
                              f"{self.opening} and {self.opening_pool}")
@@ -142,10 +161,13 @@ class RankPolicy:
 
     def as_dict(self) -> dict[str, Any]:
         """The parameters and the rule, as plain JSON values (to store with the study)."""
-        return {"rule": "measure the best-predicted of pool sampler proposals not measured yet if it is predicted "
-                        "min_gain faster than the sampler's own first proposal, else that one (and for an explore "
-                        "fraction); the sampler alone while the model is not ready; a new study first measures "
-                        "the opening best-predicted of opening_pool random schedules, after the default",
+        return {"rule": "measure the best-predicted of pool candidates not measured yet (sampler proposals, "
+                        "and a local fraction of changes of 1-2 knobs of one of the parents fastest measured "
+                        "schedules) "
+                        "if it is predicted min_gain faster than the sampler's own first proposal, else that one "
+                        "(and for an explore fraction); the sampler alone while the model is not ready; a new "
+                        "study first measures the opening best-predicted of opening_pool random schedules, after "
+                        "the default",
                 **asdict(self)}
 
 
@@ -199,7 +221,8 @@ class CostModelPruner:
         self.status = "cost model off: not bound to a workload yet"
         self.counts = {"candidates": 0, "predicted": 0, "pruned": 0, "explored": 0, "observed": 0, "refits": 0}
         if isinstance(self.policy, RankPolicy):
-            self.counts.update(pools=0, not_picked=0, deferred=0, repeats=0, opening=0, opening_pool=0)
+            self.counts.update(pools=0, not_picked=0, deferred=0, repeats=0, opening=0, opening_pool=0,
+                               local=0, local_picked=0)
         #: one entry per candidate: predicted_ms, pruned, explored (experiments read it)
         self.decisions: list[dict[str, Any]] = []
 
@@ -268,12 +291,24 @@ class CostModelPruner:
             return self.policy.pool
         return 1
 
-    def rank(self, candidates: Sequence[tuple[Mapping[str, Any], Any]]) -> tuple[int, list[float | None]]:
+    def local_pool(self) -> tuple[int, int]:
+        """Of :meth:`pool_size`'s candidates, how many should change 1-2 knobs of one of the study's fastest
+        measured schedules, and of how many of the fastest (``(0, 0)``: every candidate from the sampler)."""
+        pool = self.pool_size()
+        if pool > 1:
+            assert isinstance(self.policy, RankPolicy)  # pool_size() checked it
+            return min(pool - 1, int(pool * self.policy.local)), self.policy.parents
+        return 0, 0
+
+    def rank(self, candidates: Sequence[tuple[Mapping[str, Any], Any]],
+             local: Sequence[bool] | None = None) -> tuple[int, list[float | None]]:
         """Which of the pool's valid ``(config, point)`` candidates to measure, and each one's predicted ms.
 
         The first pick of the model among the candidates this workload has not measured yet (all
         of them if every one was), unless it is predicted less than ``min_gain`` faster than the
-        sampler's own first proposal; that one for an ``explore`` fraction too.
+        first of them (the sampler's own first proposal: the loop puts the sampler's proposals
+        first); that one for an ``explore`` fraction too. ``local`` marks the local candidates
+        (they are counted).
         """
         policy = self.policy
         if not isinstance(policy, RankPolicy):
@@ -301,6 +336,9 @@ class CostModelPruner:
             pick = fresh[0]
         self.counts["not_picked"] += len(candidates) - 1
         self.counts["explored"] += explored
+        if local is not None:
+            self.counts["local"] += sum(map(bool, local))
+            self.counts["local_picked"] += bool(local[pick])
         self.decisions.append({"predicted_ms": predicted[pick], "pruned": False, "explored": explored,
                                "pool": len(candidates)})
         return pick, predicted

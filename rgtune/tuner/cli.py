@@ -184,7 +184,8 @@ def _cost_model_pruner(args: argparse.Namespace) -> Any:
     from rgtune.tuner.costmodel import CostModelPruner, PrunePolicy, RankPolicy
 
     name = args.cost_model_policy
-    own = {"rank": {"pool": args.cost_model_pool, "opening": args.cost_model_opening},
+    own = {"rank": {"pool": args.cost_model_pool, "opening": args.cost_model_opening,
+                    "local": args.cost_model_local},
            "prune": {"margin": args.cost_model_margin}}  # the settings of one policy only
     for other, settings in own.items():
         for setting, value in settings.items():
@@ -209,7 +210,8 @@ def _print_summary(s) -> None:
         if "pools" in c:  # the rank policy
             own = c.get("explored", 0) + c.get("deferred", 0)
             what = (f"picked {c['pools']} of {c.get('candidates', 0)} proposed candidates to measure "
-                    f"({own} of them the sampler's own first proposal)")
+                    f"({own} of them the sampler's own first proposal, {c.get('local_picked', 0)} a change of a "
+                    f"fast measured schedule)")
             if c.get("opening"):
                 what = f"opened with its {c['opening']} first picks of {c.get('opening_pool', 0)} random schedules; " + what
         else:
@@ -366,6 +368,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cost-model-opening", type=int, default=None, metavar="K",
                    help="rank: a new study first measures the K schedules the model predicts fastest out of 256 "
                         "random ones, right after the default schedule (default 4; 0: none)")
+    p.add_argument("--cost-model-local", type=float, default=None, metavar="FRACTION",
+                   help="rank: fraction of each pool that changes 1-2 knobs of one of the 3 fastest schedules "
+                        "measured so far instead of coming from the sampler (default 0.5; 0: all from the sampler)")
     p.add_argument("--cost-model-explore", type=float, default=0.1, metavar="FRACTION",
                    help="prune: fraction of candidates measured whatever the prediction; rank: fraction of "
                         "measurements that take the sampler's own proposal (default 0.1)")

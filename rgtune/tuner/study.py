@@ -1,9 +1,10 @@
 """The tuning loop: Optuna ask -> suggest a point -> (invalid? pruned?) -> measure -> tell.
 
 With a ranking pruner (the cost model's rank policy) a measurement instead starts from a pool:
-the sampler proposes ``pool`` candidates on an in-memory copy of the study (on the database
-each proposal would write its parameters, ~50 ms on SQLite, against ~3 ms in memory), the
-pruner picks one, and only that one is measured and added to the study. The copy learns
+the sampler proposes candidates on an in-memory copy of the study (on the database each
+proposal would write its parameters, ~50 ms on SQLite, against ~3 ms in memory), as many as
+the pruner asks for, less its *local* ones: 1-2 knobs of one of the study's fastest measured
+schedules changed; the pruner picks one, and only that one is measured and added to the study. The copy learns
 every finished trial of the study, this worker's and any other's, before each pool. A new
 study with a ranking pruner first measures the pruner's *opening*: its picks out of random
 schedules, queued in the study right after the default schedule.
@@ -47,6 +48,7 @@ Example:
 from __future__ import annotations
 
 import os
+import random
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -101,8 +103,15 @@ class RankingPruner(LearningPruner, Protocol):
         """How many candidates to propose for the next measurement (1: one at a time, through ``__call__``)."""
         ...
 
-    def rank(self, candidates: Sequence[tuple[dict[str, Any], Any]]) -> tuple[int, list[float | None]]:
-        """The index of the valid ``(config, point)`` candidate to measure, and each one's predicted ms."""
+    def local_pool(self) -> tuple[int, int]:
+        """Of the next pool, how many candidates change 1-2 knobs of one of the study's fastest measured
+        schedules, and of how many of the fastest (``(0, 0)``: all from the sampler)."""
+        ...
+
+    def rank(self, candidates: Sequence[tuple[dict[str, Any], Any]],
+             local: Sequence[bool] | None = None) -> tuple[int, list[float | None]]:
+        """The index of the valid ``(config, point)`` candidate to measure, and each one's predicted ms; the
+        sampler's proposals come first, ``local`` marks the local candidates."""
         ...
 
     def opening_pool(self) -> int:
@@ -353,9 +362,13 @@ class Tuner:
         from optuna.trial import create_trial
 
         assert self._ranker is not None and self._proposals is not None  # _pool_ready() synced the copy
-        compiled, valid = self._compile(self._proposals.propose(pool, self.space))
+        local, parents = self._ranker.local_pool()
+        mutants = self._proposals.mutate(min(local, pool - 1), parents, self.space)
+        # the sampler's proposals first: the ranker compares its pick with the sampler's own first one
+        compiled, valid = self._compile(self._proposals.propose(pool - len(mutants), self.space) + mutants)
         if valid:
-            pick, predictions = self._ranker.rank([(p.config, point) for p, point in valid])
+            pick, predictions = self._ranker.rank([(p.config, point) for p, point in valid],
+                                                  [p.local for p, _ in valid])
             (chosen, point), predicted = valid[pick], predictions[pick]
         else:  # every proposal breaks a constraint: record one as invalid, as the single path would
             (chosen, point), predicted = compiled[0], None
@@ -424,7 +437,7 @@ class Tuner:
         """Bring the in-memory copy up to date; False while trials wait in the study (the default
         schedule, or a user's ``enqueue_trial``): those come first, one at a time."""
         if self._proposals is None:
-            self._proposals = _ProposalPool(make_sampler(self.options.sampler, self.options.seed))
+            self._proposals = _ProposalPool(make_sampler(self.options.sampler, self.options.seed), self.options.seed)
         return not self._proposals.sync(self.study)
 
     def _evaluate(self, config: dict[str, Any], point: Any, number: int, *, ranked: bool = False,
@@ -526,6 +539,7 @@ class _Proposal:
     params: dict[str, Any]
     distributions: dict[str, Any]
     number: int  # the copy's trial number (seeds the measurement)
+    local: bool = False  # a change of a fast measured schedule (:meth:`_ProposalPool.mutate`), not the sampler's
 
 
 class _ProposalPool:
@@ -536,11 +550,12 @@ class _ProposalPool:
     the real study (``Tuner._pool_round``), and comes back to the copy with the next :meth:`sync`.
     """
 
-    def __init__(self, sampler: "optuna.samplers.BaseSampler") -> None:
+    def __init__(self, sampler: "optuna.samplers.BaseSampler", seed: int | None = None) -> None:
         import optuna
 
         self.copy = optuna.create_study(direction="minimize", sampler=sampler)
         self._copied: set[int] = set()  # numbers of the real study's trials already on the copy
+        self._rng = random.Random(seed)  # which parents and knobs :meth:`mutate` changes
 
     def sync(self, study: "optuna.Study") -> bool:
         """Copy the study's finished trials (of every worker) that the copy does not have yet;
@@ -557,15 +572,52 @@ class _ProposalPool:
         return waiting
 
     def propose(self, n: int, space: Any) -> list[_Proposal]:
+        """``n`` candidates from the sampler."""
+        return [self._ask(space) for _ in range(n)]
+
+    def mutate(self, n: int, parents: int, space: Any) -> list[_Proposal]:
+        """Up to ``n`` distinct candidates that each change 1 or 2 parameters of one of the copy's ``parents``
+        fastest completed trials to another of their values, none a schedule the study has (none before a
+        trial completed). Parameters a change makes active (``compact.pair_index`` once something is
+        compact) are the sampler's to choose, as in a proposal."""
         from optuna.trial import TrialState
 
-        out = []
-        for _ in range(n):
-            trial = self.copy.ask()
-            config = space.suggest(trial)
-            out.append(_Proposal(config, dict(trial.params), dict(trial.distributions), trial.number))
-            self.copy.tell(trial, state=TrialState.FAIL)
+        done = sorted(self.copy.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), key=lambda t: t.value)
+        seen = {_params_key(t.params) for t in done}
+        fastest: list[Any] = []  # the fastest trials, one per schedule (a schedule may be measured twice)
+        for t in done:
+            if len(fastest) < parents and all(t.params != f.params for f in fastest):
+                fastest.append(t)
+        out: list[_Proposal] = []
+        for _ in range(4 * n if fastest else 0):  # a few draws may repeat a schedule; give up after 4n
+            if len(out) == n:
+                break
+            parent = self._rng.choice(fastest)
+            free = [name for name, d in parent.distributions.items() if len(getattr(d, "choices", ())) > 1]
+            if not free:
+                continue
+            params = dict(parent.params)
+            for name in self._rng.sample(free, min(len(free), self._rng.choice((1, 2)))):
+                params[name] = self._rng.choice([c for c in parent.distributions[name].choices if c != params[name]])
+            if _params_key(params) in seen:
+                continue
+            seen.add(_params_key(params))
+            self.copy.enqueue_trial(params)
+            out.append(self._ask(space, local=True))
         return out
+
+    def _ask(self, space: Any, local: bool = False) -> _Proposal:
+        """The copy's next candidate (an enqueued one first), told failed at once."""
+        from optuna.trial import TrialState
+
+        trial = self.copy.ask()
+        config = space.suggest(trial)
+        self.copy.tell(trial, state=TrialState.FAIL)
+        return _Proposal(config, dict(trial.params), dict(trial.distributions), trial.number, local)
+
+
+def _params_key(params: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    return tuple(sorted(params.items()))
 
 
 def _optuna_outcome(result: MeasureResult) -> tuple["optuna.trial.TrialState", float | None]:
