@@ -297,7 +297,7 @@ class CostModelPruner:
         pool = self.pool_size()
         if pool > 1:
             assert isinstance(self.policy, RankPolicy)  # pool_size() checked it
-            return min(pool - 1, int(pool * self.policy.local)), self.policy.parents
+            return int(pool * self.policy.local), self.policy.parents  # local < 1: the sampler keeps one at least
         return 0, 0
 
     def rank(self, candidates: Sequence[tuple[Mapping[str, Any], Any]],

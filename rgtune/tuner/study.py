@@ -583,11 +583,11 @@ class _ProposalPool:
         from optuna.trial import TrialState
 
         done = sorted(self.copy.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), key=lambda t: t.value)
-        seen = {_params_key(t.params) for t in done}
-        fastest: list[Any] = []  # the fastest trials, one per schedule (a schedule may be measured twice)
+        by_schedule: dict[tuple[tuple[str, Any], ...], Any] = {}  # each schedule's fastest trial, fastest first
         for t in done:
-            if len(fastest) < parents and all(t.params != f.params for f in fastest):
-                fastest.append(t)
+            by_schedule.setdefault(_params_key(t.params), t)
+        seen = set(by_schedule)
+        fastest = list(by_schedule.values())[:parents]
         out: list[_Proposal] = []
         for _ in range(4 * n if fastest else 0):  # a few draws may repeat a schedule; give up after 4n
             if len(out) == n:
