@@ -80,10 +80,16 @@ from rgtune.tuner.measure import TIMINGS, MeasureOptions, MeasureResult, Workloa
 from rgtune.tuner.study import UNMEASURED, TuneOptions, Tuner
 
 RESULTS = Path(__file__).resolve().parent / "results"
-ARMS = ("tpe", "tpe+cm", "tpe+rank", "tpe+rank0")
-#: what a run compares unless --arms says otherwise; tpe+rank0 (rank without its opening) is for ablations
+#: ablation arms: the rank policy with one part switched off, whatever the command line sets it to
+RANK_ABLATIONS: dict[str, dict[str, Any]] = {
+    "tpe+rank0": {"opening": 0},  # no opening
+    "tpe+rank-local0": {"local": 0.0},  # no local candidates: every pool comes from TPE
+}
+ARMS = ("tpe", "tpe+cm", "tpe+rank", *RANK_ABLATIONS)
+#: what a run compares unless --arms says otherwise; the ablation arms are for ablations
 DEFAULT_ARMS = ("tpe", "tpe+cm", "tpe+rank")
-COLORS = {"tpe": "tab:blue", "tpe+cm": "tab:red", "tpe+rank": "tab:green", "tpe+rank0": "tab:olive"}
+COLORS = {"tpe": "tab:blue", "tpe+cm": "tab:red", "tpe+rank": "tab:green", "tpe+rank0": "tab:olive",
+          "tpe+rank-local0": "tab:purple"}
 WorkloadKey = tuple[str, str]  # (model, dataset)
 
 
@@ -235,9 +241,9 @@ def _policy(arm: str, args: argparse.Namespace, seed: int) -> PrunePolicy | Rank
     """The cost model's policy of an arm (None: TPE alone); raises ValueError on bad settings."""
     if arm == "tpe+cm":
         return PrunePolicy(margin=args.margin, explore=args.explore, warmup=args.warmup, seed=seed)
-    if arm in ("tpe+rank", "tpe+rank0"):
-        opening = 0 if arm == "tpe+rank0" else args.opening
-        return RankPolicy(pool=args.pool, explore=args.explore, seed=seed, opening=opening, local=args.local)
+    if arm == "tpe+rank" or arm in RANK_ABLATIONS:
+        settings = {"opening": args.opening, "local": args.local, **RANK_ABLATIONS.get(arm, {})}
+        return RankPolicy(pool=args.pool, explore=args.explore, seed=seed, **settings)
     return None
 
 
@@ -683,7 +689,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a run also stops after budget x this many proposals, pruned ones included (default 10)")
     p.add_argument("--arms", type=_arms, default=",".join(DEFAULT_ARMS),
                    help=f"comma-separated, of {', '.join(ARMS)} (default {','.join(DEFAULT_ARMS)}; tpe+rank0 is "
-                        "tpe+rank without its opening, whatever --opening says)")
+                        "tpe+rank without its opening, whatever --opening says, tpe+rank-local0 without local "
+                        "candidates, whatever --local says)")
     p.add_argument("--margin", type=float, default=PrunePolicy.margin,
                    help="tpe+cm: pruning margin (default %(default)s)")
     p.add_argument("--explore", type=float, default=PrunePolicy.explore,
@@ -696,7 +703,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--local", type=float, default=RankPolicy.local,
                    help="tpe+rank: fraction of each pool that changes 1-2 knobs of one of the fastest measured "
                         f"schedules instead of coming from TPE (default {RankPolicy.local}; 0: none, as in the "
-                        "runs before the replication of 2026-11-24)")
+                        "runs before seeds 40-44)")
     p.add_argument("--within", type=float, default=0.05, help="the goal: within this of the best known (default 0.05)")
     p.add_argument("--retime-rounds", type=int, default=5,
                    help="rounds of re-timing the runs' incumbents after the runs (default %(default)s; 0: no re-timing)")

@@ -578,10 +578,16 @@ def test_curves_keep_one_timing_per_work_directory(load_experiment, tmp_path):
     assert curves._cached_retimes(cache, {**plain, "timing": "paired"}) == {}
 
 
-def test_curves_can_run_rank_without_its_opening_beside_rank(load_experiment):
-    """``tpe+rank0`` (an ablation arm) is the rank policy with no opening, whatever ``--opening`` says."""
+def test_curves_can_run_rank_ablations_beside_rank(load_experiment):
+    """``tpe+rank0`` is the rank policy with no opening, whatever ``--opening`` says; ``tpe+rank-local0``
+    has no local candidates, whatever ``--local`` says; each keeps the other settings."""
     curves = load_experiment("tuning_curves")
-    args = curves.build_parser().parse_args(["--arms", "tpe,tpe+rank,tpe+rank0", "--opening", "4"])
-    assert args.arms == ["tpe", "tpe+rank", "tpe+rank0"]
-    assert curves._policy("tpe+rank", args, 0).opening == 4 and curves._policy("tpe+rank0", args, 0).opening == 0
+    args = curves.build_parser().parse_args(
+        ["--arms", "tpe,tpe+rank,tpe+rank0,tpe+rank-local0", "--opening", "4", "--local", "0.25"])
+    assert args.arms == ["tpe", "tpe+rank", "tpe+rank0", "tpe+rank-local0"]
+    rank, no_opening, no_local = (curves._policy(a, args, 0) for a in ("tpe+rank", "tpe+rank0", "tpe+rank-local0"))
+    assert (rank.opening, rank.local) == (4, 0.25)
+    assert (no_opening.opening, no_opening.local) == (0, 0.25)
+    assert (no_local.opening, no_local.local) == (4, 0.0)
+    assert curves._run_dir(Path("w"), "hgt", "aifb", 1, "tpe+rank-local0").name == "hgt-aifb-s1-tpe_rank-local0"
     assert curves.build_parser().parse_args([]).arms == ["tpe", "tpe+cm", "tpe+rank"]  # the default is unchanged
