@@ -1,0 +1,250 @@
+"""The read-out of a tuning-curves run, as the pre-registrations fix it: the goal per workload and arm,
+arms against each other, and each arm's re-timed incumbent after N measured trials.
+
+It reads the files ``tuning_curves.py`` wrote (``--out``): ``tuning_curves_summary.json``,
+``tuning_curves.csv`` and ``tuning_curves_retimed.csv``; it measures nothing. Every number is
+re-timed quality (the incumbent's re-timed time, its measured time where it was not re-timed,
+over the workload's fastest re-timed schedule), median over the run's seeds.
+
+The goal (issue 7): an arm meets it on a workload when its median measured trials to within
+5% of the best are at most half of the baseline's (``--baseline``, TPE alone) and its median
+seconds to get there are fewer. Where the baseline's median does not get there within the budget,
+the arm meets it if its median does within half the budget (half of more than the budget), the
+workload is *undecided* if the arm's median needs more than half, and *neither* if the arm's does
+not get there either.
+
+``--compare A:B`` (repeatable) sets one arm against another on median trials to the goal:
+``lower`` where A's median is lower, ``higher``, ``same``, or ``neither`` where neither median
+gets there within the budget. By default every ablation arm present is compared with ``tpe+rank``.
+
+``--workdir`` (the run's ``--workdir``) adds the cost model's counts summed over each arm's runs
+(pools, local candidates, which kind was measured, refits), from the runs' traces.
+
+Examples::
+
+    python experiments/curves_readout.py experiments/results/tuning_curves_local
+    python experiments/curves_readout.py experiments/results/tuning_curves_ablation_local \\
+        --workdir curves_ablation_local --after 2,5,10,20,30
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+WorkloadKey = tuple[str, str]  # (model, dataset)
+#: the rank policy's ablation arms (``tuning_curves.RANK_ABLATIONS``), compared with tpe+rank by default
+ABLATIONS = ("tpe+rank0", "tpe+rank-local0")
+COUNTS = ("pools", "local", "local_picked", "explored", "deferred", "refits")
+
+
+# ---------------------------------------------------------------------- the rules
+def verdict(base_trials: float, base_seconds: float, arm_trials: float, arm_seconds: float, budget: int) -> str:
+    """``met``, ``missed``, ``undecided`` or ``neither``: the goal of one arm against the baseline on one
+    workload, from the two medians of trials and of seconds to the goal (inf: not within the budget).
+
+    >>> verdict(28, 18.3, 2, 4.8, 100), verdict(53, 52.1, 30, 30.1, 100)
+    ('met', 'missed')
+    >>> verdict(math.inf, math.inf, 17, 13.4, 100), verdict(math.inf, math.inf, 67, 79.2, 100)
+    ('met', 'undecided')
+    """
+    if math.isfinite(base_trials):
+        return "met" if arm_trials <= base_trials / 2 and arm_seconds < base_seconds else "missed"
+    if not math.isfinite(arm_trials):
+        return "neither"
+    return "met" if arm_trials <= budget / 2 else ("undecided" if arm_trials <= budget else "missed")
+
+
+def compare(a_trials: float, b_trials: float) -> str:
+    """``lower``, ``higher``, ``same`` or ``neither``: A's median trials to the goal against B's.
+
+    >>> compare(2, 17), compare(math.inf, 30), compare(math.inf, math.inf)
+    ('lower', 'higher', 'neither')
+    """
+    if math.isinf(a_trials) and math.isinf(b_trials):
+        return "neither"
+    return "lower" if a_trials < b_trials else ("higher" if a_trials > b_trials else "same")
+
+
+# ---------------------------------------------------------------------- reading the run
+def load_summary(results: Path) -> tuple[dict[tuple[str, str, str], dict[str, Any]], int]:
+    """The summary rows with seeds, by (model, dataset, arm), and the run's budget."""
+    data = json.loads((results / "tuning_curves_summary.json").read_text())
+    rows = {(r["model"], r["dataset"], r["arm"]): r for r in data["summary"] if r["seeds"]}
+    return rows, int(data["settings"]["budget"])
+
+
+def _retimed(results: Path) -> dict[tuple[str, str, str], float]:
+    out = {}
+    with open(results / "tuning_curves_retimed.csv", newline="") as f:
+        for r in csv.DictReader(f):
+            if r["retimed_ms"]:
+                out[(r["model"], r["dataset"], r["schedule_hash"])] = float(r["retimed_ms"])
+    return out
+
+
+def quality_after(results: Path, after: Sequence[int]) -> dict[tuple[str, str, str], list[float]]:
+    """Per (model, dataset, arm): the median over seeds of the incumbent's quality after each of
+    ``after`` measured trials (what the run would return then: its lowest measured time so far)."""
+    retimed = _retimed(results)
+    best: dict[WorkloadKey, float] = {}
+    for (model, dataset, _), ms in retimed.items():
+        best[(model, dataset)] = min(best.get((model, dataset), math.inf), ms)
+    traces: dict[tuple[str, str, str, str], list[dict[str, str]]] = {}
+    with open(results / "tuning_curves.csv", newline="") as f:
+        for r in csv.DictReader(f):
+            traces.setdefault((r["model"], r["dataset"], r["arm"], r["seed"]), []).append(r)
+    per_seed: dict[tuple[str, str, str], list[dict[int, float]]] = {}
+    for (model, dataset, arm, _), trace in traces.items():
+        if (model, dataset) not in best:
+            continue  # not re-timed: no scale to judge it on
+        incumbent, incumbent_ms, quality = None, math.inf, {}
+        for t in trace:
+            if t["status"] == "ok" and float(t["ms"]) < incumbent_ms:
+                incumbent_ms, incumbent = float(t["ms"]), t["schedule_hash"]
+            if incumbent is not None:
+                ms = retimed.get((model, dataset, incumbent), incumbent_ms)
+                quality[int(t["measured"])] = ms / best[(model, dataset)]
+        per_seed.setdefault((model, dataset, arm), []).append(quality)
+    return {key: [statistics.median(q.get(n, math.inf) for q in seeds) for n in after]
+            for key, seeds in per_seed.items()}
+
+
+def counts(workdir: Path) -> dict[tuple[str, str, str], dict[str, int]]:
+    """The cost model's counts, summed over each arm's runs (arms without a model are left out)."""
+    out: dict[tuple[str, str, str], dict[str, int]] = {}
+    for path in sorted(workdir.glob("runs/*/trace.json")):
+        run = json.loads(path.read_text())
+        if not run.get("cost_model"):
+            continue
+        total = out.setdefault((run["model"], run["dataset"], run["arm"]), {})
+        for k, v in run["cost_model"].get("counts", {}).items():
+            total[k] = total.get(k, 0) + int(v)
+    return out
+
+
+# ---------------------------------------------------------------------- the report
+def _trials(x: float) -> str:
+    return f"{x:g}" if math.isfinite(x) else "> budget"
+
+
+def _seconds(x: float) -> str:
+    return f"{x:.1f}" if math.isfinite(x) else "—"
+
+
+def _seeds(xs: Iterable[float]) -> str:
+    return ", ".join(_trials(x) for x in sorted(xs))
+
+
+def report(results: Path, baseline: str = "tpe", pairs: Sequence[tuple[str, str]] | None = None,
+           after: Sequence[int] = (2, 5, 10, 20, 30), workdir: Path | None = None) -> list[str]:
+    """The read-out as lines of Markdown."""
+    rows, budget = load_summary(results)
+    workloads = sorted({(m, d) for m, d, _ in rows})
+    arms = [a for a in dict.fromkeys(a for _, _, a in rows) if a != baseline]
+    lines = [f"## Goal against {baseline} (budget {budget}; re-timed medians over seeds)", "",
+             "| model | dataset | arm | trials to goal: base / arm | seconds to goal: base / arm | "
+             "seeds reaching it: base / arm | trials per seed | verdict |", "|---|---|---|---|---|---|---|---|"]
+    tally: dict[str, list[str]] = {}
+    for model, dataset in workloads:
+        base = rows.get((model, dataset, baseline))
+        for arm in arms:
+            row = rows.get((model, dataset, arm))
+            if base is None or row is None:
+                continue
+            v = verdict(base["retimed_median_trials_to_goal"], base["retimed_median_seconds_to_goal"],
+                        row["retimed_median_trials_to_goal"], row["retimed_median_seconds_to_goal"], budget)
+            tally.setdefault(arm, []).append(v)
+            trials = (f"{_trials(base['retimed_median_trials_to_goal'])} / "
+                      f"{_trials(row['retimed_median_trials_to_goal'])}")
+            seconds = (f"{_seconds(base['retimed_median_seconds_to_goal'])} / "
+                       f"{_seconds(row['retimed_median_seconds_to_goal'])}")
+            lines.append(f"| {model} | {dataset} | {arm} | {trials} | {seconds} | {base['retimed_reached']} / "
+                         f"{row['retimed_reached']} | {_seeds(row['retimed_trials_to_goal'])} | {v} |")
+    lines += ["", *(f"- {arm}: met on {v.count('met')} of {len(v)}" for arm, v in tally.items())]
+    if pairs is None:
+        pairs = [("tpe+rank", a) for a in ABLATIONS if a in arms and "tpe+rank" in arms]
+    for a, b in pairs:
+        lines += ["", f"## {a} against {b}: median trials to the goal", "",
+                  f"| model | dataset | {a} | {b} | {a} is |", "|---|---|---|---|---|"]
+        outcome = []
+        for model, dataset in workloads:
+            ra, rb = rows.get((model, dataset, a)), rows.get((model, dataset, b))
+            if ra is None or rb is None:
+                continue
+            c = compare(ra["retimed_median_trials_to_goal"], rb["retimed_median_trials_to_goal"])
+            outcome.append(c)
+            lines.append(f"| {model} | {dataset} | {_trials(ra['retimed_median_trials_to_goal'])} | "
+                         f"{_trials(rb['retimed_median_trials_to_goal'])} | {c} |")
+        lines += ["", f"- lower on {outcome.count('lower')}, higher on {outcome.count('higher')}, the same on "
+                      f"{outcome.count('same')}, neither gets there on {outcome.count('neither')}"]
+    quality = quality_after(results, after)
+    lines += ["", "## Re-timed incumbent over the best, after N measured trials", "",
+              "| model | dataset | arm | " + " | ".join(f"after {n}" for n in after) + " | seconds per run |",
+              "|---|---|---|" + "---|" * (len(after) + 1)]
+    for model, dataset in workloads:
+        for arm in (baseline, *arms):
+            q, row = quality.get((model, dataset, arm)), rows.get((model, dataset, arm))
+            if q is not None and row is not None:
+                lines.append(f"| {model} | {dataset} | {arm} | " + " | ".join(f"{x:.2f}" for x in q)
+                             + f" | {row['median_wall_s']:.0f} |")
+    if workdir is not None:
+        lines += ["", "## The cost model's counts, summed over seeds", "",
+                  "| model | dataset | arm | " + " | ".join(COUNTS) + " |", "|---|---|---|" + "---|" * len(COUNTS)]
+        for (model, dataset, arm), c in sorted(counts(workdir).items()):
+            lines.append(f"| {model} | {dataset} | {arm} | " + " | ".join(str(c.get(k, 0)) for k in COUNTS) + " |")
+    return lines
+
+
+def _pair(text: str) -> tuple[str, str]:
+    a, sep, b = text.partition(":")
+    if not sep or not a or not b:
+        raise argparse.ArgumentTypeError(f"--compare takes ARM:ARM (e.g. tpe+rank:tpe+rank-local0), not {text!r}")
+    return a, b
+
+
+def _after(text: str) -> list[int]:
+    try:
+        ns = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        ns = []
+    if not ns or min(ns) < 1:
+        raise argparse.ArgumentTypeError(f"--after takes positive trial counts, comma-separated, not {text!r}")
+    return ns
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("results", type=Path, help="a tuning_curves.py --out folder")
+    p.add_argument("--baseline", default="tpe", help="the arm the goal is judged against (default tpe)")
+    p.add_argument("--compare", type=_pair, action="append", default=None, metavar="A:B",
+                   help="compare arm A with arm B (repeatable; default: each ablation arm present with tpe+rank)")
+    p.add_argument("--after", type=_after, default=[2, 5, 10, 20, 30],
+                   help="measured trials at which to report the incumbent (default 2,5,10,20,30)")
+    p.add_argument("--workdir", type=Path, default=None, help="the run's --workdir: adds the cost model's counts")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    summary = args.results / "tuning_curves_summary.json"
+    if not summary.is_file():
+        print(f"curves_readout: {summary} not found: give the --out folder of a finished tuning_curves.py run",
+              file=sys.stderr)
+        return 2
+    if args.workdir is not None and not (args.workdir / "runs").is_dir():
+        print(f"curves_readout: {args.workdir} has no runs/ folder: give the run's --workdir", file=sys.stderr)
+        return 2
+    print("\n".join(report(args.results, args.baseline, args.compare, args.after, args.workdir)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""The read-out of a tuning-curves run (``experiments/curves_readout.py``), on a run written here."""
+
+from __future__ import annotations
+
+import csv
+import doctest
+import json
+import math
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+INF = math.inf
+
+
+def _summary_row(model: str, dataset: str, arm: str, trials: list[float], seconds: list[float]) -> dict:
+    med = sorted(trials)[len(trials) // 2]
+    return {"model": model, "dataset": dataset, "arm": arm, "seeds": len(trials), "median_wall_s": 50.0,
+            "retimed_median_trials_to_goal": med, "retimed_median_seconds_to_goal": sorted(seconds)[len(seconds) // 2],
+            "retimed_reached": sum(math.isfinite(t) for t in trials), "retimed_trials_to_goal": trials}
+
+
+def _write_run(out: Path, traces: dict[tuple[str, str, str, int], list[tuple[str, float]]],
+               retimed: dict[str, float], rows: list[dict]) -> None:
+    """A results folder as tuning_curves.py writes it: traces of (schedule, measured ms) per run."""
+    out.mkdir()
+    (out / "tuning_curves_summary.json").write_text(json.dumps({"settings": {"budget": 100}, "summary": rows}))
+    with open(out / "tuning_curves.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["model", "dataset", "seed", "arm", "proposal", "measured", "status", "ms", "best_ms",
+                    "predicted_ms", "wall_s", "schedule_hash"])
+        for (model, dataset, arm, seed), trace in traces.items():
+            for i, (h, ms) in enumerate(trace, 1):
+                w.writerow([model, dataset, seed, arm, i, i, "ok", ms, "", "", i, h])
+    with open(out / "tuning_curves_retimed.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["model", "dataset", "schedule_hash", "knobs", "measured_ms", "retimed_ms"])
+        for h, ms in retimed.items():
+            w.writerow(["hgt", "aifb", h, "{}", "", ms])
+
+
+@pytest.fixture
+def readout(load_experiment) -> ModuleType:
+    return load_experiment("curves_readout")
+
+
+def test_readout_examples_hold(readout):
+    assert doctest.testmod(readout).failed == 0
+
+
+@pytest.mark.parametrize(("base", "arm", "expected"), [
+    ((28, 18.0), (14, 17.0), "met"),  # exactly half the trials and fewer seconds
+    ((28, 18.0), (14, 18.0), "missed"),  # half the trials, not less time
+    ((28, 18.0), (15, 5.0), "missed"),  # more than half the trials
+    ((INF, INF), (50, 40.0), "met"),  # the baseline not within 100: at most half of the budget
+    ((INF, INF), (51, 40.0), "undecided"),
+    ((INF, INF), (INF, INF), "neither"),
+    ((30, 20.0), (INF, INF), "missed"),
+])
+def test_the_goal_rule_is_the_preregistered_one(readout, base, arm, expected):
+    assert readout.verdict(*base, *arm, budget=100) == expected
+
+
+def test_report_judges_each_arm_and_follows_the_incumbent(readout, tmp_path):
+    rows = [_summary_row("hgt", "aifb", "tpe", [10, 30, INF], [5, 20, INF]),
+            _summary_row("hgt", "aifb", "tpe+rank", [2, 3, 40], [1, 2, 30]),
+            _summary_row("hgt", "aifb", "tpe+rank-local0", [4, 20, INF], [2, 15, INF])]
+    # the incumbent is the lowest *measured* time; its quality is its *re-timed* time over the best
+    traces = {("hgt", "aifb", "tpe", 1): [("a", 10.0), ("b", 8.0), ("c", 9.0)],
+              ("hgt", "aifb", "tpe+rank", 1): [("a", 10.0), ("c", 7.0), ("b", 7.5)],
+              ("hgt", "aifb", "tpe+rank-local0", 1): [("a", 10.0), ("d", 7.0), ("c", 6.0)]}
+    retimed = {"a": 10.0, "b": 5.0, "c": 6.0}  # d was not re-timed: its measured time stands
+    _write_run(tmp_path / "run", traces, retimed, rows)
+    quality = readout.quality_after(tmp_path / "run", [1, 2, 3])
+    assert quality[("hgt", "aifb", "tpe")] == [2.0, 1.0, 1.0]
+    assert quality[("hgt", "aifb", "tpe+rank")] == [2.0, 1.2, 1.2]  # b measured slower than c: c stays
+    assert quality[("hgt", "aifb", "tpe+rank-local0")] == [2.0, 1.4, 1.2]
+    text = "\n".join(readout.report(tmp_path / "run", after=[1, 3]))
+    assert "| hgt | aifb | tpe+rank | 30 / 3 | 20.0 / 2.0 | 2 / 3 | 2, 3, 40 | met |" in text
+    assert "| hgt | aifb | tpe+rank-local0 | 30 / 20 | 20.0 / 15.0 | 2 / 2 | 4, 20, > budget | missed |" in text
+    assert "- tpe+rank: met on 1 of 1" in text and "- tpe+rank-local0: met on 0 of 1" in text
+    assert "## tpe+rank against tpe+rank-local0" in text and "| hgt | aifb | 3 | 20 | lower |" in text
+    assert "| hgt | aifb | tpe+rank | 2.00 | 1.20 | 50 |" in text
+
+
+def test_readout_says_what_is_missing(readout, tmp_path, capsys):
+    assert readout.main([str(tmp_path)]) == 2
+    assert "tuning_curves_summary.json not found" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        readout.build_parser().parse_args([str(tmp_path), "--compare", "tpe+rank"])
+    assert "--compare takes ARM:ARM" in capsys.readouterr().err
