@@ -15,7 +15,8 @@ not get there either.
 
 ``--compare A:B`` (repeatable) sets one arm against another on median trials to the goal:
 ``lower`` where A's median is lower, ``higher``, ``same``, or ``neither`` where neither median
-gets there within the budget. By default every ablation arm present is compared with ``tpe+rank``.
+gets there within the budget. By default each of the rank policy's ablation arms present
+(``tpe+rank0``, ``tpe+rank-local0``: every other arm named ``tpe+rank...``) is compared with ``tpe+rank``.
 
 ``--workdir`` (the run's ``--workdir``) adds the cost model's counts summed over each arm's runs
 (pools, local candidates, which kind was measured, refits), from the runs' traces.
@@ -39,8 +40,6 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 WorkloadKey = tuple[str, str]  # (model, dataset)
-#: the rank policy's ablation arms (``tuning_curves.RANK_ABLATIONS``), compared with tpe+rank by default
-ABLATIONS = ("tpe+rank0", "tpe+rank-local0")
 COUNTS = ("pools", "local", "local_picked", "explored", "deferred", "refits")
 
 
@@ -147,7 +146,12 @@ def report(results: Path, baseline: str = "tpe", pairs: Sequence[tuple[str, str]
     """The read-out as lines of Markdown."""
     rows, budget = load_summary(results)
     workloads = sorted({(m, d) for m, d, _ in rows})
-    arms = [a for a in dict.fromkeys(a for _, _, a in rows) if a != baseline]
+    present = list(dict.fromkeys(a for _, _, a in rows))
+    unknown = [a for a in (baseline, *(x for pair in pairs or () for x in pair)) if a not in present]
+    if unknown:
+        raise ValueError(f"arm(s) {', '.join(map(repr, dict.fromkeys(unknown)))} not in this run; "
+                         f"its arms: {', '.join(present)}")
+    arms = [a for a in present if a != baseline]
     lines = [f"## Goal against {baseline} (budget {budget}; re-timed medians over seeds)", "",
              "| model | dataset | arm | trials to goal: base / arm | seconds to goal: base / arm | "
              "seeds reaching it: base / arm | trials per seed | verdict |", "|---|---|---|---|---|---|---|---|"]
@@ -169,7 +173,7 @@ def report(results: Path, baseline: str = "tpe", pairs: Sequence[tuple[str, str]
                          f"{row['retimed_reached']} | {_seeds(row['retimed_trials_to_goal'])} | {v} |")
     lines += ["", *(f"- {arm}: met on {v.count('met')} of {len(v)}" for arm, v in tally.items())]
     if pairs is None:
-        pairs = [("tpe+rank", a) for a in ABLATIONS if a in arms and "tpe+rank" in arms]
+        pairs = [("tpe+rank", a) for a in arms if a.startswith("tpe+rank") and a != "tpe+rank" and "tpe+rank" in arms]
     for a, b in pairs:
         lines += ["", f"## {a} against {b}: median trials to the goal", "",
                   f"| model | dataset | {a} | {b} | {a} is |", "|---|---|---|---|---|"]
@@ -242,7 +246,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.workdir is not None and not (args.workdir / "runs").is_dir():
         print(f"curves_readout: {args.workdir} has no runs/ folder: give the run's --workdir", file=sys.stderr)
         return 2
-    print("\n".join(report(args.results, args.baseline, args.compare, args.after, args.workdir)))
+    try:
+        lines = report(args.results, args.baseline, args.compare, args.after, args.workdir)
+    except ValueError as e:
+        print(f"curves_readout: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
     return 0
 
 

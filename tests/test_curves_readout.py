@@ -82,6 +82,8 @@ def test_report_judges_each_arm_and_follows_the_incumbent(readout, tmp_path):
     assert "- tpe+rank: met on 1 of 1" in text and "- tpe+rank-local0: met on 0 of 1" in text
     assert "## tpe+rank against tpe+rank-local0" in text and "| hgt | aifb | 3 | 20 | lower |" in text
     assert "| hgt | aifb | tpe+rank | 2.00 | 1.20 | 50 |" in text
+    with pytest.raises(ValueError, match="'tpe\\+cm' not in this run; its arms: tpe, tpe\\+rank, tpe\\+rank-local0"):
+        readout.report(tmp_path / "run", pairs=[("tpe+rank", "tpe+cm")])
 
 
 def test_readout_says_what_is_missing(readout, tmp_path, capsys):
