@@ -39,6 +39,9 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling script, run or loaded by the tests
+from tuning_curves import incumbent_times  # noqa: E402  (one definition of what a run returns at each trial)
+
 WorkloadKey = tuple[str, str]  # (model, dataset)
 COUNTS = ("pools", "local", "local_picked", "explored", "deferred", "refits")
 
@@ -79,37 +82,33 @@ def load_summary(results: Path) -> tuple[dict[tuple[str, str, str], dict[str, An
     return rows, int(data["settings"]["budget"])
 
 
-def _retimed(results: Path) -> dict[tuple[str, str, str], float]:
-    out = {}
+def _retimed(results: Path) -> dict[WorkloadKey, dict[str, float]]:
+    """Per workload, the re-timed ms of each schedule that has one."""
+    out: dict[WorkloadKey, dict[str, float]] = {}
     with open(results / "tuning_curves_retimed.csv", newline="") as f:
         for r in csv.DictReader(f):
             if r["retimed_ms"]:
-                out[(r["model"], r["dataset"], r["schedule_hash"])] = float(r["retimed_ms"])
+                out.setdefault((r["model"], r["dataset"]), {})[r["schedule_hash"]] = float(r["retimed_ms"])
     return out
 
 
 def quality_after(results: Path, after: Sequence[int]) -> dict[tuple[str, str, str], list[float]]:
     """Per (model, dataset, arm): the median over seeds of the incumbent's quality after each of
-    ``after`` measured trials (what the run would return then: its lowest measured time so far)."""
+    ``after`` measured trials (what the run would return then: its lowest measured time so far,
+    as ``tuning_curves.incumbent_times`` follows it)."""
     retimed = _retimed(results)
-    best: dict[WorkloadKey, float] = {}
-    for (model, dataset, _), ms in retimed.items():
-        best[(model, dataset)] = min(best.get((model, dataset), math.inf), ms)
-    traces: dict[tuple[str, str, str, str], list[dict[str, str]]] = {}
+    best = {workload: min(times.values()) for workload, times in retimed.items()}
+    traces: dict[tuple[str, str, str, str], list[dict[str, Any]]] = {}
     with open(results / "tuning_curves.csv", newline="") as f:
         for r in csv.DictReader(f):
-            traces.setdefault((r["model"], r["dataset"], r["arm"], r["seed"]), []).append(r)
+            entry = {**r, "ms": float(r["ms"]) if r["ms"] else None}
+            traces.setdefault((r["model"], r["dataset"], r["arm"], r["seed"]), []).append(entry)
     per_seed: dict[tuple[str, str, str], list[dict[int, float]]] = {}
     for (model, dataset, arm, _), trace in traces.items():
         if (model, dataset) not in best:
             continue  # not re-timed: no scale to judge it on
-        incumbent, incumbent_ms, quality = None, math.inf, {}
-        for t in trace:
-            if t["status"] == "ok" and float(t["ms"]) < incumbent_ms:
-                incumbent_ms, incumbent = float(t["ms"]), t["schedule_hash"]
-            if incumbent is not None:
-                ms = retimed.get((model, dataset, incumbent), incumbent_ms)
-                quality[int(t["measured"])] = ms / best[(model, dataset)]
+        times = incumbent_times(trace, retimed[(model, dataset)], schedule=lambda t: t["schedule_hash"])
+        quality = {int(t["measured"]): ms / best[(model, dataset)] for t, ms in zip(trace, times) if ms is not None}
         per_seed.setdefault((model, dataset, arm), []).append(quality)
     return {key: [statistics.median(q.get(n, math.inf) for q in seeds) for n in after]
             for key, seeds in per_seed.items()}

@@ -68,7 +68,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -436,15 +436,17 @@ def _retimed_times(detail: Mapping[WorkloadKey, Mapping[str, Mapping[str, Any]]]
     return {key: d for key, d in out.items() if d}
 
 
-def _qualities(trace: Sequence[Mapping[str, Any]], retimed: Mapping[str, float]) -> list[float | None]:
+def incumbent_times(trace: Sequence[Mapping[str, Any]], retimed: Mapping[str, float],
+                    schedule: Callable[[Mapping[str, Any]], str | None] = _schedule) -> list[float | None]:
     """At each trace entry, the time of what the run would return then (the schedule with the lowest
-    measured time so far): re-timed when it was, else as measured; None before the first ok trial."""
+    measured time so far): re-timed when it was, else as measured; None before the first ok trial.
+    ``schedule`` gives an entry's schedule hash (``curves_readout.py`` reads the hashes the CSV holds)."""
     marks = dict(_new_bests(trace))
     out: list[float | None] = []
     quality = None
     for i in range(len(trace)):
         if i in marks:
-            h = _schedule(marks[i])
+            h = schedule(marks[i])
             quality = retimed[h] if h in retimed else marks[i]["ms"]
         out.append(quality)
     return out
@@ -530,7 +532,7 @@ def summarize(runs: list[dict[str, Any]], best: dict[tuple, float], within: floa
                    **_metrics(sel, [[t["best_ms"] for t in r["trace"]] for r in sel], b, within),
                    "median_proposals": float(np.median([len(r["trace"]) for r in sel])),
                    "median_wall_s": float(np.median(walls))}
-            again = (_metrics(sel, [_qualities(r["trace"], times) for r in sel], min(times.values()), within)
+            again = (_metrics(sel, [incumbent_times(r["trace"], times) for r in sel], min(times.values()), within)
                      if times else _no_metrics())
             rows.append({**row, **{f"retimed_{k}": v for k, v in again.items()}})
     return rows
@@ -592,7 +594,7 @@ def plot(runs: list[dict[str, Any]], best: dict[tuple, float], path: Path, withi
                 grid = np.linspace(0, max(t[xkey] for r in sel for t in r["trace"]), 200)
                 ys = []
                 for r in sel:
-                    values = _qualities(r["trace"], times or {})  # with no re-timed times: the best so far
+                    values = incumbent_times(r["trace"], times or {})  # with no re-timed times: the best so far
                     xs = [t[xkey] for t, v in zip(r["trace"], values) if v is not None]
                     vs = [v / b for v in values if v is not None]
                     ax.step(xs, vs, where="post", color=COLORS[arm], alpha=0.2, lw=0.8)

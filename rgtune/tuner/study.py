@@ -599,9 +599,10 @@ class _ProposalPool:
             params = dict(parent.params)
             for name in self._rng.sample(free, min(len(free), self._rng.choice((1, 2)))):
                 params[name] = self._rng.choice([c for c in parent.distributions[name].choices if c != params[name]])
-            if _params_key(params) in seen:
+            key = _params_key(params)
+            if key in seen:
                 continue
-            seen.add(_params_key(params))
+            seen.add(key)
             self.copy.enqueue_trial(params)
             out.append(self._ask(space, local=True))
         return out
