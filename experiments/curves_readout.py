@@ -114,6 +114,31 @@ def quality_after(results: Path, after: Sequence[int]) -> dict[tuple[str, str, s
             for key, seeds in per_seed.items()}
 
 
+def rechecked(results: Path) -> dict[tuple[str, str, str], tuple[float, float]]:
+    """Per (model, dataset, arm), medians over seeds of: the trials measured more than once (the
+    tuner's recheck of a new best), and the share of the run's seconds those extra measurements
+    took (a rechecked trial's seconds less the median seconds of the run's trials measured once;
+    the first trial is left out: its seconds include the setup). Empty for a run from before the
+    ``measurements`` column."""
+    traces: dict[tuple[str, str, str, str], list[dict[str, str]]] = {}
+    with open(results / "tuning_curves.csv", newline="") as f:
+        for r in csv.DictReader(f):
+            if r.get("measurements") is None:
+                return {}
+            traces.setdefault((r["model"], r["dataset"], r["arm"], r["seed"]), []).append(r)
+    out: dict[tuple[str, str, str], list[tuple[int, float]]] = {}
+    for (model, dataset, arm, _), trace in traces.items():
+        wall = [float(t["wall_s"]) for t in trace]
+        seconds = [b - a for a, b in zip(wall, wall[1:])]
+        again = [int(t["measurements"]) > 1 for t in trace[1:]]
+        once = [s for s, a in zip(seconds, again) if not a]
+        typical = statistics.median(once) if once else 0.0
+        extra = sum(max(0.0, s - typical) for s, a in zip(seconds, again) if a)
+        out.setdefault((model, dataset, arm), []).append(
+            (sum(int(t["measurements"]) > 1 for t in trace), extra / wall[-1] if wall[-1] > 0 else 0.0))
+    return {key: (statistics.median(n for n, _ in v), statistics.median(x for _, x in v)) for key, v in out.items()}
+
+
 def counts(workdir: Path) -> dict[tuple[str, str, str], dict[str, int]]:
     """The cost model's counts, summed over each arm's runs (arms without a model are left out)."""
     out: dict[tuple[str, str, str], dict[str, int]] = {}
@@ -187,16 +212,19 @@ def report(results: Path, baseline: str = "tpe", pairs: Sequence[tuple[str, str]
                          f"{_trials(rb['retimed_median_trials_to_goal'])} | {c} |")
         lines += ["", f"- lower on {outcome.count('lower')}, higher on {outcome.count('higher')}, the same on "
                       f"{outcome.count('same')}, neither gets there on {outcome.count('neither')}"]
-    quality = quality_after(results, after)
+    quality, again = quality_after(results, after), rechecked(results)
+    extra = " rechecked per run | share of seconds |" if again else ""
     lines += ["", "## Re-timed incumbent over the best, after N measured trials", "",
-              "| model | dataset | arm | " + " | ".join(f"after {n}" for n in after) + " | seconds per run |",
-              "|---|---|---|" + "---|" * (len(after) + 1)]
+              "| model | dataset | arm | " + " | ".join(f"after {n}" for n in after) + " | seconds per run |" + extra,
+              "|---|---|---|" + "---|" * (len(after) + 1 + 2 * bool(again))]
     for model, dataset in workloads:
         for arm in (baseline, *arms):
             q, row = quality.get((model, dataset, arm)), rows.get((model, dataset, arm))
             if q is not None and row is not None:
                 lines.append(f"| {model} | {dataset} | {arm} | " + " | ".join(f"{x:.2f}" for x in q)
-                             + f" | {row['median_wall_s']:.0f} |")
+                             + f" | {row['median_wall_s']:.0f} |"
+                             + (" {:g} | {:.0%} |".format(*again.get((model, dataset, arm), (0, 0.0)))
+                                if again else ""))
     if workdir is not None:
         lines += ["", "## The cost model's counts, summed over seeds", "",
                   "| model | dataset | arm | " + " | ".join(COUNTS) + " |", "|---|---|---|" + "---|" * len(COUNTS)]

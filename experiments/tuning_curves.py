@@ -42,6 +42,12 @@ Two measures of quality, both against a goal of ``--within`` (5%) of the best kn
 (``tune --timing paired``; see :mod:`rgtune.tuner.measure`), which cancels the machine's drift;
 a work directory holds runs of one timing only.
 
+``--recheck N`` is the tuner's (``tune --recheck``, default 3): a trial whose measurement beats
+the run's best so far is measured N times in all and its time is the median. So a trace's
+times are the tuner's, and a run's incumbent is what the tuner holds for its best; the extra
+measurements count in the run's seconds, not in its trials (``measurements`` in a trace entry).
+A work directory holds runs of one recheck setting only.
+
 Outputs (``--out``, default ``experiments/results``): ``tuning_curves.csv`` (every trial of
 every run), ``tuning_curves_summary.csv`` and ``.json`` (trials and seconds to the goal,
 medians over seeds; as measured, and re-timed in the ``retimed_*`` columns),
@@ -123,6 +129,7 @@ class CurveTuner(Tuner):
         self.trace.append({"proposal": len(self.trace) + 1, "measured": self.measured, "status": result.status,
                            "ms": ms, "best_ms": self.best if math.isfinite(self.best) else None,
                            "predicted_ms": result.info.get("predicted_ms"),
+                           "measurements": len(result.info.get("measurements_ms", [])) or int(ms is not None),
                            "wall_s": time.perf_counter() - self._t0, "knobs": dict(config)})
         return result
 
@@ -260,9 +267,10 @@ def run_one(model: str, dataset: str, seed: int, arm: str, base: Path, workdir: 
     if done.exists():
         finished = json.loads(done.read_text())
         timed = finished.get("timing", "plain")  # runs from before --timing were plain
-        if timed != args.timing:
-            raise SystemExit(f"tuning_curves: {run_dir} was timed with --timing {timed}, not {args.timing}: "
-                             "use another --workdir")
+        rechecked = finished.get("recheck", 1)  # runs from before the tuner's recheck measured every trial once
+        if (timed, rechecked) != (args.timing, args.recheck):
+            raise SystemExit(f"tuning_curves: {run_dir} was run with --timing {timed} --recheck {rechecked}, not "
+                             f"--timing {args.timing} --recheck {args.recheck}: use another --workdir")
         return finished
     run_dir.mkdir(parents=True, exist_ok=True)
     db_path = run_dir / "results.db"
@@ -279,14 +287,15 @@ def run_one(model: str, dataset: str, seed: int, arm: str, base: Path, workdir: 
     db = TrialDatabase(f"sqlite:///{db_path}")
     opts = TuneOptions(trials=args.budget, sampler="tpe", seed=seed, progress=False,
                        measure=_measure_options(args), pruner=pruner,
-                       max_proposals_per_trial=args.max_proposal_factor,
+                       max_proposals_per_trial=args.max_proposal_factor, recheck=args.recheck,
                        confirm_top=0)  # the search alone: the incumbents are re-timed after all runs
     tuner = CurveTuner(Workload(model, dataset, args.hidden, args.hidden, 1, backend, args.data_dir), db, opts)
     t0 = time.time()
     with _own_cache(run_dir):
         summary = tuner.run()
     out = {"model": model, "dataset": dataset, "seed": seed, "arm": arm, "budget": args.budget,
-           "timing": args.timing, "setup_s": tuner.setup_s, "elapsed_s": time.time() - t0, "statuses": summary.statuses,
+           "timing": args.timing, "recheck": args.recheck, "setup_s": tuner.setup_s, "elapsed_s": time.time() - t0,
+           "statuses": summary.statuses,
            "cost_model": pruner.describe() if pruner is not None else None, "trace": tuner.trace}
     text = json.dumps(out, default=str)
     done.write_text(text)
@@ -624,11 +633,12 @@ def write_outputs(runs: list[dict[str, Any]], rows: list[dict[str, Any]], best: 
     with open(out / "tuning_curves.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["model", "dataset", "seed", "arm", "proposal", "measured", "status", "ms", "best_ms",
-                    "predicted_ms", "wall_s", "schedule_hash"])
+                    "predicted_ms", "wall_s", "schedule_hash", "measurements"])
         for r in runs:
             for t in r["trace"]:
                 w.writerow([r["model"], r["dataset"], r["seed"], r["arm"], t["proposal"], t["measured"], t["status"],
-                            _f(t["ms"]), _f(t["best_ms"]), _f(t["predicted_ms"]), _f(t["wall_s"]), _f(_schedule(t))])
+                            _f(t["ms"]), _f(t["best_ms"]), _f(t["predicted_ms"]), _f(t["wall_s"]), _f(_schedule(t)),
+                            t.get("measurements", int(t["ms"] is not None))])
     flat = [{k: v for k, v in r.items() if not isinstance(v, list)} for r in rows]
     with open(out / "tuning_curves_summary.csv", "w", newline="") as f:
         w2 = csv.DictWriter(f, fieldnames=list(flat[0]) if flat else ["model"])
@@ -717,6 +727,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timing", default="plain", choices=TIMINGS,
                    help="how trials and re-timing rounds are timed (tune --timing): plain (default) or paired "
                         "with the default schedule, which cancels the machine's drift")
+    p.add_argument("--recheck", type=int, default=TuneOptions.recheck,
+                   help="the tuner's recheck (tune --recheck): a trial beating the run's best so far is measured "
+                        "this many times and counts with the median (default %(default)s; 1: off, as in the runs "
+                        "before seeds 50-54)")
     p.add_argument("--data-dir", default=None, help="dataset root (default $RGTUNE_DATA_DIR)")
     p.add_argument("--threads", type=int, default=None,
                    help="OpenMP threads of the measured kernels (default: the backend's); 1 on a busy machine")
@@ -730,6 +744,8 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse bad settings before hours of runs (the policies check their own parameters)."""
     if args.retime_rounds < 0 or args.retime_window < 0:
         parser.error("--retime-rounds and --retime-window must be >= 0")
+    if args.recheck < 1:
+        parser.error(f"--recheck must be >= 1 (1: off), got {args.recheck}")
     try:
         for arm in args.arms:
             _policy(arm, args, seed=0)

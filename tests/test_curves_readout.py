@@ -21,18 +21,22 @@ def _summary_row(model: str, dataset: str, arm: str, trials: list[float], second
             "retimed_reached": sum(math.isfinite(t) for t in trials), "retimed_trials_to_goal": trials}
 
 
-def _write_run(out: Path, traces: dict[tuple[str, str, str, int], list[tuple[str, float]]],
+def _write_run(out: Path, traces: dict[tuple[str, str, str, int], list[tuple]],
                retimed: dict[str, float], rows: list[dict]) -> None:
-    """A results folder as tuning_curves.py writes it: traces of (schedule, measured ms) per run."""
+    """A results folder as tuning_curves.py writes it: traces of (schedule, measured ms) per run, or of
+    (schedule, measured ms, measurements, wall seconds) as written since the tuner's recheck."""
     out.mkdir()
     (out / "tuning_curves_summary.json").write_text(json.dumps({"settings": {"budget": 100}, "summary": rows}))
+    rechecked = any(len(e) == 4 for trace in traces.values() for e in trace)
     with open(out / "tuning_curves.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["model", "dataset", "seed", "arm", "proposal", "measured", "status", "ms", "best_ms",
-                    "predicted_ms", "wall_s", "schedule_hash"])
+                    "predicted_ms", "wall_s", "schedule_hash"] + ["measurements"] * rechecked)
         for (model, dataset, arm, seed), trace in traces.items():
-            for i, (h, ms) in enumerate(trace, 1):
-                w.writerow([model, dataset, seed, arm, i, i, "ok", ms, "", "", i, h])
+            for i, (h, ms, *more) in enumerate(trace, 1):
+                measurements, wall = more or (1, i)
+                w.writerow([model, dataset, seed, arm, i, i, "ok", ms, "", "", wall, h]
+                           + [measurements] * rechecked)
     with open(out / "tuning_curves_retimed.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["model", "dataset", "schedule_hash", "knobs", "measured_ms", "retimed_ms"])
@@ -84,6 +88,23 @@ def test_report_judges_each_arm_and_follows_the_incumbent(readout, tmp_path):
     assert "| hgt | aifb | tpe+rank | 2.00 | 1.20 | 50 |" in text
     with pytest.raises(ValueError, match="'tpe\\+cm' not in this run; its arms: tpe, tpe\\+rank, tpe\\+rank-local0"):
         readout.report(tmp_path / "run", pairs=[("tpe+rank", "tpe+cm")])
+
+
+def test_report_counts_rechecked_trials_and_their_share_of_the_seconds(readout, tmp_path):
+    rows = [_summary_row("hgt", "aifb", arm, [10, 20, 30], [5, 10, 15]) for arm in ("tpe", "tpe+rank")]
+    # trials measured once take 1 s; a rechecked one 2 s, so 1 s of extra measurements (the first
+    # trial, whose seconds include the setup, is counted but not timed)
+    rank = [("a", 10.0, 3, 5.0), ("b", 12.0, 1, 6.0), ("c", 8.0, 3, 8.0), ("d", 9.0, 1, 9.0), ("e", 7.0, 3, 11.0)]
+    traces = {("hgt", "aifb", "tpe+rank", 1): rank, ("hgt", "aifb", "tpe+rank", 2): rank,
+              ("hgt", "aifb", "tpe", 1): [("a", 10.0, 3, 5.0), ("b", 12.0, 1, 6.0)]}
+    _write_run(tmp_path / "run", traces, {"a": 10.0, "c": 8.0, "e": 7.0}, rows)
+    assert readout.rechecked(tmp_path / "run") == {("hgt", "aifb", "tpe+rank"): (3, pytest.approx(2 / 11)),
+                                                    ("hgt", "aifb", "tpe"): (1, 0.0)}
+    text = "\n".join(readout.report(tmp_path / "run", after=[1]))
+    assert "| after 1 | seconds per run | rechecked per run | share of seconds |" in text
+    assert "| hgt | aifb | tpe+rank | 1.43 | 50 | 3 | 18% |" in text
+    _write_run(tmp_path / "before", {("hgt", "aifb", "tpe", 1): [("a", 10.0)]}, {"a": 10.0}, rows[:1])
+    assert readout.rechecked(tmp_path / "before") == {}  # a run from before the recheck has no such column
 
 
 def test_readout_says_what_is_missing(readout, tmp_path, capsys):

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from rgtune.tuner.db import TrialDatabase
-from rgtune.tuner.measure import MeasureOptions, MeasureWorker, Workload, measure_rounds, paired_times
+from rgtune.tuner.measure import (MeasureOptions, MeasureResult, MeasureWorker, Workload, measure_rounds,
+                                  paired_times)
 from rgtune.tuner.study import TuneOptions, Tuner
 
 GRAPH = "synthetic:custom,nodes=300,edges=2500,ntypes=2,rels=4,seed=1"
@@ -232,6 +233,68 @@ def test_the_fastest_schedules_are_confirmed_in_interleaved_rounds_and_decide_th
     assert off.confirmation is None and db.count_trials() == 8 + len(rounds) + 2 + again.confirmation.schedules + 1
     with pytest.raises(ValueError, match="confirm_rounds"):
         Tuner(_workload("reference"), db, TuneOptions(confirm_rounds=0))
+
+class _ScriptedTimes(Tuner):
+    """A tuner whose worker verifies for real but reports the times of ``script`` (ms), one per ``ok``
+    measurement, or a timeout for a ``None`` in it."""
+
+    def __init__(self, *args, script, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.script, self.calls = iter(script), 0
+
+    def _setup(self) -> None:
+        super()._setup()
+        real = self.worker.measure
+
+        def measure(config, seed=0):
+            result = real(config, seed)
+            self.calls += 1
+            if result.status == "ok":
+                ms = next(self.script)
+                if ms is None:
+                    return MeasureResult("timeout", error="trial exceeded its timeout")
+                result.median, result.times = ms / 1e3, [ms / 1e3]
+            return result
+
+        self.worker.measure = measure
+
+
+def test_a_new_best_is_measured_recheck_times_and_counts_with_its_median(db):
+    # default 10 -> rechecked 12, 11: 11; 20: not a new best; 9 -> 30, 12: 12, not the best after all;
+    # 5 -> 6, 7: 6, the new best; 8: not a new best
+    script = [10, 12, 11, 20, 9, 30, 12, 5, 6, 7, 8]
+    opts = TuneOptions(trials=5, sampler="random", seed=0, progress=False, measure=FAST, confirm_top=0, recheck=3)
+    tuner = _ScriptedTimes(_workload("reference"), db, opts, script=script)
+    s = tuner.run()
+    ok = [t for t in db.history() if t.status == "ok"]
+    assert [t.median_ms for t in ok] == pytest.approx([11, 20, 12, 6, 8])
+    assert tuner.calls == len(script) and s.measured == 5 and db.count_trials() == 5 and s.rechecked == 3
+    assert ok[0].times_ms == pytest.approx([10, 12, 11])  # every run of every measurement stays recorded
+    assert s.best_ms == pytest.approx(6) and s.best_trial_id == ok[3].id
+    import optuna
+
+    study = optuna.load_study(study_name=s.study_name, storage=db.url)
+    assert study.user_attrs["rgtune.recheck"] == 3
+    assert sorted(t.value for t in study.trials) == pytest.approx([6, 8, 11, 12, 20])  # the sampler sees the medians
+
+
+def test_recheck_one_measures_every_trial_once(db):
+    opts = TuneOptions(trials=3, sampler="random", seed=0, progress=False, measure=FAST, confirm_top=0, recheck=1)
+    tuner = _ScriptedTimes(_workload("reference"), db, opts, script=[10, 9, 5])
+    s = tuner.run()
+    assert tuner.calls == 3 and s.rechecked == 0 and s.best_ms == pytest.approx(5)
+    with pytest.raises(ValueError, match="recheck must be >= 1"):
+        Tuner(_workload("reference"), db, TuneOptions(recheck=0))
+
+
+def test_a_recheck_that_fails_is_the_trials_outcome_and_never_best(db):
+    opts = TuneOptions(trials=2, sampler="random", seed=0, progress=False, measure=FAST, confirm_top=0, recheck=3)
+    tuner = _ScriptedTimes(_workload("reference"), db, opts, script=[10, 11, 12, 4, None])
+    s = tuner.run()
+    second = db.history()[1]
+    assert second.status == "timeout" and "measurement 2 of 3; the first was ok" in second.error
+    assert s.best_ms == pytest.approx(11) and s.statuses == {"ok": 1, "timeout": 1}
+
 
 # ------------------------------------------------------------------ kill -9, then resume
 # ------------------------------------------------------------------ a pruner in the loop
@@ -537,6 +600,7 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     (["tune", "--model", "rgcn", "--dataset", "aifb", "--backend", "tpu"], "choose one of"),
     (["tune", "--model", "rgcn", "--dataset", "aifb", "--sampler", "grid"], "choose one of ['tpe'"),
     (["tune", "--model", "rgcn", "--dataset", "aifb", "--timing", "blocks"], "invalid choice: 'blocks'"),
+    (["tune", "--model", "rgcn", "--dataset", "aifb", "--recheck", "0"], "--recheck"),
     (["tune", "--model", "rgcn", "--dataset", "aifb", "--db", "postgresql+psycopg://u@127.0.0.1:1/x"], "connect"),
     (["tune", "--model", "rgcn", "--dataset", "aifb", "--db", "nonsense://"], "rgtune: error"),
 ])
@@ -585,6 +649,7 @@ def test_best_and_history_json(tmp_path):
              cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "best schedule" in r.stdout and "over the default schedule" in r.stdout
+    assert "rechecked as a new best)" in r.stdout  # at least the default schedule, the first best
     import json
 
     hist = json.loads(_cli("history", "--db", url, "--json", cwd=tmp_path).stdout)

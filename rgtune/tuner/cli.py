@@ -168,7 +168,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                           fresh=args.fresh, progress=not args.quiet and sys.stderr.isatty(),
                           measure=MeasureOptions(timeout=args.trial_timeout, timing=args.timing),
                           pruner=_cost_model_pruner(args),
-                          confirm_top=args.confirm, confirm_rounds=args.confirm_rounds)
+                          confirm_top=args.confirm, confirm_rounds=args.confirm_rounds, recheck=args.recheck)
     print(f"tuning {args.model} on {graph.name} ({graph.num_nodes():,} nodes, {graph.num_edges():,} edges, "
           f"{graph.num_rels} relations), hidden={args.hidden}, heads={args.heads}, backend={backend}, "
           f"db={db.name}", file=sys.stderr)
@@ -202,7 +202,8 @@ def _cost_model_pruner(args: argparse.Namespace) -> Any:
 
 def _print_summary(s) -> None:
     status = ", ".join(f"{k} {v}" for k, v in sorted(s.statuses.items()))
-    what = f"{s.measured} measured trials" + (" and a confirmation" if s.confirmation is not None else "")
+    what = f"{s.measured} measured trials" + (f" ({s.rechecked} rechecked as a new best)" if s.rechecked else "") \
+        + (" and a confirmation" if s.confirmation is not None else "")
     print(f"study {s.study_name}: {what} in {s.elapsed_s:.1f} s ({status or 'none'})"
           + (" -- interrupted; run the same command to resume" if s.interrupted else ""))
     if s.pruner is not None:
@@ -382,6 +383,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default 5; 0 turns it off)")
     p.add_argument("--confirm-rounds", type=positive_int, default=5, metavar="R",
                    help="rounds of the confirmation (default 5; each costs one measurement per schedule)")
+    p.add_argument("--recheck", type=positive_int, default=3, metavar="N",
+                   help="a trial whose measurement beats the best so far is measured until it has N measurements, "
+                        "and its time is their median, so that one lucky run does not steer the search "
+                        "(default 3; 1 turns it off; costs N-1 measurements of such trials, not --trials)")
     p.set_defaults(func=cmd_tune)
 
     for name, about, func in (("best", "the best recorded schedule of a workload", cmd_best),

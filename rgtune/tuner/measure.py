@@ -439,6 +439,29 @@ def interleaved(names: Iterable[str], rounds: int, salt: str = "") -> Iterator[t
         yield from ((rnd, name) for name in order)
 
 
+def combine_measurements(results: Sequence[MeasureResult]) -> MeasureResult:
+    """One schedule's ``ok`` measurements as one: the median of their times (each one's median), their
+    runs together, the largest error; ``info`` is the first one's, with ``measurements_ms`` (each one's
+    time) and, when paired, ``vs_reference`` the median of their ratios.
+
+    Example:
+        >>> r = combine_measurements([MeasureResult("ok", median=m, times=[m, m], max_error=e)
+        ...                           for m, e in ((0.003, 1e-6), (0.002, 3e-6), (0.009, 2e-6))])
+        >>> r.median, len(r.times), r.max_error, r.info["measurements_ms"]
+        (0.003, 6, 3e-06, [3.0, 2.0, 9.0])
+    """
+    if not results or any(r.status != "ok" or r.median is None for r in results):
+        raise ValueError("combine_measurements takes one or more ok measurements")
+    first = results[0]
+    info = {**first.info, "measurements_ms": [r.median * 1e3 for r in results]}
+    ratios = [r.info["vs_reference"] for r in results if "vs_reference" in r.info]
+    if len(ratios) == len(results):
+        info["vs_reference"] = statistics.median(ratios)
+    errors = [r.max_error for r in results if r.max_error is not None]
+    return replace(first, median=statistics.median(r.median for r in results),
+                   times=[t for r in results for t in r.times], max_error=max(errors) if errors else None, info=info)
+
+
 def median_ok(times: Sequence[float | None]) -> float | None:
     """The median of a configuration's ``ok`` rounds of :func:`measure_rounds` (None: no round was ok).
 

@@ -28,6 +28,14 @@ each round a trial of that confirmation, and :meth:`TrialDatabase.best` returns 
 with the lowest median over the rounds. Confirmation costs ``confirm_top x confirm_rounds``
 measurements, not budget; ``confirm_top=0`` turns it off.
 
+Recheck: the fastest of many single measurements is biased low during the search too, and the
+search steers by it (the sampler's good trials, the cost model's fastest schedules, the
+confirmation's candidates). So a measurement that beats the best so far is repeated until the
+schedule has ``recheck`` measurements (3 by default), and the trial's time is their median: a
+lucky measurement no longer becomes the best on its own. It costs ``recheck - 1`` more measurements of the
+few trials that look like a new best (the kernels are compiled once), not budget; ``recheck=1``
+turns it off. A repeat that is not ``ok`` (a schedule that verified once) is the trial's outcome.
+
 Crash safety: a trial is committed as ``running`` before it is measured. When a study
 resumes, trials left ``running`` by a dead process (Ctrl-C, kill -9, power loss) become
 ``failed`` in both rgtune's history and Optuna's storage, so the counts add up.
@@ -54,7 +62,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_checkable
 
-from rgtune.tuner.measure import MeasureOptions, MeasureResult, MeasureWorker, Workload, interleaved
+from rgtune.tuner.measure import (MeasureOptions, MeasureResult, MeasureWorker, Workload, combine_measurements,
+                                  interleaved)
 
 if TYPE_CHECKING:
     import optuna
@@ -137,6 +146,7 @@ class TuneOptions:
     max_proposals_per_trial: int = 10  # candidates proposed in all <= this x trials (pruned ones included)
     confirm_top: int = 5  # at the end, time this many fastest schedules again (0: off; see the module docstring)
     confirm_rounds: int = 5  # ... in this many interleaved rounds (odd: the median is one of the rounds)
+    recheck: int = 3  # a measurement beating the best so far is repeated to this many; the median counts (1: off)
 
 
 @dataclass
@@ -152,6 +162,7 @@ class TuneSummary:
     elapsed_s: float
     interrupted: bool = False
     measured: int = 0  # trials that cost a measurement (not pruned)
+    rechecked: int = 0  # trials measured ``recheck`` times because their first measurement beat the best so far
     pruner: dict[str, Any] | None = None  # the pruner's describe() at the end, if it has one
     confirmation: "Confirmed | None" = None  # the confirmation that ended the run, if one ran
 
@@ -202,11 +213,14 @@ class Tuner:
         self.workload = workload
         self.db = db
         self.options = options or TuneOptions()
+        self.rechecked = 0  # trials of this run measured again as a new best (see ``recheck``)
         if self.options.sampler not in SAMPLERS:
             raise ValueError(f"unknown sampler {self.options.sampler!r}; choose one of {list(SAMPLERS)}")
         if self.options.confirm_top < 0 or self.options.confirm_top == 1 or self.options.confirm_rounds < 1:
             raise ValueError(f"confirm_top must be 0 (off) or >= 2 schedules to compare and confirm_rounds >= 1, got "
                              f"{self.options.confirm_top} and {self.options.confirm_rounds}")
+        if self.options.recheck < 1:
+            raise ValueError(f"recheck must be >= 1 measurements of a new best (1: off), got {self.options.recheck}")
 
     # ------------------------------------------------------------------ setup
     def _setup(self) -> None:
@@ -245,6 +259,7 @@ class Tuner:
             warnings.warn(f"study {name!r} was timed {before}; its new trials are timed {timing} (use --fresh "
                           "for a study timed one way)", stacklevel=2)
         self.study.set_user_attr("rgtune.timing", timing)
+        self.study.set_user_attr("rgtune.recheck", self.options.recheck)
         self._fail_abandoned_optuna_trials()
         new_study = not self.study.trials
         if new_study:
@@ -450,10 +465,32 @@ class Tuner:
             if prune:
                 return MeasureResult("pruned", info={"predicted_ms": predicted})
         seed = (self.options.seed or 0) * 1_000_003 + number
-        result = self.worker.measure(config, seed=seed)
+        result = self._measure(config, seed)
         if predicted is not None:  # recorded next to the measurement: how good the model is, online
             result.info["predicted_ms"] = predicted
         return result
+
+    def _measure(self, config: dict[str, Any], seed: int) -> MeasureResult:
+        """Measure a candidate; one that beats the best so far ``recheck`` times in all (see the module docstring)."""
+        result = self.worker.measure(config, seed=seed)
+        if self.options.recheck <= 1 or not self._beats_best(result):
+            return result
+        measurements = [result]
+        while len(measurements) < self.options.recheck:
+            again = self.worker.measure(config, seed=seed)
+            if again.status != "ok":  # it verified and ran once: whatever failed now is the trial's outcome
+                again.error = (f"{again.error or again.status} (in measurement {len(measurements) + 1} of "
+                               f"{self.options.recheck}; the first was ok)")
+                return again
+            measurements.append(again)
+        self.rechecked += 1
+        return combine_measurements(measurements)
+
+    def _beats_best(self, result: MeasureResult) -> bool:
+        if result.status != "ok" or result.median is None:
+            return False
+        best = self.db.best(self.record)
+        return best is None or best.median_ms is None or result.median * 1e3 < best.median_ms
 
     def _observe(self, config: dict[str, Any], point: Any, result: MeasureResult) -> None:
         if self._learner is not None and result.status != "invalid":
@@ -505,7 +542,8 @@ class Tuner:
         best = self.db.best(self.record)
         return TuneSummary(self.record.id, self.study.study_name, proposed, statuses, self.default_ms(),
                            best.median_ms if best else None, best.knobs if best else None,
-                           best.id if best else None, elapsed, interrupted, measured, pruner)
+                           best.id if best else None, elapsed, interrupted, measured, rechecked=self.rechecked,
+                           pruner=pruner)
 
 
 # ---------------------------------------------------------------------- helpers
