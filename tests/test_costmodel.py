@@ -558,19 +558,23 @@ def test_transfer_experiment_checks_its_count_features(load_experiment):
     assert transfer.build_parser().parse_args(["--seed", "23"]).seed == 23
 
 
-def test_curves_keep_one_timing_per_work_directory(load_experiment, tmp_path):
+def test_curves_keep_one_timing_and_recheck_per_work_directory(load_experiment, tmp_path):
     import argparse
     import json
 
     curves = load_experiment("tuning_curves")
     run_dir = curves._run_dir(tmp_path, "hgt", "aifb", 0, "tpe")
     run_dir.mkdir(parents=True)
-    (run_dir / "trace.json").write_text(json.dumps({"trace": []}))  # a run from before --timing: plain
-    args = argparse.Namespace(timing="paired")
-    with pytest.raises(SystemExit, match="timed with --timing plain, not paired: use another --workdir"):
-        curves.run_one("hgt", "aifb", 0, "tpe", tmp_path / "base.db", tmp_path, args, "cpu")
+    # a run from before --timing and the tuner's recheck: plain, every trial measured once
+    (run_dir / "trace.json").write_text(json.dumps({"trace": []}))
+    for timing, recheck in (("paired", 1), ("plain", 3)):
+        with pytest.raises(SystemExit, match=f"was run with --timing plain --recheck 1, not --timing {timing} "
+                                             f"--recheck {recheck}: use another --workdir"):
+            curves.run_one("hgt", "aifb", 0, "tpe", tmp_path / "base.db", tmp_path,
+                           argparse.Namespace(timing=timing, recheck=recheck), "cpu")
     assert curves.run_one("hgt", "aifb", 0, "tpe", tmp_path / "base.db", tmp_path,
-                          argparse.Namespace(timing="plain"), "cpu") == {"trace": []}
+                          argparse.Namespace(timing="plain", recheck=1), "cpu") == {"trace": []}
+    assert curves.build_parser().parse_args([]).recheck == 3  # the tuner's default
     cache = tmp_path / "retime.json"
     cache.write_text(json.dumps({"settings": {"rounds": 7, "hidden": 64, "backend": "cpu"}, "schedules": {"h": {}}}))
     plain = {"rounds": 7, "hidden": 64, "backend": "cpu", "timing": "plain"}
