@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling script, run or loaded by the tests
-from tuning_curves import incumbent_times  # noqa: E402  (one definition of what a run returns at each trial)
+from tuning_curves import arm_parts, incumbent_times  # noqa: E402  (one definition of arms and of what a run returns)
 
 WorkloadKey = tuple[str, str]  # (model, dataset)
 COUNTS = ("pools", "local", "local_picked", "explored", "deferred", "refits")
@@ -197,7 +197,7 @@ def report(results: Path, baseline: str = "tpe", pairs: Sequence[tuple[str, str]
                          f"{row['retimed_reached']} | {_seeds(row['retimed_trials_to_goal'])} | {v} |")
     lines += ["", *(f"- {arm}: met on {v.count('met')} of {len(v)}" for arm, v in tally.items())]
     if pairs is None:
-        pairs = [("tpe+rank", a) for a in arms if a.startswith("tpe+rank") and a != "tpe+rank" and "tpe+rank" in arms]
+        pairs = [(b, a) for a in arms if (b := _ablated(a)) is not None and b in (baseline, *arms)]
     for a, b in pairs:
         lines += ["", f"## {a} against {b}: median trials to the goal", "",
                   f"| model | dataset | {a} | {b} | {a} is |", "|---|---|---|---|---|"]
@@ -231,6 +231,21 @@ def report(results: Path, baseline: str = "tpe", pairs: Sequence[tuple[str, str]
         for (model, dataset, arm), c in sorted(counts(workdir).items()):
             lines.append(f"| {model} | {dataset} | {arm} | " + " | ".join(str(c.get(k, 0)) for k in COUNTS) + " |")
     return lines
+
+
+def _ablated(arm: str) -> str | None:
+    """The arm an ablation arm is compared with by default: a recheck variant's base arm
+    (``tpe/recheck=1``: ``tpe``), else ``tpe+rank`` for a rank ablation (``tpe+rank-local0``); None
+    for an arm that is not an ablation.
+
+    Example:
+        >>> _ablated("tpe+rank/recheck=1"), _ablated("tpe/recheck=1"), _ablated("tpe+rank0"), _ablated("tpe")
+        ('tpe+rank', 'tpe', 'tpe+rank', None)
+    """
+    base, recheck = arm_parts(arm)
+    if recheck is not None:
+        return base
+    return "tpe+rank" if arm.startswith("tpe+rank") and arm != "tpe+rank" else None
 
 
 def _pair(text: str) -> tuple[str, str]:

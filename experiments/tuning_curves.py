@@ -46,7 +46,9 @@ a work directory holds runs of one timing only.
 the run's best so far is measured N times in all and its time is the median. So a trace's
 times are the tuner's, and a run's incumbent is what the tuner holds for its best; the extra
 measurements count in the run's seconds, not in its trials (``measurements`` in a trace entry).
-A work directory holds runs of one recheck setting only.
+A work directory holds runs of one recheck setting per arm: to compare settings in one run (all
+incumbents re-timed in one process), give an arm twice, once as ``ARM/recheck=N`` (e.g.
+``--arms tpe,tpe/recheck=1,tpe+rank,tpe+rank/recheck=1``).
 
 Outputs (``--out``, default ``experiments/results``): ``tuning_curves.csv`` (every trial of
 every run), ``tuning_curves_summary.csv`` and ``.json`` (trials and seconds to the goal,
@@ -97,6 +99,8 @@ DEFAULT_ARMS = ("tpe", "tpe+cm", "tpe+rank")
 COLORS = {"tpe": "tab:blue", "tpe+cm": "tab:red", "tpe+rank": "tab:green", "tpe+rank0": "tab:olive",
           "tpe+rank-local0": "tab:purple"}
 WorkloadKey = tuple[str, str]  # (model, dataset)
+#: an arm of ARMS with this and N appended runs with the tuner's recheck N, whatever --recheck says
+RECHECK_VARIANT = "/recheck="
 
 
 # ---------------------------------------------------------------------- the loop, instrumented
@@ -241,11 +245,33 @@ def _own_cache(run_dir: Path) -> Iterator[None]:
 
 
 def _run_dir(workdir: Path, model: str, dataset: str, seed: int, arm: str) -> Path:
-    return workdir / "runs" / f"{model}-{_safe(dataset)}-s{seed}-{arm.replace('+', '_')}"
+    return workdir / "runs" / f"{model}-{_safe(dataset)}-s{seed}-{_safe(arm)}"
+
+
+def arm_parts(arm: str) -> tuple[str, int | None]:
+    """An arm's base arm (of :data:`ARMS`) and the recheck it sets (None: ``--recheck``'s). So
+    ``tpe+rank`` and ``tpe+rank/recheck=1`` can run side by side, re-timed in one process.
+
+    Example:
+        >>> arm_parts("tpe+rank/recheck=1"), arm_parts("tpe")
+        (('tpe+rank', 1), ('tpe', None))
+    """
+    base, variant, n = arm.partition(RECHECK_VARIANT)
+    if not variant:
+        return arm, None
+    if not n.isdigit() or int(n) < 1:
+        raise ValueError(f"arm {arm!r}: the recheck after {RECHECK_VARIANT!r} must be an integer >= 1")
+    return base, int(n)
+
+
+def _recheck(arm: str, args: argparse.Namespace) -> int:
+    recheck = arm_parts(arm)[1]
+    return args.recheck if recheck is None else recheck
 
 
 def _policy(arm: str, args: argparse.Namespace, seed: int) -> PrunePolicy | RankPolicy | None:
     """The cost model's policy of an arm (None: TPE alone); raises ValueError on bad settings."""
+    arm = arm_parts(arm)[0]
     if arm == "tpe+cm":
         return PrunePolicy(margin=args.margin, explore=args.explore, warmup=args.warmup, seed=seed)
     if arm == "tpe+rank" or arm in RANK_ABLATIONS:
@@ -268,9 +294,9 @@ def run_one(model: str, dataset: str, seed: int, arm: str, base: Path, workdir: 
         finished = json.loads(done.read_text())
         timed = finished.get("timing", "plain")  # runs from before --timing were plain
         rechecked = finished.get("recheck", 1)  # runs from before the tuner's recheck measured every trial once
-        if (timed, rechecked) != (args.timing, args.recheck):
+        if (timed, rechecked) != (args.timing, _recheck(arm, args)):
             raise SystemExit(f"tuning_curves: {run_dir} was run with --timing {timed} --recheck {rechecked}, not "
-                             f"--timing {args.timing} --recheck {args.recheck}: use another --workdir")
+                             f"--timing {args.timing} --recheck {_recheck(arm, args)}: use another --workdir")
         return finished
     run_dir.mkdir(parents=True, exist_ok=True)
     db_path = run_dir / "results.db"
@@ -278,7 +304,7 @@ def run_one(model: str, dataset: str, seed: int, arm: str, base: Path, workdir: 
         p.unlink(missing_ok=True)
     _sqlite_copy(base, db_path)
     saved = Path(f"{base}.costmodel")
-    if arm != "tpe" and saved.is_dir():  # the model trained on the base history, next to the database
+    if _policy(arm, args, seed) is not None and saved.is_dir():  # the model trained on the base history
         target = Path(f"{db_path}.costmodel")
         target.mkdir(exist_ok=True)
         for f in saved.iterdir():
@@ -287,15 +313,15 @@ def run_one(model: str, dataset: str, seed: int, arm: str, base: Path, workdir: 
     db = TrialDatabase(f"sqlite:///{db_path}")
     opts = TuneOptions(trials=args.budget, sampler="tpe", seed=seed, progress=False,
                        measure=_measure_options(args), pruner=pruner,
-                       max_proposals_per_trial=args.max_proposal_factor, recheck=args.recheck,
+                       max_proposals_per_trial=args.max_proposal_factor, recheck=_recheck(arm, args),
                        confirm_top=0)  # the search alone: the incumbents are re-timed after all runs
     tuner = CurveTuner(Workload(model, dataset, args.hidden, args.hidden, 1, backend, args.data_dir), db, opts)
     t0 = time.time()
     with _own_cache(run_dir):
         summary = tuner.run()
     out = {"model": model, "dataset": dataset, "seed": seed, "arm": arm, "budget": args.budget,
-           "timing": args.timing, "recheck": args.recheck, "setup_s": tuner.setup_s, "elapsed_s": time.time() - t0,
-           "statuses": summary.statuses,
+           "timing": args.timing, "recheck": _recheck(arm, args), "setup_s": tuner.setup_s,
+           "elapsed_s": time.time() - t0, "statuses": summary.statuses,
            "cost_model": pruner.describe() if pruner is not None else None, "trace": tuner.trace}
     text = json.dumps(out, default=str)
     done.write_text(text)
@@ -524,6 +550,11 @@ def _no_metrics() -> dict[str, Any]:
     return {**dict.fromkeys(scalars), "trials_to_goal": [], "seconds_to_goal": [], "final_over_best": []}
 
 
+def arms_of(runs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The arms of ``runs``, in the order of :data:`ARMS`, each recheck variant after its base arm."""
+    return sorted({r["arm"] for r in runs}, key=lambda a: (ARMS.index(arm_parts(a)[0]), arm_parts(a)[1] or 0))
+
+
 def summarize(runs: list[dict[str, Any]], best: dict[tuple, float], within: float,
               retimed: Mapping[WorkloadKey, Mapping[str, float]] | None = None) -> list[dict[str, Any]]:
     """One row per (workload, arm): the goal metrics as measured, and re-timed (``retimed_*``, None or
@@ -532,7 +563,7 @@ def summarize(runs: list[dict[str, Any]], best: dict[tuple, float], within: floa
     rows = []
     for (model, dataset), b in sorted(best.items()):
         times = retimed.get((model, dataset))
-        for arm in ARMS:
+        for arm in arms_of(runs):
             sel = [r for r in runs if (r["model"], r["dataset"], r["arm"]) == (model, dataset, arm)]
             if not sel:
                 continue
@@ -554,7 +585,7 @@ def _ratios(rows: list[dict[str, Any]]) -> list[str]:
         a = {r["arm"]: r for r in rows if (r["model"], r["dataset"]) == (model, dataset)}
         if "tpe" not in a:
             continue
-        for arm in (x for x in ARMS if x != "tpe" and x in a):
+        for arm in (x for x in arms_of(rows) if x != "tpe" and x in a):
             for prefix, how in (("", "as measured"), ("retimed_", "re-timed")):
                 if a[arm][f"{prefix}best_known_ms"] is not None:
                     lines.append(_ratio_line(f"{model} {dataset} ({how})", a["tpe"], a[arm], arm, prefix))
@@ -596,7 +627,7 @@ def plot(runs: list[dict[str, Any]], best: dict[tuple, float], path: Path, withi
         b = min(times.values()) if times else best[key]
         for row, xkey in enumerate(("measured", "wall_s")):
             ax = axes[row][col]
-            for arm in ARMS:
+            for arm in arms_of(runs):
                 sel = [r for r in runs if (r["model"], r["dataset"], r["arm"]) == (*key, arm)]
                 if not sel:
                     continue
@@ -606,7 +637,7 @@ def plot(runs: list[dict[str, Any]], best: dict[tuple, float], path: Path, withi
                     values = incumbent_times(r["trace"], times or {})  # with no re-timed times: the best so far
                     xs = [t[xkey] for t, v in zip(r["trace"], values) if v is not None]
                     vs = [v / b for v in values if v is not None]
-                    ax.step(xs, vs, where="post", color=COLORS[arm], alpha=0.2, lw=0.8)
+                    ax.step(xs, vs, where="post", alpha=0.2, lw=0.8, **_style(arm))
                     idx = np.searchsorted(xs, grid, side="right") - 1
                     ys.append(np.where(idx >= 0, np.asarray(vs)[np.maximum(idx, 0)], np.nan) if vs
                               else np.full(len(grid), np.nan))
@@ -614,7 +645,7 @@ def plot(runs: list[dict[str, Any]], best: dict[tuple, float], path: Path, withi
                 with warnings.catch_warnings():  # before a run's first ok trial its best is NaN
                     warnings.simplefilter("ignore", RuntimeWarning)
                     med = np.nanmedian(ys, axis=0)
-                ax.plot(grid, med, color=COLORS[arm], lw=2, label=f"{arm} (median of {len(sel)})")
+                ax.plot(grid, med, lw=2, label=f"{arm} (median of {len(sel)})", **_style(arm))
             ax.axhline(1 + within, color="gray", ls=":", lw=1)
             ax.set_yscale("log")
             ax.set_xlabel("measured trials" if xkey == "measured" else "wall time (s)")
@@ -675,13 +706,24 @@ def _f(x: Any) -> str:
 
 
 # ---------------------------------------------------------------------- command line
+def _style(arm: str) -> dict[str, str]:
+    """An arm's colour (its base arm's) and line style (dashed for a recheck variant)."""
+    base, recheck = arm_parts(arm)
+    return {"color": COLORS[base], "ls": "-" if recheck is None else "--"}
+
+
 def _arms(text: str) -> list[str]:
-    """``--arms``: a comma-separated subset of :data:`ARMS`, in the order given."""
+    """``--arms``: a comma-separated subset of :data:`ARMS`, each optionally with ``/recheck=N``, in the
+    order given."""
     arms = list(dict.fromkeys(a.strip() for a in text.split(",") if a.strip()))
-    bad = [a for a in arms if a not in ARMS]
+    try:
+        bad = [a for a in arms if arm_parts(a)[0] not in ARMS]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
     if bad or not arms:
         what = f"unknown arm(s) {', '.join(map(repr, bad))}" if bad else "no arm given"
-        raise argparse.ArgumentTypeError(f"{what}; choose from {', '.join(ARMS)}")
+        raise argparse.ArgumentTypeError(f"{what}; choose from {', '.join(ARMS)}, each optionally with "
+                                         f"{RECHECK_VARIANT}N (the tuner's recheck for that arm)")
     return arms
 
 
@@ -702,7 +744,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arms", type=_arms, default=",".join(DEFAULT_ARMS),
                    help=f"comma-separated, of {', '.join(ARMS)} (default {','.join(DEFAULT_ARMS)}; tpe+rank0 is "
                         "tpe+rank without its opening, whatever --opening says, tpe+rank-local0 without local "
-                        "candidates, whatever --local says)")
+                        "candidates, whatever --local says; ARM/recheck=N runs ARM with the tuner's recheck N, "
+                        "whatever --recheck says, e.g. tpe+rank,tpe+rank/recheck=1)")
     p.add_argument("--margin", type=float, default=PrunePolicy.margin,
                    help="tpe+cm: pruning margin (default %(default)s)")
     p.add_argument("--explore", type=float, default=PrunePolicy.explore,

@@ -595,3 +595,31 @@ def test_curves_can_run_rank_ablations_beside_rank(load_experiment):
     assert (no_local.opening, no_local.local) == (4, 0.0)
     assert curves._run_dir(Path("w"), "hgt", "aifb", 1, "tpe+rank-local0").name == "hgt-aifb-s1-tpe_rank-local0"
     assert curves.build_parser().parse_args([]).arms == ["tpe", "tpe+cm", "tpe+rank"]  # the default is unchanged
+
+
+def test_curves_run_an_arm_with_its_own_recheck_beside_the_same_arm(load_experiment, tmp_path, capsys):
+    """``ARM/recheck=N`` is ARM with the tuner's recheck N, whatever ``--recheck`` says, in its own run
+    directory of the same work directory (so all its incumbents are re-timed with the others)."""
+    import argparse
+    import doctest
+    import json
+
+    curves = load_experiment("tuning_curves")
+    assert doctest.testmod(curves).failed == 0
+    args = curves.build_parser().parse_args(["--arms", "tpe,tpe/recheck=1,tpe+rank,tpe+rank/recheck=1",
+                                             "--recheck", "3"])
+    assert [curves._recheck(a, args) for a in args.arms] == [3, 1, 3, 1]
+    assert curves._policy("tpe/recheck=1", args, 0) is None
+    assert isinstance(curves._policy("tpe+rank/recheck=1", args, 0), curves.RankPolicy)
+    run_dir = curves._run_dir(tmp_path, "hgt", "aifb", 1, "tpe+rank/recheck=1")
+    assert run_dir.parent == tmp_path / "runs" and run_dir.name == "hgt-aifb-s1-tpe_rank_recheck_1"
+    assert curves._run_dir(tmp_path, "hgt", "aifb", 1, "tpe+rank").name == "hgt-aifb-s1-tpe_rank"
+    run_dir.mkdir(parents=True)
+    (run_dir / "trace.json").write_text(json.dumps({"timing": "plain", "recheck": 1, "trace": []}))
+    assert curves.run_one("hgt", "aifb", 1, "tpe+rank/recheck=1", tmp_path / "base.db", tmp_path,
+                          argparse.Namespace(timing="plain", recheck=3), "cpu")["recheck"] == 1
+    for bad, needle in (("tpe/recheck=0", "must be an integer >= 1"), ("tpe/recheck=x", "must be an integer >= 1"),
+                        ("gp/recheck=1", "unknown arm(s) 'gp/recheck=1'")):
+        with pytest.raises(SystemExit):
+            curves.build_parser().parse_args(["--arms", bad])
+        assert needle in capsys.readouterr().err
