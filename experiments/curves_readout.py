@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling script, run or loaded by the tests
-from tuning_curves import arm_parts, incumbent_times  # noqa: E402  (one definition of arms and of what a run returns)
+from tuning_curves import arm_parts, incumbent_times, measured_scale  # noqa: E402  (one definition of arms and of what a run returns)
 
 WorkloadKey = tuple[str, str]  # (model, dataset)
 COUNTS = ("pools", "local", "local_picked", "explored", "deferred", "refits")
@@ -82,21 +82,25 @@ def load_summary(results: Path) -> tuple[dict[tuple[str, str, str], dict[str, An
     return rows, int(data["settings"]["budget"])
 
 
-def _retimed(results: Path) -> dict[WorkloadKey, dict[str, float]]:
-    """Per workload, the re-timed ms of each schedule that has one."""
+def retimed_and_scales(results: Path) -> tuple[dict[WorkloadKey, dict[str, float]], dict[WorkloadKey, float]]:
+    """Per workload, the re-timed ms of each schedule that has one, and the workload's
+    ``tuning_curves.measured_scale``."""
     out: dict[WorkloadKey, dict[str, float]] = {}
+    pairs: dict[WorkloadKey, list[tuple[float, float]]] = {}
     with open(results / "tuning_curves_retimed.csv", newline="") as f:
         for r in csv.DictReader(f):
             if r["retimed_ms"]:
-                out.setdefault((r["model"], r["dataset"]), {})[r["schedule_hash"]] = float(r["retimed_ms"])
-    return out
+                key = (r["model"], r["dataset"])
+                out.setdefault(key, {})[r["schedule_hash"]] = float(r["retimed_ms"])
+                pairs.setdefault(key, []).append((float(r["measured_ms"]), float(r["retimed_ms"])))
+    return out, {key: measured_scale(p) for key, p in pairs.items()}
 
 
 def quality_after(results: Path, after: Sequence[int]) -> dict[tuple[str, str, str], list[float]]:
     """Per (model, dataset, arm): the median over seeds of the incumbent's quality after each of
     ``after`` measured trials (what the run would return then: its lowest measured time so far,
     as ``tuning_curves.incumbent_times`` follows it)."""
-    retimed = _retimed(results)
+    retimed, scales = retimed_and_scales(results)
     best = {workload: min(times.values()) for workload, times in retimed.items()}
     traces: dict[tuple[str, str, str, str], list[dict[str, Any]]] = {}
     with open(results / "tuning_curves.csv", newline="") as f:
@@ -107,7 +111,8 @@ def quality_after(results: Path, after: Sequence[int]) -> dict[tuple[str, str, s
     for (model, dataset, arm, _), trace in traces.items():
         if (model, dataset) not in best:
             continue  # not re-timed: no scale to judge it on
-        times = incumbent_times(trace, retimed[(model, dataset)], schedule=lambda t: t["schedule_hash"])
+        times = incumbent_times(trace, retimed[(model, dataset)], schedule=lambda t: t["schedule_hash"],
+                                scale=scales[(model, dataset)])
         quality = {int(t["measured"]): ms / best[(model, dataset)] for t, ms in zip(trace, times) if ms is not None}
         per_seed.setdefault((model, dataset, arm), []).append(quality)
     return {key: [statistics.median(q.get(n, math.inf) for q in seeds) for n in after]

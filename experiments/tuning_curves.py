@@ -76,7 +76,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -463,6 +463,13 @@ def _retime_line(key: WorkloadKey, out: Mapping[str, Mapping[str, Any]], how: st
             f"schedule's rounds: median {spread}")
 
 
+def _scales(detail: Mapping[WorkloadKey, Mapping[str, Mapping[str, Any]]]) -> dict[WorkloadKey, float]:
+    """Per re-timed workload, :func:`measured_scale` of its re-timed schedules."""
+    pairs = {key: [(v["measured_ms"], v["retimed_ms"]) for v in d.values() if v["retimed_ms"] is not None]
+             for key, d in detail.items()}
+    return {key: measured_scale(p) for key, p in pairs.items() if p}
+
+
 def _retimed_times(detail: Mapping[WorkloadKey, Mapping[str, Mapping[str, Any]]]
                    ) -> dict[WorkloadKey, dict[str, float]]:
     """Per workload, the re-timed ms of each schedule that has one (workloads without any left out)."""
@@ -471,18 +478,37 @@ def _retimed_times(detail: Mapping[WorkloadKey, Mapping[str, Mapping[str, Any]]]
     return {key: d for key, d in out.items() if d}
 
 
+def measured_scale(schedules: Iterable[tuple[float, float]]) -> float:
+    """The factor that puts a measured time on the re-timing's scale: over the re-timed schedules
+    (``(measured_ms, retimed_ms)`` pairs), the best re-timed time over the fastest measured one.
+
+    An incumbent measured more than ``--retime-window`` slower than the workload's fastest is not
+    re-timed. Its measurement may come from a time when the machine ran faster than during the
+    re-timing; scaled by this factor it stays that far from the best on the re-timed scale too
+    (unscaled, on a machine that ran 1.7x slower while re-timing, such incumbents counted as within
+    the goal, below the best).
+
+    >>> measured_scale([(8.0, 14.0), (10.0, 15.0)])
+    1.75
+    """
+    pairs = list(schedules)
+    return min(r for _, r in pairs) / min(m for m, _ in pairs)
+
+
 def incumbent_times(trace: Sequence[Mapping[str, Any]], retimed: Mapping[str, float],
-                    schedule: Callable[[Mapping[str, Any]], str | None] = _schedule) -> list[float | None]:
+                    schedule: Callable[[Mapping[str, Any]], str | None] = _schedule,
+                    scale: float = 1.0) -> list[float | None]:
     """At each trace entry, the time of what the run would return then (the schedule with the lowest
-    measured time so far): re-timed when it was, else as measured; None before the first ok trial.
-    ``schedule`` gives an entry's schedule hash (``curves_readout.py`` reads the hashes the CSV holds)."""
+    measured time so far): re-timed when it was, else as measured times ``scale`` (see
+    :func:`measured_scale`); None before the first ok trial. ``schedule`` gives an entry's schedule
+    hash (``curves_readout.py`` reads the hashes the CSV holds)."""
     marks = dict(_new_bests(trace))
     out: list[float | None] = []
     quality = None
     for i in range(len(trace)):
         if i in marks:
             h = schedule(marks[i])
-            quality = retimed[h] if h in retimed else marks[i]["ms"]
+            quality = retimed[h] if h in retimed else marks[i]["ms"] * scale
         out.append(quality)
     return out
 
@@ -556,10 +582,11 @@ def arms_of(runs: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def summarize(runs: list[dict[str, Any]], best: dict[tuple, float], within: float,
-              retimed: Mapping[WorkloadKey, Mapping[str, float]] | None = None) -> list[dict[str, Any]]:
+              retimed: Mapping[WorkloadKey, Mapping[str, float]] | None = None,
+              scales: Mapping[WorkloadKey, float] | None = None) -> list[dict[str, Any]]:
     """One row per (workload, arm): the goal metrics as measured, and re-timed (``retimed_*``, None or
-    empty where the workload has no re-timed schedule)."""
-    retimed = retimed or {}
+    empty where the workload has no re-timed schedule; ``scales``: :func:`measured_scale` per workload)."""
+    retimed, scales = retimed or {}, scales or {}
     rows = []
     for (model, dataset), b in sorted(best.items()):
         times = retimed.get((model, dataset))
@@ -572,7 +599,9 @@ def summarize(runs: list[dict[str, Any]], best: dict[tuple, float], within: floa
                    **_metrics(sel, [[t["best_ms"] for t in r["trace"]] for r in sel], b, within),
                    "median_proposals": float(np.median([len(r["trace"]) for r in sel])),
                    "median_wall_s": float(np.median(walls))}
-            again = (_metrics(sel, [incumbent_times(r["trace"], times) for r in sel], min(times.values()), within)
+            scale = scales.get((model, dataset), 1.0)
+            again = (_metrics(sel, [incumbent_times(r["trace"], times, scale=scale) for r in sel],
+                              min(times.values()), within)
                      if times else _no_metrics())
             rows.append({**row, **{f"retimed_{k}": v for k, v in again.items()}})
     return rows
@@ -612,14 +641,15 @@ def _ratio(a: float, b: float, arm: str) -> str:
 
 
 def plot(runs: list[dict[str, Any]], best: dict[tuple, float], path: Path, within: float,
-         retimed: Mapping[WorkloadKey, Mapping[str, float]] | None = None) -> None:
+         retimed: Mapping[WorkloadKey, Mapping[str, float]] | None = None,
+         scales: Mapping[WorkloadKey, float] | None = None) -> None:
     """Quality against measured trials and wall time; re-timed where the workload was re-timed."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    retimed = retimed or {}
+    retimed, scales = retimed or {}, scales or {}
     keys = sorted(best)
     fig, axes = plt.subplots(2, len(keys), figsize=(4.2 * len(keys), 7), squeeze=False)
     for col, key in enumerate(keys):
@@ -634,7 +664,8 @@ def plot(runs: list[dict[str, Any]], best: dict[tuple, float], path: Path, withi
                 grid = np.linspace(0, max(t[xkey] for r in sel for t in r["trace"]), 200)
                 ys = []
                 for r in sel:
-                    values = incumbent_times(r["trace"], times or {})  # with no re-timed times: the best so far
+                    # with no re-timed times: the best so far
+                    values = incumbent_times(r["trace"], times or {}, scale=scales.get(key, 1.0) if times else 1.0)
                     xs = [t[xkey] for t, v in zip(r["trace"], values) if v is not None]
                     vs = [v / b for v in values if v is not None]
                     ax.step(xs, vs, where="post", alpha=0.2, lw=0.8, **_style(arm))
@@ -686,7 +717,7 @@ def write_outputs(runs: list[dict[str, Any]], rows: list[dict[str, Any]], best: 
         {"settings": settings, "summary": rows, "ratios": _ratios(rows), "repeat_noise": noise,
          "retimed_schedules": {f"{m} {d}": len(v) for (m, d), v in sorted(detail.items())},
          "cost_model": cost_models}, indent=1, default=str))
-    plot(runs, best, out / "tuning_curves.png", args.within, _retimed_times(detail))
+    plot(runs, best, out / "tuning_curves.png", args.within, _retimed_times(detail), _scales(detail))
 
 
 def _write_retimed(path: Path, detail: Mapping[WorkloadKey, Mapping[str, Mapping[str, Any]]]) -> None:
@@ -836,7 +867,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print(f"{_run_line(r)} [{time.time() - t0:.0f} s total]", flush=True)
     best = best_known(runs, history, args.hidden, backend)
     detail = retime_all(runs, args, backend, workdir)
-    rows = summarize(runs, best, args.within, _retimed_times(detail))
+    rows = summarize(runs, best, args.within, _retimed_times(detail), _scales(detail))
     noise = repeat_noise(workdir, runs)
     write_outputs(runs, rows, best, Path(args.out), args, noise, detail)
     for line in _ratios(rows):

@@ -22,9 +22,10 @@ def _summary_row(model: str, dataset: str, arm: str, trials: list[float], second
 
 
 def _write_run(out: Path, traces: dict[tuple[str, str, str, int], list[tuple]],
-               retimed: dict[str, float], rows: list[dict]) -> None:
+               retimed: dict[str, float | tuple[float, float]], rows: list[dict]) -> None:
     """A results folder as tuning_curves.py writes it: traces of (schedule, measured ms) per run, or of
-    (schedule, measured ms, measurements, wall seconds) as written since the tuner's recheck."""
+    (schedule, measured ms, measurements, wall seconds) as written since the tuner's recheck;
+    ``retimed``: a schedule's re-timed ms, or its (fastest measured ms, re-timed ms)."""
     out.mkdir()
     (out / "tuning_curves_summary.json").write_text(json.dumps({"settings": {"budget": 100}, "summary": rows}))
     rechecked = any(len(e) == 4 for trace in traces.values() for e in trace)
@@ -41,7 +42,8 @@ def _write_run(out: Path, traces: dict[tuple[str, str, str, int], list[tuple]],
         w = csv.writer(f)
         w.writerow(["model", "dataset", "schedule_hash", "knobs", "measured_ms", "retimed_ms"])
         for h, ms in retimed.items():
-            w.writerow(["hgt", "aifb", h, "{}", "", ms])
+            measured, again = ms if isinstance(ms, tuple) else (ms, ms)
+            w.writerow(["hgt", "aifb", h, "{}", measured, again])
 
 
 @pytest.fixture
@@ -88,6 +90,26 @@ def test_report_judges_each_arm_and_follows_the_incumbent(readout, tmp_path):
     assert "| hgt | aifb | tpe+rank | 2.00 | 1.20 | 50 |" in text
     with pytest.raises(ValueError, match="'tpe\\+cm' not in this run; its arms: tpe, tpe\\+rank, tpe\\+rank-local0"):
         readout.report(tmp_path / "run", pairs=[("tpe+rank", "tpe+cm")])
+
+
+def test_an_incumbent_not_re_timed_is_put_on_the_re_timing_scale(readout, tmp_path):
+    # the machine ran 1.75x slower while re-timing: b, measured 1.5x slower than a (outside the
+    # re-timing window, so not re-timed), must not count as 0.86x the best re-timed time
+    rows = [_summary_row("hgt", "aifb", "tpe", [2], [2])]
+    traces = {("hgt", "aifb", "tpe", 1): [("b", 12.0), ("a", 8.0)]}
+    _write_run(tmp_path / "run", traces, {"a": (8.0, 14.0)}, rows)
+    assert readout.quality_after(tmp_path / "run", [1, 2])[("hgt", "aifb", "tpe")] == [1.5, 1.0]
+
+
+def test_rescore_finds_a_verdict_the_scale_changes(load_experiment, tmp_path, capsys):
+    rescore = load_experiment("rescore_curves")
+    rows = [_summary_row("hgt", "aifb", "tpe", [1], [1])]
+    traces = {("hgt", "aifb", "tpe", 1): [("b", 12.0), ("c", 12.5), ("a", 8.0)]}
+    _write_run(tmp_path / "run", traces, {"a": (8.0, 14.0)}, rows)
+    assert rescore.trials_to_goal(tmp_path / "run", 0.05) == {("hgt", "aifb", "tpe"): {"unscaled": [1.0],
+                                                                                       "scaled": [3.0]}}
+    assert rescore.main([str(tmp_path / "run")]) == 0
+    assert "hgt aifb tpe (scale 1.75): median trials to goal unscaled 1 [1.0], scaled 3 [3.0]" in capsys.readouterr().out
 
 
 def test_report_counts_rechecked_trials_and_their_share_of_the_seconds(readout, tmp_path):
