@@ -96,19 +96,25 @@ def retimed_and_scales(results: Path) -> tuple[dict[WorkloadKey, dict[str, float
     return out, {key: measured_scale(p) for key, p in pairs.items()}
 
 
+def load_traces(results: Path) -> dict[tuple[str, str, str, str], list[dict[str, Any]]]:
+    """Each run's trace in ``tuning_curves.csv``, by (model, dataset, arm, seed): the fields as
+    written, ``ms`` as a float (None where the trial was not ok)."""
+    traces: dict[tuple[str, str, str, str], list[dict[str, Any]]] = {}
+    with open(results / "tuning_curves.csv", newline="") as f:
+        for r in csv.DictReader(f):
+            entry = {**r, "ms": float(r["ms"]) if r["ms"] else None}
+            traces.setdefault((r["model"], r["dataset"], r["arm"], r["seed"]), []).append(entry)
+    return traces
+
+
 def quality_after(results: Path, after: Sequence[int]) -> dict[tuple[str, str, str], list[float]]:
     """Per (model, dataset, arm): the median over seeds of the incumbent's quality after each of
     ``after`` measured trials (what the run would return then: its lowest measured time so far,
     as ``tuning_curves.incumbent_times`` follows it)."""
     retimed, scales = retimed_and_scales(results)
     best = {workload: min(times.values()) for workload, times in retimed.items()}
-    traces: dict[tuple[str, str, str, str], list[dict[str, Any]]] = {}
-    with open(results / "tuning_curves.csv", newline="") as f:
-        for r in csv.DictReader(f):
-            entry = {**r, "ms": float(r["ms"]) if r["ms"] else None}
-            traces.setdefault((r["model"], r["dataset"], r["arm"], r["seed"]), []).append(entry)
     per_seed: dict[tuple[str, str, str], list[dict[int, float]]] = {}
-    for (model, dataset, arm, _), trace in traces.items():
+    for (model, dataset, arm, _), trace in load_traces(results).items():
         if (model, dataset) not in best:
             continue  # not re-timed: no scale to judge it on
         times = incumbent_times(trace, retimed[(model, dataset)], schedule=lambda t: t["schedule_hash"],
@@ -125,12 +131,9 @@ def rechecked(results: Path) -> dict[tuple[str, str, str], tuple[float, float]]:
     took (a rechecked trial's seconds less the median seconds of the run's trials measured once;
     the first trial is left out: its seconds include the setup). Empty for a run from before the
     ``measurements`` column."""
-    traces: dict[tuple[str, str, str, str], list[dict[str, str]]] = {}
-    with open(results / "tuning_curves.csv", newline="") as f:
-        for r in csv.DictReader(f):
-            if r.get("measurements") is None:
-                return {}
-            traces.setdefault((r["model"], r["dataset"], r["arm"], r["seed"]), []).append(r)
+    traces = load_traces(results)
+    if any(t.get("measurements") is None for trace in traces.values() for t in trace):
+        return {}
     out: dict[tuple[str, str, str], list[tuple[int, float]]] = {}
     for (model, dataset, arm, _), trace in traces.items():
         wall = [float(t["wall_s"]) for t in trace]

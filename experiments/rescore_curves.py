@@ -12,8 +12,6 @@ best re-timed time both ways, so an earlier run's verdicts can be checked withou
 from __future__ import annotations
 
 import argparse
-import csv
-import math
 import statistics
 import sys
 from collections.abc import Sequence
@@ -21,28 +19,24 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from curves_readout import retimed_and_scales
-from tuning_curves import incumbent_times
+from curves_readout import load_traces, retimed_and_scales
+from tuning_curves import incumbent_times, reach
 
 
-def trials_to_goal(results: Path, within: float) -> dict[tuple[str, str, str], dict[str, list[float]]]:
-    """Per (model, dataset, arm): each seed's trials to the goal, ``unscaled`` and ``scaled``."""
+def trials_to_goal(results: Path, within: float) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """Per (model, dataset, arm): the workload's ``scale`` and each seed's trials to the goal,
+    ``unscaled`` and ``scaled``."""
     retimed, scales = retimed_and_scales(results)
-    traces: dict[tuple[str, str, str, str], list[dict[str, Any]]] = {}
-    with open(results / "tuning_curves.csv", newline="") as f:
-        for r in csv.DictReader(f):
-            traces.setdefault((r["model"], r["dataset"], r["arm"], r["seed"]), []).append(
-                {**r, "ms": float(r["ms"]) if r["ms"] else None})
-    out: dict[tuple[str, str, str], dict[str, list[float]]] = {}
-    for (model, dataset, arm, _), trace in sorted(traces.items()):
+    out: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for (model, dataset, arm, _), trace in sorted(load_traces(results).items()):
         key = (model, dataset)
         if key not in retimed:
             continue
         goal = min(retimed[key].values()) * (1 + within)
+        scored = out.setdefault((model, dataset, arm), {"scale": scales[key], "unscaled": [], "scaled": []})
         for name, scale in (("unscaled", 1.0), ("scaled", scales[key])):
             times = incumbent_times(trace, retimed[key], schedule=lambda t: t["schedule_hash"], scale=scale)
-            n = next((float(t["measured"]) for t, x in zip(trace, times) if x is not None and x <= goal), math.inf)
-            out.setdefault((model, dataset, arm), {}).setdefault(name, []).append(n)
+            scored[name].append(reach(trace, times, goal)[0])
     return out
 
 
@@ -51,9 +45,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("results", type=Path, help="a tuning_curves.py --out folder")
     p.add_argument("--within", type=float, default=0.05, help="the goal (default 0.05)")
     args = p.parse_args(argv)
-    _, scales = retimed_and_scales(args.results)
     for (model, dataset, arm), v in trials_to_goal(args.results, args.within).items():
-        print(f"{model} {dataset} {arm} (scale {scales[(model, dataset)]:.2f}): median trials to goal unscaled "
+        print(f"{model} {dataset} {arm} (scale {v['scale']:.2f}): median trials to goal unscaled "
               f"{statistics.median(v['unscaled']):g} {sorted(v['unscaled'])}, scaled "
               f"{statistics.median(v['scaled']):g} {sorted(v['scaled'])}")
     return 0

@@ -548,7 +548,7 @@ def repeat_noise(workdir: Path, runs: list[dict[str, Any]]) -> dict[str, dict[st
     return out
 
 
-def _reach(trace: Sequence[Mapping[str, Any]], values: Sequence[float | None], goal: float) -> tuple[float, float]:
+def reach(trace: Sequence[Mapping[str, Any]], values: Sequence[float | None], goal: float) -> tuple[float, float]:
     """(measured trials, wall seconds) at which ``values`` (one per trace entry) first reached ``goal``
     (inf if never)."""
     for t, v in zip(trace, values):
@@ -561,12 +561,12 @@ def _metrics(sel: Sequence[Mapping[str, Any]], values: Sequence[Sequence[float |
              within: float) -> dict[str, Any]:
     """Goal metrics of runs ``sel`` whose quality at each trace entry is ``values``; the final is the
     last value (what the run returns), not the lowest."""
-    reach = [_reach(r["trace"], v, best * (1 + within)) for r, v in zip(sel, values)]
+    reached = [reach(r["trace"], v, best * (1 + within)) for r, v in zip(sel, values)]
     finals = [next((x for x in reversed(v) if x is not None), math.inf) / best for v in values]
-    return {"best_known_ms": best, "median_trials_to_goal": float(np.median([x for x, _ in reach])),
-            "median_seconds_to_goal": float(np.median([y for _, y in reach])),
-            "reached": sum(math.isfinite(x) for x, _ in reach), "median_final_over_best": float(np.median(finals)),
-            "trials_to_goal": [x for x, _ in reach], "seconds_to_goal": [y for _, y in reach],
+    return {"best_known_ms": best, "median_trials_to_goal": float(np.median([x for x, _ in reached])),
+            "median_seconds_to_goal": float(np.median([y for _, y in reached])),
+            "reached": sum(math.isfinite(x) for x, _ in reached), "median_final_over_best": float(np.median(finals)),
+            "trials_to_goal": [x for x, _ in reached], "seconds_to_goal": [y for _, y in reached],
             "final_over_best": finals}
 
 
@@ -664,8 +664,7 @@ def plot(runs: list[dict[str, Any]], best: dict[tuple, float], path: Path, withi
                 grid = np.linspace(0, max(t[xkey] for r in sel for t in r["trace"]), 200)
                 ys = []
                 for r in sel:
-                    # with no re-timed times: the best so far
-                    values = incumbent_times(r["trace"], times or {}, scale=scales.get(key, 1.0) if times else 1.0)
+                    values = incumbent_times(r["trace"], times or {}, scale=scales.get(key, 1.0))  # none re-timed: as measured
                     xs = [t[xkey] for t, v in zip(r["trace"], values) if v is not None]
                     vs = [v / b for v in values if v is not None]
                     ax.step(xs, vs, where="post", alpha=0.2, lw=0.8, **_style(arm))

@@ -106,8 +106,8 @@ def test_rescore_finds_a_verdict_the_scale_changes(load_experiment, tmp_path, ca
     rows = [_summary_row("hgt", "aifb", "tpe", [1], [1])]
     traces = {("hgt", "aifb", "tpe", 1): [("b", 12.0), ("c", 12.5), ("a", 8.0)]}
     _write_run(tmp_path / "run", traces, {"a": (8.0, 14.0)}, rows)
-    assert rescore.trials_to_goal(tmp_path / "run", 0.05) == {("hgt", "aifb", "tpe"): {"unscaled": [1.0],
-                                                                                       "scaled": [3.0]}}
+    assert rescore.trials_to_goal(tmp_path / "run", 0.05) == {
+        ("hgt", "aifb", "tpe"): {"scale": 1.75, "unscaled": [1.0], "scaled": [3.0]}}
     assert rescore.main([str(tmp_path / "run")]) == 0
     assert "hgt aifb tpe (scale 1.75): median trials to goal unscaled 1 [1.0], scaled 3 [3.0]" in capsys.readouterr().out
 
