@@ -37,10 +37,10 @@ import math
 import statistics
 import sys
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling script, run or loaded by the tests
-from tuning_curves import arm_parts, incumbent_times, measured_scale  # noqa: E402  (one definition of arms and of what a run returns)
+from tuning_curves import arm_parts, best_relative, incumbent_times, retimed_scale  # noqa: E402  (one definition of arms and of what a run returns)
 
 WorkloadKey = tuple[str, str]  # (model, dataset)
 COUNTS = ("pools", "local", "local_picked", "explored", "deferred", "refits")
@@ -82,18 +82,24 @@ def load_summary(results: Path) -> tuple[dict[tuple[str, str, str], dict[str, An
     return rows, int(data["settings"]["budget"])
 
 
-def retimed_and_scales(results: Path) -> tuple[dict[WorkloadKey, dict[str, float]], dict[WorkloadKey, float]]:
+def retimed_and_scales(results: Path, traces: Mapping[tuple[str, str, str, str], Sequence[Mapping[str, Any]]],
+                       relative: bool = True) -> tuple[dict[WorkloadKey, dict[str, float]], dict[WorkloadKey, float]]:
     """Per workload, the re-timed ms of each schedule that has one, and the workload's
-    ``tuning_curves.measured_scale``."""
+    ``tuning_curves.retimed_scale`` of the re-timed schedules' times relative to their runs' default
+    schedule (``traces``: :func:`load_traces`; ``relative=False``: of their absolute measured times,
+    the scale of the runs scored on 2026-11-25)."""
     out: dict[WorkloadKey, dict[str, float]] = {}
-    pairs: dict[WorkloadKey, list[tuple[float, float]]] = {}
+    measured: dict[WorkloadKey, dict[str, float]] = {}
     with open(results / "tuning_curves_retimed.csv", newline="") as f:
         for r in csv.DictReader(f):
             if r["retimed_ms"]:
                 key = (r["model"], r["dataset"])
                 out.setdefault(key, {})[r["schedule_hash"]] = float(r["retimed_ms"])
-                pairs.setdefault(key, []).append((float(r["measured_ms"]), float(r["retimed_ms"])))
-    return out, {key: measured_scale(p) for key, p in pairs.items()}
+                measured.setdefault(key, {})[r["schedule_hash"]] = float(r["measured_ms"])
+    if relative:
+        measured = {key: best_relative((trace for (m, d, _, _), trace in traces.items() if (m, d) == key),
+                                       schedule=lambda t: t["schedule_hash"]) for key in out}
+    return out, {key: retimed_scale((measured[key][h], ms) for h, ms in times.items()) for key, times in out.items()}
 
 
 def load_traces(results: Path) -> dict[tuple[str, str, str, str], list[dict[str, Any]]]:
@@ -111,10 +117,11 @@ def quality_after(results: Path, after: Sequence[int]) -> dict[tuple[str, str, s
     """Per (model, dataset, arm): the median over seeds of the incumbent's quality after each of
     ``after`` measured trials (what the run would return then: its lowest measured time so far,
     as ``tuning_curves.incumbent_times`` follows it)."""
-    retimed, scales = retimed_and_scales(results)
+    traces = load_traces(results)
+    retimed, scales = retimed_and_scales(results, traces)
     best = {workload: min(times.values()) for workload, times in retimed.items()}
     per_seed: dict[tuple[str, str, str], list[dict[int, float]]] = {}
-    for (model, dataset, arm, _), trace in load_traces(results).items():
+    for (model, dataset, arm, _), trace in traces.items():
         if (model, dataset) not in best:
             continue  # not re-timed: no scale to judge it on
         times = incumbent_times(trace, retimed[(model, dataset)], schedule=lambda t: t["schedule_hash"],

@@ -1,10 +1,19 @@
-"""Trials to the goal of a finished tuning-curves run, scored again from its CSVs, with and without
-the measured-time scale (``tuning_curves.measured_scale``).
+"""Trials to the goal of a finished tuning-curves run, scored again from its CSVs the three ways the
+experiment has scored an incumbent that was not re-timed.
 
-Runs written before the scale counted an incumbent that was not re-timed at its measured time; on
-a day when the machine ran slower while re-timing, such an incumbent could count as within the
-goal. This prints, per workload and arm, each seed's measured trials to within ``--within`` of the
-best re-timed time both ways, so an earlier run's verdicts can be checked without running it again.
+* ``raw``: at its measured time (runs written before the first correction of 2026-11-25). On a day
+  when the machine ran slower while re-timing, such an incumbent could count as within the goal.
+* ``measured``: at its measured time times the workload's best re-timed over fastest measured time
+  (the first correction). A run measured in a slow process still counted its incumbents far off the
+  best, however close they were.
+* ``relative``: at its time relative to its run's default schedule, put on the re-timing's scale
+  (``tuning_curves.best_relative``; the second correction, how ``tuning_curves.py`` scores now).
+
+Which schedules were re-timed is the run's own (rescoring does not time anything), so a run written
+before the re-timing window became relative keeps its re-timed set. This prints, per workload and
+arm, each seed's measured trials to within ``--within`` of the best re-timed time each way, and each
+arm's verdict on the issue's goal against ``tpe`` each way, so an earlier run's verdicts can be
+checked without running it again.
 
     python experiments/rescore_curves.py experiments/results/tuning_curves_opening_ablation
 """
@@ -19,24 +28,51 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from curves_readout import load_traces, retimed_and_scales
+from curves_readout import load_summary, load_traces, retimed_and_scales, verdict
 from tuning_curves import incumbent_times, reach
+
+#: how each scoring puts an incumbent that was not re-timed on the re-timing's scale: (relative, scaled)
+SCORINGS = {"raw": (False, False), "measured": (False, True), "relative": (True, True)}
 
 
 def trials_to_goal(results: Path, within: float) -> dict[tuple[str, str, str], dict[str, Any]]:
-    """Per (model, dataset, arm): the workload's ``scale`` and each seed's trials to the goal,
-    ``unscaled`` and ``scaled``."""
-    retimed, scales = retimed_and_scales(results)
+    """Per (model, dataset, arm): the workload's ``scales`` (measured and relative) and, per scoring of
+    :data:`SCORINGS`, each seed's trials to the goal (and under ``seconds``, each seed's seconds)."""
+    traces = load_traces(results)
+    scored_by = {relative: retimed_and_scales(results, traces, relative) for relative in (False, True)}
+    retimed = scored_by[True][0]
     out: dict[tuple[str, str, str], dict[str, Any]] = {}
-    for (model, dataset, arm, _), trace in sorted(load_traces(results).items()):
+    for (model, dataset, arm, _), trace in sorted(traces.items()):
         key = (model, dataset)
         if key not in retimed:
             continue
         goal = min(retimed[key].values()) * (1 + within)
-        scored = out.setdefault((model, dataset, arm), {"scale": scales[key], "unscaled": [], "scaled": []})
-        for name, scale in (("unscaled", 1.0), ("scaled", scales[key])):
-            times = incumbent_times(trace, retimed[key], schedule=lambda t: t["schedule_hash"], scale=scale)
-            scored[name].append(reach(trace, times, goal)[0])
+        scored = out.setdefault((model, dataset, arm), {
+            "scales": {"measured": scored_by[False][1][key], "relative": scored_by[True][1][key]},
+            **{name: [] for name in SCORINGS}, "seconds": {name: [] for name in SCORINGS}})
+        for name, (relative, scaled) in SCORINGS.items():
+            scale = scored_by[relative][1][key] if scaled else 1.0
+            times = incumbent_times(trace, retimed[key], schedule=lambda t: t["schedule_hash"], scale=scale,
+                                    relative=relative)
+            trials, seconds = reach(trace, times, goal)
+            scored[name].append(trials)
+            scored["seconds"][name].append(seconds)
+    return out
+
+
+def verdicts(scored: dict[tuple[str, str, str], dict[str, Any]], budget: int,
+             baseline: str = "tpe") -> dict[tuple[str, str, str], dict[str, str]]:
+    """Per (model, dataset, arm) other than ``baseline``: the goal's verdict against the baseline
+    (``curves_readout.verdict``, from medians over seeds) under each scoring."""
+    out: dict[tuple[str, str, str], dict[str, str]] = {}
+    for (model, dataset, arm), v in scored.items():
+        base = scored.get((model, dataset, baseline))
+        if arm == baseline or base is None:
+            continue
+        out[(model, dataset, arm)] = {
+            name: verdict(statistics.median(base[name]), statistics.median(base["seconds"][name]),
+                          statistics.median(v[name]), statistics.median(v["seconds"][name]), budget)
+            for name in SCORINGS}
     return out
 
 
@@ -45,10 +81,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("results", type=Path, help="a tuning_curves.py --out folder")
     p.add_argument("--within", type=float, default=0.05, help="the goal (default 0.05)")
     args = p.parse_args(argv)
-    for (model, dataset, arm), v in trials_to_goal(args.results, args.within).items():
-        print(f"{model} {dataset} {arm} (scale {v['scale']:.2f}): median trials to goal unscaled "
-              f"{statistics.median(v['unscaled']):g} {sorted(v['unscaled'])}, scaled "
-              f"{statistics.median(v['scaled']):g} {sorted(v['scaled'])}")
+    scored = trials_to_goal(args.results, args.within)
+    for (model, dataset, arm), v in scored.items():
+        scorings = ", ".join(f"{name} {statistics.median(v[name]):g} {sorted(v[name])}" for name in SCORINGS)
+        print(f"{model} {dataset} {arm} (scale {v['scales']['measured']:.2f} measured, "
+              f"{v['scales']['relative']:.3g} relative): median trials to goal {scorings}")
+    for (model, dataset, arm), v in verdicts(scored, load_summary(args.results)[1]).items():
+        print(f"{model} {dataset} {arm} against tpe: " + ", ".join(f"{name} {x}" for name, x in v.items()))
     return 0
 
 

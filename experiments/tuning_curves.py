@@ -30,13 +30,16 @@ Two measures of quality, both against a goal of ``--within`` (5%) of the best kn
   in different runs differs by a median 5-6%, as much as the goal), so the minimum over many
   noisy measurements is biased low (the winner's curse) and so is every best-so-far. After all
   runs of a workload, every schedule that became some run's best-so-far, measured within
-  ``--retime-window`` (25%) of the workload's fastest time (a slower one cannot plausibly be
-  within 5% of the best), is timed again: all in one measurement process, ``--retime-rounds``
+  ``--retime-window`` (25%) of the workload's fastest time, both relative to the default
+  schedule's time in the same run (a slower one cannot plausibly be within 5% of the best; every
+  run is its own measurement process, and between processes the same schedule's absolute time
+  moved by up to 1.7x), is timed again: all in one measurement process, ``--retime-rounds``
   rounds, each in a new shuffled order (drift in the machine's state does not favour the
   schedules measured first); its time is the median of its ``ok`` rounds. At each point of a
   run its incumbent is the schedule with the lowest measured time so far (what the tuner would
-  return); its quality is its re-timed time (its measured time if it was not re-timed), against
-  the fastest re-timed schedule. Re-timings are cached in the work directory.
+  return); its quality is its re-timed time (if it was not re-timed, its time relative to its
+  run's default schedule, put on the re-timing's scale), against the fastest re-timed schedule.
+  Re-timings are cached in the work directory.
 
 ``--timing paired`` times every trial and every re-timing round paired with the default schedule
 (``tune --timing paired``; see :mod:`rgtune.tuner.measure`), which cancels the machine's drift;
@@ -382,26 +385,69 @@ def _new_bests(trace: Sequence[Mapping[str, Any]]) -> Iterator[tuple[int, Mappin
             yield i, t
 
 
+def run_default_ms(trace: Sequence[Mapping[str, Any]]) -> float | None:
+    """The run's time of the default schedule: its first ``ok`` trial (every study opens with it)."""
+    return next((t["ms"] for t in trace if t["status"] == "ok" and t["ms"] is not None), None)
+
+
+def best_relative(traces: Iterable[Sequence[Mapping[str, Any]]],
+                  schedule: Callable[[Mapping[str, Any]], str | None] = _schedule) -> dict[str, float]:
+    """Per schedule of one workload's ``traces``, its fastest time relative to the default schedule's
+    time in the same run.
+
+    Runs are separate measurement processes, and a process's times share its speed: a paired
+    process scales every ratio by the default's time as it calibrated it when it started, a plain
+    one by how fast the machine ran then. Within a run those factors cancel in the ratio; between runs
+    the absolute times of one schedule differed by up to 1.7x (RGAT AIFB, 2026-11-25), so an absolute
+    time does not say how close a schedule measured in one run is to the best of another.
+
+    >>> best_relative([[{"status": "ok", "ms": 10.0, "h": "d"}, {"status": "ok", "ms": 5.0, "h": "x"}],
+    ...                [{"status": "ok", "ms": 16.0, "h": "d"}, {"status": "ok", "ms": 7.2, "h": "x"}]],
+    ...               schedule=lambda t: t["h"])
+    {'d': 1.0, 'x': 0.45}
+    """
+    out: dict[str, float] = {}
+    for trace in traces:
+        default = run_default_ms(trace)
+        for t in trace:
+            h = schedule(t) if t["status"] == "ok" and t["ms"] is not None else None
+            if h is not None and default:
+                out[h] = min(out.get(h, math.inf), t["ms"] / default)
+    return out
+
+
 def incumbents(runs: Sequence[Mapping[str, Any]], window: float) -> dict[WorkloadKey, dict[str, dict[str, Any]]]:
-    """Per workload, the schedules worth re-timing, by hash (``knobs``, ``measured_ms``: the best measured
-    in the runs): those that became some run's best-so-far measured within ``window`` of the
-    workload's fastest time (a slower one cannot plausibly be within the goal of the best)."""
-    fastest: dict[WorkloadKey, float] = {}
+    """Per workload, the schedules worth re-timing, by hash (``knobs``; ``measured_ms``: the fastest
+    measured in the runs; ``relative``: :func:`best_relative`): those that became some run's
+    best-so-far at a time, relative to that run's default schedule, within ``window`` of the
+    workload's fastest relative time (a slower one cannot plausibly be within the goal of the best).
+
+    Until the second correction of 2026-11-25 the window held absolute measured times; a run
+    measured in a slow process then had its incumbents left out, however close they were to the best."""
+    by_workload: dict[WorkloadKey, list[Mapping[str, Any]]] = {}
     for r in runs:
-        for _, t in _new_bests(r["trace"]):
-            fastest[_key(r)] = min(fastest.get(_key(r), math.inf), t["ms"])
+        by_workload.setdefault(_key(r), []).append(r)
     out: dict[WorkloadKey, dict[str, dict[str, Any]]] = {}
-    for r in runs:
-        for _, t in _new_bests(r["trace"]):
-            h = _schedule(t)
-            if h is not None and t["ms"] <= (1 + window) * fastest[_key(r)]:
-                out.setdefault(_key(r), {})[h] = {"knobs": canonical_knobs(t["knobs"])[0], "measured_ms": math.inf}
-    for r in runs:  # its best measurement may come from a run where it never was the incumbent
-        chosen = out.get(_key(r), {})
-        for t in r["trace"]:
-            h = _schedule(t) if t["status"] == "ok" and t["ms"] is not None else None
-            if h in chosen:
-                chosen[h]["measured_ms"] = min(chosen[h]["measured_ms"], t["ms"])
+    for key, sel in by_workload.items():
+        relative = best_relative(r["trace"] for r in sel)
+        if not relative:
+            continue
+        fastest = min(relative.values())
+        chosen: dict[str, dict[str, Any]] = {}
+        for r in sel:
+            default = run_default_ms(r["trace"])
+            for _, t in _new_bests(r["trace"]):
+                h = _schedule(t)
+                if h is not None and default and t["ms"] / default <= (1 + window) * fastest:
+                    chosen[h] = {"knobs": canonical_knobs(t["knobs"])[0], "measured_ms": math.inf,
+                                 "relative": relative[h]}
+        for r in sel:  # its best measurement may come from a run where it never was the incumbent
+            for t in r["trace"]:
+                h = _schedule(t) if t["status"] == "ok" and t["ms"] is not None else None
+                if h in chosen:
+                    chosen[h]["measured_ms"] = min(chosen[h]["measured_ms"], t["ms"])
+        if chosen:
+            out[key] = chosen
     return out
 
 
@@ -464,10 +510,10 @@ def _retime_line(key: WorkloadKey, out: Mapping[str, Mapping[str, Any]], how: st
 
 
 def _scales(detail: Mapping[WorkloadKey, Mapping[str, Mapping[str, Any]]]) -> dict[WorkloadKey, float]:
-    """Per re-timed workload, :func:`measured_scale` of its re-timed schedules."""
-    pairs = {key: [(v["measured_ms"], v["retimed_ms"]) for v in d.values() if v["retimed_ms"] is not None]
+    """Per re-timed workload, :func:`retimed_scale` of its re-timed schedules' relative times."""
+    pairs = {key: [(v["relative"], v["retimed_ms"]) for v in d.values() if v["retimed_ms"] is not None]
              for key, d in detail.items()}
-    return {key: measured_scale(p) for key, p in pairs.items() if p}
+    return {key: retimed_scale(p) for key, p in pairs.items() if p}
 
 
 def _retimed_times(detail: Mapping[WorkloadKey, Mapping[str, Mapping[str, Any]]]
@@ -478,17 +524,18 @@ def _retimed_times(detail: Mapping[WorkloadKey, Mapping[str, Mapping[str, Any]]]
     return {key: d for key, d in out.items() if d}
 
 
-def measured_scale(schedules: Iterable[tuple[float, float]]) -> float:
-    """The factor that puts a measured time on the re-timing's scale: over the re-timed schedules
-    (``(measured_ms, retimed_ms)`` pairs), the best re-timed time over the fastest measured one.
+def retimed_scale(schedules: Iterable[tuple[float, float]]) -> float:
+    """The factor that puts a run's time of a schedule on the re-timing's scale: over the re-timed
+    schedules (``(time, retimed_ms)`` pairs), the best re-timed time over the fastest time. The
+    times are :func:`best_relative` ones (before the second correction of 2026-11-25, absolute
+    measured ones).
 
-    An incumbent measured more than ``--retime-window`` slower than the workload's fastest is not
-    re-timed. Its measurement may come from a time when the machine ran faster than during the
-    re-timing; scaled by this factor it stays that far from the best on the re-timed scale too
-    (unscaled, on a machine that ran 1.7x slower while re-timing, such incumbents counted as within
-    the goal, below the best).
+    An incumbent outside ``--retime-window`` is not re-timed. Its run may have measured while the
+    machine ran faster than during the re-timing; scaled by this factor it stays that far from the
+    best on the re-timed scale too (unscaled, on a machine that ran 1.7x slower while re-timing,
+    such incumbents counted as within the goal, below the best).
 
-    >>> measured_scale([(8.0, 14.0), (10.0, 15.0)])
+    >>> retimed_scale([(8.0, 14.0), (10.0, 15.0)])
     1.75
     """
     pairs = list(schedules)
@@ -497,18 +544,20 @@ def measured_scale(schedules: Iterable[tuple[float, float]]) -> float:
 
 def incumbent_times(trace: Sequence[Mapping[str, Any]], retimed: Mapping[str, float],
                     schedule: Callable[[Mapping[str, Any]], str | None] = _schedule,
-                    scale: float = 1.0) -> list[float | None]:
+                    scale: float = 1.0, relative: bool = True) -> list[float | None]:
     """At each trace entry, the time of what the run would return then (the schedule with the lowest
-    measured time so far): re-timed when it was, else as measured times ``scale`` (see
-    :func:`measured_scale`); None before the first ok trial. ``schedule`` gives an entry's schedule
+    measured time so far): re-timed when it was, else its time relative to the run's default schedule
+    (``relative=False``: its measured time, as scored before that correction) times ``scale`` (see
+    :func:`retimed_scale`); None before the first ok trial. ``schedule`` gives an entry's schedule
     hash (``curves_readout.py`` reads the hashes the CSV holds)."""
     marks = dict(_new_bests(trace))
+    per = run_default_ms(trace) if relative else 1.0
     out: list[float | None] = []
     quality = None
     for i in range(len(trace)):
         if i in marks:
             h = schedule(marks[i])
-            quality = retimed[h] if h in retimed else marks[i]["ms"] * scale
+            quality = retimed[h] if h in retimed else marks[i]["ms"] / per * scale
         out.append(quality)
     return out
 
@@ -585,7 +634,7 @@ def summarize(runs: list[dict[str, Any]], best: dict[tuple, float], within: floa
               retimed: Mapping[WorkloadKey, Mapping[str, float]] | None = None,
               scales: Mapping[WorkloadKey, float] | None = None) -> list[dict[str, Any]]:
     """One row per (workload, arm): the goal metrics as measured, and re-timed (``retimed_*``, None or
-    empty where the workload has no re-timed schedule; ``scales``: :func:`measured_scale` per workload)."""
+    empty where the workload has no re-timed schedule; ``scales``: :func:`retimed_scale` per workload)."""
     retimed, scales = retimed or {}, scales or {}
     rows = []
     for (model, dataset), b in sorted(best.items()):
@@ -723,12 +772,12 @@ def _write_retimed(path: Path, detail: Mapping[WorkloadKey, Mapping[str, Mapping
     rounds = max((len(v["rounds_ms"]) for d in detail.values() for v in d.values()), default=0)
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["model", "dataset", "schedule_hash", "knobs", "measured_ms", "retimed_ms",
+        w.writerow(["model", "dataset", "schedule_hash", "knobs", "measured_ms", "relative", "retimed_ms",
                     *(f"round{i}_ms" for i in range(rounds))])
         for (model, dataset), d in sorted(detail.items()):
             for h, v in sorted(d.items(), key=lambda kv: (kv[1]["retimed_ms"] is None, kv[1]["retimed_ms"] or 0.0)):
                 w.writerow([model, dataset, h, json.dumps(v["knobs"], sort_keys=True), _f(v["measured_ms"]),
-                            _f(v["retimed_ms"]), *(_f(t) for t in v["rounds_ms"])])
+                            _f(v["relative"]), _f(v["retimed_ms"]), *(_f(t) for t in v["rounds_ms"])])
 
 
 def _f(x: Any) -> str:
@@ -793,7 +842,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retime-rounds", type=int, default=5,
                    help="rounds of re-timing the runs' incumbents after the runs (default %(default)s; 0: no re-timing)")
     p.add_argument("--retime-window", type=float, default=0.25,
-                   help="re-time incumbents measured within this of the workload's fastest time (default 0.25)")
+                   help="re-time incumbents measured within this of the workload's fastest time, each relative to "
+                        "the default schedule's time in its run (default 0.25)")
     p.add_argument("--hidden", type=int, default=64, help="feature size (default 64)")
     p.add_argument("--backend", default=None, help="cpu (default when usable), else reference")
     p.add_argument("--trial-timeout", type=float, default=60.0, help="seconds per trial (default 60)")

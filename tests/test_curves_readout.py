@@ -76,12 +76,14 @@ def test_report_judges_each_arm_and_follows_the_incumbent(readout, tmp_path):
     traces = {("hgt", "aifb", "tpe", 1): [("a", 10.0), ("b", 8.0), ("c", 9.0)],
               ("hgt", "aifb", "tpe+rank", 1): [("a", 10.0), ("c", 7.0), ("b", 7.5)],
               ("hgt", "aifb", "tpe+rank-local0", 1): [("a", 10.0), ("d", 7.0), ("c", 6.0)]}
-    retimed = {"a": 10.0, "b": 5.0, "c": 6.0}  # d was not re-timed: its measured time stands
+    retimed = {"a": 10.0, "b": 5.0, "c": 6.0}
     _write_run(tmp_path / "run", traces, retimed, rows)
     quality = readout.quality_after(tmp_path / "run", [1, 2, 3])
     assert quality[("hgt", "aifb", "tpe")] == [2.0, 1.0, 1.0]
     assert quality[("hgt", "aifb", "tpe+rank")] == [2.0, 1.2, 1.2]  # b measured slower than c: c stays
-    assert quality[("hgt", "aifb", "tpe+rank-local0")] == [2.0, 1.4, 1.2]
+    # d was not re-timed: 0.7 of its run's default, on the scale of the fastest relative time (c's
+    # 0.6) to the best re-timed one (5 ms)
+    assert quality[("hgt", "aifb", "tpe+rank-local0")] == [2.0, pytest.approx(0.7 / 0.6), 1.2]
     text = "\n".join(readout.report(tmp_path / "run", after=[1, 3]))
     assert "| hgt | aifb | tpe+rank | 30 / 3 | 20.0 / 2.0 | 2 / 3 | 2, 3, 40 | met |" in text
     assert "| hgt | aifb | tpe+rank-local0 | 30 / 20 | 20.0 / 15.0 | 2 / 2 | 4, 20, > budget | missed |" in text
@@ -101,15 +103,59 @@ def test_an_incumbent_not_re_timed_is_put_on_the_re_timing_scale(readout, tmp_pa
     assert readout.quality_after(tmp_path / "run", [1, 2])[("hgt", "aifb", "tpe")] == [1.5, 1.0]
 
 
-def test_rescore_finds_a_verdict_the_scale_changes(load_experiment, tmp_path, capsys):
+def test_an_incumbent_of_a_run_measured_in_a_slow_process_is_judged_against_its_run(readout, tmp_path):
+    # run 2's process measured everything 1.6x slower (its default: 16 ms, not 10): x, as fast as a
+    # relative to the default and not re-timed, is as close to the best as a is, not 1.6x off
+    rows = [_summary_row("hgt", "aifb", "tpe", [2, 2], [2, 2])]
+    traces = {("hgt", "aifb", "tpe", 1): [("d", 10.0), ("a", 5.0)],
+              ("hgt", "aifb", "tpe", 2): [("d", 16.0), ("x", 8.0)]}
+    _write_run(tmp_path / "run", traces, {"a": 5.0}, rows)
+    assert readout.quality_after(tmp_path / "run", [1, 2])[("hgt", "aifb", "tpe")] == [2.0, 1.0]
+
+
+def test_rescore_finds_the_verdicts_each_scoring_gives(load_experiment, tmp_path, capsys):
     rescore = load_experiment("rescore_curves")
     rows = [_summary_row("hgt", "aifb", "tpe", [1], [1])]
-    traces = {("hgt", "aifb", "tpe", 1): [("b", 12.0), ("c", 12.5), ("a", 8.0)]}
+    # seed 1: the machine ran 1.75x slower while re-timing; b (not re-timed) counted within the goal
+    # at its raw time. Seed 2 ran in a slow process: x, as fast as a relative to the default,
+    # counts within the goal only relative to its run
+    traces = {("hgt", "aifb", "tpe", 1): [("b", 12.0), ("c", 12.5), ("a", 8.0)],
+              ("hgt", "aifb", "tpe", 2): [("b", 24.0), ("x", 16.0)]}
     _write_run(tmp_path / "run", traces, {"a": (8.0, 14.0)}, rows)
-    assert rescore.trials_to_goal(tmp_path / "run", 0.05) == {
-        ("hgt", "aifb", "tpe"): {"scale": 1.75, "unscaled": [1.0], "scaled": [3.0]}}
+    got = rescore.trials_to_goal(tmp_path / "run", 0.05)[("hgt", "aifb", "tpe")]
+    assert {k: got[k] for k in ("scales", *rescore.SCORINGS)} == {
+        "scales": {"measured": 1.75, "relative": pytest.approx(21.0)},
+        "raw": [1.0, INF], "measured": [3.0, INF], "relative": [3.0, 2.0]}
+    assert got["seconds"]["relative"] == [3.0, 2.0]  # the run CSV's wall seconds: one per trial
     assert rescore.main([str(tmp_path / "run")]) == 0
-    assert "hgt aifb tpe (scale 1.75): median trials to goal unscaled 1 [1.0], scaled 3 [3.0]" in capsys.readouterr().out
+    assert ("hgt aifb tpe (scale 1.75 measured, 21 relative): median trials to goal raw inf [1.0, inf], "
+            "measured inf [3.0, inf], relative 2.5 [2.0, 3.0]") in capsys.readouterr().out
+
+
+def test_rescore_gives_each_scorings_verdict_against_tpe(load_experiment):
+    rescore = load_experiment("rescore_curves")
+
+    def arm(trials: list[float]) -> dict:
+        return {name: trials for name in rescore.SCORINGS} | {"seconds": {name: trials for name in rescore.SCORINGS}}
+
+    scored = {("hgt", "aifb", "tpe"): arm([20, 30, 40]), ("hgt", "aifb", "tpe+rank"): arm([5, 10, INF])}
+    scored[("hgt", "aifb", "tpe+rank")]["relative"] = [5, 20, INF]
+    assert rescore.verdicts(scored, 100) == {
+        ("hgt", "aifb", "tpe+rank"): {"raw": "met", "measured": "met", "relative": "missed"}}
+
+
+def test_re_timing_window_compares_each_incumbent_with_its_own_runs_default(load_experiment):
+    curves = load_experiment("tuning_curves")
+
+    def entry(tile: int, ms: float) -> dict:
+        return {"status": "ok", "ms": ms, "knobs": {"tile": tile}}
+
+    runs = [{"model": "hgt", "dataset": "aifb", "trace": [entry(1, 10.0), entry(2, 5.0)]},
+            # a slow process: x (tile 3) is as fast as tile 2 relative to the default; tile 4 is not
+            {"model": "hgt", "dataset": "aifb", "trace": [entry(1, 16.0), entry(4, 11.0), entry(3, 8.0)]}]
+    chosen = curves.incumbents(runs, 0.25)[("hgt", "aifb")]
+    assert sorted(v["knobs"]["tile"] for v in chosen.values()) == [2, 3]
+    assert sorted((v["measured_ms"], v["relative"]) for v in chosen.values()) == [(5.0, 0.5), (8.0, 0.5)]
 
 
 def test_report_counts_rechecked_trials_and_their_share_of_the_seconds(readout, tmp_path):
