@@ -87,7 +87,7 @@ def retimed_and_scales(results: Path, traces: Mapping[tuple[str, str, str, str],
     """Per workload, the re-timed ms of each schedule that has one, and the workload's
     ``tuning_curves.retimed_scale`` of the re-timed schedules' times relative to their runs' default
     schedule (``traces``: :func:`load_traces`; ``relative=False``: of their absolute measured times,
-    the scale of the runs scored on 2026-11-25)."""
+    the scale of the first correction of 2026-11-25)."""
     out: dict[WorkloadKey, dict[str, float]] = {}
     measured: dict[WorkloadKey, dict[str, float]] = {}
     with open(results / "tuning_curves_retimed.csv", newline="") as f:

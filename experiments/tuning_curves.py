@@ -551,7 +551,7 @@ def incumbent_times(trace: Sequence[Mapping[str, Any]], retimed: Mapping[str, fl
     :func:`retimed_scale`); None before the first ok trial. ``schedule`` gives an entry's schedule
     hash (``curves_readout.py`` reads the hashes the CSV holds)."""
     marks = dict(_new_bests(trace))
-    per = run_default_ms(trace) if relative else 1.0
+    per = (run_default_ms(trace) or 1.0) if relative else 1.0  # a trace with a new best has an ok trial
     out: list[float | None] = []
     quality = None
     for i in range(len(trace)):
