@@ -82,12 +82,18 @@ def load_summary(results: Path) -> tuple[dict[tuple[str, str, str], dict[str, An
     return rows, int(data["settings"]["budget"])
 
 
-def retimed_and_scales(results: Path, traces: Mapping[tuple[str, str, str, str], Sequence[Mapping[str, Any]]],
-                       relative: bool = True) -> tuple[dict[WorkloadKey, dict[str, float]], dict[WorkloadKey, float]]:
-    """Per workload, the re-timed ms of each schedule that has one, and the workload's
-    ``tuning_curves.retimed_scale`` of the re-timed schedules' times relative to their runs' default
-    schedule (``traces``: :func:`load_traces`; ``relative=False``: of their absolute measured times,
-    the scale of the first correction of 2026-11-25)."""
+def csv_schedule(entry: Mapping[str, Any]) -> str:
+    """A :func:`load_traces` entry's schedule hash (the ``schedule`` argument of ``tuning_curves``'s
+    functions, which take a trace entry's knobs by default)."""
+    return entry["schedule_hash"]
+
+
+def retimed_and_scales(results: Path, traces: Mapping[tuple[str, str, str, str], Sequence[Mapping[str, Any]]]
+                       ) -> tuple[dict[WorkloadKey, dict[str, float]], dict[str, dict[WorkloadKey, float]]]:
+    """Per workload, the re-timed ms of each schedule that has one; and two ``tuning_curves.retimed_scale``
+    per workload, by what they scale: ``relative``, of the re-timed schedules' times relative to their
+    runs' default schedule (``traces``: :func:`load_traces`), and ``measured``, of their absolute
+    measured times (the scale of the first correction of 2026-11-25)."""
     out: dict[WorkloadKey, dict[str, float]] = {}
     measured: dict[WorkloadKey, dict[str, float]] = {}
     with open(results / "tuning_curves_retimed.csv", newline="") as f:
@@ -96,10 +102,12 @@ def retimed_and_scales(results: Path, traces: Mapping[tuple[str, str, str, str],
                 key = (r["model"], r["dataset"])
                 out.setdefault(key, {})[r["schedule_hash"]] = float(r["retimed_ms"])
                 measured.setdefault(key, {})[r["schedule_hash"]] = float(r["measured_ms"])
-    if relative:
-        measured = {key: best_relative((trace for (m, d, _, _), trace in traces.items() if (m, d) == key),
-                                       schedule=lambda t: t["schedule_hash"]) for key in out}
-    return out, {key: retimed_scale((measured[key][h], ms) for h, ms in times.items()) for key, times in out.items()}
+    by_workload: dict[WorkloadKey, list[Sequence[Mapping[str, Any]]]] = {}
+    for (model, dataset, _, _), trace in traces.items():
+        by_workload.setdefault((model, dataset), []).append(trace)
+    relative = {key: best_relative(by_workload.get(key, []), schedule=csv_schedule) for key in out}
+    return out, {kind: {key: retimed_scale((times[key][h], ms) for h, ms in out[key].items()) for key in out}
+                 for kind, times in (("relative", relative), ("measured", measured))}
 
 
 def load_traces(results: Path) -> dict[tuple[str, str, str, str], list[dict[str, Any]]]:
@@ -124,8 +132,8 @@ def quality_after(results: Path, after: Sequence[int]) -> dict[tuple[str, str, s
     for (model, dataset, arm, _), trace in traces.items():
         if (model, dataset) not in best:
             continue  # not re-timed: no scale to judge it on
-        times = incumbent_times(trace, retimed[(model, dataset)], schedule=lambda t: t["schedule_hash"],
-                                scale=scales[(model, dataset)])
+        times = incumbent_times(trace, retimed[(model, dataset)], schedule=csv_schedule,
+                                scale=scales["relative"][(model, dataset)])
         quality = {int(t["measured"]): ms / best[(model, dataset)] for t, ms in zip(trace, times) if ms is not None}
         per_seed.setdefault((model, dataset, arm), []).append(quality)
     return {key: [statistics.median(q.get(n, math.inf) for q in seeds) for n in after]

@@ -28,19 +28,26 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from curves_readout import load_summary, load_traces, retimed_and_scales, verdict
+from curves_readout import (
+    csv_schedule,
+    load_summary,
+    load_traces,
+    retimed_and_scales,
+    verdict,
+)
 from tuning_curves import incumbent_times, reach
 
-#: how each scoring puts an incumbent that was not re-timed on the re-timing's scale: (relative, scaled)
-SCORINGS = {"raw": (False, False), "measured": (False, True), "relative": (True, True)}
+#: how each scoring puts an incumbent that was not re-timed on the re-timing's scale: (relative to its
+#: run's default, the scale of ``curves_readout.retimed_and_scales`` it is multiplied by; None: none)
+SCORINGS: dict[str, tuple[bool, str | None]] = {"raw": (False, None), "measured": (False, "measured"),
+                                                "relative": (True, "relative")}
 
 
 def trials_to_goal(results: Path, within: float) -> dict[tuple[str, str, str], dict[str, Any]]:
     """Per (model, dataset, arm): the workload's ``scales`` (measured and relative) and, per scoring of
     :data:`SCORINGS`, each seed's trials to the goal (and under ``seconds``, each seed's seconds)."""
     traces = load_traces(results)
-    scored_by = {relative: retimed_and_scales(results, traces, relative) for relative in (False, True)}
-    retimed = scored_by[True][0]
+    retimed, scales = retimed_and_scales(results, traces)
     out: dict[tuple[str, str, str], dict[str, Any]] = {}
     for (model, dataset, arm, _), trace in sorted(traces.items()):
         key = (model, dataset)
@@ -48,12 +55,11 @@ def trials_to_goal(results: Path, within: float) -> dict[tuple[str, str, str], d
             continue
         goal = min(retimed[key].values()) * (1 + within)
         scored = out.setdefault((model, dataset, arm), {
-            "scales": {"measured": scored_by[False][1][key], "relative": scored_by[True][1][key]},
+            "scales": {kind: scales[kind][key] for kind in ("measured", "relative")},
             **{name: [] for name in SCORINGS}, "seconds": {name: [] for name in SCORINGS}})
-        for name, (relative, scaled) in SCORINGS.items():
-            scale = scored_by[relative][1][key] if scaled else 1.0
-            times = incumbent_times(trace, retimed[key], schedule=lambda t: t["schedule_hash"], scale=scale,
-                                    relative=relative)
+        for name, (relative, kind) in SCORINGS.items():
+            times = incumbent_times(trace, retimed[key], schedule=csv_schedule, relative=relative,
+                                    scale=scales[kind][key] if kind else 1.0)
             trials, seconds = reach(trace, times, goal)
             scored[name].append(trials)
             scored["seconds"][name].append(seconds)

@@ -406,13 +406,19 @@ def best_relative(traces: Iterable[Sequence[Mapping[str, Any]]],
     ...               schedule=lambda t: t["h"])
     {'d': 1.0, 'x': 0.45}
     """
+    return _fastest(traces, schedule, relative=True)
+
+
+def _fastest(traces: Iterable[Sequence[Mapping[str, Any]]], schedule: Callable[[Mapping[str, Any]], str | None],
+             relative: bool) -> dict[str, float]:
+    """Per schedule, its fastest ``ok`` time over ``traces``: as measured, or over its run's default."""
     out: dict[str, float] = {}
     for trace in traces:
-        default = run_default_ms(trace)
+        per = run_default_ms(trace) if relative else 1.0
         for t in trace:
             h = schedule(t) if t["status"] == "ok" and t["ms"] is not None else None
-            if h is not None and default:
-                out[h] = min(out.get(h, math.inf), t["ms"] / default)
+            if h is not None and per:
+                out[h] = min(out.get(h, math.inf), t["ms"] / per)
     return out
 
 
@@ -439,13 +445,11 @@ def incumbents(runs: Sequence[Mapping[str, Any]], window: float) -> dict[Workloa
             for _, t in _new_bests(r["trace"]):
                 h = _schedule(t)
                 if h is not None and default and t["ms"] / default <= (1 + window) * fastest:
-                    chosen[h] = {"knobs": canonical_knobs(t["knobs"])[0], "measured_ms": math.inf,
-                                 "relative": relative[h]}
-        for r in sel:  # its best measurement may come from a run where it never was the incumbent
-            for t in r["trace"]:
-                h = _schedule(t) if t["status"] == "ok" and t["ms"] is not None else None
-                if h in chosen:
-                    chosen[h]["measured_ms"] = min(chosen[h]["measured_ms"], t["ms"])
+                    chosen[h] = {"knobs": canonical_knobs(t["knobs"])[0], "relative": relative[h]}
+        # its best measurement may come from a run where it never was the incumbent
+        measured = _fastest((r["trace"] for r in sel), _schedule, relative=False)
+        for h, v in chosen.items():
+            v["measured_ms"] = measured[h]
         if chosen:
             out[key] = chosen
     return out
