@@ -91,16 +91,18 @@ from rgtune.tuner.measure import TIMINGS, MeasureOptions, MeasureResult, Workloa
 from rgtune.tuner.study import UNMEASURED, TuneOptions, Tuner
 
 RESULTS = Path(__file__).resolve().parent / "results"
-#: ablation arms: the rank policy with one part switched off, whatever the command line sets it to
+#: ablation and variant arms: the rank policy with one part switched off or changed, whatever the
+#: command line sets it to
 RANK_ABLATIONS: dict[str, dict[str, Any]] = {
     "tpe+rank0": {"opening": 0},  # no opening
     "tpe+rank-local0": {"local": 0.0},  # no local candidates: every pool comes from TPE
+    "tpe+rank-lcb": {"opening_rule": "lcb"},  # the opening hedged over resampled histories
 }
 ARMS = ("tpe", "tpe+cm", "tpe+rank", *RANK_ABLATIONS)
 #: what a run compares unless --arms says otherwise; the ablation arms are for ablations
 DEFAULT_ARMS = ("tpe", "tpe+cm", "tpe+rank")
 COLORS = {"tpe": "tab:blue", "tpe+cm": "tab:red", "tpe+rank": "tab:green", "tpe+rank0": "tab:olive",
-          "tpe+rank-local0": "tab:purple"}
+          "tpe+rank-local0": "tab:purple", "tpe+rank-lcb": "tab:brown"}
 WorkloadKey = tuple[str, str]  # (model, dataset)
 #: an arm of ARMS with this and N appended runs with the tuner's recheck N, whatever --recheck says
 RECHECK_VARIANT = "/recheck="
@@ -827,7 +829,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arms", type=_arms, default=",".join(DEFAULT_ARMS),
                    help=f"comma-separated, of {', '.join(ARMS)} (default {','.join(DEFAULT_ARMS)}; tpe+rank0 is "
                         "tpe+rank without its opening, whatever --opening says, tpe+rank-local0 without local "
-                        "candidates, whatever --local says; ARM/recheck=N runs ARM with the tuner's recheck N, "
+                        "candidates, whatever --local says, tpe+rank-lcb with the opening ranked by "
+                        "opening_rule lcb; ARM/recheck=N runs ARM with the tuner's recheck N, "
                         "whatever --recheck says, e.g. tpe+rank,tpe+rank/recheck=1)")
     p.add_argument("--margin", type=float, default=PrunePolicy.margin,
                    help="tpe+cm: pruning margin (default %(default)s)")

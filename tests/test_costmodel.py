@@ -377,6 +377,47 @@ def test_the_opening_is_the_models_fastest_predicted_fresh_schedules_no_two_alik
             RankPolicy(**bad)
 
 
+def test_the_lcb_opening_ranks_by_the_optimistic_bound_of_models_fit_on_resampled_histories(history):
+    import numpy as np
+
+    from rgtune.tuner._db_records import canonical_knobs
+
+    policy = RankPolicy(pool=8, opening=3, opening_pool=40, opening_rule="lcb", opening_members=4, seed=3)
+    pruner, space = _bound_pruner(history, policy)
+    rng = random.Random(5)
+    candidates = [(c, space.compile(c)) for c in (space.sample(rng) for _ in range(12))]
+    candidates = [(c, p) for c, p in candidates if p.valid]
+    picks = pruner.opening(candidates)
+    members = pruner.model.resampled(pruner._others + pruner._w.samples, 4, seed=3)
+    rows = [pruner._w.ctx.features(c, p.kernels) for c, p in candidates]
+    spread = np.array([m.predict(rows) for m in members])
+    bound = spread.mean(axis=0) - spread.std(axis=0)
+    excluded = pruner._measured | {canonical_knobs(space.default())[1]}
+    hashes = [canonical_knobs(c)[1] for c, _ in candidates]
+    first = sorted({h: i for i, h in reversed(list(enumerate(hashes))) if h not in excluded}.values())
+    assert picks == sorted(first, key=lambda i: bound[i])[:3]
+    assert pruner.counts["opening_members"] == 4 and pruner.counts["opening"] == 3
+    assert spread.std(axis=0).max() > 0  # the members disagree somewhere: the bound is not the mean
+    for bad in ({"opening_rule": "best"}, {"opening_members": 1}):
+        with pytest.raises(ValueError, match="opening_"):
+            RankPolicy(**bad)
+
+
+def test_resampled_models_draw_whole_workloads_with_replacement():
+    from rgtune.tuner.costmodel import Sample
+
+    samples = [Sample(f"w{w}", {"num:x": float(x), "num:w": float(w)}, (1 + w) * (1 + x) ** (1 + w % 2))
+               for w in range(4) for x in range(10)]
+    members = CostModel(min_trials=1, seed=7).resampled(samples, 5, seed=2)
+    assert [m.n_workloads for m in members] == [4] * 5  # a workload drawn twice counts as two
+    assert {m.seed for m in members} == {8, 9, 10, 11, 12} and all(m.params()["target"] == "log_default"
+                                                                   for m in members)
+    again = CostModel(min_trials=1, seed=7).resampled(samples, 5, seed=2)
+    rows = [s.features for s in samples[:10]]
+    assert all((a.predict(rows) == b.predict(rows)).all() for a, b in zip(members, again))  # deterministic
+    assert len({m.predict(rows).tobytes() for m in members}) > 1  # different draws, different models
+
+
 def _copy(db: TrialDatabase, tmp_path: Path) -> TrialDatabase:
     import sqlite3
 

@@ -30,9 +30,10 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -244,6 +245,32 @@ class CostModel:
             raise RuntimeError("the cost model is not trained")
         with _one_thread():
             return np.asarray(self.regressor.predict(self.encoder.transform(rows)), dtype=float)
+
+    def resampled(self, samples: Sequence[Sample], members: int, seed: int = 0) -> list["CostModel"]:
+        """``members`` models with these settings, each fit on ``samples``' workloads drawn with replacement.
+
+        The graph-level bootstrap: the schedules of one workload are not independent evidence, the
+        workloads are. A workload drawn twice enters as two workloads (it weighs twice). How far
+        the members disagree about a schedule says how much the prediction depends on which graphs
+        the history happens to hold.
+
+        Example:
+            >>> samples = [Sample(f"w{w}", {"num:x": x}, (1 + w) * (1 + x)) for w in range(3) for x in range(9)]
+            >>> [m.n_workloads for m in CostModel(min_trials=1).resampled(samples, 2, seed=0)]
+            [3, 3]
+        """
+        workloads = sorted({s.workload for s in samples})
+        rng = np.random.default_rng(seed)
+        out = []
+        for m in range(members):
+            drawn = Counter(rng.choice(workloads, size=len(workloads), replace=True).tolist())
+            copies = [dataclasses.replace(s, workload=f"{s.workload}#{c}")
+                      for s in samples for c in range(drawn[s.workload])]
+            member = CostModel(self.estimator, self.target, min_trials=self.min_trials,
+                               min_workloads=self.min_workloads, balance=self.balance,
+                               current_weight=self.current_weight, seed=self.seed + 1 + m)
+            out.append(member.fit(copies))
+        return out
 
     # ------------------------------------------------------------------ persistence
     def state(self) -> dict[str, Any]:

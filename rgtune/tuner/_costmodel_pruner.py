@@ -100,7 +100,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("rgtune.costmodel")
 
-__all__ = ["PrunePolicy", "RankPolicy", "CostModelPruner"]
+__all__ = ["PrunePolicy", "RankPolicy", "CostModelPruner", "OPENING_RULES"]
+
+#: how the opening ranks its pool: "top", the model's scores; "lcb", the lowest mean minus
+#: standard deviation of the scores of ``opening_members`` models fit on resampled histories
+OPENING_RULES = ("top", "lcb")
 
 
 @dataclass(frozen=True)
@@ -140,6 +144,8 @@ class RankPolicy:
     seed: int = 0  # the explore coin's seed
     opening: int = 4  # a new study measures the model's first picks of opening_pool random schedules first
     opening_pool: int = 256
+    opening_rule: str = "top"  # of OPENING_RULES: how the opening ranks its pool
+    opening_members: int = 8  # "lcb": models fit on resampled histories
     local: float = 0.5  # fraction of the pool that changes 1-2 knobs of one of the fastest measured schedules
     parents: int = 3  # ... of one of this many fastest
 
@@ -150,6 +156,11 @@ class RankPolicy:
         if self.opening < 0 or (self.opening and self.opening_pool < self.opening):
             raise ValueError(f"opening must be >= 0 schedules (0: none) and opening_pool >= opening, got "
                              f"{self.opening} and {self.opening_pool}")
+        if self.opening_rule not in OPENING_RULES:
+            raise ValueError(f"unknown opening_rule {self.opening_rule!r}; choose one of {list(OPENING_RULES)}")
+        if self.opening_members < 2:
+            raise ValueError(f"opening_members must be >= 2 resampled models (a spread needs two), got "
+                             f"{self.opening_members}")
         if self.pool < 2:
             raise ValueError(f"pool must be >= 2 candidates (1 is the sampler alone), got {self.pool}")
         if not 0.0 <= self.explore <= 1.0:
@@ -167,7 +178,7 @@ class RankPolicy:
                         "if it is predicted min_gain faster than the sampler's own first proposal, else that one "
                         "(and for an explore fraction); the sampler alone while the model is not ready; a new "
                         "study first measures the opening best-predicted of opening_pool random schedules, after "
-                        "the default",
+                        "the default (ranked by opening_rule)",
                 **asdict(self)}
 
 
@@ -222,7 +233,7 @@ class CostModelPruner:
         self.counts = {"candidates": 0, "predicted": 0, "pruned": 0, "explored": 0, "observed": 0, "refits": 0}
         if isinstance(self.policy, RankPolicy):
             self.counts.update(pools=0, not_picked=0, deferred=0, repeats=0, opening=0, opening_pool=0,
-                               local=0, local_picked=0)
+                               opening_members=0, local=0, local_picked=0)
         #: one entry per candidate: predicted_ms, pruned, explored (experiments read it)
         self.decisions: list[dict[str, Any]] = []
 
@@ -363,6 +374,8 @@ class CostModelPruner:
         scores = self._scores(candidates, "no opening")
         if scores is None:
             return []
+        if policy.opening_rule == "lcb":
+            scores = self._optimistic(candidates, scores)
         self.counts["opening_pool"] += len(candidates)
         seen = set(self._measured) | {canonical_knobs(dict(w.default))[1]}
         picks: list[int] = []
@@ -418,6 +431,23 @@ class CostModelPruner:
         except Exception as e:  # noqa: BLE001
             log.warning("cost model: prediction failed (%s: %s); %s", type(e).__name__, e, instead)
             return None
+
+    def _optimistic(self, candidates: Sequence[tuple[Mapping[str, Any], Any]], scores: list[float]) -> list[float]:
+        """Mean minus standard deviation of the candidates' scores over models fit on resampled histories
+        (``scores`` unchanged when that fails: a model must never stop the study)."""
+        assert isinstance(self.policy, RankPolicy) and self._w is not None
+        w = self._w
+        try:
+            members = self.model.resampled(self._others + w.samples, self.policy.opening_members,
+                                           seed=self.policy.seed)
+            rows = [w.ctx.features(c, _kernels(p)) for c, p in candidates]
+            spread = np.array([m.predict(rows) for m in members])
+        except Exception as e:  # noqa: BLE001
+            log.warning("cost model: resampled models failed (%s: %s); the opening ranks by the model alone",
+                        type(e).__name__, e)
+            return scores
+        self.counts["opening_members"] = len(members)
+        return [float(x) for x in spread.mean(axis=0) - spread.std(axis=0)]
 
     def _refit(self) -> None:
         assert self._w is not None
