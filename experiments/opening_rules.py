@@ -39,16 +39,17 @@ import statistics
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from costmodel_transfer import RESULTS, _display, split_names, write_csv  # noqa: E402
+from costmodel_transfer import RESULTS, _display, split_names, write_csv
 
-from rgtune.tuner.costmodel import CostModel, GraphLoader, Sample  # noqa: E402
-from rgtune.tuner.db import TrialDatabase, WorkloadRecord  # noqa: E402
+from rgtune.tuner.costmodel import CostModel, GraphLoader, Sample
+from rgtune.tuner.db import TrialDatabase, WorkloadRecord
 
 RULES = ("top", "bag", "lcb")
 #: a pick within this of the pool's best counts as found (the tuning curves' goal)
@@ -126,6 +127,9 @@ def evaluate(db_url: str, *, holdouts: Sequence[str] | None, ks: Sequence[int], 
             history = load_samples(db, others, graphs, cache)
             t0 = time.time()
             full = CostModel().fit(history)
+            if not full.ready:  # the tuner would not open with this model either
+                print(f"{holdout} ({backend}, {device}): skipped: {full.status}", flush=True)
+                continue
             for seed in seeds:
                 bag = full.resampled(history, members, seed)
                 for w in group:
@@ -166,6 +170,8 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
         for label, keep in (("mean, every workload", lambda h: True),
                             ("mean, real graphs", lambda h: not h.startswith("synthetic:"))):
             sel = {r: [x for (h, _, kk), d in cells.items() if kk == k and keep(h) for x in d[r]] for r in RULES}
+            if not sel[RULES[0]]:
+                continue
             lines.append(f"| {label} | | {k} | " + " | ".join(cell(sel[r]) for r in RULES) + " |")
     per_seed = defaultdict(list)
     for r in rows:

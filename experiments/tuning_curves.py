@@ -96,13 +96,14 @@ RESULTS = Path(__file__).resolve().parent / "results"
 RANK_ABLATIONS: dict[str, dict[str, Any]] = {
     "tpe+rank0": {"opening": 0},  # no opening
     "tpe+rank-local0": {"local": 0.0},  # no local candidates: every pool comes from TPE
-    "tpe+rank-lcb": {"opening_rule": "lcb"},  # the opening hedged over resampled histories
+    "tpe+rank-lcb": {"opening_rule": "lcb"},  # the opening hedged over resampled histories (default since 2026-11-25)
+    "tpe+rank-top": {"opening_rule": "top"},  # the opening by the model's prediction alone (the default before)
 }
 ARMS = ("tpe", "tpe+cm", "tpe+rank", *RANK_ABLATIONS)
 #: what a run compares unless --arms says otherwise; the ablation arms are for ablations
 DEFAULT_ARMS = ("tpe", "tpe+cm", "tpe+rank")
 COLORS = {"tpe": "tab:blue", "tpe+cm": "tab:red", "tpe+rank": "tab:green", "tpe+rank0": "tab:olive",
-          "tpe+rank-local0": "tab:purple", "tpe+rank-lcb": "tab:brown"}
+          "tpe+rank-local0": "tab:purple", "tpe+rank-lcb": "tab:brown", "tpe+rank-top": "tab:gray"}
 WorkloadKey = tuple[str, str]  # (model, dataset)
 #: an arm of ARMS with this and N appended runs with the tuner's recheck N, whatever --recheck says
 RECHECK_VARIANT = "/recheck="
@@ -829,8 +830,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arms", type=_arms, default=",".join(DEFAULT_ARMS),
                    help=f"comma-separated, of {', '.join(ARMS)} (default {','.join(DEFAULT_ARMS)}; tpe+rank0 is "
                         "tpe+rank without its opening, whatever --opening says, tpe+rank-local0 without local "
-                        "candidates, whatever --local says, tpe+rank-lcb with the opening ranked by "
-                        "opening_rule lcb; ARM/recheck=N runs ARM with the tuner's recheck N, "
+                        "candidates, whatever --local says, tpe+rank-lcb and tpe+rank-top with the opening "
+                        "ranked by that opening_rule (lcb is the default); ARM/recheck=N runs ARM with the tuner's recheck N, "
                         "whatever --recheck says, e.g. tpe+rank,tpe+rank/recheck=1)")
     p.add_argument("--margin", type=float, default=PrunePolicy.margin,
                    help="tpe+cm: pruning margin (default %(default)s)")

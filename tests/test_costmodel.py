@@ -354,7 +354,7 @@ def test_the_opening_is_the_models_fastest_predicted_fresh_schedules_no_two_alik
 
     assert CostModelPruner(policy=RankPolicy()).opening_pool() == 0  # no model: no opening
     assert CostModelPruner(policy=PrunePolicy()).opening([]) == []
-    pruner, space = _bound_pruner(history, RankPolicy(pool=8, opening=3, opening_pool=40))
+    pruner, space = _bound_pruner(history, RankPolicy(pool=8, opening=3, opening_pool=40, opening_rule="top"))
     assert pruner.opening_pool() == 40
     rng = random.Random(5)
     configs = [space.sample(rng) for _ in range(12)]
@@ -542,6 +542,12 @@ def test_tune_cli_cost_model_flags(tmp_path):
     assert "cost model:" not in buf.getvalue()
     assert main(args + ["--cost-model-policy", "prune", "--cost-model-margin", "0.5"]) == 2
     assert main(args + ["--cost-model-margin", "2"]) == 2  # a prune setting with the rank policy: an error
+    assert main(args + ["--cost-model-policy", "prune", "--cost-model-opening-rule", "lcb"]) == 2
+    from rgtune.tuner._costmodel_pruner import OPENING_RULES
+    from rgtune.tuner.cli import build_parser
+
+    for rule in OPENING_RULES:  # the CLI spells the rules out; each of the pruner's must parse
+        assert build_parser().parse_args(args + ["--cost-model-opening-rule", rule]).cost_model_opening_rule == rule
     buf = io.StringIO()
     with redirect_stdout(buf):
         assert main(args + ["--cost-model-policy", "prune", "--cost-model-margin", "2"]) == 0
@@ -635,7 +641,33 @@ def test_curves_can_run_rank_ablations_beside_rank(load_experiment):
     assert (no_opening.opening, no_opening.local) == (0, 0.25)
     assert (no_local.opening, no_local.local) == (4, 0.0)
     assert curves._run_dir(Path("w"), "hgt", "aifb", 1, "tpe+rank-local0").name == "hgt-aifb-s1-tpe_rank-local0"
+    # the opening rule's arms: each fixes the rule, and the default policy's is lcb
+    assert [curves._policy(a, args, 0).opening_rule for a in ("tpe+rank", "tpe+rank-lcb", "tpe+rank-top")] == \
+        ["lcb", "lcb", "top"]
     assert curves.build_parser().parse_args([]).arms == ["tpe", "tpe+cm", "tpe+rank"]  # the default is unchanged
+
+
+def test_opening_rules_score_each_rules_picks_against_the_pools_best(load_experiment, history, tmp_path, capsys):
+    import csv
+    import doctest
+
+    rules = load_experiment("opening_rules")
+    assert doctest.testmod(rules).failed == 0
+    url = str(history.engine.url)
+    out = tmp_path / "rules"
+    assert rules.main(["--db", url, "--k", "1,100", "--members", "3", "--resample-seeds", "0,1", "--subpools", "3",
+                       "--subpool-size", "6", "--out", str(out)]) == 0
+    with open(out / "opening_rules.csv") as f:
+        rows = list(csv.DictReader(f))
+    # every graph held out on the device with a history; the other device's lone workload has none to learn from
+    assert {r["holdout"] for r in rows} == set(GRAPHS) and "skipped: cost model off" in capsys.readouterr().out
+    assert {r["rule"] for r in rows} == set(rules.RULES) and {r["seed"] for r in rows} == {"0", "1"}
+    assert all(float(r["score"]) >= 1.0 for r in rows)
+    assert all(float(r["score"]) == 1.0 for r in rows if r["k"] == "100")  # picking every schedule finds the best
+    assert {int(r["pool"]) for r in rows if r["subpool"] == "1"} == {6}
+    assert "| mean, every workload | | 1 |" in (out / "opening_rules.md").read_text()
+    with pytest.raises(SystemExit, match="--k"):
+        rules.main(["--db", url, "--k", "four"])
 
 
 def test_curves_run_an_arm_with_its_own_recheck_beside_the_same_arm(load_experiment, tmp_path, capsys):

@@ -246,7 +246,7 @@ class CostModel:
         with _one_thread():
             return np.asarray(self.regressor.predict(self.encoder.transform(rows)), dtype=float)
 
-    def resampled(self, samples: Sequence[Sample], members: int, seed: int = 0) -> list["CostModel"]:
+    def resampled(self, samples: Sequence[Sample], members: int, seed: int = 0) -> list[CostModel]:
         """``members`` models with these settings, each fit on ``samples``' workloads drawn with replacement.
 
         The graph-level bootstrap: the schedules of one workload are not independent evidence, the

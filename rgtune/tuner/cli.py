@@ -185,12 +185,13 @@ def _cost_model_pruner(args: argparse.Namespace) -> Any:
 
     name = args.cost_model_policy
     own = {"rank": {"pool": args.cost_model_pool, "opening": args.cost_model_opening,
-                    "local": args.cost_model_local},
+                    "opening_rule": args.cost_model_opening_rule, "local": args.cost_model_local},
            "prune": {"margin": args.cost_model_margin}}  # the settings of one policy only
     for other, settings in own.items():
         for setting, value in settings.items():
             if other != name and value is not None:
-                raise CLIError(f"--cost-model-{setting} does not apply to --cost-model-policy {name}")
+                flag = setting.replace("_", "-")
+                raise CLIError(f"--cost-model-{flag} does not apply to --cost-model-policy {name}")
     given = {setting: value for setting, value in own[name].items() if value is not None}
     try:
         policy = {"rank": RankPolicy, "prune": PrunePolicy}[name](
@@ -369,6 +370,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cost-model-opening", type=int, default=None, metavar="K",
                    help="rank: a new study first measures the K schedules the model predicts fastest out of 256 "
                         "random ones, right after the default schedule (default 4; 0: none)")
+    # _costmodel_pruner.OPENING_RULES, spelt out: importing the cost model here slows every command by 0.1 s
+    p.add_argument("--cost-model-opening-rule", default=None, choices=("top", "lcb"),
+                   help="rank: how the opening ranks its 256 schedules: lcb, the lowest mean minus spread of the "
+                        "predictions of 8 models fit on resampled histories (hedges where the history's graphs "
+                        "disagree; BENCHMARKS.md, 'Opening rules'); top, the model's prediction alone (default lcb)")
     p.add_argument("--cost-model-local", type=float, default=None, metavar="FRACTION",
                    help="rank: fraction of each pool that changes 1-2 knobs of one of the 3 fastest schedules "
                         "measured so far instead of coming from the sampler (default 0.5; 0: all from the sampler)")
