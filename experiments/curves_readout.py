@@ -37,7 +37,7 @@ import math
 import statistics
 import sys
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Collection, Iterable, Mapping, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling script, run or loaded by the tests
 from tuning_curves import arm_parts, best_relative, incumbent_times, retimed_scale  # noqa: E402  (one definition of arms and of what a run returns)
@@ -162,12 +162,18 @@ def rechecked(results: Path) -> dict[tuple[str, str, str], tuple[float, float]]:
     return {key: (statistics.median(n for n, _ in v), statistics.median(x for _, x in v)) for key, v in out.items()}
 
 
-def counts(workdir: Path) -> dict[tuple[str, str, str], dict[str, int]]:
-    """The cost model's counts, summed over each arm's runs (arms without a model are left out)."""
+def counts(workdir: Path, runs: Collection[tuple[str, str, str, str]] | None = None
+           ) -> dict[tuple[str, str, str], dict[str, int]]:
+    """The cost model's counts, summed over each arm's runs (arms without a model are left out).
+
+    ``runs`` (``(model, dataset, arm, seed)`` keys, as :func:`load_traces` gives them) keeps only
+    those: a work directory shared by several commands holds runs that are not in this read-out.
+    """
     out: dict[tuple[str, str, str], dict[str, int]] = {}
     for path in sorted(workdir.glob("runs/*/trace.json")):
         run = json.loads(path.read_text())
-        if not run.get("cost_model"):
+        key = (run["model"], run["dataset"], run["arm"], str(run["seed"]))
+        if not run.get("cost_model") or (runs is not None and key not in runs):
             continue
         total = out.setdefault((run["model"], run["dataset"], run["arm"]), {})
         for k, v in run["cost_model"].get("counts", {}).items():
@@ -251,7 +257,7 @@ def report(results: Path, baseline: str = "tpe", pairs: Sequence[tuple[str, str]
     if workdir is not None:
         lines += ["", "## The cost model's counts, summed over seeds", "",
                   "| model | dataset | arm | " + " | ".join(COUNTS) + " |", "|---|---|---|" + "---|" * len(COUNTS)]
-        for (model, dataset, arm), c in sorted(counts(workdir).items()):
+        for (model, dataset, arm), c in sorted(counts(workdir, load_traces(results).keys()).items()):
             lines.append(f"| {model} | {dataset} | {arm} | " + " | ".join(str(c.get(k, 0)) for k in COUNTS) + " |")
     return lines
 

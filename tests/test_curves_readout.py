@@ -175,6 +175,23 @@ def test_report_counts_rechecked_trials_and_their_share_of_the_seconds(readout, 
     assert readout.rechecked(tmp_path / "before") == {}  # a run from before the recheck has no such column
 
 
+def test_report_counts_only_the_runs_of_its_results_from_a_shared_work_directory(readout, tmp_path):
+    rows = [_summary_row("hgt", "aifb", arm, [10, 20, 30], [5, 10, 15]) for arm in ("tpe", "tpe+rank")]
+    traces = {("hgt", "aifb", arm, 1): [("a", 10.0)] for arm in ("tpe", "tpe+rank")}
+    _write_run(tmp_path / "run", traces, {"a": 10.0}, rows)
+    for arm, seed, pools in (("tpe+rank", 1, 3), ("tpe+rank", 2, 50), ("tpe+rank/recheck=1", 1, 700)):
+        run = tmp_path / "work" / "runs" / f"hgt-aifb-s{seed}-{arm.replace('/', '_')}"
+        run.mkdir(parents=True)
+        (run / "trace.json").write_text(json.dumps({"model": "hgt", "dataset": "aifb", "arm": arm, "seed": seed,
+                                                    "cost_model": {"counts": {"pools": pools}}}))
+    # another seed and another arm of the same work directory are not this read-out's
+    only = readout.counts(tmp_path / "work", {("hgt", "aifb", "tpe+rank", "1")})
+    assert only == {("hgt", "aifb", "tpe+rank"): {"pools": 3}}
+    assert readout.counts(tmp_path / "work")[("hgt", "aifb", "tpe+rank")] == {"pools": 53}  # all of them
+    text = "\n".join(readout.report(tmp_path / "run", after=[1], workdir=tmp_path / "work"))
+    assert "| hgt | aifb | tpe+rank | 3 |" in text and "recheck=1" not in text
+
+
 def test_readout_says_what_is_missing(readout, tmp_path, capsys):
     assert readout.main([str(tmp_path)]) == 2
     assert "tuning_curves_summary.json not found" in capsys.readouterr().err

@@ -74,8 +74,8 @@ workloads (``experiments/opening_rules.py``), ``lcb``'s best of 4 picks was 1.02
 against ``top``'s 1.033x (better on 5, worse on 3); in a pre-registered tuning-curves run (arm
 ``tpe+rank-lcb`` of ``experiments/tuning_curves.py``) it reached within 5% of the best in fewer
 trials on 3 workloads of 4 (HGT MUTAG 32 against 51) and in more on 1 (HGT AIFB 35 against 9),
-which by the rule fixed beforehand made it the default. The 8 fits cost about 3 s once per new
-study.
+which by the rule fixed beforehand made it the default. The 8 fits cost about 2 s once per new
+study (its setup took 5.6-7.2 s there, against 3.5-4.9 s with ``top``; the curves' seconds count it).
 
 Both: until the model is :attr:`~CostModel.ready` (enough history) it stays out of the way;
 the model is refit on the history plus this study's measurements every ``retrain_every``

@@ -368,8 +368,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cost-model-pool", type=int, default=None, metavar="N",
                    help="rank: candidates proposed per measurement (default 16)")
     p.add_argument("--cost-model-opening", type=int, default=None, metavar="K",
-                   help="rank: a new study first measures the K schedules the model predicts fastest out of 256 "
-                        "random ones, right after the default schedule (default 4; 0: none)")
+                   help="rank: a new study first measures the model's K first picks out of 256 random schedules "
+                        "(see --cost-model-opening-rule), right after the default schedule (default 4; 0: none)")
     # _costmodel_pruner.OPENING_RULES, spelt out: importing the cost model here slows every command by 0.1 s
     p.add_argument("--cost-model-opening-rule", default=None, choices=("top", "lcb"),
                    help="rank: how the opening ranks its 256 schedules: lcb, the lowest mean minus spread of the "
