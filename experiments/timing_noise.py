@@ -45,6 +45,21 @@ import numpy as np
 from rgtune.tuner.measure import TIMINGS, MeasureOptions, Workload, measure_rounds
 
 RESULTS = Path(__file__).resolve().parent / "results" / "timing_noise"
+_REPO = RESULTS.parents[2]
+
+
+def _shown(value: object) -> str:
+    """A setting as the results record it: a path inside the repository relative to it, another path by
+    its name only (results must not carry this machine's paths).
+
+    Example:
+        >>> _shown(_REPO / "experiments" / "results"), _shown(Path("/somewhere/else/out")), _shown(3)
+        ('experiments/results', 'out', '3')
+    """
+    if isinstance(value, Path):
+        path = value.resolve()
+        return str(path.relative_to(_REPO)) if path.is_relative_to(_REPO) else path.name
+    return str(value)
 
 
 def pick_schedules(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
@@ -121,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    Path(f"{stem}.json").write_text(json.dumps({"settings": {k: str(v) for k, v in vars(args).items()},
+    Path(f"{stem}.json").write_text(json.dumps({"settings": {k: _shown(v) for k, v in vars(args).items()},
                                                 "schedules": schedules, "summary": summary}, indent=1))
     print("| timing | sd within a process | sd of a two-schedule ratio | sd between processes |")
     print("|---|---|---|---|")

@@ -719,3 +719,12 @@ def test_an_error_that_poisons_the_process_restarts_the_worker():
         assert r.status == "runtime_error" and "illegal memory access" in r.error
         w.measure({}, seed=1)
         assert w.restarts == 1
+
+
+def test_timing_noise_records_its_settings_without_this_machines_paths(load_experiment, tmp_path):
+    import doctest
+
+    noise = load_experiment("timing_noise")
+    assert doctest.testmod(noise).failed == 0
+    assert noise._shown(tmp_path / "out") == "out"  # a folder outside the repository: its name only
+    assert noise._shown(noise.RESULTS) == "experiments/results/timing_noise"
