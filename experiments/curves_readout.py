@@ -121,11 +121,15 @@ def load_traces(results: Path) -> dict[tuple[str, str, str, str], list[dict[str,
     return traces
 
 
-def quality_after(results: Path, after: Sequence[int]) -> dict[tuple[str, str, str], list[float]]:
+Traces = Mapping[tuple[str, str, str, str], Sequence[Mapping[str, Any]]]
+
+
+def quality_after(results: Path, after: Sequence[int], traces: Traces | None = None
+                  ) -> dict[tuple[str, str, str], list[float]]:
     """Per (model, dataset, arm): the median over seeds of the incumbent's quality after each of
     ``after`` measured trials (what the run would return then: its lowest measured time so far,
-    as ``tuning_curves.incumbent_times`` follows it)."""
-    traces = load_traces(results)
+    as ``tuning_curves.incumbent_times`` follows it). ``traces``: :func:`load_traces`' (read when None)."""
+    traces = load_traces(results) if traces is None else traces
     retimed, scales = retimed_and_scales(results, traces)
     best = {workload: min(times.values()) for workload, times in retimed.items()}
     per_seed: dict[tuple[str, str, str], list[dict[int, float]]] = {}
@@ -140,13 +144,13 @@ def quality_after(results: Path, after: Sequence[int]) -> dict[tuple[str, str, s
             for key, seeds in per_seed.items()}
 
 
-def rechecked(results: Path) -> dict[tuple[str, str, str], tuple[float, float]]:
+def rechecked(results: Path, traces: Traces | None = None) -> dict[tuple[str, str, str], tuple[float, float]]:
     """Per (model, dataset, arm), medians over seeds of: the trials measured more than once (the
     tuner's recheck of a new best), and the share of the run's seconds those extra measurements
     took (a rechecked trial's seconds less the median seconds of the run's trials measured once;
     the first trial is left out: its seconds include the setup). Empty for a run from before the
-    ``measurements`` column."""
-    traces = load_traces(results)
+    ``measurements`` column. ``traces``: :func:`load_traces`' (read when None)."""
+    traces = load_traces(results) if traces is None else traces
     if any(t.get("measurements") is None for trace in traces.values() for t in trace):
         return {}
     out: dict[tuple[str, str, str], list[tuple[int, float]]] = {}
@@ -175,7 +179,7 @@ def counts(workdir: Path, runs: Collection[tuple[str, str, str, str]] | None = N
         key = (run["model"], run["dataset"], run["arm"], str(run["seed"]))
         if not run.get("cost_model") or (runs is not None and key not in runs):
             continue
-        total = out.setdefault((run["model"], run["dataset"], run["arm"]), {})
+        total = out.setdefault(key[:3], {})
         for k, v in run["cost_model"].get("counts", {}).items():
             total[k] = total.get(k, 0) + int(v)
     return out
@@ -241,7 +245,8 @@ def report(results: Path, baseline: str = "tpe", pairs: Sequence[tuple[str, str]
                          f"{_trials(rb['retimed_median_trials_to_goal'])} | {c} |")
         lines += ["", f"- lower on {outcome.count('lower')}, higher on {outcome.count('higher')}, the same on "
                       f"{outcome.count('same')}, neither gets there on {outcome.count('neither')}"]
-    quality, again = quality_after(results, after), rechecked(results)
+    traces = load_traces(results)
+    quality, again = quality_after(results, after, traces), rechecked(results, traces)
     extra = " rechecked per run | share of seconds |" if again else ""
     lines += ["", "## Re-timed incumbent over the best, after N measured trials", "",
               "| model | dataset | arm | " + " | ".join(f"after {n}" for n in after) + " | seconds per run |" + extra,
@@ -257,7 +262,7 @@ def report(results: Path, baseline: str = "tpe", pairs: Sequence[tuple[str, str]
     if workdir is not None:
         lines += ["", "## The cost model's counts, summed over seeds", "",
                   "| model | dataset | arm | " + " | ".join(COUNTS) + " |", "|---|---|---|" + "---|" * len(COUNTS)]
-        for (model, dataset, arm), c in sorted(counts(workdir, load_traces(results).keys()).items()):
+        for (model, dataset, arm), c in sorted(counts(workdir, traces.keys()).items()):
             lines.append(f"| {model} | {dataset} | {arm} | " + " | ".join(str(c.get(k, 0)) for k in COUNTS) + " |")
     return lines
 

@@ -96,8 +96,9 @@ RESULTS = Path(__file__).resolve().parent / "results"
 RANK_ABLATIONS: dict[str, dict[str, Any]] = {
     "tpe+rank0": {"opening": 0},  # no opening
     "tpe+rank-local0": {"local": 0.0},  # no local candidates: every pool comes from TPE
-    "tpe+rank-lcb": {"opening_rule": "lcb"},  # the opening hedged over resampled histories (default since 2026-11-25)
-    "tpe+rank-top": {"opening_rule": "top"},  # the opening by the model's prediction alone (the default before)
+    # the opening rules (RankPolicy.opening_rule): lcb, the default since 2026-11-25, and top, the one before
+    "tpe+rank-lcb": {"opening_rule": "lcb"},
+    "tpe+rank-top": {"opening_rule": "top"},
 }
 ARMS = ("tpe", "tpe+cm", "tpe+rank", *RANK_ABLATIONS)
 #: what a run compares unless --arms says otherwise; the ablation arms are for ablations
@@ -831,8 +832,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma-separated, of {', '.join(ARMS)} (default {','.join(DEFAULT_ARMS)}; tpe+rank0 is "
                         "tpe+rank without its opening, whatever --opening says, tpe+rank-local0 without local "
                         "candidates, whatever --local says, tpe+rank-lcb and tpe+rank-top with the opening "
-                        "ranked by that opening_rule (lcb is the default); ARM/recheck=N runs ARM with the tuner's recheck N, "
-                        "whatever --recheck says, e.g. tpe+rank,tpe+rank/recheck=1)")
+                        "ranked by that opening_rule (lcb is the default); ARM/recheck=N runs ARM with the "
+                        "tuner's recheck N, whatever --recheck says, e.g. tpe+rank,tpe+rank/recheck=1)")
     p.add_argument("--margin", type=float, default=PrunePolicy.margin,
                    help="tpe+cm: pruning margin (default %(default)s)")
     p.add_argument("--explore", type=float, default=PrunePolicy.explore,

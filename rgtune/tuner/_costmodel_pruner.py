@@ -383,11 +383,12 @@ class CostModelPruner:
         if not self.opening_pool() or not candidates:
             return []
         assert isinstance(policy, RankPolicy) and w is not None  # opening_pool() checked both
-        scores = self._scores(candidates, "no opening")
-        if scores is None:
+        predicted = self._predict(candidates, "no opening")
+        if predicted is None:
             return []
+        rows, scores = predicted
         if policy.opening_rule == "lcb":
-            scores = self._optimistic(candidates, scores)
+            scores = self._optimistic(rows, scores)
         self.counts["opening_pool"] += len(candidates)
         seen = set(self._measured) | {canonical_knobs(dict(w.default))[1]}
         picks: list[int] = []
@@ -435,24 +436,30 @@ class CostModelPruner:
         """The model's score of each ``(config, point)`` candidate of the bound workload; None while the model
         is not ready, or (with a warning saying what happens ``instead``) when it cannot predict: a model must
         never stop the study."""
+        predicted = self._predict(candidates, instead)
+        return None if predicted is None else predicted[1]
+
+    def _predict(self, candidates: Sequence[tuple[Mapping[str, Any], Any]], instead: str
+                 ) -> tuple[list[dict[str, float]], list[float]] | None:
+        """:meth:`_scores`, with the candidates' feature rows (for more models to score)."""
         w = self._w
         if w is None or not self.model.ready:
             return None
         try:
-            return [float(x) for x in self.model.predict([w.ctx.features(c, _kernels(p)) for c, p in candidates])]
+            rows = [w.ctx.features(c, _kernels(p)) for c, p in candidates]
+            return rows, [float(x) for x in self.model.predict(rows)]
         except Exception as e:  # noqa: BLE001
             log.warning("cost model: prediction failed (%s: %s); %s", type(e).__name__, e, instead)
             return None
 
-    def _optimistic(self, candidates: Sequence[tuple[Mapping[str, Any], Any]], scores: list[float]) -> list[float]:
-        """Mean minus standard deviation of the candidates' scores over models fit on resampled histories
-        (``scores`` unchanged when that fails: a model must never stop the study)."""
+    def _optimistic(self, rows: Sequence[Mapping[str, float]], scores: list[float]) -> list[float]:
+        """Mean minus standard deviation of the feature ``rows``' scores over models fit on resampled
+        histories (``scores`` unchanged when that fails: a model must never stop the study)."""
         assert isinstance(self.policy, RankPolicy) and self._w is not None
         w = self._w
         try:
             members = self.model.resampled(self._others + w.samples, self.policy.opening_members,
                                            seed=self.policy.seed)
-            rows = [w.ctx.features(c, _kernels(p)) for c, p in candidates]
             spread = np.array([m.predict(rows) for m in members])
         except Exception as e:  # noqa: BLE001
             log.warning("cost model: resampled models failed (%s: %s); the opening ranks by the model alone",
