@@ -491,10 +491,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warm-weights", default="1,4,12",
                    help="current_weight values compared by --warm (default 1,4,12)")
     p.add_argument("--warm-repeats", type=int, default=5, help="random trial orders per --warm setting (default 5)")
-    p.add_argument("--count-features", metavar="K,K,...", default=None,
-                   help="an ablation: the IR counts the model uses as features instead of the default ones "
-                        f"({','.join(_costmodel_features.COUNT_KEYS)}); any key of rgtune.ir.counts.count, "
-                        "e.g. add index_probes")
+    add_count_features_argument(p)
     p.add_argument("--quick", action="store_true",
                    help="a smoke run: rgat only, one synthetic graph, 16 trials each, hgb and log_default only")
     return p
@@ -511,6 +508,28 @@ def set_threads(threads: int | None) -> None:
         import os
 
         os.environ["OMP_NUM_THREADS"] = str(threads)
+
+
+def add_count_features_argument(p: argparse.ArgumentParser) -> None:
+    """``--count-features``: the option of every evaluation that can ablate the model's count features."""
+    p.add_argument("--count-features", metavar="K,K,...", default=None,
+                   help="an ablation: the IR counts the model uses as features instead of the default ones "
+                        f"({','.join(_costmodel_features.COUNT_KEYS)}); any key of rgtune.ir.counts.count, "
+                        "e.g. add index_probes; +K,K,... adds to the default ones")
+
+
+def use_count_features(text: str | None) -> None:
+    """Make the feature code use the counts ``--count-features`` names (nothing when None).
+
+    The feature code reads ``COUNT_KEYS`` on every row, so the whole evaluation sees the ablation.
+    """
+    if not text:
+        return
+    names = split_names(text.removeprefix("+"))
+    if text.startswith("+"):
+        names = [*_costmodel_features.COUNT_KEYS, *(n for n in names if n not in _costmodel_features.COUNT_KEYS)]
+    _costmodel_features.COUNT_KEYS = _count_keys(names)
+    print(f"count features: {', '.join(_costmodel_features.COUNT_KEYS)}")
 
 
 def _count_keys(names: Sequence[str]) -> tuple[str, ...]:
@@ -546,10 +565,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         estimators, targets = ["hgb"], ["log_default"]
     backend = args.backend or default_backend()
     set_threads(args.threads)
-    if args.count_features:
-        # the feature code reads COUNT_KEYS on every row: the whole evaluation sees the ablation
-        _costmodel_features.COUNT_KEYS = _count_keys(split_names(args.count_features))
-        print(f"count features: {', '.join(_costmodel_features.COUNT_KEYS)}")
+    use_count_features(args.count_features)
     t0 = time.time()
     if args.collect:
         collect(args.db, models, real, synthetic, real_trials=args.real_trials, synthetic_trials=args.synthetic_trials,

@@ -31,16 +31,24 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import math
 import statistics
 import sys
 from pathlib import Path
-from typing import Any, Collection, Iterable, Mapping, Sequence
+from typing import Any, Collection, Iterable, Mapping, NamedTuple, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling script, run or loaded by the tests
-from tuning_curves import arm_parts, best_relative, incumbent_times, retimed_scale  # noqa: E402  (one definition of arms and of what a run returns)
+from tuning_curves import (  # noqa: E402  (one definition of arms, of what a run returns, of the best)
+    BEST_ESTIMATES,
+    arm_parts,
+    best_relative,
+    best_retimed,
+    incumbent_times,
+    retimed_scale,
+)
 
 WorkloadKey = tuple[str, str]  # (model, dataset)
 COUNTS = ("pools", "local", "local_picked", "explored", "deferred", "refits")
@@ -75,11 +83,21 @@ def compare(a_trials: float, b_trials: float) -> str:
 
 
 # ---------------------------------------------------------------------- reading the run
-def load_summary(results: Path) -> tuple[dict[tuple[str, str, str], dict[str, Any]], int]:
-    """The summary rows with seeds, by (model, dataset, arm), and the run's budget."""
+class Summary(NamedTuple):
+    """What ``tuning_curves_summary.json`` says: the rows with seeds, by (model, dataset, arm), the
+    run's budget, and how its best re-timed time was estimated (``min`` for a run from before
+    ``--best``)."""
+
+    rows: dict[tuple[str, str, str], dict[str, Any]]
+    budget: int
+    best: str
+
+
+def load_summary(results: Path) -> Summary:
+    """The run's :class:`Summary`."""
     data = json.loads((results / "tuning_curves_summary.json").read_text())
     rows = {(r["model"], r["dataset"], r["arm"]): r for r in data["summary"] if r["seeds"]}
-    return rows, int(data["settings"]["budget"])
+    return Summary(rows, int(data["settings"]["budget"]), data["settings"].get("best", "min"))
 
 
 def csv_schedule(entry: Mapping[str, Any]) -> str:
@@ -88,26 +106,61 @@ def csv_schedule(entry: Mapping[str, Any]) -> str:
     return entry["schedule_hash"]
 
 
-def retimed_and_scales(results: Path, traces: Mapping[tuple[str, str, str, str], Sequence[Mapping[str, Any]]]
-                       ) -> tuple[dict[WorkloadKey, dict[str, float]], dict[str, dict[WorkloadKey, float]]]:
-    """Per workload, the re-timed ms of each schedule that has one; and two ``tuning_curves.retimed_scale``
-    per workload, by what they scale: ``relative``, of the re-timed schedules' times relative to their
-    runs' default schedule (``traces``: :func:`load_traces`), and ``measured``, of their absolute
-    measured times (the scale of the first correction of 2026-11-25)."""
+class Retimed(NamedTuple):
+    """What ``tuning_curves_retimed.csv`` says, per workload (see :func:`load_retimed`)."""
+
+    times: dict[WorkloadKey, dict[str, float]]
+    scales: dict[str, dict[WorkloadKey, float]]
+    bests: dict[str, dict[WorkloadKey, float]]
+
+
+def load_retimed(results: Path, traces: Mapping[tuple[str, str, str, str], Sequence[Mapping[str, Any]]]) -> Retimed:
+    """Per workload: the re-timed ms of each schedule that has one (``times``); two
+    ``tuning_curves.retimed_scale`` by what they scale (``scales``): ``relative``, of the re-timed
+    schedules' times relative to their runs' default schedule (``traces``: :func:`load_traces`), and
+    ``measured``, of their absolute measured times (the scale of the first correction of 2026-11-25);
+    and the best re-timed time by each of ``tuning_curves.BEST_ESTIMATES`` (``bests``; ``crossfit``
+    only where the CSV has each round's time)."""
     out: dict[WorkloadKey, dict[str, float]] = {}
     measured: dict[WorkloadKey, dict[str, float]] = {}
+    schedules: dict[WorkloadKey, dict[str, dict[str, Any]]] = {}
     with open(results / "tuning_curves_retimed.csv", newline="") as f:
         for r in csv.DictReader(f):
             if r["retimed_ms"]:
                 key = (r["model"], r["dataset"])
                 out.setdefault(key, {})[r["schedule_hash"]] = float(r["retimed_ms"])
                 measured.setdefault(key, {})[r["schedule_hash"]] = float(r["measured_ms"])
+            rounds = [float(v) if v else None for k, v in sorted(r.items(), key=lambda kv: _round_index(kv[0]))
+                      if _round_index(k) >= 0]
+            schedules.setdefault((r["model"], r["dataset"]), {})[r["schedule_hash"]] = {
+                "retimed_ms": float(r["retimed_ms"]) if r["retimed_ms"] else None, "rounds_ms": rounds}
     by_workload: dict[WorkloadKey, list[Sequence[Mapping[str, Any]]]] = {}
     for (model, dataset, _, _), trace in traces.items():
         by_workload.setdefault((model, dataset), []).append(trace)
     relative = {key: best_relative(by_workload.get(key, []), schedule=csv_schedule) for key in out}
-    return out, {kind: {key: retimed_scale((times[key][h], ms) for h, ms in out[key].items()) for key in out}
-                 for kind, times in (("relative", relative), ("measured", measured))}
+    bests: dict[str, dict[WorkloadKey, float]] = {how: {} for how in BEST_ESTIMATES}
+    for key in out:
+        for how in BEST_ESTIMATES:
+            with contextlib.suppress(ValueError):  # crossfit: a CSV without each round's time
+                bests[how][key] = best_retimed(schedules[key], how)
+    return Retimed(out, {kind: {key: retimed_scale((times[key][h], ms) for h, ms in out[key].items()) for key in out}
+                         for kind, times in (("relative", relative), ("measured", measured))}, bests)
+
+
+def _round_index(column: str) -> int:
+    """``round3_ms`` -> 3; -1 for a column that is not a round's."""
+    name = column.removeprefix("round").removesuffix("_ms")
+    return int(name) if column.startswith("round") and name.isdigit() else -1
+
+
+def run_bests(retimed: Retimed, how: str) -> dict[WorkloadKey, float]:
+    """The best re-timed time of each workload by ``how``, or a ValueError naming what is missing."""
+    bests = retimed.bests[how]
+    missing = sorted(set(retimed.times) - set(bests))
+    if missing:
+        raise ValueError(f"best estimate {how!r} needs each re-timing round's time, which "
+                         f"tuning_curves_retimed.csv lacks for {', '.join(' '.join(k) for k in missing)}")
+    return bests
 
 
 def load_traces(results: Path) -> dict[tuple[str, str, str, str], list[dict[str, Any]]]:
@@ -124,19 +177,21 @@ def load_traces(results: Path) -> dict[tuple[str, str, str, str], list[dict[str,
 Traces = Mapping[tuple[str, str, str, str], Sequence[Mapping[str, Any]]]
 
 
-def quality_after(results: Path, after: Sequence[int], traces: Traces | None = None
+def quality_after(results: Path, after: Sequence[int], traces: Traces | None = None, best_estimate: str = "min"
                   ) -> dict[tuple[str, str, str], list[float]]:
     """Per (model, dataset, arm): the median over seeds of the incumbent's quality after each of
     ``after`` measured trials (what the run would return then: its lowest measured time so far,
-    as ``tuning_curves.incumbent_times`` follows it). ``traces``: :func:`load_traces`' (read when None)."""
+    as ``tuning_curves.incumbent_times`` follows it), over the best re-timed time by ``best_estimate``
+    (``tuning_curves.best_retimed``). ``traces``: :func:`load_traces`' (read when None)."""
     traces = load_traces(results) if traces is None else traces
-    retimed, scales = retimed_and_scales(results, traces)
-    best = {workload: min(times.values()) for workload, times in retimed.items()}
+    retimed = load_retimed(results, traces)
+    scales, best = retimed.scales, run_bests(retimed, best_estimate)
+    retimed_times = retimed.times
     per_seed: dict[tuple[str, str, str], list[dict[int, float]]] = {}
     for (model, dataset, arm, _), trace in traces.items():
         if (model, dataset) not in best:
             continue  # not re-timed: no scale to judge it on
-        times = incumbent_times(trace, retimed[(model, dataset)], schedule=csv_schedule,
+        times = incumbent_times(trace, retimed_times[(model, dataset)], schedule=csv_schedule,
                                 scale=scales["relative"][(model, dataset)])
         quality = {int(t["measured"]): ms / best[(model, dataset)] for t, ms in zip(trace, times) if ms is not None}
         per_seed.setdefault((model, dataset, arm), []).append(quality)
@@ -201,7 +256,7 @@ def _seeds(xs: Iterable[float]) -> str:
 def report(results: Path, baseline: str = "tpe", pairs: Sequence[tuple[str, str]] | None = None,
            after: Sequence[int] = (2, 5, 10, 20, 30), workdir: Path | None = None) -> list[str]:
     """The read-out as lines of Markdown."""
-    rows, budget = load_summary(results)
+    rows, budget, best = load_summary(results)
     workloads = sorted({(m, d) for m, d, _ in rows})
     present = list(dict.fromkeys(a for _, _, a in rows))
     unknown = [a for a in (baseline, *(x for pair in pairs or () for x in pair)) if a not in present]
@@ -209,7 +264,8 @@ def report(results: Path, baseline: str = "tpe", pairs: Sequence[tuple[str, str]
         raise ValueError(f"arm(s) {', '.join(map(repr, dict.fromkeys(unknown)))} not in this run; "
                          f"its arms: {', '.join(present)}")
     arms = [a for a in present if a != baseline]
-    lines = [f"## Goal against {baseline} (budget {budget}; re-timed medians over seeds)", "",
+    scored = "" if best == "min" else f"; best re-timed time: {best}"  # read-outs before --best unchanged
+    lines = [f"## Goal against {baseline} (budget {budget}; re-timed medians over seeds{scored})", "",
              "| model | dataset | arm | trials to goal: base / arm | seconds to goal: base / arm | "
              "seeds reaching it: base / arm | trials per seed | verdict |", "|---|---|---|---|---|---|---|---|"]
     tally: dict[str, list[str]] = {}
@@ -246,9 +302,10 @@ def report(results: Path, baseline: str = "tpe", pairs: Sequence[tuple[str, str]
         lines += ["", f"- lower on {outcome.count('lower')}, higher on {outcome.count('higher')}, the same on "
                       f"{outcome.count('same')}, neither gets there on {outcome.count('neither')}"]
     traces = load_traces(results)
-    quality, again = quality_after(results, after, traces), rechecked(results, traces)
+    quality, again = quality_after(results, after, traces, best), rechecked(results, traces)
     extra = " rechecked per run | share of seconds |" if again else ""
-    lines += ["", "## Re-timed incumbent over the best, after N measured trials", "",
+    lines += ["", f"## Re-timed incumbent over the best{'' if best == 'min' else f' ({best})'}, after N measured "
+                  "trials", "",
               "| model | dataset | arm | " + " | ".join(f"after {n}" for n in after) + " | seconds per run |" + extra,
               "|---|---|---|" + "---|" * (len(after) + 1 + 2 * bool(again))]
     for model, dataset in workloads:

@@ -46,7 +46,14 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from costmodel_transfer import RESULTS, _display, split_names, write_csv
+from costmodel_transfer import (
+    RESULTS,
+    _display,
+    add_count_features_argument,
+    split_names,
+    use_count_features,
+    write_csv,
+)
 
 from rgtune.tuner.costmodel import CostModel, GraphLoader, Sample
 from rgtune.tuner.db import TrialDatabase, WorkloadRecord
@@ -196,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--subpool-size", type=int, default=40, help="schedules per pool (default 40)")
     p.add_argument("--data-dir", default=None, help="dataset root (default $RGTUNE_DATA_DIR)")
     p.add_argument("--out", default=str(RESULTS / "opening_rules"), help="where the CSV and table go")
+    add_count_features_argument(p)
     return p
 
 
@@ -209,6 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if min(ks, default=0) < 1 or args.members < 1 or args.subpools < 1 or args.subpool_size < 2:
         raise SystemExit("--k, --members and --subpools must be >= 1, --subpool-size >= 2")
     holdouts = split_names(args.holdouts) if args.holdouts else None
+    use_count_features(args.count_features)
     rows = evaluate(args.db, holdouts=holdouts, ks=ks, members=args.members, seeds=seeds, subpools=args.subpools,
                     subpool_size=args.subpool_size, data_dir=args.data_dir)
     if not rows:

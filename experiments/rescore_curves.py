@@ -7,7 +7,12 @@ experiment has scored an incumbent that was not re-timed.
   (the first correction). A run measured in a slow process still counted its incumbents far off the
   best, however close they were.
 * ``relative``: at its time relative to its run's default schedule, put on the re-timing's scale
-  (``tuning_curves.best_relative``; the second correction, how ``tuning_curves.py`` scores now).
+  (``tuning_curves.best_relative``; the second correction).
+
+Those three judge against the lowest re-timed median. ``crossfit`` scores as ``relative`` does,
+against the best re-timed time without the winner's curse (``tuning_curves.crossfit_best``, the
+third correction, how ``tuning_curves.py`` scores now); a run whose CSV lacks each round's time has
+no ``crossfit`` score.
 
 Which schedules were re-timed is the run's own (rescoring does not time anything), so a run written
 before the re-timing window became relative keeps its re-timed set. This prints, per workload and
@@ -30,37 +35,41 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from curves_readout import (
     csv_schedule,
+    load_retimed,
     load_summary,
     load_traces,
-    retimed_and_scales,
     verdict,
 )
 from tuning_curves import incumbent_times, reach
 
-#: how each scoring puts an incumbent that was not re-timed on the re-timing's scale: (relative to its
-#: run's default, the scale of ``curves_readout.retimed_and_scales`` it is multiplied by; None: none)
-SCORINGS: dict[str, tuple[bool, str | None]] = {"raw": (False, None), "measured": (False, "measured"),
-                                                "relative": (True, "relative")}
+#: how each scoring puts an incumbent that was not re-timed on the re-timing's scale (relative to its
+#: run's default, the scale of ``curves_readout.load_retimed`` it is multiplied by; None: none), and
+#: how it estimates the best re-timed time (``tuning_curves.BEST_ESTIMATES``)
+SCORINGS: dict[str, tuple[bool, str | None, str]] = {
+    "raw": (False, None, "min"), "measured": (False, "measured", "min"), "relative": (True, "relative", "min"),
+    "crossfit": (True, "relative", "crossfit")}
 
 
 def trials_to_goal(results: Path, within: float) -> dict[tuple[str, str, str], dict[str, Any]]:
     """Per (model, dataset, arm): the workload's ``scales`` (measured and relative) and, per scoring of
-    :data:`SCORINGS`, each seed's trials to the goal (and under ``seconds``, each seed's seconds)."""
+    :data:`SCORINGS`, each seed's trials to the goal (and under ``seconds``, each seed's seconds); a
+    scoring whose best estimate the run's CSV cannot give (``crossfit`` without the rounds) is left out."""
     traces = load_traces(results)
-    retimed, scales = retimed_and_scales(results, traces)
+    retimed, scales, bests = load_retimed(results, traces)
     out: dict[tuple[str, str, str], dict[str, Any]] = {}
     for (model, dataset, arm, _), trace in sorted(traces.items()):
         key = (model, dataset)
         if key not in retimed:
             continue
-        goal = min(retimed[key].values()) * (1 + within)
+        names = [name for name, (_, _, best) in SCORINGS.items() if key in bests[best]]
         scored = out.setdefault((model, dataset, arm), {
             "scales": {kind: scales[kind][key] for kind in ("measured", "relative")},
-            **{name: [] for name in SCORINGS}, "seconds": {name: [] for name in SCORINGS}})
-        for name, (relative, kind) in SCORINGS.items():
+            **{name: [] for name in names}, "seconds": {name: [] for name in names}})
+        for name in names:
+            relative, kind, best = SCORINGS[name]
             times = incumbent_times(trace, retimed[key], schedule=csv_schedule, relative=relative,
                                     scale=scales[kind][key] if kind else 1.0)
-            trials, seconds = reach(trace, times, goal)
+            trials, seconds = reach(trace, times, bests[best][key] * (1 + within))
             scored[name].append(trials)
             scored["seconds"][name].append(seconds)
     return out
@@ -78,7 +87,7 @@ def verdicts(scored: dict[tuple[str, str, str], dict[str, Any]], budget: int,
         out[(model, dataset, arm)] = {
             name: verdict(statistics.median(base[name]), statistics.median(base["seconds"][name]),
                           statistics.median(v[name]), statistics.median(v["seconds"][name]), budget)
-            for name in SCORINGS}
+            for name in SCORINGS if name in v and name in base}
     return out
 
 
@@ -89,10 +98,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     scored = trials_to_goal(args.results, args.within)
     for (model, dataset, arm), v in scored.items():
-        scorings = ", ".join(f"{name} {statistics.median(v[name]):g} {sorted(v[name])}" for name in SCORINGS)
+        scorings = ", ".join(f"{name} {statistics.median(v[name]):g} {sorted(v[name])}" for name in SCORINGS
+                             if name in v)
         print(f"{model} {dataset} {arm} (scale {v['scales']['measured']:.2f} measured, "
               f"{v['scales']['relative']:.3g} relative): median trials to goal {scorings}")
-    for (model, dataset, arm), v in verdicts(scored, load_summary(args.results)[1]).items():
+    for (model, dataset, arm), v in verdicts(scored, load_summary(args.results).budget).items():
         print(f"{model} {dataset} {arm} against tpe: " + ", ".join(f"{name} {x}" for name, x in v.items()))
     return 0
 

@@ -224,6 +224,34 @@ def test_binary_search_pair_lookups_are_counted():
     assert count(compile_program(build_model("rgcn", 8, 8), {}, g).kernels, g)["index_probes"] == 0
 
 
+@pytest.mark.parametrize("model", ["rgcn", "hgt"])
+def test_gemm_tiles_are_the_tiles_the_cpu_kernels_run(model):
+    # the count is the CPU runtime's own tiling (types never share a tile; a short tile is padded),
+    # for every GEMM that does not accumulate (those split further at the threads' owner blocks)
+    from rgtune.codegen.cpu.runtime import gemm_tiles
+    from rgtune.ir.bind import graph_arrays, row_types
+
+    g = random_graph((10, 20), num_relations=3, num_edges=200, seed=0)
+    cfg = {"compact.src": "pair"}
+    kp = compile_program(build_model(model, 8, 8, 1 if model == "rgcn" else 2), cfg, g).kernels
+    gemms = [k for k in kp.kernels if isinstance(k, GemmKernel)]
+    assert not any(k.accumulate for k in gemms) and {k.rows for k in gemms} >= {"src_pair", "node"}
+    a = graph_arrays(g, kp.layout, kp.index_bits)
+    for tile_rows in (8, 64):
+        expected = 0
+        for k in gemms:
+            types = row_types(a, k.rows, k.by, k.weight_end)
+            expected += len(gemm_tiles(None if types is None else types.numpy(), tile_rows, None, a.rows(k.rows))[1])
+        c = count(kp, g, {**cfg, "gemm.tile_rows": tile_rows})
+        assert c["gemm_tiles"] == expected
+        assert c["gemm_rows_computed"] == expected * tile_rows > c["gemm_rows_total"]
+    # per-type BLAS calls: a call per non-empty type, no padding
+    blas = count(kp, g, {**cfg, "gemm.impl": "blas"})
+    assert blas["gemm_rows_computed"] == blas["gemm_rows_total"]
+    # the CUDA target's default tile (64 rows) is not the CPU's (16)
+    assert count(kp, g, cfg, target="cuda")["gemm_tiles"] < count(kp, g, cfg)["gemm_tiles"]
+
+
 # ------------------------------------------------------------------ models & knobs
 def test_models_are_short():
     lines = 0

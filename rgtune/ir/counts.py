@@ -13,6 +13,18 @@ of relation ``r`` about ``ceil(log2(pairs_r + 1))`` dependent reads of the relat
 pairs. ``index_probes`` counts those reads over every kernel that finds pairs from edges: work
 no byte count shows, since the block is small and cached, but each probe waits for the last.
 
+A tiled GEMM (``gemm.tile_rows``, both targets) computes its rows in tiles of at most
+``tile_rows`` rows of one type (relation or node type), none straddling two types, and a short
+tile costs as much as a full one (the CPU micro-kernel repeats its last row, a CUDA block idles
+its lanes). So a type with ``r`` rows takes ``ceil(r / tile_rows)`` tiles: ``gemm_tiles`` over
+every GEMM, and ``gemm_rows_computed`` the rows they compute (``tiles * tile_rows``; the rows
+themselves with ``gemm.impl=blas``, whose per-type calls do not pad). On a graph with many small
+relations large tiles compute mostly padding; on one with large relations they read each weight
+panel for more rows (``gemm_tile_weight_bytes``: a type's weight slice read once per tile). FLOPs
+and bytes count the rows themselves, so without these a model cannot tell how a tile size that
+fits one graph's relation sizes fares on another's. (The CPU's race-free accumulation splits
+tiles further at owner-block boundaries, which depend on the thread count: not counted.)
+
 Two byte counts: ``bytes_min`` reads every buffer, weight and index array a kernel touches
 once and writes its outputs once (the floor a perfect cache would reach: the roofline's
 minimum bytes), ``bytes_gathered`` counts a gathered row every time a row reads it (what a
@@ -33,9 +45,11 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Iterable
 
-from rgtune.ir.bind import graph_arrays
+import numpy as np
+
+from rgtune.ir.bind import GraphArrays, graph_arrays, row_types
 from rgtune.ir.kernels import (AggregateStage, EdgeStore, GemmKernel, KernelProgram, MapKernel,
-                               SoftmaxAggregate, TraversalKernel, WeightKernel, expr_loads)
+                               SoftmaxAggregate, TraversalKernel, WeightKernel, expr_loads, kernel_schedule)
 
 if TYPE_CHECKING:
     from rgtune.data.graph import HeteroGraph
@@ -43,8 +57,10 @@ if TYPE_CHECKING:
 FLOAT_BYTES = 4
 
 
-def count(kp: KernelProgram, graph: "HeteroGraph", schedule: dict[str, Any] | None = None) -> dict[str, Any]:
-    """FLOPs, bytes (minimum and gathered), kernels launched, atomic updates, GEMM rows."""
+def count(kp: KernelProgram, graph: "HeteroGraph", schedule: dict[str, Any] | None = None,
+          target: str = "cpu") -> dict[str, Any]:
+    """FLOPs, bytes (minimum and gathered), kernels launched, atomic updates, GEMM rows and tiles
+    (``schedule``'s kernel knobs for ``target``, its templates' defaults where it says nothing)."""
     a = graph_arrays(graph, kp.layout, kp.index_bits)
     idx_bytes = kp.index_bits // 8
     rows = {d: a.rows(d) for d in ("node", "edge", "src_pair", "dst_pair")}
@@ -52,6 +68,7 @@ def count(kp: KernelProgram, graph: "HeteroGraph", schedule: dict[str, Any] | No
     width = {name: b.width for name, b in kp.buffers.items()}
     schedule = schedule or {}
     flops = bytes_min = bytes_gathered = atomics = launches = weight_flops = folds = probes = 0
+    tiles = rows_computed = tile_weight_bytes = 0
     probes_per_lookup = a.bsearch_probes if kp.pair_index == "bsearch" else {}
 
     def lookups(vias: Iterable[str]) -> int:  # binary-search reads of one kernel over edge rows
@@ -85,6 +102,10 @@ def count(kp: KernelProgram, graph: "HeteroGraph", schedule: dict[str, Any] | No
                 atomics += n * k.out_heads * k.out_dim
             if k.rows == "edge":
                 probes += lookups([k.x_via, *(via for _, e in k.epilogue for _, via in expr_loads(e))])
+            t, computed = _gemm_tiles(a, k, kernel_schedule(k, schedule, target))
+            tiles += t
+            rows_computed += computed
+            tile_weight_bytes += t * _param_elems(kp, k.weight) * FLOAT_BYTES
         elif isinstance(k, TraversalKernel):
             e = rows["edge"]
             flops += e * k.flops_per_edge()
@@ -114,7 +135,31 @@ def count(kp: KernelProgram, graph: "HeteroGraph", schedule: dict[str, Any] | No
     return {"flops": int(flops), "bytes_min": int(bytes_min), "bytes_gathered": int(bytes_gathered),
             "kernels": launches, "atomics": int(atomics), "gemm_rows": gemm_rows,
             "gemm_rows_total": int(sum(gemm_rows.values())), "weight_flops": int(weight_flops),
-            "weight_folds": folds, "index_probes": int(probes)}
+            "weight_folds": folds, "index_probes": int(probes), "gemm_tiles": int(tiles),
+            "gemm_rows_computed": int(rows_computed), "gemm_tile_weight_bytes": int(tile_weight_bytes)}
+
+
+def _gemm_tiles(a: GraphArrays, k: GemmKernel, knobs: dict[str, Any]) -> tuple[int, int]:
+    """(tiles, rows computed) of one GEMM with its kernel knobs ``knobs`` (see the module docstring)."""
+    per_type = _rows_per_type(a, k.rows, k.by, k.weight_end)
+    per_type = per_type[per_type > 0]
+    tile_rows = knobs.get("tile_rows")
+    if knobs.get("impl") == "blas" or tile_rows is None:  # a call per type: no tiles, no padding
+        return int(per_type.size), int(per_type.sum())
+    t = int(((per_type + tile_rows - 1) // tile_rows).sum())
+    return t, t * int(tile_rows)
+
+
+def _rows_per_type(a: GraphArrays, rows: str, by: str, end: str | None) -> np.ndarray:
+    """How many of a GEMM's rows each weight slice (type) multiplies; cached on the arrays, since
+    the cost model counts every candidate schedule of a graph."""
+    cache = a.__dict__.setdefault("_rows_per_type", {})
+    key = (rows, by, end)
+    if key not in cache:
+        types = row_types(a, rows, by, end)
+        cache[key] = (np.array([a.rows(rows)], dtype=np.int64) if types is None
+                      else np.bincount(types.numpy(), minlength=1).astype(np.int64))
+    return cache[key]
 
 
 def _param_elems(kp: KernelProgram, name: str) -> int:

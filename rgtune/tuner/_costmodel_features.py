@@ -161,7 +161,7 @@ class WorkloadContext:
         if kernels is None or self.graph is None:
             return None
         try:
-            return count(kernels, self.graph, dict(config))
+            return count(kernels, self.graph, dict(config), self.target)
         except Exception:  # noqa: BLE001 - as above
             return None
 

@@ -95,7 +95,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(point.compiled.program, end="\n\n")  # type: ignore[union-attr]
     print("# kernels")
     print(point.kernels.describe(), end="\n\n")
-    c = count(point.kernels, graph, config)
+    c = count(point.kernels, graph, config, target)
     print("# counts")
     print(f"  FLOPs           {c['flops']:,}")
     print(f"  bytes (minimum) {c['bytes_min']:,}")
@@ -107,6 +107,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(f"  pair lookups    {c['index_probes']:,} binary-search reads (compact.pair_index=bsearch)")
     print(f"  atomic updates  {c['atomics']:,}")
     print(f"  GEMM rows       {c['gemm_rows']}")
+    print(f"  GEMM tiles      {c['gemm_tiles']:,} ({c['gemm_rows_computed']:,} rows computed, short tiles padded)")
     if args.source:
         _print_sources(args.backend, point.kernels, graph, config)
     if args.space:
