@@ -102,12 +102,19 @@ RANK_ABLATIONS: dict[str, dict[str, Any]] = {
     # the opening rules (RankPolicy.opening_rule): lcb, the default since 2026-11-25, and top, the one before
     "tpe+rank-lcb": {"opening_rule": "lcb"},
     "tpe+rank-top": {"opening_rule": "top"},
+    "tpe+rank-tiles": {},  # the default policy; its model has more count features (FEATURE_VARIANTS)
+}
+#: arms whose cost model uses these IR counts as features besides the default ones
+#: (``_costmodel_features.COUNT_KEYS``): each gets a base model of its own, trained with them
+FEATURE_VARIANTS: dict[str, tuple[str, ...]] = {
+    "tpe+rank-tiles": ("gemm_tiles", "gemm_rows_computed", "gemm_tile_weight_bytes"),
 }
 ARMS = ("tpe", "tpe+cm", "tpe+rank", *RANK_ABLATIONS)
 #: what a run compares unless --arms says otherwise; the ablation arms are for ablations
 DEFAULT_ARMS = ("tpe", "tpe+cm", "tpe+rank")
 COLORS = {"tpe": "tab:blue", "tpe+cm": "tab:red", "tpe+rank": "tab:green", "tpe+rank0": "tab:olive",
-          "tpe+rank-local0": "tab:purple", "tpe+rank-lcb": "tab:brown", "tpe+rank-top": "tab:gray"}
+          "tpe+rank-local0": "tab:purple", "tpe+rank-lcb": "tab:brown", "tpe+rank-top": "tab:gray",
+          "tpe+rank-tiles": "tab:cyan"}
 WorkloadKey = tuple[str, str]  # (model, dataset)
 #: how the best re-timed time of a workload is estimated (``--best``; see :func:`best_retimed`)
 BEST_ESTIMATES = ("crossfit", "min")
@@ -214,8 +221,18 @@ def _main_device(db: TrialDatabase, backend: str) -> str:
     return max(sorted(counts), key=lambda k: counts[k])
 
 
-def prepare_base(history: TrialDatabase, dataset: str, workdir: Path, backend: str, cm: CostModel) -> Path:
-    """The leave-``dataset``-out history, with its cost model trained and saved next to it."""
+def prepare_base(history: TrialDatabase, dataset: str, workdir: Path, backend: str, cm: CostModel,
+                 extra_counts: tuple[str, ...] = ()) -> Path:
+    """The leave-``dataset``-out history, with its cost model trained and saved next to it (with
+    ``extra_counts`` as features too: a copy of its own, whose saved model has those features)."""
+    if extra_counts:
+        plain = prepare_base(history, dataset, workdir, backend, cm)
+        base = workdir / f"base-{_safe(dataset)}-{'-'.join(extra_counts)}.db"
+        if not base.exists():
+            _sqlite_copy(plain, base)
+        with count_features(extra_counts):
+            _fit_base(base, dataset, backend, cm)
+        return base
     base = workdir / f"base-{_safe(dataset)}.db"
     if not base.exists():
         tmp = base.with_suffix(".tmp.db")
@@ -226,12 +243,30 @@ def prepare_base(history: TrialDatabase, dataset: str, workdir: Path, backend: s
         _sqlite_copy(tmp, base)
         for p in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
             p.unlink(missing_ok=True)
+    _fit_base(base, dataset, backend, cm)
+    return base
+
+
+def _fit_base(base: Path, dataset: str, backend: str, cm: CostModel) -> None:
     db = TrialDatabase(f"sqlite:///{base}")
     fit = fit_on_history(db, cm, backend, _main_device(db, backend))
-    print(f"history without {dataset}: {fit.model.status} ({'loaded' if fit.loaded else 'trained'}, "
+    print(f"history without {dataset} ({base.name}): {fit.model.status} ({'loaded' if fit.loaded else 'trained'}, "
           f"{len(fit.samples)} trials)", flush=True)
     db.close()
-    return base
+
+
+@contextlib.contextmanager
+def count_features(extra: Sequence[str]) -> Iterator[None]:
+    """The cost model's count features are the default ones plus ``extra`` while the block runs (the
+    feature code reads ``COUNT_KEYS`` on every row)."""
+    from rgtune.tuner import _costmodel_features
+
+    default = _costmodel_features.COUNT_KEYS
+    _costmodel_features.COUNT_KEYS = (*default, *(k for k in extra if k not in default))
+    try:
+        yield
+    finally:
+        _costmodel_features.COUNT_KEYS = default
 
 
 def _safe(name: str) -> str:
@@ -329,7 +364,7 @@ def run_one(model: str, dataset: str, seed: int, arm: str, base: Path, workdir: 
                        confirm_top=0)  # the search alone: the incumbents are re-timed after all runs
     tuner = CurveTuner(Workload(model, dataset, args.hidden, args.hidden, 1, backend, args.data_dir), db, opts)
     t0 = time.time()
-    with _own_cache(run_dir):
+    with _own_cache(run_dir), count_features(FEATURE_VARIANTS.get(arm_parts(arm)[0], ())):
         summary = tuner.run()
     out = {"model": model, "dataset": dataset, "seed": seed, "arm": arm, "budget": args.budget,
            "timing": args.timing, "recheck": _recheck(arm, args), "setup_s": tuner.setup_s,
@@ -900,7 +935,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma-separated, of {', '.join(ARMS)} (default {','.join(DEFAULT_ARMS)}; tpe+rank0 is "
                         "tpe+rank without its opening, whatever --opening says, tpe+rank-local0 without local "
                         "candidates, whatever --local says, tpe+rank-lcb and tpe+rank-top with the opening "
-                        "ranked by that opening_rule (lcb is the default); ARM/recheck=N runs ARM with the "
+                        "ranked by that opening_rule (lcb is the default), tpe+rank-tiles with the GEMM tile counts "
+                        "as features too; ARM/recheck=N runs ARM with the "
                         "tuner's recheck N, whatever --recheck says, e.g. tpe+rank,tpe+rank/recheck=1)")
     p.add_argument("--margin", type=float, default=PrunePolicy.margin,
                    help="tpe+cm: pruning margin (default %(default)s)")
@@ -990,10 +1026,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs = []
     t0 = time.time()
     for dataset in datasets:
-        base = prepare_base(history, dataset, workdir, backend, CostModel())
+        bases = {extra: prepare_base(history, dataset, workdir, backend, CostModel(), extra)
+                 for extra in sorted({FEATURE_VARIANTS.get(arm_parts(a)[0], ()) for a in args.arms})}
         for model in models:
             for seed in range(args.first_seed, args.first_seed + args.seeds):
                 for arm in args.arms:
+                    base = bases[FEATURE_VARIANTS.get(arm_parts(arm)[0], ())]
                     r = run_one(model, dataset, seed, arm, base, workdir, args, backend)
                     backfill_knobs(r, workdir)
                     runs.append(r)
