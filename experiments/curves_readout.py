@@ -125,15 +125,16 @@ def load_retimed(results: Path, traces: Mapping[tuple[str, str, str, str], Seque
     measured: dict[WorkloadKey, dict[str, float]] = {}
     schedules: dict[WorkloadKey, dict[str, dict[str, Any]]] = {}
     with open(results / "tuning_curves_retimed.csv", newline="") as f:
-        for r in csv.DictReader(f):
+        reader = csv.DictReader(f)
+        round_columns = sorted((c for c in reader.fieldnames or () if _round_index(c) >= 0), key=_round_index)
+        for r in reader:
             if r["retimed_ms"]:
                 key = (r["model"], r["dataset"])
                 out.setdefault(key, {})[r["schedule_hash"]] = float(r["retimed_ms"])
                 measured.setdefault(key, {})[r["schedule_hash"]] = float(r["measured_ms"])
-            rounds = [float(v) if v else None for k, v in sorted(r.items(), key=lambda kv: _round_index(kv[0]))
-                      if _round_index(k) >= 0]
             schedules.setdefault((r["model"], r["dataset"]), {})[r["schedule_hash"]] = {
-                "retimed_ms": float(r["retimed_ms"]) if r["retimed_ms"] else None, "rounds_ms": rounds}
+                "retimed_ms": float(r["retimed_ms"]) if r["retimed_ms"] else None,
+                "rounds_ms": [float(r[c]) if r[c] else None for c in round_columns]}
     by_workload: dict[WorkloadKey, list[Sequence[Mapping[str, Any]]]] = {}
     for (model, dataset, _, _), trace in traces.items():
         by_workload.setdefault((model, dataset), []).append(trace)
@@ -185,14 +186,13 @@ def quality_after(results: Path, after: Sequence[int], traces: Traces | None = N
     (``tuning_curves.best_retimed``). ``traces``: :func:`load_traces`' (read when None)."""
     traces = load_traces(results) if traces is None else traces
     retimed = load_retimed(results, traces)
-    scales, best = retimed.scales, run_bests(retimed, best_estimate)
-    retimed_times = retimed.times
+    best = run_bests(retimed, best_estimate)
     per_seed: dict[tuple[str, str, str], list[dict[int, float]]] = {}
     for (model, dataset, arm, _), trace in traces.items():
         if (model, dataset) not in best:
             continue  # not re-timed: no scale to judge it on
-        times = incumbent_times(trace, retimed_times[(model, dataset)], schedule=csv_schedule,
-                                scale=scales["relative"][(model, dataset)])
+        times = incumbent_times(trace, retimed.times[(model, dataset)], schedule=csv_schedule,
+                                scale=retimed.scales["relative"][(model, dataset)])
         quality = {int(t["measured"]): ms / best[(model, dataset)] for t, ms in zip(trace, times) if ms is not None}
         per_seed.setdefault((model, dataset, arm), []).append(quality)
     return {key: [statistics.median(q.get(n, math.inf) for q in seeds) for n in after]

@@ -696,3 +696,33 @@ def test_curves_run_an_arm_with_its_own_recheck_beside_the_same_arm(load_experim
         with pytest.raises(SystemExit):
             curves.build_parser().parse_args(["--arms", bad])
         assert needle in capsys.readouterr().err
+
+
+def test_curves_feature_variant_arm_gets_a_base_model_with_its_features(load_experiment, history, tmp_path):
+    """``tpe+rank-tiles`` is the default rank policy whose model also has the GEMM tile counts as
+    features: its base history is a copy with a saved model of its own, trained with them, and the
+    feature code has them only while that arm runs."""
+    from rgtune.tuner import _costmodel_features
+    from rgtune.tuner._costmodel_train import fit_on_history
+
+    curves = load_experiment("tuning_curves")
+    extra = curves.FEATURE_VARIANTS["tpe+rank-tiles"]
+    assert isinstance(curves._policy("tpe+rank-tiles", curves.build_parser().parse_args([]), 0), curves.RankPolicy)
+    default = _costmodel_features.COUNT_KEYS
+    with curves.count_features(extra):
+        assert _costmodel_features.COUNT_KEYS == (*default, *extra)
+    assert _costmodel_features.COUNT_KEYS == default
+    cm = CostModel(estimator=small_hgb, min_trials=10)
+    plain = curves.prepare_base(history, GRAPHS[0], tmp_path, "cpu", cm)
+    tiles = curves.prepare_base(history, GRAPHS[0], tmp_path, "cpu", cm, extra)
+    assert plain != tiles and tiles.exists()
+
+    def columns(base: Path) -> set[str]:
+        db = TrialDatabase(f"sqlite:///{base}")
+        with curves.count_features(extra if base == tiles else ()):
+            fit = fit_on_history(db, cm, "cpu", _device(db), graphs=LOADED)
+        db.close()
+        assert fit.loaded  # each run reads its base's saved model: trained with that base's features
+        return set(fit.model.encoder.columns)
+
+    assert "num:rel_gemm_tiles" in columns(tiles) and "num:rel_gemm_tiles" not in columns(plain)
