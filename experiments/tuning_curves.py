@@ -39,7 +39,8 @@ Two measures of quality, both against a goal of ``--within`` (5%) of the best kn
   run its incumbent is the schedule with the lowest measured time so far (what the tuner would
   return); its quality is its re-timed time (if it was not re-timed, its time relative to its
   run's default schedule, put on the re-timing's scale), against the best re-timed time. The
-  lowest re-timed median is itself a minimum over noisy medians, biased low by 2-7%; so by default
+  lowest re-timed median is itself a minimum over noisy medians, biased low (on the committed runs
+  the crossfit best below sat a median 3.5% above it, 0-14% per workload); so by default
   (``--best crossfit``, the third correction) the best is the schedule fastest over half of the
   rounds, timed over the other half, both ways (:func:`crossfit_best`); ``--best min`` scores as
   every run before it did. Re-timings are cached in the work directory.
@@ -575,12 +576,7 @@ def _retimed_times(detail: Mapping[WorkloadKey, Mapping[str, Mapping[str, Any]]]
 def _retimed_bests(detail: Mapping[WorkloadKey, Mapping[str, Mapping[str, Any]]], how: str
                    ) -> dict[WorkloadKey, float]:
     """Per workload with a re-timed schedule, its best re-timed time (:func:`best_retimed`)."""
-    return {key: best_retimed(d, how) for key, d in _with_retimed(detail).items()}
-
-
-def _with_retimed(detail: Mapping[WorkloadKey, Mapping[str, Mapping[str, Any]]]
-                  ) -> dict[WorkloadKey, Mapping[str, Mapping[str, Any]]]:
-    return {key: d for key, d in detail.items() if any(v["retimed_ms"] is not None for v in d.values())}
+    return {key: best_retimed(detail[key], how) for key in _retimed_times(detail)}
 
 
 def retimed_scale(schedules: Iterable[tuple[float, float]]) -> float:
@@ -604,9 +600,9 @@ def retimed_scale(schedules: Iterable[tuple[float, float]]) -> float:
 def crossfit_best(rounds: Mapping[str, Sequence[float | None]]) -> float:
     """The re-timed time of a workload's best schedule without the winner's curse (the third correction).
 
-    Every re-timed median is noisy, so the lowest of them is biased low: on the committed runs of
-    2026-11-25, the schedule fastest over half of the re-timing rounds was a median 3-4% slower
-    over the other half (2-7% per workload), most of the goal's 5%. Here the rounds are split in
+    Every re-timed median is noisy, so the lowest of them is biased low: over the 56 workload
+    re-timings committed before this estimate, the schedule fastest over half of the re-timing
+    rounds was a median 4.7% slower over the other half (0-18% per workload), most of the goal's 5%. Here the rounds are split in
     two halves (even and odd rounds); the schedule fastest by its median over one half is timed by
     its median over the other, and the two such estimates are averaged (geometrically). Each
     estimate times a schedule on rounds it was not chosen on, so it is an honest time of a schedule
