@@ -70,6 +70,9 @@ from rgtune.tuner import _costmodel_features
 from rgtune.tuner.db import TrialDatabase, WorkloadRecord
 from rgtune.tuner.measure import Workload, measure_rounds, median_ok
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _parallel import jobs_problem, run_parallel  # noqa: E402 - experiments/ is not a package
+
 REAL = ("aifb", "mutag")
 SYNTHETIC = ("synthetic:bgs,scale=0.1", "synthetic:am,scale=0.01", "synthetic:ogbn-mag,scale=0.003,reverse=1",
              "synthetic:custom,nodes=20000,edges=100000,ntypes=4,rels=20,degree_skew=1.5")
@@ -90,32 +93,42 @@ def canonical_dataset(name: str, data_dir: str | None = None) -> str:
 
 def collect(db_url: str, models: Sequence[str], real: Sequence[str], synthetic: Sequence[str], *, real_trials: int,
             synthetic_trials: int, hidden: int, backend: str, data_dir: str | None, seed: int = 11,
-            repeat_real: int = 0) -> None:
-    """Run the studies that make the history (skipping those already done: resumable)."""
-    from rgtune.tuner.measure import Workload
+            repeat_real: int = 0, jobs: int = 1) -> None:
+    """Run the studies that make the history (skipping those already done: resumable), ``jobs`` at a time
+    (on a GPU backend; see ``_parallel``)."""
+    plan = [(ds, m, "random", real_trials) for ds in real for m in models]
+    plan += [(ds, m, "tpe", synthetic_trials) for ds in synthetic for m in models]
+    TrialDatabase(db_url).close()  # created (and migrated) once, before the jobs open it side by side
+    run_parallel(_collect_study, [(db_url, *entry, hidden, backend, data_dir, seed) for entry in plan], jobs)
+    if repeat_real > 0:
+        db = TrialDatabase(db_url)
+        workloads = [w for ds, model, _, _ in plan[:len(real) * len(models)]
+                     for w in db.workloads(model=model, in_dim=hidden, backend=backend,
+                                           dataset=canonical_dataset(ds, data_dir))]
+        db.close()
+        real_of = {canonical_dataset(ds, data_dir): ds for ds in real}
+        run_parallel(repeat_schedules, [(db_url, w, real_of[w.dataset], repeat_real, data_dir) for w in workloads],
+                     jobs)
+
+
+def _collect_study(db_url: str, ds: str, model: str, sampler: str, trials: int, hidden: int, backend: str,
+                   data_dir: str | None, seed: int) -> None:
     from rgtune.tuner.study import TuneOptions, Tuner
 
     db = TrialDatabase(db_url)
-    plan = [(ds, m, "random", real_trials) for ds in real for m in models]
-    plan += [(ds, m, "tpe", synthetic_trials) for ds in synthetic for m in models]
-    for ds, model, sampler, trials in plan:
-        done = sum(w.num_trials for w in db.workloads(model=model, in_dim=hidden, backend=backend,
-                                                      dataset=canonical_dataset(ds, data_dir)))
-        if done >= trials:
-            continue
+    done = sum(w.num_trials for w in db.workloads(model=model, in_dim=hidden, backend=backend,
+                                                  dataset=canonical_dataset(ds, data_dir)))
+    if done < trials:
         t0 = time.time()
         # confirm_top=0: the history holds the studies' own measurements (and --repeat-real's rounds)
         s = Tuner(Workload(model, ds, hidden, hidden, 1, backend, data_dir), db,
                   TuneOptions(trials=trials - done, sampler=sampler, seed=seed, progress=False, confirm_top=0)).run()
         print(f"collected {model} on {ds}: {s.trials_run} trials ({sampler}) in {time.time() - t0:.0f} s, "
               f"best {s.best_ms} ms", flush=True)
-    if repeat_real > 0:
-        for ds, model, _, _ in plan[:len(real) * len(models)]:
-            for w in db.workloads(model=model, in_dim=hidden, backend=backend, dataset=canonical_dataset(ds, data_dir)):
-                repeat_schedules(db, w, ds, repeat_real, data_dir)
+    db.close()
 
 
-def repeat_schedules(db: TrialDatabase, w: WorkloadRecord, dataset: str, repeats: int, data_dir: str | None) -> None:
+def repeat_schedules(db_url: str, w: WorkloadRecord, dataset: str, repeats: int, data_dir: str | None) -> None:
     """Measure every ``ok`` schedule of ``w`` until it has ``1 + repeats`` measurements, in interleaved rounds
     (:func:`measure_rounds`), each measurement a trial of the history (resumable).
 
@@ -126,6 +139,7 @@ def repeat_schedules(db: TrialDatabase, w: WorkloadRecord, dataset: str, repeats
     """
     from rgtune.tuner.study import record_measurement
 
+    db = TrialDatabase(db_url)
     trials = [t for t in db.history(w) if t.status != "running"]
     ok = {t.schedule_hash for t in trials if t.status == "ok"}
     counts: dict[str, int] = {}
@@ -136,6 +150,7 @@ def repeat_schedules(db: TrialDatabase, w: WorkloadRecord, dataset: str, repeats
             knobs[t.schedule_hash] = t.knobs
     short = {h: knobs[h] for h, n in counts.items() if n < 1 + repeats}
     if not short:
+        db.close()
         return
     rounds = 1 + repeats - min(counts[h] for h in short)
 
@@ -147,6 +162,7 @@ def repeat_schedules(db: TrialDatabase, w: WorkloadRecord, dataset: str, repeats
                    on_result=record)
     print(f"repeated {len(short)} schedules of {w.model} on {dataset} in {rounds} interleaved rounds "
           f"({time.time() - t0:.0f} s)", flush=True)
+    db.close()
 
 
 # ---------------------------------------------------------------------- evaluation
@@ -479,6 +495,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", default=None, help="dataset root (default $RGTUNE_DATA_DIR)")
     p.add_argument("--threads", type=int, default=None,
                    help="OpenMP threads of the measured kernels (default: the backend's); 1 on a busy machine")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="--collect: studies side by side (GPU backends only: the device's lock keeps their timing "
+                        "apart; default 1)")
     p.add_argument("--out", default=str(RESULTS), help="where results go (default experiments/results)")
     p.add_argument("--retime-rounds", type=int, default=0,
                    help="after the evaluation, time the default model's zero-shot pick and the held-out graph's "
@@ -568,9 +587,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     use_count_features(args.count_features)
     t0 = time.time()
     if args.collect:
+        problem = jobs_problem(args.jobs, backend)
+        if problem:
+            raise SystemExit(f"costmodel_transfer: {problem}")
         collect(args.db, models, real, synthetic, real_trials=args.real_trials, synthetic_trials=args.synthetic_trials,
                 hidden=args.hidden, backend=backend, data_dir=args.data_dir, seed=args.seed,
-                repeat_real=args.repeat_real)
+                repeat_real=args.repeat_real, jobs=args.jobs)
         print(f"collection done in {time.time() - t0:.0f} s")
     if not args.no_eval:
         holdouts = [canonical_dataset(h, args.data_dir) for h in (split_names(args.holdouts) if args.holdouts else real)]

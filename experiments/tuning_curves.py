@@ -49,6 +49,13 @@ Two measures of quality, both against a goal of ``--within`` (5%) of the best kn
 (``tune --timing paired``; see :mod:`rgtune.tuner.measure`), which cancels the machine's drift;
 a work directory holds runs of one timing only.
 
+``--jobs N`` (GPU backends only) runs N runs side by side, and re-times N workloads side by side:
+a trial on the GPU spends most of its time on the host (compiling, the float64 reference, the
+sampler and the model), and the measurement workers' lock on the device keeps any two from
+verifying or timing at once (:mod:`rgtune.tuner._device_lock`). A trace's ``wall_s`` leaves out
+the time the run waited for that lock (``device_wait_s``, cumulative); the runs still share the
+host's cores (``cores // N`` threads each).
+
 ``--recheck N`` is the tuner's (``tune --recheck``, default 3): a trial whose measurement beats
 the run's best so far is measured N times in all and its time is the median. So a trace's
 times are the tuner's, and a run's incumbent is what the tuner holds for its best; the extra
@@ -94,6 +101,9 @@ from rgtune.tuner.db import DeviceInfo, TrialDatabase
 from rgtune.tuner.measure import TIMINGS, MeasureOptions, MeasureResult, Workload, measure_rounds, median_ok
 from rgtune.tuner.study import UNMEASURED, TuneOptions, Tuner
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _parallel import jobs_problem, run_parallel  # noqa: E402 - experiments/ is not a package
+
 RESULTS = Path(__file__).resolve().parent / "results"
 #: ablation and variant arms: the rank policy with one part switched off or changed, whatever the
 #: command line sets it to
@@ -133,6 +143,7 @@ class CurveTuner(Tuner):
         self.measured, self.best = 0, math.inf
         self.trace: list[dict[str, Any]] = []
         self.setup_s = 0.0
+        self.device_wait_s = 0.0  # waited for the GPU's lock (runs side by side: --jobs)
 
     def run(self) -> Any:
         self._t0 = time.perf_counter()
@@ -149,12 +160,14 @@ class CurveTuner(Tuner):
             self.measured += 1
             if ms is not None:
                 self.best = min(self.best, ms)
+        self.device_wait_s += result.info.get("device_wait_s", 0.0)
         # the knobs let a schedule be timed again after the runs (see retime_workload)
         self.trace.append({"proposal": len(self.trace) + 1, "measured": self.measured, "status": result.status,
                            "ms": ms, "best_ms": self.best if math.isfinite(self.best) else None,
                            "predicted_ms": result.info.get("predicted_ms"),
                            "measurements": len(result.info.get("measurements_ms", [])) or int(ms is not None),
-                           "wall_s": time.perf_counter() - self._t0, "knobs": dict(config)})
+                           "wall_s": time.perf_counter() - self._t0 - self.device_wait_s,
+                           "device_wait_s": self.device_wait_s, "knobs": dict(config)})
         return result
 
 
@@ -369,7 +382,8 @@ def run_one(model: str, dataset: str, seed: int, arm: str, base: Path, workdir: 
         summary = tuner.run()
     out = {"model": model, "dataset": dataset, "seed": seed, "arm": arm, "budget": args.budget,
            "timing": args.timing, "recheck": _recheck(arm, args), "setup_s": tuner.setup_s,
-           "elapsed_s": time.time() - t0, "statuses": summary.statuses,
+           "elapsed_s": time.time() - t0 - tuner.device_wait_s, "device_wait_s": tuner.device_wait_s,
+           "jobs": args.jobs, "statuses": summary.statuses,
            "cost_model": pruner.describe() if pruner is not None else None, "trace": tuner.trace}
     text = json.dumps(out, default=str)
     done.write_text(text)
@@ -504,8 +518,11 @@ def retime_all(runs: Sequence[Mapping[str, Any]], args: argparse.Namespace, back
                workdir: Path) -> dict[WorkloadKey, dict[str, dict[str, Any]]]:
     if args.retime_rounds <= 0:
         return {}
-    return {key: retime_workload(key, chosen, args, backend, workdir)
-            for key, chosen in sorted(incumbents(runs, args.retime_window).items())}
+    chosen = sorted(incumbents(runs, args.retime_window).items())
+    # one process per workload, side by side with --jobs (the GPU's lock keeps their rounds apart)
+    timed = run_parallel(retime_workload, [(key, schedules, args, backend, workdir) for key, schedules in chosen],
+                         args.jobs)
+    return {key: out for (key, _), out in zip(chosen, timed)}
 
 
 def retime_workload(key: WorkloadKey, schedules: Mapping[str, Mapping[str, Any]], args: argparse.Namespace,
@@ -970,6 +987,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", default=None, help="dataset root (default $RGTUNE_DATA_DIR)")
     p.add_argument("--threads", type=int, default=None,
                    help="OpenMP threads of the measured kernels (default: the backend's); 1 on a busy machine")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="runs side by side (GPU backends only: the device's lock keeps their timing apart, and "
+                        "the time a run waited for it is left out of its seconds; default 1)")
     p.add_argument("--workdir", default="cm_curves_work", help="run databases and traces (resumable; default ./cm_curves_work)")
     p.add_argument("--out", default=str(RESULTS), help="where results go (default experiments/results)")
     p.add_argument("--quick", action="store_true", help="a smoke run: rgat on aifb, 2 seeds, 12 measured trials")
@@ -1015,23 +1035,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         models, datasets = models[-1:], datasets[:1]
         args.seeds, args.budget = min(args.seeds, 2), min(args.budget, 12)
     backend = args.backend or default_backend()
+    problem = jobs_problem(args.jobs, backend)
+    if problem:
+        parser.error(problem)
     set_threads(args.threads)
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     history = TrialDatabase(args.history)
-    runs = []
-    t0 = time.time()
+    tasks = []
     for dataset in datasets:
         bases = {extra: prepare_base(history, dataset, workdir, backend, CostModel(), extra)
                  for extra in sorted({FEATURE_VARIANTS.get(arm_parts(a)[0], ()) for a in args.arms})}
-        for model in models:
-            for seed in range(args.first_seed, args.first_seed + args.seeds):
-                for arm in args.arms:
-                    base = bases[FEATURE_VARIANTS.get(arm_parts(arm)[0], ())]
-                    r = run_one(model, dataset, seed, arm, base, workdir, args, backend)
-                    backfill_knobs(r, workdir)
-                    runs.append(r)
-                    print(f"{_run_line(r)} [{time.time() - t0:.0f} s total]", flush=True)
+        tasks += [(model, dataset, seed, arm, bases[FEATURE_VARIANTS.get(arm_parts(arm)[0], ())], workdir, args,
+                   backend)
+                  for model in models for seed in range(args.first_seed, args.first_seed + args.seeds)
+                  for arm in args.arms]
+    t0 = time.time()
+    runs = run_parallel(run_one, tasks, args.jobs,
+                        on_done=lambda r: print(f"{_run_line(r)} [{time.time() - t0:.0f} s total]", flush=True))
+    for r in runs:
+        backfill_knobs(r, workdir)
     best = best_known(runs, history, args.hidden, backend)
     detail = retime_all(runs, args, backend, workdir)
     rows = summarize(runs, best, args.within, _retimed_times(detail), _scales(detail), _retimed_bests(detail, args.best))

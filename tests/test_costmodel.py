@@ -7,6 +7,7 @@ import io
 import math
 import random
 import re
+import sys
 from contextlib import redirect_stdout
 from pathlib import Path
 from typing import Any
@@ -726,3 +727,29 @@ def test_curves_feature_variant_arm_gets_a_base_model_with_its_features(load_exp
         return set(fit.model.encoder.columns)
 
     assert "num:rel_gemm_tiles" in columns(tiles) and "num:rel_gemm_tiles" not in columns(plain)
+
+
+def test_experiments_run_studies_side_by_side_only_on_a_gpu(load_experiment, tmp_path, capsys):
+    """``--jobs``: studies side by side keep their timing apart only where the device's lock serializes
+    it (GPU backends); on the CPU they would time each other's kernels, so it is refused up front."""
+    import doctest
+
+    curves = load_experiment("tuning_curves")
+    parallel = sys.modules["_parallel"]  # by its own name, as the scripts import it: the job processes import it too
+    assert doctest.testmod(parallel).failed == 0
+    assert parallel.jobs_problem(1, "cpu") is None and parallel.jobs_problem(4, "cuda") is None
+    assert "needs a GPU backend (cuda), not 'cpu'" in parallel.jobs_problem(2, "cpu")
+    assert "--jobs must be >= 1" in parallel.jobs_problem(0, "cuda")
+    seen: list[int] = []
+    assert parallel.run_parallel(pow, [(2, 3), (3, 2), (2, 5)], jobs=2, on_done=seen.append) == [8, 9, 32]
+    assert sorted(seen) == [8, 9, 32]
+    assert parallel.threads_per_job(10 ** 6) == 1
+    workdir = tmp_path / "work"
+    with pytest.raises(SystemExit):
+        curves.main(["--backend", "cpu", "--jobs", "2", "--history", f"sqlite:///{tmp_path / 'none.db'}",
+                     "--workdir", str(workdir)])
+    assert "--jobs 2 needs a GPU backend" in capsys.readouterr().err and not workdir.exists()
+    transfer = load_experiment("costmodel_transfer")
+    with pytest.raises(SystemExit, match="--jobs 3 needs a GPU backend"):
+        transfer.main(["--collect", "--no-eval", "--backend", "cpu", "--jobs", "3", "--db",
+                       f"sqlite:///{tmp_path / 'h.db'}"])

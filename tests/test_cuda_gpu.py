@@ -291,3 +291,58 @@ def test_a_faulting_kernel_raises_in_its_own_process() -> None:
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["raised"] == "LaunchError", result
     assert "sticky" in result["message"]
+
+
+def test_a_gpu_trial_verifies_and_times_under_the_devices_lock(tmp_path: Any) -> None:
+    """While another process holds the GPU's lock, a CUDA trial waits for it before its kernels run
+    (studies side by side on one GPU never time each other), and records the wait."""
+    import threading
+    import time
+
+    from rgtune._environ import scoped_env
+    from rgtune.tuner._device_lock import DIR_VARIABLE, device_lock
+    from rgtune.tuner.measure import MeasureOptions, MeasureWorker, Workload
+
+    hold_s = 3.0
+    w = Workload("rgcn", "synthetic:custom,nodes=300,edges=2000,ntypes=2,rels=3", 16, 16, 1, "cuda")
+    with scoped_env(DIR_VARIABLE, str(tmp_path)), MeasureWorker(w, MeasureOptions(repeats=3, warmup=1)) as worker:
+        first = worker.measure({}, seed=0)  # CUDA context, compile cache: not part of the wait below
+        assert first.status == "ok", first.error
+        results: list[Any] = []
+        with device_lock(f"cuda:{torch.cuda.current_device()}"):
+            thread = threading.Thread(target=lambda: results.append(worker.measure({}, seed=1)))
+            thread.start()
+            time.sleep(hold_s)
+        thread.join(120)
+    assert results and results[0].status == "ok", results
+    assert results[0].info.get("device_wait_s", 0.0) > hold_s / 3, results[0].info
+
+
+def test_garbage_collected_during_a_recording_does_not_break_it(backend: CudaBackend, graphs: dict[str, Any]) -> None:
+    """An earlier program left in a reference cycle is freed by the collector; were that to happen
+    while the next program records its graph, its module's unload would break the recording."""
+    import gc
+    import warnings
+
+    from rgtune.codegen.reference import init_params
+    from rgtune.ir.models import build_model
+    from rgtune.ir.pipeline import compile_program
+
+    g = graphs["edge_cases"]
+    kp = compile_program(build_model("rgcn", 16, 16)).kernels
+    params = {k: v.cuda() for k, v in init_params(kp, g).items()}
+    x = torch.randn(g.num_nodes(), 16, device="cuda")
+    threshold = gc.get_threshold()
+    try:
+        gc.set_threshold(1)  # a collection at nearly every allocation, the recording's included
+        for i in range(4):
+            built = backend.build(kp, g, {"traversal.vector_width": 2 ** (i % 3)})
+            program = program_of(built)
+            program.cycle = program  # garbage only the collector frees, once the next one records
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", RuntimeWarning)
+                built.run(x, params)
+            assert program.graphs and program.graph_failure is None, program.graph_failure
+            del built, program
+    finally:
+        gc.set_threshold(*threshold)

@@ -10,6 +10,10 @@ builds the search space and the float64 reference layer once, then serves trials
 3. time it: warm-up runs, then repeats until both a count and a minimum time are reached;
    the median is the trial's time (the backend synchronizes around each run on a GPU).
 
+On a GPU, steps 2 and 3 hold the device's cross-process lock (:mod:`rgtune.tuner._device_lock`):
+workers of several studies can share one GPU without timing each other's kernels; compiling and
+the float64 reference overlap. A trial that waited for the lock has ``info["device_wait_s"]``.
+
 Paired timing (``MeasureOptions(timing="paired")``, CPU backends): on a shared machine the speed
 of the whole machine drifts over seconds, so one schedule's trials in one worker vary by 4-8%
 (standard deviation of log time on the 2-core development machine), as much as the differences
@@ -48,6 +52,8 @@ import time
 import traceback
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+
+from rgtune.tuner._device_lock import device_lock
 
 TIMINGS = ("plain", "paired")
 STATUSES = ("running", "ok", "invalid", "compile_error", "runtime_error", "wrong_result", "timeout", "pruned",
@@ -149,9 +155,11 @@ class _Session:
     def device_inputs(self, seed: int) -> tuple[Any, dict[str, Any], Any]:
         """:meth:`inputs` in float32 on the backend's device, and the float64 reference output."""
         x, params, ref = self.inputs(seed)
+        return (*self._to_device(x, params), ref)
+
+    def _to_device(self, x: Any, params: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
         f32 = self.torch.float32
-        return x.to(device=self.device, dtype=f32), {k: v.to(device=self.device, dtype=f32)
-                                                     for k, v in params.items()}, ref
+        return x.to(device=self.device, dtype=f32), {k: v.to(device=self.device, dtype=f32) for k, v in params.items()}
 
     def inputs(self, seed: int) -> tuple[Any, dict[str, Any], Any]:
         """Fresh random input and parameters; the float64 reference output."""
@@ -180,20 +188,32 @@ class _Session:
         except CompileError as e:
             return MeasureResult("compile_error", error=f"{e}\n{e.log}".strip())
         compile_s = time.perf_counter() - t0
-        x32, p32, ref = self.device_inputs(seed)
-        out = built.run(x32, p32)
-        self.backend.synchronize()
-        out = out.detach().to("cpu", torch.float64)
-        scale = float(ref.abs().max()) or 1.0
-        err = float((out - ref).abs().max()) / scale if out.shape == ref.shape else float("inf")
-        base = dict(compile_seconds=compile_s, max_error=err, source_hash=built.source_hash,
-                    info={"cache_hit": built.cache_hit, **built.info})
-        if not err < self.o.tolerance:  # also catches NaN
+        x, params, ref = self.inputs(seed)  # on the host, outside the device's lock
+        with self._exclusive_device() as waited:
+            x32, p32 = self._to_device(x, params)
+            out = built.run(x32, p32)
+            self.backend.synchronize()
+            out = out.detach().to("cpu", torch.float64)
+            scale = float(ref.abs().max()) or 1.0
+            err = float((out - ref).abs().max()) / scale if out.shape == ref.shape else float("inf")
+            base = dict(compile_seconds=compile_s, max_error=err, source_hash=built.source_hash,
+                        info={"cache_hit": built.cache_hit, **built.info})
+            if err < self.o.tolerance:  # not NaN either
+                times, median = self._time(built, x32, p32, base["info"])
+        if waited():
+            base["info"]["device_wait_s"] = waited()
+        if not err < self.o.tolerance:
             why = (f"output shape {tuple(out.shape)} != {tuple(ref.shape)}" if out.shape != ref.shape else
                    f"relative error {err:.3g} exceeds the tolerance {self.o.tolerance:g}")
             return MeasureResult("wrong_result", error=why, **base)
-        times, median = self._time(built, x32, p32, base["info"])
         return MeasureResult("ok", median=median, times=times, **base)
+
+    def _exclusive_device(self) -> Any:
+        """The GPU's cross-process lock (``_device_lock``) for a GPU backend; nothing to hold on a CPU."""
+        if self.device == "cpu":
+            return device_lock(None)
+        index = self.torch.cuda.current_device() if self.device == "cuda" else 0
+        return device_lock(f"{self.device}:{index}")
 
     def _run(self, run: Callable[[Any, dict[str, Any]], Any], x: Any, params: dict[str, Any]) -> None:
         run(x, params)
@@ -442,7 +462,8 @@ def interleaved(names: Iterable[str], rounds: int, salt: str = "") -> Iterator[t
 def combine_measurements(results: Sequence[MeasureResult]) -> MeasureResult:
     """One schedule's ``ok`` measurements as one: the median of their times (each one's median), their
     runs together, the largest error; ``info`` is the first one's, with ``measurements_ms`` (each one's
-    time) and, when paired, ``vs_reference`` the median of their ratios.
+    time), ``device_wait_s`` their waits for the GPU summed, and, when paired, ``vs_reference`` the median
+    of their ratios.
 
     Example:
         >>> r = combine_measurements([MeasureResult("ok", median=m, times=[m, m], max_error=e)
@@ -454,6 +475,9 @@ def combine_measurements(results: Sequence[MeasureResult]) -> MeasureResult:
         raise ValueError("combine_measurements takes one or more ok measurements")
     first = results[0]
     info = {**first.info, "measurements_ms": [r.median * 1e3 for r in results]}
+    waited = sum(r.info.get("device_wait_s", 0.0) for r in results)
+    if waited:
+        info["device_wait_s"] = waited
     ratios = [r.info["vs_reference"] for r in results if "vs_reference" in r.info]
     if len(ratios) == len(results):
         info["vs_reference"] = statistics.median(ratios)

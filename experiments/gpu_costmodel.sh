@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The learned cost model's experiments on a lent GPU machine, in steps that fit its calls.
+#
+#   bash experiments/gpu_costmodel.sh STEP [STEP...]
+#
+# Steps (in this order; each writes its log and files under $OUT, default ./gpu_out):
+#   setup    install the carried wheels (.whl/, from ../shared/tools/gpu-wheels) under /tmp/site; GPU facts
+#   tests    the GPU tests (CUDA kernels against the float64 reference, the device's lock)
+#   collect  the GPU history: costmodel_transfer.py --collect on the cuda backend, studies side by side
+#   curves   the tuning curves on the cuda backend (settings: CURVES_ARGS), runs side by side, re-timed
+#
+# Datasets: .data/datasets/{aifb,mutag} (raw files) and .data/processed (processed graphs), carried.
+# JOBS (default 8) studies run side by side: their verifying and timing take the GPU's lock in turn.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu_out}
+mkdir -p "$OUT"
+JOBS=${JOBS:-8}
+HISTORY=${HISTORY:-cm_history_gpu.db}
+export PYTHONUNBUFFERED=1 RGTUNE_DATA_DIR=$PWD/.data/datasets RGTUNE_CACHE_DIR=$PWD/.data/processed
+export PYTHONPATH=/tmp/site:$PWD
+
+step_setup() {
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
+  python3 -c "import torch, cupy, optuna, sqlalchemy, sklearn, sys; print('python', sys.version.split()[0], 'torch', \
+torch.__version__, 'cupy', cupy.__version__, 'optuna', optuna.__version__, 'sqlalchemy', sqlalchemy.__version__, \
+'sklearn', sklearn.__version__); from rgtune.codegen.cuda.runtime import device_facts; print(device_facts())"
+  nproc
+}
+
+step_tests() {
+  python3 -m pytest -q -ra -p no:cacheprovider tests/test_cuda_gpu.py tests/test_device_lock.py 2>&1 | tail -30
+  python3 -m pytest -q -ra -p no:cacheprovider tests/test_models.py -m gpu 2>&1 | tail -10
+}
+
+step_collect() {
+  python3 experiments/costmodel_transfer.py --collect --no-eval --backend cuda --seed 23 --repeat-real 2 \
+    --jobs "$JOBS" --db "sqlite:///$HISTORY"
+  cp "$HISTORY" "$OUT/"
+}
+
+step_curves() {
+  # CURVES_ARGS: the pre-registered settings (experiments/results/tuning_curves_gpu/PREREGISTRATION.md)
+  # shellcheck disable=SC2086
+  # CURVES_LIMIT: stop in time to pack the traces (the call's limit would kill the packing too)
+  timeout "${CURVES_LIMIT:-540}" python3 experiments/tuning_curves.py --history "sqlite:///$HISTORY" --backend cuda \
+    --jobs "$JOBS" --workdir curves_gpu --out "$OUT/curves" ${CURVES_ARGS:-}
+  tar czf "$OUT/curves_gpu_traces.tgz" curves_gpu/runs/*/trace.json curves_gpu/retime 2>/dev/null
+}
+
+for step in "$@"; do
+  echo "=== $step ($(date -u +%H:%M:%S))"
+  t0=$SECONDS
+  "step_$step" 2>&1 | tee "$OUT/$step.log"
+  echo "=== $step done in $((SECONDS - t0)) s"
+done
