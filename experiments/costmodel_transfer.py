@@ -101,31 +101,28 @@ def collect(db_url: str, models: Sequence[str], real: Sequence[str], synthetic: 
     TrialDatabase(db_url).close()  # created (and migrated) once, before the jobs open it side by side
     run_parallel(_collect_study, [(db_url, *entry, hidden, backend, data_dir, seed) for entry in plan], jobs)
     if repeat_real > 0:
-        db = TrialDatabase(db_url)
-        workloads = [w for ds, model, _, _ in plan[:len(real) * len(models)]
-                     for w in db.workloads(model=model, in_dim=hidden, backend=backend,
-                                           dataset=canonical_dataset(ds, data_dir))]
-        db.close()
-        real_of = {canonical_dataset(ds, data_dir): ds for ds in real}
-        run_parallel(repeat_schedules, [(db_url, w, real_of[w.dataset], repeat_real, data_dir) for w in workloads],
-                     jobs)
+        with TrialDatabase(db_url) as db:
+            repeats = [(db_url, w, ds, repeat_real, data_dir) for ds, model, _, _ in plan[:len(real) * len(models)]
+                       for w in db.workloads(model=model, in_dim=hidden, backend=backend,
+                                             dataset=canonical_dataset(ds, data_dir))]
+        run_parallel(repeat_schedules, repeats, jobs)
 
 
 def _collect_study(db_url: str, ds: str, model: str, sampler: str, trials: int, hidden: int, backend: str,
                    data_dir: str | None, seed: int) -> None:
     from rgtune.tuner.study import TuneOptions, Tuner
 
-    db = TrialDatabase(db_url)
-    done = sum(w.num_trials for w in db.workloads(model=model, in_dim=hidden, backend=backend,
-                                                  dataset=canonical_dataset(ds, data_dir)))
-    if done < trials:
+    with TrialDatabase(db_url) as db:
+        done = sum(w.num_trials for w in db.workloads(model=model, in_dim=hidden, backend=backend,
+                                                      dataset=canonical_dataset(ds, data_dir)))
+        if done >= trials:
+            return
         t0 = time.time()
         # confirm_top=0: the history holds the studies' own measurements (and --repeat-real's rounds)
         s = Tuner(Workload(model, ds, hidden, hidden, 1, backend, data_dir), db,
                   TuneOptions(trials=trials - done, sampler=sampler, seed=seed, progress=False, confirm_top=0)).run()
-        print(f"collected {model} on {ds}: {s.trials_run} trials ({sampler}) in {time.time() - t0:.0f} s, "
-              f"best {s.best_ms} ms", flush=True)
-    db.close()
+    print(f"collected {model} on {ds}: {s.trials_run} trials ({sampler}) in {time.time() - t0:.0f} s, "
+          f"best {s.best_ms} ms", flush=True)
 
 
 def repeat_schedules(db_url: str, w: WorkloadRecord, dataset: str, repeats: int, data_dir: str | None) -> None:
@@ -137,9 +134,13 @@ def repeat_schedules(db_url: str, w: WorkloadRecord, dataset: str, repeats: int,
     fastest of 60 single measurements is biased low (the winner's curse), so a top-1 error against it is
     mostly noise.
     """
+    with TrialDatabase(db_url) as db:
+        _repeat(db, w, dataset, repeats, data_dir)
+
+
+def _repeat(db: TrialDatabase, w: WorkloadRecord, dataset: str, repeats: int, data_dir: str | None) -> None:
     from rgtune.tuner.study import record_measurement
 
-    db = TrialDatabase(db_url)
     trials = [t for t in db.history(w) if t.status != "running"]
     ok = {t.schedule_hash for t in trials if t.status == "ok"}
     counts: dict[str, int] = {}
@@ -150,7 +151,6 @@ def repeat_schedules(db_url: str, w: WorkloadRecord, dataset: str, repeats: int,
             knobs[t.schedule_hash] = t.knobs
     short = {h: knobs[h] for h, n in counts.items() if n < 1 + repeats}
     if not short:
-        db.close()
         return
     rounds = 1 + repeats - min(counts[h] for h in short)
 
@@ -162,7 +162,6 @@ def repeat_schedules(db_url: str, w: WorkloadRecord, dataset: str, repeats: int,
                    on_result=record)
     print(f"repeated {len(short)} schedules of {w.model} on {dataset} in {rounds} interleaved rounds "
           f"({time.time() - t0:.0f} s)", flush=True)
-    db.close()
 
 
 # ---------------------------------------------------------------------- evaluation

@@ -1,4 +1,4 @@
-"""Setting an environment variable for the length of a ``with`` block.
+"""Setting an environment variable for the length of a ``with`` block; reading an on/off one.
 
 Example:
     >>> import os
@@ -6,6 +6,9 @@ Example:
     ...     os.environ["RGTUNE_EXAMPLE_VARIABLE"]
     '1'
     >>> "RGTUNE_EXAMPLE_VARIABLE" in os.environ
+    False
+    >>> with scoped_env("RGTUNE_EXAMPLE_VARIABLE", " Off"):
+    ...     env_flag("RGTUNE_EXAMPLE_VARIABLE", default=True)
     False
 """
 
@@ -31,3 +34,26 @@ def scoped_env(name: str, value: str) -> Iterator[None]:
             os.environ.pop(name, None)
         else:
             os.environ[name] = before
+
+
+_ON, _OFF = ("1", "true", "on", "yes"), ("0", "false", "off", "no")
+
+
+def parse_flag(text: str) -> bool:
+    """``1/true/on/yes`` is True, ``0/false/off/no`` False (any case, spaces around); else ValueError."""
+    value = text.strip().lower()
+    if value not in _ON + _OFF:
+        raise ValueError(f"{text!r}: give 1 (true, on, yes) or 0 (false, off, no)")
+    return value in _ON
+
+
+def env_flag(name: str, default: bool) -> bool:
+    """The on/off environment variable ``name`` (:func:`parse_flag`), ``default`` when unset; a ValueError
+    that names the variable when it is neither."""
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        return parse_flag(text)
+    except ValueError as e:
+        raise ValueError(f"{name}={e}") from None

@@ -44,6 +44,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import torch
 
+from rgtune._environ import parse_flag
 from rgtune.data.errors import DatasetError
 from rgtune.data.graph import CanonicalEType, HeteroGraph
 
@@ -411,15 +412,6 @@ def _number(kind: type, minimum: float, strict: bool = False) -> Callable[[str],
     return parse
 
 
-def _flag(text: str) -> bool:
-    low = text.strip().lower()
-    if low in ("1", "true", "yes", "on"):
-        return True
-    if low in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(text)
-
-
 # name -> (parser, what it accepts, only for "custom")
 _FIELDS: dict[str, tuple[Callable[[str], object], str, bool]] = {
     "nodes": (_number(int, 1), "an integer >= 1: total nodes", True),
@@ -429,8 +421,8 @@ _FIELDS: dict[str, tuple[Callable[[str], object], str, bool]] = {
     "zipf": (_number(float, 0.0), "a number >= 0: Zipf exponent of relation sizes", False),
     "degree_skew": (_number(float, 0.0), "a number >= 0: power-law exponent of destination popularity", False),
     "src_skew": (_number(float, 0.0), "a number >= 0: power-law exponent of source popularity", False),
-    "reverse": (_flag, "0/1: mirror every relation under a reverse name", False),
-    "multi": (_flag, "0/1: allow duplicate (src, dst) pairs within a relation", False),
+    "reverse": (parse_flag, "0/1: mirror every relation under a reverse name", False),
+    "multi": (parse_flag, "0/1: allow duplicate (src, dst) pairs within a relation", False),
     "scale": (_number(float, 0.0, strict=True), "a number > 0 multiplying node and edge counts", False),
     "seed": (_number(int, 0), "an integer >= 0", False),
 }

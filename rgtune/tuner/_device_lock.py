@@ -17,6 +17,7 @@ with everything on the machine anyway, lock or not.
 
 Example:
     >>> import tempfile
+    >>> from rgtune._environ import scoped_env
     >>> with scoped_env("RGTUNE_DEVICE_LOCK_DIR", tempfile.mkdtemp()):
     ...     with device_lock("cuda:0") as waited:
     ...         waited() >= 0.0
@@ -33,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
-from rgtune._environ import scoped_env  # noqa: F401 - the docstring's example uses it
+from rgtune._environ import env_flag
 
 try:
     import fcntl
@@ -45,11 +46,8 @@ DIR_VARIABLE = "RGTUNE_DEVICE_LOCK_DIR"
 
 
 def lock_enabled() -> bool:
-    """False when ``RGTUNE_DEVICE_LOCK`` is 0/false/off, or where ``flock`` does not exist."""
-    value = os.environ.get(ENABLE_VARIABLE, "1").strip().lower()
-    if value not in ("1", "true", "on", "yes", "0", "false", "off", "no"):
-        raise ValueError(f"{ENABLE_VARIABLE}={value!r}: give 1 (lock the GPU while timing, the default) or 0")
-    return fcntl is not None and value in ("1", "true", "on", "yes")
+    """False when ``RGTUNE_DEVICE_LOCK`` is 0/false/off/no, or where ``flock`` does not exist."""
+    return env_flag(ENABLE_VARIABLE, default=True) and fcntl is not None
 
 
 def lock_path(device: str) -> Path:

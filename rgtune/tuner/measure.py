@@ -198,11 +198,12 @@ class _Session:
             err = float((out - ref).abs().max()) / scale if out.shape == ref.shape else float("inf")
             base = dict(compile_seconds=compile_s, max_error=err, source_hash=built.source_hash,
                         info={"cache_hit": built.cache_hit, **built.info})
-            if err < self.o.tolerance:  # not NaN either
+            verified = err < self.o.tolerance  # also False for NaN
+            if verified:
                 times, median = self._time(built, x32, p32, base["info"])
         if waited():
             base["info"]["device_wait_s"] = waited()
-        if not err < self.o.tolerance:
+        if not verified:
             why = (f"output shape {tuple(out.shape)} != {tuple(ref.shape)}" if out.shape != ref.shape else
                    f"relative error {err:.3g} exceeds the tolerance {self.o.tolerance:g}")
             return MeasureResult("wrong_result", error=why, **base)

@@ -18,9 +18,9 @@ Example (no GPU needed):
 
 from __future__ import annotations
 
-import os
 from typing import Any, Mapping, Sequence
 
+from rgtune._environ import env_flag
 from rgtune.codegen.base import Backend, BackendError, BuiltProgram
 from rgtune.codegen.cuda import nvrtc
 from rgtune.codegen.cuda.generate import GeneratedProgram, InvalidSchedule, generate
@@ -31,10 +31,10 @@ __all__ = ["CudaBackend", "InvalidSchedule"]
 
 
 def _graphs_from_env() -> bool:
-    value = os.environ.get("RGTUNE_CUDA_GRAPHS", "1").strip().lower()
-    if value not in ("0", "1", "off", "on", "false", "true"):
-        raise BackendError(f"RGTUNE_CUDA_GRAPHS must be 1/on/true or 0/off/false, got {value!r}")
-    return value in ("1", "on", "true")
+    try:
+        return env_flag("RGTUNE_CUDA_GRAPHS", default=True)
+    except ValueError as e:
+        raise BackendError(str(e)) from None
 
 
 class CudaBackend(Backend):
