@@ -3,7 +3,7 @@
 A study on the GPU spends most of its time on the host: generating and compiling kernels, the
 float64 reference, the sampler and the cost model; its kernels run for well under a millisecond.
 So several studies can share one GPU when no two time at once, which the measurement workers'
-cross-process lock on the device guarantees (:mod:`rgtune.tuner._device_lock`); each trial records
+cross-process lock on the device guarantees (:mod:`rgtune.tuner.device_lock`); each trial records
 how long it waited for the lock, and the experiments leave that out of a run's seconds. CPU
 backends time on the cores that the other studies compile on, so they run one study at a time.
 

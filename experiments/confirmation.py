@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from rgtune.tuner.db import TrialDatabase
+from rgtune.db import TrialDatabase
 from rgtune.tuner.measure import MeasureOptions, Workload, measure_rounds, median_ok
 from rgtune.tuner.study import TuneOptions, Tuner
 

@@ -55,7 +55,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from rgtune.tuner.costmodel import (
+from rgtune.costmodel import (
     ESTIMATORS,
     TARGETS,
     CostModel,
@@ -67,7 +67,7 @@ from rgtune.tuner.costmodel import (
     ranking_metrics,
 )
 from rgtune.tuner import _costmodel_features
-from rgtune.tuner.db import TrialDatabase, WorkloadRecord
+from rgtune.db import TrialDatabase, WorkloadRecord
 from rgtune.tuner.measure import Workload, measure_rounds, median_ok
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -179,7 +179,7 @@ def _variants(holdout: str, estimators: Sequence[str], targets: Sequence[str]) -
 
 def _baselines(r_default: Any, db: TrialDatabase, graphs: GraphLoader) -> list[dict[str, Any]]:
     """Rankings that need no learning, on the schedules the default model was evaluated on."""
-    from rgtune.tuner._costmodel_history import context_for, graph_stats
+    from rgtune.costmodel.history import context_for, graph_stats
 
     rows = []
     stats = graph_stats(db)
@@ -328,7 +328,7 @@ def warm_start(db_url: str, holdouts: Sequence[str], models: Sequence[str], *, o
     ``opa_fast``: ordered pair accuracy among the unseen schedules in the fastest half, where a
     tuner's late decisions are made.
     """
-    from rgtune.tuner._costmodel_history import load_samples, matching_workloads, workload_key
+    from rgtune.costmodel.history import load_samples, matching_workloads, workload_key
 
     db = TrialDatabase(db_url)
     graphs = GraphLoader(data_dir)
@@ -378,7 +378,7 @@ def warm_start(db_url: str, holdouts: Sequence[str], models: Sequence[str], *, o
 
 def _default_point(db: TrialDatabase, entry: dict[str, Any], graphs: GraphLoader) -> tuple[float | None, float | None]:
     """The held-out workload's default schedule: its measured time and its predicted score."""
-    from rgtune.tuner._costmodel_history import context_for, graph_stats
+    from rgtune.costmodel.history import context_for, graph_stats
 
     rec = db.workloads(workload_id=entry["workload_id"])[0]
     name, chash, st = graph_stats(db)[rec.id]

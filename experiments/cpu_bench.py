@@ -45,9 +45,9 @@ def tune_and_bench(args: argparse.Namespace, model: str, dataset: str) -> None:
     common = ["--model", model, "--dataset", dataset]
     if args.data_dir:
         common += ["--data-dir", args.data_dir]
-    _run([sys.executable, "-m", "rgtune.tuner.cli", "tune", *common, "--trials", str(args.trials), "--backend", "cpu",
+    _run([sys.executable, "-m", "rgtune.cli", "tune", *common, "--trials", str(args.trials), "--backend", "cpu",
           "--db", args.db, "--cost-model", "off", "--seed", str(args.seed), "--hidden", str(args.hidden), "--quiet"])
-    _run([sys.executable, "-m", "rgtune.tuner.cli", "bench", *common, "--backend", "cpu", "--db", args.db,
+    _run([sys.executable, "-m", "rgtune.cli", "bench", *common, "--backend", "cpu", "--db", args.db,
           "--threads", str(args.threads), "--repeats", str(args.repeats), "--warmup", str(args.warmup),
           "--hidden", str(args.hidden), "--json", str(args.json), *(["--no-write"] if args.no_write else [])])
 

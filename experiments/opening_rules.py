@@ -55,8 +55,8 @@ from costmodel_transfer import (
     write_csv,
 )
 
-from rgtune.tuner.costmodel import CostModel, GraphLoader, Sample
-from rgtune.tuner.db import TrialDatabase, WorkloadRecord
+from rgtune.costmodel import CostModel, GraphLoader, Sample
+from rgtune.db import TrialDatabase, WorkloadRecord
 
 RULES = ("top", "bag", "lcb")
 #: a pick within this of the pool's best counts as found (the tuning curves' goal)
@@ -117,7 +117,7 @@ def _true_times(samples: Sequence[Sample]) -> tuple[list[str], list[dict[str, fl
 def evaluate(db_url: str, *, holdouts: Sequence[str] | None, ks: Sequence[int], members: int,
              seeds: Sequence[int], subpools: int, subpool_size: int, data_dir: str | None) -> list[dict[str, Any]]:
     """One row per held-out workload x resample seed x subpool x rule x K (see the module docstring)."""
-    from rgtune.tuner._costmodel_history import load_samples, matching_workloads
+    from rgtune.costmodel.history import load_samples, matching_workloads
 
     db = TrialDatabase(db_url)
     graphs, cache = GraphLoader(data_dir), {}

@@ -138,7 +138,7 @@ def reference_twin(model: EntityClassifier, graph: HeteroGraph) -> EntityClassif
 
 def ensure_tuned(args: argparse.Namespace, graph: HeteroGraph, sizes: list[tuple[int, int, int]], backend: str) -> None:
     """Tune each layer size the database has no record of on this device (``--tune-trials`` trials)."""
-    from rgtune.tuner.db import TrialDatabase
+    from rgtune.db import TrialDatabase
     from rgtune.tuner.measure import Workload
     from rgtune.tuner.study import TuneOptions, Tuner
 

@@ -5,10 +5,10 @@ For each (model, dataset, seed) up to three studies run through the real tuning 
 *measured* trials (``--arms`` picks them):
 
 * ``tpe``: Optuna's TPE alone;
-* ``tpe+cm``: the same sampler and seed, with :class:`~rgtune.tuner.costmodel.CostModelPruner`
-  and its :class:`~rgtune.tuner.costmodel.PrunePolicy` as ``TuneOptions.pruner``: candidates the
+* ``tpe+cm``: the same sampler and seed, with :class:`~rgtune.costmodel.CostModelGuide`
+  and its :class:`~rgtune.costmodel.PrunePolicy` as ``TuneOptions.guide``: candidates the
   model predicts clearly worse are not measured;
-* ``tpe+rank``: the same, with :class:`~rgtune.tuner.costmodel.RankPolicy`: TPE proposes
+* ``tpe+rank``: the same, with :class:`~rgtune.costmodel.RankPolicy`: TPE proposes
   ``--pool`` candidates for every measured trial and the one the model ranks first is measured;
   a run opens, after the default schedule, with the model's ``--opening`` first picks of 256
   random schedules (:attr:`RankPolicy.opening`; ``--opening 0``: no opening, as before
@@ -52,7 +52,7 @@ a work directory holds runs of one timing only.
 ``--jobs N`` (GPU backends only) runs N runs side by side, and re-times N workloads side by side:
 a trial on the GPU spends most of its time on the host (compiling, the float64 reference, the
 sampler and the model), and the measurement workers' lock on the device keeps any two from
-verifying or timing at once (:mod:`rgtune.tuner._device_lock`). A trace's ``wall_s`` leaves out
+verifying or timing at once (:mod:`rgtune.tuner.device_lock`). A trace's ``wall_s`` leaves out
 the time the run waited for that lock (``device_wait_s``, cumulative); the runs still share the
 host's cores (``cores // N`` threads each).
 
@@ -95,9 +95,9 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from rgtune._environ import scoped_env
-from rgtune.tuner._db_records import canonical_knobs
-from rgtune.tuner.costmodel import CostModel, CostModelPruner, PrunePolicy, RankPolicy, fit_on_history
-from rgtune.tuner.db import DeviceInfo, TrialDatabase
+from rgtune.db.records import canonical_knobs
+from rgtune.costmodel import CostModel, CostModelGuide, PrunePolicy, RankPolicy, fit_on_history
+from rgtune.db import DeviceInfo, TrialDatabase
 from rgtune.tuner.measure import TIMINGS, MeasureOptions, MeasureResult, Workload, measure_rounds, median_ok
 from rgtune.tuner.study import UNMEASURED, TuneOptions, Tuner
 
@@ -180,7 +180,7 @@ def copy_history(src: TrialDatabase, dst_url: str, exclude_dataset: str) -> Tria
     """
     import sqlalchemy as sa
 
-    from rgtune.tuner._db_models import Device, Graph, Workload as W
+    from rgtune.db.schema import Device, Graph, Workload as W
 
     dst = TrialDatabase(dst_url)
     with src.session() as s:
@@ -341,9 +341,9 @@ def _policy(arm: str, args: argparse.Namespace, seed: int) -> PrunePolicy | Rank
     return None
 
 
-def _pruner(arm: str, args: argparse.Namespace, seed: int) -> CostModelPruner | None:
+def _pruner(arm: str, args: argparse.Namespace, seed: int) -> CostModelGuide | None:
     policy = _policy(arm, args, seed)
-    return None if policy is None else CostModelPruner(CostModel(), policy, data_dir=args.data_dir)
+    return None if policy is None else CostModelGuide(CostModel(), policy, data_dir=args.data_dir)
 
 
 # ---------------------------------------------------------------------- one run
@@ -373,7 +373,7 @@ def run_one(model: str, dataset: str, seed: int, arm: str, base: Path, workdir: 
     pruner = _pruner(arm, args, seed)
     db = TrialDatabase(f"sqlite:///{db_path}")
     opts = TuneOptions(trials=args.budget, sampler="tpe", seed=seed, progress=False,
-                       measure=_measure_options(args), pruner=pruner,
+                       measure=_measure_options(args), guide=pruner,
                        max_proposals_per_trial=args.max_proposal_factor, recheck=_recheck(arm, args),
                        confirm_top=0)  # the search alone: the incumbents are re-timed after all runs
     tuner = CurveTuner(Workload(model, dataset, args.hidden, args.hidden, 1, backend, args.data_dir), db, opts)

@@ -12,7 +12,7 @@ __version__ = "0.1.0"
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # heavy entry points load on first use, so that `import rgtune` stays light
-_LAZY = {"compile": "rgtune.codegen.compile", "load_tuned": "rgtune.runtime", "load_exported": "rgtune.runtime"}
+_LAZY = {"compile": "rgtune.runtime.compile", "load_tuned": "rgtune.runtime", "load_exported": "rgtune.runtime"}
 
 
 def __getattr__(name: str) -> Any:

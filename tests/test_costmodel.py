@@ -18,16 +18,17 @@ from rgtune.data import load_dataset
 from rgtune.ir.counts import count
 from rgtune.ir.models import MODELS, build_model
 from rgtune.search_spaces import SearchSpace
-from rgtune.tuner import _costmodel_features, _costmodel_store
-from rgtune.tuner.costmodel import (
+from rgtune.costmodel import features as _costmodel_features
+from rgtune.costmodel import store as _costmodel_store
+from rgtune.cli.costmodel import costmodel_main
+from rgtune.costmodel import (
     CostModel,
-    CostModelPruner,
+    CostModelGuide,
     GraphLoader,
     PrunePolicy,
     RankPolicy,
     Sample,
     WorkloadContext,
-    costmodel_main,
     evaluate_holdout,
     fit_on_history,
     kendall_tau,
@@ -36,7 +37,7 @@ from rgtune.tuner.costmodel import (
     ranking_metrics,
     topk_error,
 )
-from rgtune.tuner.db import DeviceInfo, TrialDatabase
+from rgtune.db import DeviceInfo, TrialDatabase
 
 GRAPHS = [f"synthetic:custom,nodes={n},edges={e},ntypes=2,rels={r},seed=1"
           for n, e, r in ((200, 1500, 3), (300, 2500, 5), (250, 4000, 4))]
@@ -98,13 +99,14 @@ def _device(db: TrialDatabase, device: DeviceInfo = DEVICE) -> str:
 
 
 # ------------------------------------------------------------------ docs
-@pytest.mark.parametrize("module", ["costmodel", "_costmodel_model", "_costmodel_features", "_costmodel_metrics",
-                                    "_costmodel_store", "_costmodel_history", "_costmodel_pruner", "measure"])
+@pytest.mark.parametrize("module", ["rgtune.costmodel", "rgtune.costmodel.model", "rgtune.costmodel.features",
+                                    "rgtune.costmodel.metrics", "rgtune.costmodel.store", "rgtune.costmodel.history",
+                                    "rgtune.costmodel.policies", "rgtune.tuner.measure"])
 def test_docstring_examples_run(module: str) -> None:
     import doctest
     import importlib
 
-    result = doctest.testmod(importlib.import_module(f"rgtune.tuner.{module}"), optionflags=doctest.ELLIPSIS)
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
 
 
@@ -179,7 +181,7 @@ def test_fit_is_deterministic_and_targets_are_per_workload(history):
     a = CostModel(small_hgb).fit(samples).predict([s.features for s in samples[:5]])
     b = CostModel(small_hgb).fit(samples).predict([s.features for s in samples[:5]])
     assert a.tolist() == b.tolist()
-    from rgtune.tuner._costmodel_model import normalized_targets
+    from rgtune.costmodel.model import normalized_targets
 
     y = normalized_targets(samples, "log_default")
     assert all(y[i] == 0.0 for i, s in enumerate(samples) if s.is_default)  # the anchor
@@ -214,7 +216,7 @@ def test_too_little_history_keeps_the_model_out_of_the_way(history, tmp_path):
     fit = fit_on_history(small, CostModel(), "cpu", w.device, graphs=LOADED)
     assert not fit.model.ready and fit.model.status.startswith("cost model off")
     assert "8 ok trial(s) of 1 workload(s)" in fit.model.status
-    pruner = CostModelPruner(CostModel(), PrunePolicy(explore=0.0, warmup=1), graphs=LOADED)
+    pruner = CostModelGuide(CostModel(), PrunePolicy(explore=0.0, warmup=1), graphs=LOADED)
     status = pruner.bind(small, w, _graph(GRAPHS[0]))
     assert status.startswith("cost model off")
     space = SearchSpace(build_model("rgcn", *SIZES), _graph(GRAPHS[0]), "cpu")
@@ -251,11 +253,11 @@ def test_a_saved_model_is_reused_and_a_corrupt_or_incompatible_one_is_retrained(
 
 
 # ------------------------------------------------------------------ the pruning policy
-def _bound_pruner(history, policy: PrunePolicy) -> tuple[CostModelPruner, SearchSpace]:
+def _bound_pruner(history, policy: PrunePolicy) -> tuple[CostModelGuide, SearchSpace]:
     w = next(w for w in history.workloads() if w.dataset == GRAPHS[1] and w.device == DEVICE.name)
     g = _graph(GRAPHS[1])
     space = SearchSpace(build_model("rgcn", *SIZES), g, "cpu")
-    pruner = CostModelPruner(CostModel(small_hgb), policy, model_path=None, graphs=LOADED)
+    pruner = CostModelGuide(CostModel(small_hgb), policy, model_path=None, graphs=LOADED)
     assert pruner.bind(history, w, g, space).startswith("cost model on")
     return pruner, space
 
@@ -276,7 +278,7 @@ def test_the_explore_fraction_is_measured_whatever_the_prediction(history):
     assert all(ms is not None and ms > 0 for _, ms in decisions[0])
 
 
-def _everything_worse(pruner: CostModelPruner) -> None:
+def _everything_worse(pruner: CostModelGuide) -> None:
     w = pruner._w
     w.scores[w.best] = -1e6  # the model now believes the best measured schedule is unbeatable
 
@@ -316,9 +318,9 @@ def test_warmup_max_skip_and_observe(history):
 
 
 def test_the_rank_policy_measures_the_best_predicted_candidate_not_measured_yet(history):
-    from rgtune.tuner._db_records import canonical_knobs
+    from rgtune.db.records import canonical_knobs
 
-    assert CostModelPruner(policy=RankPolicy()).pool_size() == 1  # not bound (no model): the sampler alone
+    assert CostModelGuide(policy=RankPolicy()).pool_size() == 1  # not bound (no model): the sampler alone
     pruner, space = _bound_pruner(history, RankPolicy(pool=8, explore=0.0))
     assert pruner.pool_size() == 8
     rng = random.Random(4)
@@ -340,7 +342,7 @@ def test_the_rank_policy_measures_the_best_predicted_candidate_not_measured_yet(
     assert desc["policy"]["pool"] == 8 and desc["counts"]["pools"] == 2 and desc["counts"]["not_picked"] == 14
     assert pruner.local_pool() == (4, 3)  # half the pool changes one of the 3 fastest measured schedules
     assert _bound_pruner(history, RankPolicy(pool=2, local=0.9))[0].local_pool() == (1, 3)  # the sampler keeps one
-    assert CostModelPruner(policy=RankPolicy()).local_pool() == (0, 0)  # no pools (no model): nothing local
+    assert CostModelGuide(policy=RankPolicy()).local_pool() == (0, 0)  # no pools (no model): nothing local
     local = [i == pick for i in range(8)]  # the loop marks the local candidates; their count and picks are kept
     pruner.rank(pool, local)
     assert pruner.counts["local"] == 1 and pruner.counts["local_picked"] == 0  # the fresh pick is another one
@@ -351,10 +353,10 @@ def test_the_rank_policy_measures_the_best_predicted_candidate_not_measured_yet(
 
 
 def test_the_opening_is_the_models_fastest_predicted_fresh_schedules_no_two_alike(history):
-    from rgtune.tuner._db_records import canonical_knobs
+    from rgtune.db.records import canonical_knobs
 
-    assert CostModelPruner(policy=RankPolicy()).opening_pool() == 0  # no model: no opening
-    assert CostModelPruner(policy=PrunePolicy()).opening([]) == []
+    assert CostModelGuide(policy=RankPolicy()).opening_pool() == 0  # no model: no opening
+    assert CostModelGuide(policy=PrunePolicy()).opening([]) == []
     pruner, space = _bound_pruner(history, RankPolicy(pool=8, opening=3, opening_pool=40, opening_rule="top"))
     assert pruner.opening_pool() == 40
     rng = random.Random(5)
@@ -381,7 +383,7 @@ def test_the_opening_is_the_models_fastest_predicted_fresh_schedules_no_two_alik
 def test_the_lcb_opening_ranks_by_the_optimistic_bound_of_models_fit_on_resampled_histories(history):
     import numpy as np
 
-    from rgtune.tuner._db_records import canonical_knobs
+    from rgtune.db.records import canonical_knobs
 
     policy = RankPolicy(pool=8, opening=3, opening_pool=40, opening_rule="lcb", opening_members=4, seed=3)
     pruner, space = _bound_pruner(history, policy)
@@ -405,7 +407,7 @@ def test_the_lcb_opening_ranks_by_the_optimistic_bound_of_models_fit_on_resample
 
 
 def test_resampled_models_draw_whole_workloads_with_replacement():
-    from rgtune.tuner.costmodel import Sample
+    from rgtune.costmodel import Sample
 
     samples = [Sample(f"w{w}", {"num:x": float(x), "num:w": float(w)}, (1 + w) * (1 + x) ** (1 + w % 2))
                for w in range(4) for x in range(10)]
@@ -436,7 +438,7 @@ def test_a_fresh_workload_prunes_nothing_before_its_warmup(history, tmp_path):
     g = _graph(GRAPHS[2])
     # a new size on a known graph: a new workload without trials
     new = fresh_db.ensure_workload("rgcn", g, DEVICE, in_dim=16, out_dim=16, heads=1, backend="cpu")
-    pruner = CostModelPruner(CostModel(small_hgb), PrunePolicy(margin=1.0, explore=0.0, warmup=2), model_path=None,
+    pruner = CostModelGuide(CostModel(small_hgb), PrunePolicy(margin=1.0, explore=0.0, warmup=2), model_path=None,
                              graphs=LOADED)
     assert pruner.bind(fresh_db, new, g).startswith("cost model on")
     space = SearchSpace(build_model("rgcn", 16, 16, 1), g, "cpu")
@@ -457,12 +459,12 @@ def test_the_tuning_loop_drives_a_model_trained_on_other_graphs(tmp_path):
     db = TrialDatabase(f"sqlite:///{tmp_path / 'results.db'}")
     for i, name in enumerate((GRAPHS[0], GRAPHS[2])):
         _fill(db, name, 16, seed=i, device=here, backend="reference")
-    pruner = CostModelPruner(CostModel(small_hgb), PrunePolicy(margin=1.0, explore=0.0, warmup=2, max_skip=3),
+    pruner = CostModelGuide(CostModel(small_hgb), PrunePolicy(margin=1.0, explore=0.0, warmup=2, max_skip=3),
                              model_path=None, graphs=LOADED)
-    s = Tuner(workload, db, TuneOptions(trials=6, seed=0, progress=False, pruner=pruner, confirm_top=0,
+    s = Tuner(workload, db, TuneOptions(trials=6, seed=0, progress=False, guide=pruner, confirm_top=0,
                                         measure=MeasureOptions(warmup=1, repeats=2, min_seconds=0.0))).run()
-    assert s.pruner is not None and s.pruner["status"].startswith("cost model on"), s.pruner
-    counts = s.pruner["counts"]
+    assert s.guide is not None and s.guide["status"].startswith("cost model on"), s.guide
+    counts = s.guide["counts"]
     assert s.measured == 6 and counts["observed"] == s.statuses["ok"] == 6, s.statuses
     assert counts["predicted"] == counts["candidates"] == s.trials_run and counts["pruned"] == s.statuses.get("pruned", 0)
     # every trial after the first measured one carries its prediction (ms need one measurement to anchor)
@@ -485,11 +487,11 @@ def test_the_tuning_loop_ranks_pools_with_a_model_trained_on_other_graphs(tmp_pa
     db = TrialDatabase(f"sqlite:///{tmp_path / 'results.db'}")
     for i, name in enumerate((GRAPHS[0], GRAPHS[2])):
         _fill(db, name, 16, seed=i, device=here, backend="reference")
-    pruner = CostModelPruner(CostModel(small_hgb), RankPolicy(pool=6, explore=0.0, retrain_every=2, opening=2,
+    pruner = CostModelGuide(CostModel(small_hgb), RankPolicy(pool=6, explore=0.0, retrain_every=2, opening=2,
                                                               opening_pool=12), model_path=None, graphs=LOADED)
-    s = Tuner(workload, db, TuneOptions(trials=6, seed=0, progress=False, pruner=pruner, confirm_top=0,
+    s = Tuner(workload, db, TuneOptions(trials=6, seed=0, progress=False, guide=pruner, confirm_top=0,
                                         measure=MeasureOptions(warmup=1, repeats=2, min_seconds=0.0))).run()
-    counts = s.pruner["counts"]
+    counts = s.guide["counts"]
     assert s.measured == s.trials_run == 6 and s.statuses == {"ok": 6}, s.statuses
     assert counts["opening"] == 2 and 2 <= counts["opening_pool"] <= 12, counts
     assert counts["pools"] == 3 and counts["refits"] == 3, counts
@@ -502,7 +504,7 @@ def test_the_tuning_loop_ranks_pools_with_a_model_trained_on_other_graphs(tmp_pa
 
 
 def test_tune_cli_says_how_the_rank_policy_opened_a_new_study(tmp_path):
-    from rgtune.tuner.cli import main
+    from rgtune.cli import main
     from rgtune.tuner.measure import MeasureWorker, Workload
 
     with MeasureWorker(Workload("rgcn", GRAPHS[1], *SIZES, "reference")) as worker:
@@ -526,7 +528,7 @@ def test_tune_cli_says_how_the_rank_policy_opened_a_new_study(tmp_path):
 
 
 def test_tune_cli_cost_model_flags(tmp_path):
-    from rgtune.tuner.cli import main
+    from rgtune.cli import main
 
     url = f"sqlite:///{tmp_path / 'results.db'}"
     args = ["tune", "--model", "rgcn", "--dataset", GRAPHS[0], "--hidden", "8", "--backend", "reference",
@@ -544,8 +546,8 @@ def test_tune_cli_cost_model_flags(tmp_path):
     assert main(args + ["--cost-model-policy", "prune", "--cost-model-margin", "0.5"]) == 2
     assert main(args + ["--cost-model-margin", "2"]) == 2  # a prune setting with the rank policy: an error
     assert main(args + ["--cost-model-policy", "prune", "--cost-model-opening-rule", "lcb"]) == 2
-    from rgtune.tuner._costmodel_pruner import OPENING_RULES
-    from rgtune.tuner.cli import build_parser
+    from rgtune.costmodel.policies import OPENING_RULES
+    from rgtune.cli import build_parser
 
     for rule in OPENING_RULES:  # the CLI spells the rules out; each of the pruner's must parse
         assert build_parser().parse_args(args + ["--cost-model-opening-rule", rule]).cost_model_opening_rule == rule
@@ -703,8 +705,8 @@ def test_curves_feature_variant_arm_gets_a_base_model_with_its_features(load_exp
     """``tpe+rank-tiles`` is the default rank policy whose model also has the GEMM tile counts as
     features: its base history is a copy with a saved model of its own, trained with them, and the
     feature code has them only while that arm runs."""
-    from rgtune.tuner import _costmodel_features
-    from rgtune.tuner._costmodel_train import fit_on_history
+    from rgtune.costmodel import features as _costmodel_features
+    from rgtune.costmodel.training import fit_on_history
 
     curves = load_experiment("tuning_curves")
     extra = curves.FEATURE_VARIANTS["tpe+rank-tiles"]

@@ -37,8 +37,8 @@ from rgtune.codegen.cuda.runtime import balanced_tiles, gemm_segments, gemm_tabl
 from rgtune.codegen.reference import ReferenceExecutor, init_params
 from rgtune.data.synthetic import random_graph
 from rgtune.ir.bind import graph_arrays
-from rgtune.ir.kernels import (AggregateStage, EdgeSoftmaxStage, GemmKernel, SoftmaxAggregate, TraversalKernel,
-                               kernel_schedule)
+from rgtune.codegen.schedule import kernel_schedule
+from rgtune.ir.kernels import AggregateStage, EdgeSoftmaxStage, GemmKernel, SoftmaxAggregate, TraversalKernel
 from rgtune.ir.models import build_model
 from rgtune.search_spaces.space import SearchSpace
 
@@ -366,7 +366,7 @@ def test_backend_is_registered_and_explains_why_it_cannot_run() -> None:
 
 def test_graph_replay_is_part_of_the_device_fingerprint(monkeypatch) -> None:
     """Timings with and without CUDA-graph replay are kept apart in the trial database."""
-    from rgtune.tuner.db import DeviceInfo
+    from rgtune.db import DeviceInfo
 
     monkeypatch.setenv("RGTUNE_CUDA_GRAPHS", "0")
     assert not CudaBackend().graphs and CudaBackend(graphs=True).graphs

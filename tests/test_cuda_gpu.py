@@ -300,7 +300,7 @@ def test_a_gpu_trial_verifies_and_times_under_the_devices_lock(tmp_path: Any) ->
     import time
 
     from rgtune._environ import scoped_env
-    from rgtune.tuner._device_lock import DIR_VARIABLE, device_lock
+    from rgtune.tuner.device_lock import DIR_VARIABLE, device_lock
     from rgtune.tuner.measure import MeasureOptions, MeasureWorker, Workload
 
     hold_s = 3.0

@@ -24,12 +24,14 @@ import _postgres
 import pytest
 import sqlalchemy as sa
 
-from rgtune.tuner import _db_engine, _db_records, _db_stale
-from rgtune.tuner import db as dbmod
-from rgtune.tuner._db_engine import make_engine, parse_url
-from rgtune.tuner._db_migrate import current_revision, known_revisions, migrate
-from rgtune.tuner._db_models import SCHEMA_VERSION, VERSION_TABLE, Base, Trial
-from rgtune.tuner.db import (
+from rgtune.db import database as dbmod
+from rgtune.db import engine as _db_engine
+from rgtune.db import liveness as _db_stale
+from rgtune.db import records as _db_records
+from rgtune.db.engine import make_engine, parse_url
+from rgtune.db.migrate import current_revision, known_revisions, migrate
+from rgtune.db.schema import SCHEMA_VERSION, VERSION_TABLE, Base, Trial
+from rgtune.db import (
     DatabaseCorruptError,
     DatabaseError,
     DatabaseLockedError,
@@ -326,7 +328,7 @@ def test_mark_stale_running_rule() -> None:
 
 _KILLED_WORKER = """
     import sys, time
-    from rgtune.tuner.db import TrialDatabase, DeviceInfo
+    from rgtune.db import TrialDatabase, DeviceInfo
     db = TrialDatabase(sys.argv[1])
     w = db.ensure_workload("rgcn", int(sys.argv[2]), int(sys.argv[3]), in_dim=16, out_dim=16)
     print(db.start_trial(w, {"doomed": True}), flush=True)
@@ -610,7 +612,7 @@ def _run_unprivileged(code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 _OPEN_AND_WRITE = """
     import sys
-    from rgtune.tuner.db import TrialDatabase, DatabaseReadOnlyError, DeviceInfo
+    from rgtune.db import TrialDatabase, DatabaseReadOnlyError, DeviceInfo
     try:
         db = TrialDatabase(sys.argv[1] if len(sys.argv) > 1 else "results.db")
         db.ensure_schedule({"new": 1})

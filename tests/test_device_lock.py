@@ -1,4 +1,4 @@
-"""The GPU's cross-process lock around verifying and timing a trial (rgtune.tuner._device_lock)."""
+"""The GPU's cross-process lock around verifying and timing a trial (rgtune.tuner.device_lock)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rgtune._environ import scoped_env
-from rgtune.tuner._device_lock import DIR_VARIABLE, ENABLE_VARIABLE, device_lock, lock_enabled, lock_path
+from rgtune.tuner.device_lock import DIR_VARIABLE, ENABLE_VARIABLE, device_lock, lock_enabled, lock_path
 
 HOLD_S = 0.4
 

@@ -16,6 +16,7 @@ from rgtune.codegen.reference import ReferenceExecutor, init_params
 from rgtune.data import load_dataset
 from rgtune.data.synthetic import random_graph
 from rgtune.ir import models as ir_models
+from rgtune.codegen.schedule import target_schedule
 from rgtune.ir.counts import count
 from rgtune.ir.kernels import GemmKernel
 from rgtune.ir.models import build_model
@@ -249,7 +250,8 @@ def test_gemm_tiles_are_the_tiles_the_cpu_kernels_run(model):
     blas = count(kp, g, {**cfg, "gemm.impl": "blas"})
     assert blas["gemm_rows_computed"] == blas["gemm_rows_total"]
     # the CUDA target's default tile (64 rows) is not the CPU's (16)
-    assert count(kp, g, cfg, target="cuda")["gemm_tiles"] < count(kp, g, cfg)["gemm_tiles"]
+    cuda, cpu = ({k: p.default for k, p in target_schedule(t).knobs().items()} for t in ("cuda", "cpu"))
+    assert count(kp, g, {**cuda, **cfg})["gemm_tiles"] < count(kp, g, {**cpu, **cfg})["gemm_tiles"]
 
 
 # ------------------------------------------------------------------ models & knobs
@@ -374,7 +376,7 @@ def test_graph_without_relations_is_refused():
 
 # ------------------------------------------------------------------ rgtune show
 def test_show_prints_program_kernels_and_counts(capsys):
-    from rgtune.tuner.cli import main
+    from rgtune.cli import main
 
     assert main(["show", "--model", "hgt", "--dataset", "aifb", "--hidden", "8", "--heads", "2",
                  "--set", "compact.src=pair", "--set", "reorder.compose=on", "--set", "compact.pair_index=bsearch"]) == 0
@@ -386,7 +388,7 @@ def test_show_prints_program_kernels_and_counts(capsys):
 
 
 def test_show_rejects_an_unknown_knob_with_the_valid_ones(capsys):
-    from rgtune.tuner.cli import main
+    from rgtune.cli import main
 
     assert main(["show", "--model", "rgcn", "--dataset", "aifb", "--set", "compact.everything=on"]) == 2
     err = capsys.readouterr().err

@@ -17,10 +17,11 @@ from rgtune.codegen.base import available_backends, create
 from rgtune.data import HeteroGraph, load_dataset
 from rgtune.ir.models import build_model
 from rgtune.models import HGT, RGAT, RGCN, RelationalLayer
+from rgtune.cli.export import export_main
 from rgtune.runtime import (GraphMismatchError, NoTunedScheduleError, TunedLayer, TunedScheduleWarning, export,
-                            export_main, load_exported, load_tuned, tuned_layer)
+                            load_exported, load_tuned, tuned_layer)
 from rgtune.search_spaces import SearchSpace
-from rgtune.tuner.db import TrialDatabase
+from rgtune.db import TrialDatabase
 
 GRAPH = "synthetic:custom,nodes=120,edges=700,ntypes=2,rels=3,seed=2"
 OTHER_CONTENT = "synthetic:custom,nodes=120,edges=900,ntypes=2,rels=3,seed=2"  # same types, other edges
@@ -372,19 +373,20 @@ def test_load_tuned_finds_what_the_tuner_recorded(tmp_path, graph):
 
 
 # ---------------------------------------------------------------------- bench
-def test_bench_prints_a_table_and_replaces_its_rows(tmp_path, capsys, load_experiment):
-    bench = load_experiment("bench")
+def test_bench_prints_a_table_and_replaces_its_rows(tmp_path, capsys):
+    from rgtune.bench import BEGIN, END
+    from rgtune.cli.bench import bench_main
     md = tmp_path / "BENCHMARKS.md"
     md.write_text("# Benchmarks\n\nhand-written text that must survive\n")
     base = ["--dataset", GRAPH, "--hidden", "8", "--backend", "reference", "--db", str(tmp_path / "none.db"),
             "--repeats", "1", "--warmup", "0", "--threads", "1", "--output", str(md)]
     for model in ("rgcn", "rgcn", "hgt"):
-        assert bench.bench_main(["--model", model, *base]) == 0
+        assert bench_main(["--model", model, *base]) == 0
     out = capsys.readouterr().out
     assert "rgtune tuned (reference, default)" in out and "rgtune torch lowering" in out
     text = md.read_text()
     assert text.startswith("# Benchmarks\n\nhand-written text that must survive\n")
-    assert text.count(bench.BEGIN) == 1 and text.count(bench.END) == 1
+    assert text.count(BEGIN) == 1 and text.count(END) == 1
     rows = [ln for ln in text.splitlines() if ln.startswith("| rgcn |") or ln.startswith("| hgt |")]
     assert len(rows) == 4  # one main and one environment row per (model, dataset, sizes, backend)
     assert "`rgtune bench --model hgt" in text

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rgtune.tuner.db import TrialDatabase
+from rgtune.db import TrialDatabase
 from rgtune.tuner.measure import (MeasureOptions, MeasureResult, MeasureWorker, Workload, measure_rounds,
                                   paired_times)
 from rgtune.tuner.study import TuneOptions, Tuner
@@ -330,7 +330,7 @@ class _ScriptedPruner:
 def test_pruned_candidates_cost_no_budget_and_the_pruner_learns_every_measurement(db):
     pruner = _ScriptedPruner()
     s = Tuner(_workload("reference"), db, TuneOptions(trials=4, seed=0, progress=False, measure=FAST, confirm_top=0,
-                                                       pruner=pruner)).run()
+                                                       guide=pruner)).run()
     # measured, pruned, measured, pruned, ... until 4 measured: the budget counts measurements
     assert s.measured == 4 and s.statuses == {"ok": 4, "pruned": 3} and s.trials_run == 7
     assert pruner.bound == [s.workload_id] and pruner.closed == 1
@@ -341,13 +341,13 @@ def test_pruned_candidates_cost_no_budget_and_the_pruner_learns_every_measuremen
     import optuna
 
     study = optuna.load_study(study_name=s.study_name, storage=db.url)
-    assert study.user_attrs["rgtune.pruner"] == pruner.describe() == s.pruner
+    assert study.user_attrs["rgtune.guide"] == pruner.describe() == s.guide
     assert sum(t.state == optuna.trial.TrialState.PRUNED for t in study.trials) == 3
 
 
 def test_a_pruner_that_prunes_everything_cannot_stall_the_study(db):
     pruner = _ScriptedPruner(prune_all=True)
-    s = Tuner(_workload("reference"), db, TuneOptions(trials=2, seed=0, progress=False, measure=FAST, pruner=pruner, confirm_top=0,
+    s = Tuner(_workload("reference"), db, TuneOptions(trials=2, seed=0, progress=False, measure=FAST, guide=pruner, confirm_top=0,
                                                        max_proposals_per_trial=3)).run()
     assert s.measured == 0 and s.statuses == {"pruned": 6} and pruner.observed == [] and pruner.closed == 1
 
@@ -420,7 +420,7 @@ class _LocalRanker(_ScriptedRanker):
 def test_a_ranking_pruners_local_candidates_come_after_the_samplers_and_change_the_fastest_schedule(db):
     ranker = _LocalRanker()
     s = Tuner(_workload("reference"), db, TuneOptions(trials=5, seed=0, progress=False, measure=FAST, confirm_top=0,
-                                                       pruner=ranker)).run()
+                                                       guide=ranker)).run()
     assert s.measured == 5 and s.statuses == {"ok": 5}
     rows = db.history(s.workload_id)
     for i, flags in enumerate(ranker.flags):
@@ -437,7 +437,8 @@ def test_a_ranking_pruners_local_candidates_come_after_the_samplers_and_change_t
 def test_local_candidates_change_one_or_two_parameters_of_one_of_the_fastest_trials(db):
     import optuna
 
-    from rgtune.tuner.study import _ProposalPool, make_sampler
+    from rgtune.tuner.proposals import ProposalPool as _ProposalPool
+    from rgtune.tuner.study import make_sampler
 
     pool = _ProposalPool(make_sampler("tpe", 0), seed=0)
     assert pool.mutate(4, 2, _space()) == []  # nothing completed yet: nothing to change
@@ -460,11 +461,11 @@ def test_local_candidates_change_one_or_two_parameters_of_one_of_the_fastest_tri
 def test_a_ranking_pruner_measures_its_pick_of_each_pool_and_the_study_holds_only_measurements(db):
     import optuna
 
-    from rgtune.tuner._db_records import canonical_knobs
+    from rgtune.db.records import canonical_knobs
 
     ranker = _ScriptedRanker()
     s = Tuner(_workload("reference"), db, TuneOptions(trials=5, seed=0, progress=False, measure=FAST, confirm_top=0,
-                                                       pruner=ranker)).run()
+                                                       guide=ranker)).run()
     assert s.measured == 5 and s.statuses == {"ok": 5} and s.trials_run == 5
     assert ranker.calls == 1  # the enqueued default schedule came alone; every later measurement from a pool
     assert len(ranker.pools) == 4 and all(len(p) == 4 for p in ranker.pools)
@@ -481,10 +482,10 @@ def test_a_ranking_pruner_measures_its_pick_of_each_pool_and_the_study_holds_onl
 
 
 def test_a_new_study_measures_the_rankers_opening_after_the_default_then_pools(db):
-    from rgtune.tuner._db_records import canonical_knobs
+    from rgtune.db.records import canonical_knobs
 
     ranker = _OpeningRanker()
-    opts = TuneOptions(trials=5, seed=0, progress=False, measure=FAST, confirm_top=0, pruner=ranker)
+    opts = TuneOptions(trials=5, seed=0, progress=False, measure=FAST, confirm_top=0, guide=ranker)
     s = Tuner(_workload("reference"), db, opts).run()
     assert s.measured == 5 and s.statuses == {"ok": 5}
     assert 2 <= len(ranker.offered) <= 10  # the valid ones of 10 random proposals
@@ -495,14 +496,15 @@ def test_a_new_study_measures_the_rankers_opening_after_the_default_then_pools(d
     assert [r.knobs for r in rows[3:]] == [canonical_knobs(c)[0] for c in ranker.picks]
     # a resumed study does not open again
     again = _OpeningRanker()
-    Tuner(_workload("reference"), db, TuneOptions(**{**opts.__dict__, "pruner": again, "trials": 1})).run()
+    Tuner(_workload("reference"), db, TuneOptions(**{**opts.__dict__, "guide": again, "trials": 1})).run()
     assert again.offered == [] and again.calls == 0 and len(again.pools) == 1
 
 
 def test_the_proposal_pool_copies_every_finished_trial_of_the_study_once(db):
     import optuna
 
-    from rgtune.tuner.study import _ProposalPool, make_sampler
+    from rgtune.tuner.proposals import ProposalPool as _ProposalPool
+    from rgtune.tuner.study import make_sampler
 
     Tuner(_workload("reference"), db, TuneOptions(trials=3, seed=0, progress=False, measure=FAST, confirm_top=0)).run()
     study = optuna.load_study(study_name=optuna.get_all_study_names(db.url)[0], storage=db.url)
@@ -531,7 +533,7 @@ def _space():
 
 
 def _tune_cmd(db_url: str, trials: int, backend: str) -> list[str]:
-    return [sys.executable, "-m", "rgtune.tuner.cli", "tune", "--model", "rgcn", "--dataset", GRAPH, "--hidden", "8",
+    return [sys.executable, "-m", "rgtune.cli", "tune", "--model", "rgcn", "--dataset", GRAPH, "--hidden", "8",
             "--trials", str(trials), "--backend", backend, "--db", db_url, "--sampler", "random", "--seed", "1",
             "--quiet", "--confirm", "0"]  # the search alone (confirmation: see its own test)
 
@@ -590,7 +592,7 @@ def test_kill_minus_9_mid_trial_then_resume(tmp_path):
 
 # ------------------------------------------------------------------ the CLI's errors
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rgtune.tuner.cli", *args], cwd=cwd, env=_env(),
+    return subprocess.run([sys.executable, "-m", "rgtune.cli", *args], cwd=cwd, env=_env(),
                           capture_output=True, text=True, timeout=120)
 
 

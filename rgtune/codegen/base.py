@@ -3,7 +3,9 @@
 A :class:`Backend` turns a :class:`~rgtune.ir.kernels.KernelProgram` plus a schedule (the
 template parameter values, ``"gemm.tile_rows" -> 32``) into a :class:`BuiltProgram` bound to a
 graph: generated sources, compiled, callable as ``built.run(x, params)``. Backends read the
-kernel IR only; none imports another.
+kernel IR only; none imports another. Each backend runs the schedule knobs of its ``target``,
+which the backend that owns them declares (:mod:`rgtune.codegen.schedule`) and registers with
+itself (:func:`register_backend`).
 
 Example:
     >>> "reference" in available_backends()
@@ -21,6 +23,7 @@ from typing import Any, Callable, ClassVar, Mapping
 
 import torch
 
+from rgtune.codegen.schedule import TargetSchedule, register_target
 from rgtune.data.graph import HeteroGraph
 from rgtune.ir.kernels import KernelProgram
 
@@ -65,7 +68,7 @@ class Backend(ABC):
     """A code generator + compiler + runner for one kind of device."""
 
     name: ClassVar[str]
-    #: the device kind whose schedule parameters apply ("cpu" or "cuda")
+    #: the target whose schedule knobs this backend runs (:func:`rgtune.codegen.schedule.target_schedule`)
     target: ClassVar[str]
 
     @classmethod
@@ -107,11 +110,15 @@ class ReferenceBackend(Backend):
 _BACKENDS: dict[str, Callable[[], Backend]] = {"reference": ReferenceBackend}
 
 
-def register_backend(name: str, factory: Callable[[], Backend]) -> None:
+def register_backend(name: str, factory: Callable[[], Backend], schedule: TargetSchedule | None = None) -> None:
+    """Make ``create(name)`` call ``factory``; ``schedule``: the knobs of a target the backend brings."""
+    if schedule is not None:
+        register_target(schedule)
     _BACKENDS[name] = factory
 
 
-def _load_builtin() -> None:
+def load_builtin_backends() -> None:
+    """Import the built-in backends (each registers itself and its target's knobs)."""
     # imported lazily so that a missing optional dependency of one backend never breaks another
     for module in ("rgtune.codegen.cpu", "rgtune.codegen.cuda"):
         try:
@@ -122,7 +129,7 @@ def _load_builtin() -> None:
 
 def available_backends() -> dict[str, tuple[bool, str]]:
     """Every registered backend -> (usable here, reason if not)."""
-    _load_builtin()
+    load_builtin_backends()
     out = {}
     for name, factory in _BACKENDS.items():
         cls = factory if isinstance(factory, type) else type(factory())
@@ -130,10 +137,19 @@ def available_backends() -> dict[str, tuple[bool, str]]:
     return out
 
 
+def backend_target(name: str) -> str:
+    """The target whose schedule knobs backend ``name`` runs (``cpu`` for ``reference``); ``cpu`` for a
+    backend that cannot be created here (a plugin that fails to load). Creating one needs no device."""
+    try:
+        return str(create(name).target)
+    except Exception:  # noqa: BLE001 - a plugin that does not load: its trials can only be CPU ones
+        return "cuda" if name.startswith("cuda") else "cpu"
+
+
 def create(name: str) -> Backend:
     """The backend called ``name`` (``reference``, ``cpu``, ``cuda``), or ``"package.module:Class"``
     for a backend defined elsewhere (a plugin; the tests' fault-injecting backends)."""
-    _load_builtin()
+    load_builtin_backends()
     if ":" in name:
         import importlib
 

@@ -13,7 +13,7 @@ of relation ``r`` about ``ceil(log2(pairs_r + 1))`` dependent reads of the relat
 pairs. ``index_probes`` counts those reads over every kernel that finds pairs from edges: work
 no byte count shows, since the block is small and cached, but each probe waits for the last.
 
-A tiled GEMM (``gemm.tile_rows``, both targets) computes its rows in tiles of at most
+A tiled GEMM (``gemm.tile_rows``, a schedule knob of both generated backends) computes its rows in tiles of at most
 ``tile_rows`` rows of one type (relation or node type), none straddling two types, and a short
 tile costs as much as a full one (the CPU micro-kernel repeats its last row, a CUDA block idles
 its lanes). So a type with ``r`` rows takes ``ceil(r / tile_rows)`` tiles: ``gemm_tiles`` over
@@ -43,13 +43,13 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 import numpy as np
 
 from rgtune.ir.bind import GraphArrays, graph_arrays, row_types
 from rgtune.ir.kernels import (AggregateStage, EdgeStore, GemmKernel, KernelProgram, MapKernel,
-                               SoftmaxAggregate, TraversalKernel, WeightKernel, expr_loads, kernel_schedule)
+                               SoftmaxAggregate, TraversalKernel, WeightKernel, expr_loads)
 
 if TYPE_CHECKING:
     from rgtune.data.graph import HeteroGraph
@@ -57,10 +57,12 @@ if TYPE_CHECKING:
 FLOAT_BYTES = 4
 
 
-def count(kp: KernelProgram, graph: "HeteroGraph", schedule: dict[str, Any] | None = None,
-          target: str = "cpu") -> dict[str, Any]:
-    """FLOPs, bytes (minimum and gathered), kernels launched, atomic updates, GEMM rows and tiles
-    (``schedule``'s kernel knobs for ``target``, its templates' defaults where it says nothing)."""
+def count(kp: KernelProgram, graph: "HeteroGraph", schedule: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """FLOPs, bytes (minimum and gathered), kernels launched, atomic updates, GEMM rows and tiles.
+
+    ``schedule`` is a whole configuration (every knob set, as :meth:`SearchSpace.default` fills it):
+    the GEMM tiles come from its ``gemm.tile_rows`` and ``gemm.impl``; without a tile size a GEMM
+    counts a tile per type, as a per-type BLAS call does."""
     a = graph_arrays(graph, kp.layout, kp.index_bits)
     idx_bytes = kp.index_bits // 8
     rows = {d: a.rows(d) for d in ("node", "edge", "src_pair", "dst_pair")}
@@ -102,7 +104,7 @@ def count(kp: KernelProgram, graph: "HeteroGraph", schedule: dict[str, Any] | No
                 atomics += n * k.out_heads * k.out_dim
             if k.rows == "edge":
                 probes += lookups([k.x_via, *(via for _, e in k.epilogue for _, via in expr_loads(e))])
-            t, computed = _gemm_tiles(a, k, kernel_schedule(k, schedule, target))
+            t, computed = _gemm_tiles(a, k, schedule)
             tiles += t
             rows_computed += computed
             tile_weight_bytes += t * _param_elems(kp, k.weight) * FLOAT_BYTES
@@ -139,12 +141,12 @@ def count(kp: KernelProgram, graph: "HeteroGraph", schedule: dict[str, Any] | No
             "gemm_rows_computed": int(rows_computed), "gemm_tile_weight_bytes": int(tile_weight_bytes)}
 
 
-def _gemm_tiles(a: GraphArrays, k: GemmKernel, knobs: dict[str, Any]) -> tuple[int, int]:
-    """(tiles, rows computed) of one GEMM with its kernel knobs ``knobs`` (see the module docstring)."""
+def _gemm_tiles(a: GraphArrays, k: GemmKernel, schedule: Mapping[str, Any]) -> tuple[int, int]:
+    """(tiles, rows computed) of one GEMM under ``schedule`` (see the module docstring)."""
     per_type = _rows_per_type(a, k.rows, k.by, k.weight_end)
     per_type = per_type[per_type > 0]
-    tile_rows = knobs.get("tile_rows")
-    if knobs.get("impl") == "blas" or tile_rows is None:  # a call per type: no tiles, no padding
+    tile_rows = schedule.get("gemm.tile_rows")
+    if schedule.get("gemm.impl") == "blas" or tile_rows is None:  # a call per type: no tiles, no padding
         return int(per_type.size), int(per_type.sum())
     t = int(((per_type + tile_rows - 1) // tile_rows).sum())
     return t, t * int(tile_rows)

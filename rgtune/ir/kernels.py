@@ -1,8 +1,10 @@
 """Intra-operator (kernel) IR: what the code generators read.
 
 A :class:`KernelProgram` is a list of kernels over named :class:`Buffer` s. Each kernel is
-one of a few templates; each template declares its schedule parameters (with per-backend
-choices and constraints) next to its definition:
+one of a few templates. A template says what it computes and what it needs (a traversal whose
+stage reads a destination's in-edges needs them grouped by destination); how a target may run
+it (tiles, threads, mappings) and what it refuses are the backend's, declared next to its code
+generator (:mod:`rgtune.codegen.schedule`):
 
 * :class:`GemmKernel`: a segment GEMM. Rows are grouped by type (node type or relation),
   each group meets its own weight; the input row is gathered through an index (the row's
@@ -25,9 +27,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence
+from typing import Iterator
 
-from rgtune.ir.program import DST_PAIR, EDGE, NODE, SRC_PAIR
+from rgtune.ir.program import NODE
 
 # ---------------------------------------------------------------------------- buffers
 
@@ -182,43 +184,12 @@ def expr_loads(e: Expr) -> set[tuple[str, str]]:
     return {(x.buffer, x.via) for x in e.walk() if isinstance(x, Load)}
 
 
-# ------------------------------------------------------------- schedule parameters
-
-
-@dataclass(frozen=True)
-class ScheduleParam:
-    """A kernel schedule parameter: choices per backend (``"cpu"``, ``"cuda"``) and its default."""
-
-    name: str
-    choices: Mapping[str, tuple[Any, ...]]
-    default: Mapping[str, Any]
-    doc: str
-
-    def for_backend(self, backend: str) -> tuple[tuple[Any, ...], Any] | None:
-        if backend not in self.choices:
-            return None
-        return self.choices[backend], self.default[backend]
-
-
-@dataclass(frozen=True)
-class ScheduleConstraint:
-    """A predicate over one kernel's schedule values; ``check`` returns a reason when violated."""
-
-    name: str
-    backend: str
-    check: Callable[[Mapping[str, Any], "Kernel"], str | None]
-
-
 # ---------------------------------------------------------------------------- kernels
 
 
 @dataclass
 class Kernel:
     name: str
-
-    #: the template's schedule parameters and constraints (class attributes)
-    SCHEDULE: ClassVar[tuple[ScheduleParam, ...]] = ()
-    CONSTRAINTS: ClassVar[tuple[ScheduleConstraint, ...]] = ()
 
     @property
     def template(self) -> str:
@@ -232,35 +203,6 @@ class Kernel:
 
     def describe(self) -> str:
         raise NotImplementedError
-
-
-GEMM_SCHEDULE = (
-    ScheduleParam("impl", {"cpu": ("generated", "blas")}, {"cpu": "generated"},
-                  "CPU: generated tiled C, or per-segment BLAS calls through torch"),
-    ScheduleParam("tile_rows", {"cpu": (8, 16, 32, 64), "cuda": (16, 32, 64, 128)}, {"cpu": 16, "cuda": 64},
-                  "rows per tile (CPU: rows that share a pass over the weight; CUDA: block tile M)"),
-    ScheduleParam("tile_cols", {"cpu": (16, 32, 64), "cuda": (16, 32, 64)}, {"cpu": 64, "cuda": 32},
-                  "output columns per tile (CUDA: block tile N)"),
-    ScheduleParam("tile_k", {"cuda": (8, 16, 32)}, {"cuda": 16}, "CUDA: K slice staged in shared memory"),
-    ScheduleParam("threads", {"cuda": (64, 128, 256)}, {"cuda": 128}, "CUDA: threads per block"),
-    ScheduleParam("block_partition", {"cuda": ("static", "balanced")}, {"cuda": "balanced"},
-                  "CUDA: blocks per segment (static: one tile grid per type; balanced: tiles over all rows)"),
-)
-
-
-def _gemm_cuda_resources(s: Mapping[str, Any], k: "Kernel") -> str | None:
-    smem = (s["tile_rows"] * s["tile_k"] + s["tile_k"] * s["tile_cols"]) * 4
-    if smem > 48 * 1024:
-        return f"shared memory {smem} B > 48 KiB"
-    outputs_per_thread = s["tile_rows"] * s["tile_cols"] / s["threads"]
-    if outputs_per_thread > 64:
-        return f"{outputs_per_thread:g} outputs per thread > 64 (register pressure)"
-    if outputs_per_thread < 1:
-        return f"fewer outputs ({s['tile_rows'] * s['tile_cols']}) than threads ({s['threads']})"
-    return None
-
-
-GEMM_CONSTRAINTS = (ScheduleConstraint("cuda_resources", "cuda", _gemm_cuda_resources),)
 
 
 @dataclass
@@ -291,9 +233,6 @@ class GemmKernel(Kernel):
     accumulate: bool = False
     epilogue: list[tuple[str, Expr]] = field(default_factory=list)
 
-    SCHEDULE = GEMM_SCHEDULE
-    CONSTRAINTS = GEMM_CONSTRAINTS
-
     def reads(self) -> set[str]:
         r = {self.x}
         for _, e in self.epilogue:
@@ -319,39 +258,6 @@ class GemmKernel(Kernel):
         for o, e in self.epilogue:
             lines.append(f"    epilogue {o} = {expr_str(e)}")
         return "\n".join(lines)
-
-
-TRAVERSAL_SCHEDULE = (
-    ScheduleParam("mapping", {"cpu": ("dst_parallel", "edge_parallel"), "cuda": ("dst_parallel", "edge_parallel")},
-                  {"cpu": "dst_parallel", "cuda": "dst_parallel"},
-                  "destination-parallel (no atomics; edges grouped by destination) or edge-parallel (atomics)"),
-    ScheduleParam("threads", {"cuda": (32, 64, 128, 256)}, {"cuda": 128}, "CUDA: threads per block"),
-    ScheduleParam("vector_width", {"cuda": (1, 2, 4)}, {"cuda": 1}, "CUDA: features per thread (float, float2, float4)"),
-    ScheduleParam("coarsening", {"cuda": (1, 2, 4)}, {"cuda": 1}, "CUDA: destinations (or edges) per warp"),
-    ScheduleParam("chunk", {"cpu": (16, 64, 256, 1024)}, {"cpu": 64}, "CPU: OpenMP dynamic chunk (rows per grab)"),
-)
-
-
-def _traversal_mapping(s: Mapping[str, Any], k: "Kernel") -> str | None:
-    assert isinstance(k, TraversalKernel)
-    if s.get("mapping") == "dst_parallel" and k.stage.needs_dst_grouping() and k.layout != "csr_dst":
-        return f"dst_parallel needs edges grouped by destination (layout csr_dst), layout is {k.layout}"
-    if s.get("mapping") == "edge_parallel" and isinstance(k.stage, SoftmaxAggregate):
-        return "a fused softmax-aggregate is destination-parallel only"
-    return None
-
-
-def _traversal_vector(s: Mapping[str, Any], k: "Kernel") -> str | None:
-    assert isinstance(k, TraversalKernel)
-    v = s.get("vector_width", 1)
-    if v > 1 and k.stage.feature_dim() % v:
-        return f"vector width {v} does not divide the feature size {k.stage.feature_dim()}"
-    return None
-
-
-TRAVERSAL_CONSTRAINTS = tuple(
-    ScheduleConstraint(n, b, f) for b in ("cpu", "cuda") for n, f in (("mapping", _traversal_mapping),)
-) + (ScheduleConstraint("vector_width", "cuda", _traversal_vector),)
 
 
 @dataclass(frozen=True)
@@ -419,9 +325,6 @@ class TraversalKernel(Kernel):
     stage: Stage = field(default_factory=lambda: EdgeStore("", Acc(1, 1)))
     layout: str = "csr_dst"
 
-    SCHEDULE = TRAVERSAL_SCHEDULE
-    CONSTRAINTS = TRAVERSAL_CONSTRAINTS
-
     def reads(self) -> set[str]:
         return {b for e in self.stage.exprs() for b, _ in expr_loads(e)}
 
@@ -454,12 +357,6 @@ class TraversalKernel(Kernel):
         return f"traversal {self.name} over edges ({self.layout}): {body}"
 
 
-MAP_SCHEDULE = (
-    ScheduleParam("threads", {"cuda": (64, 128, 256)}, {"cuda": 256}, "CUDA: threads per block"),
-    ScheduleParam("chunk", {"cpu": (64, 256, 1024)}, {"cpu": 256}, "CPU: OpenMP static chunk (rows)"),
-)
-
-
 @dataclass
 class MapKernel(Kernel):
     """``out[row] = value`` for every row of ``rows``."""
@@ -467,8 +364,6 @@ class MapKernel(Kernel):
     rows: str = NODE
     out: str = ""
     value: Expr = field(default_factory=lambda: Acc(1, 1))
-
-    SCHEDULE = MAP_SCHEDULE
 
     def reads(self) -> set[str]:
         return {b for b, _ in expr_loads(self.value)}
@@ -529,50 +424,6 @@ class KernelProgram:
         lines.append(f"  output {self.output}")
         return "\n".join(lines)
 
-    def schedulable(self) -> list[Kernel]:
-        return [k for k in self.kernels if k.SCHEDULE]
-
-
-def template_params(templates: Sequence[type[Kernel]], backend: str) -> dict[str, ScheduleParam]:
-    """``"<template>.<param>" -> ScheduleParam`` for the templates' parameters on ``backend``.
-
-    Schedule knobs are per template (every GEMM of a program shares ``gemm.tile_rows``), so
-    their names do not depend on which kernels one IR configuration lowers to.
-    """
-    out: dict[str, ScheduleParam] = {}
-    for t in templates:
-        for p in t.SCHEDULE:
-            if p.for_backend(backend) is not None:
-                out[f"{template_name(t)}.{p.name}"] = p
-    return out
-
 
 def template_name(t: type[Kernel]) -> str:
     return t.__name__.replace("Kernel", "").lower()
-
-
-def kernel_schedule(kernel: Kernel, schedule: Mapping[str, Any], backend: str) -> dict[str, Any]:
-    """The schedule values of one kernel (its template's defaults where ``schedule`` says nothing)."""
-    out: dict[str, Any] = {}
-    for p in kernel.SCHEDULE:
-        cd = p.for_backend(backend)
-        if cd is not None:
-            out[p.name] = schedule.get(f"{kernel.template}.{p.name}", cd[1])
-    return out
-
-
-def check_schedule(kp: KernelProgram, schedule: Mapping[str, Any], backend: str) -> list[str]:
-    """Every violated kernel constraint, as ``"<kernel>: <reason>"``."""
-    problems = []
-    for k in kp.kernels:
-        values = kernel_schedule(k, schedule, backend)
-        for c in k.CONSTRAINTS:
-            if c.backend == backend:
-                why = c.check(values, k)
-                if why:
-                    problems.append(f"{k.name}: {why}")
-    return problems
-
-
-SRC_VIAS = {EDGE: ("row", "src", "dst", "src_pair", "dst_pair"), SRC_PAIR: ("row", "pair_node"),
-            DST_PAIR: ("row", "pair_node"), NODE: ("row",)}

@@ -20,7 +20,7 @@ Example:
 """
 
 from rgtune.runtime._lookup import TunedScheduleWarning
-from rgtune.runtime.export import NoTunedScheduleError, export, export_layer, export_main, load_exported
+from rgtune.runtime.export import NoTunedScheduleError, export, export_layer, load_exported
 from rgtune.runtime.load import load_tuned
 from rgtune.runtime.module import GraphMismatchError, TunedHGT, TunedLayer, TunedRGAT, TunedRGCN, tuned_layer
 
@@ -29,7 +29,6 @@ __all__ = [
     "load_exported",
     "export",
     "export_layer",
-    "export_main",
     "TunedLayer",
     "TunedRGCN",
     "TunedRGAT",

@@ -13,13 +13,16 @@ import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rgtune.codegen.base import Backend, BackendError, available_backends, create
 from rgtune.data import HeteroGraph, load_dataset
 from rgtune.data.datasets import dataset_info
 from rgtune.data.errors import UnknownDatasetError
-from rgtune.tuner.db import DatabaseError, DeviceInfo, TrialDatabase, TrialRecord, WorkloadRecord
+from rgtune.db.records import DeviceInfo
+
+if TYPE_CHECKING:  # the database is imported where it is used: an exported layer loads without SQLAlchemy
+    from rgtune.db import TrialDatabase, TrialRecord, WorkloadRecord
 
 MODELS = ("rgcn", "rgat", "hgt")
 #: ``backend="auto"`` takes the first of these that can run here
@@ -101,7 +104,7 @@ def tune_command(model: str, dataset: str, in_dim: int, out_dim: int, heads: int
         parts += ["--backend", backend] + (["--db", db] if db else [])
         return shlex.join(parts)
     q = json.dumps  # double-quoted Python string literals: the shell quoting stays readable
-    code = ("from rgtune.tuner.db import TrialDatabase; from rgtune.tuner.measure import Workload; "
+    code = ("from rgtune.db import TrialDatabase; from rgtune.tuner.measure import Workload; "
             "from rgtune.tuner.study import TuneOptions, Tuner; "
             f"print(Tuner(Workload({q(model)}, {q(dataset)}, {in_dim}, {out_dim}, {heads}, {q(backend)}), "
             f"TrialDatabase({q(db or 'results.db')}), TuneOptions(trials=50)).run())")
@@ -109,11 +112,13 @@ def tune_command(model: str, dataset: str, in_dim: int, out_dim: int, heads: int
 
 
 # ---------------------------------------------------------------------- the database
-def open_db(db: str | TrialDatabase | None) -> TrialDatabase | None:
+def open_db(db: "str | TrialDatabase | None") -> "TrialDatabase | None":
     """The database to read, or None when there is none (a missing SQLite file is not created)."""
+    from rgtune.db import DatabaseError, TrialDatabase
+    from rgtune.db.engine import parse_url, sqlite_file  # the same URL rules as TrialDatabase
+
     if db is None or isinstance(db, TrialDatabase):
         return db
-    from rgtune.tuner._db_engine import parse_url, sqlite_file  # the same URL rules as TrialDatabase
 
     path = sqlite_file(parse_url(db))
     if path is not None and not path.exists():
@@ -128,12 +133,12 @@ def open_db(db: str | TrialDatabase | None) -> TrialDatabase | None:
 class Found:
     """A recorded best trial and how well it fits the request."""
 
-    trial: TrialRecord
-    workload: WorkloadRecord
+    trial: "TrialRecord"
+    workload: "WorkloadRecord"
     same_device: bool
     same_graph: bool
 
-    def provenance(self, db: TrialDatabase) -> dict[str, Any]:
+    def provenance(self, db: "TrialDatabase") -> dict[str, Any]:
         t, w = self.trial, self.workload
         return {"source": "database", "db": db.name, "trial_id": t.id, "median_ms": t.median_ms,
                 "device": t.device, "device_fingerprint": w.device_fingerprint, "backend": t.backend,
@@ -142,7 +147,7 @@ class Found:
                 "same_device": self.same_device, "same_graph": self.same_graph}
 
 
-def find_best(db: TrialDatabase, model: str, graph: HeteroGraph, in_dim: int, out_dim: int, heads: int,
+def find_best(db: "TrialDatabase", model: str, graph: HeteroGraph, in_dim: int, out_dim: int, heads: int,
               backend: Backend) -> Found | None:
     """The best ``ok`` trial of this workload: this graph (by content hash) on this device first;
     else this graph on another device; else a graph of the same name (other content)."""

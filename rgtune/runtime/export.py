@@ -30,39 +30,37 @@ Example:
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
 import shutil
-import sys
 import tempfile
 import textwrap
-import warnings
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 
 import rgtune
-from rgtune.codegen.base import Backend, BackendError, available_backends, create
+from rgtune.codegen.base import Backend, available_backends, create
 from rgtune.data import HeteroGraph
 from rgtune.ir.models import build_model
-from rgtune.runtime._lookup import (TunedScheduleWarning, check_model, fingerprint, graph_signature, resolve_backend,
+from rgtune.runtime._lookup import (check_model, fingerprint, graph_signature, resolve_backend,
                                     resolve_graph, warn)
 from rgtune.runtime.load import select_schedule
 from rgtune.runtime.module import GraphMismatchError, TunedLayer, tuned_layer
 from rgtune.search_spaces import SearchSpace
-from rgtune.tuner._cli_args import add_layer_args
-from rgtune.tuner.db import DatabaseError, TrialDatabase
 
-__all__ = ["EXPORT_FORMAT", "FORMAT_VERSION", "NoTunedScheduleError", "export", "export_layer", "load_exported",
-           "export_main"]
+if TYPE_CHECKING:
+    from rgtune.db import TrialDatabase
+
+__all__ = ["EXPORT_FORMAT", "FORMAT_VERSION", "SCHEDULE_FILE", "PROVENANCE_FILE", "NoTunedScheduleError", "export",
+           "export_layer", "load_exported", "read_export_json"]
 
 EXPORT_FORMAT = "rgtune-export"
 FORMAT_VERSION = 1
-_SCHEDULE, _PROVENANCE, _README, _KERNELS, _SOURCES = ("schedule.json", "provenance.json", "README.txt",
+SCHEDULE_FILE, PROVENANCE_FILE, _README, _KERNELS, _SOURCES = ("schedule.json", "provenance.json", "README.txt",
                                                        "kernel_program.txt", "sources")
 
 
@@ -78,7 +76,7 @@ def export(
     in_dim: int = 64,
     out_dim: int = 64,
     heads: int = 1,
-    db: str | TrialDatabase | None = "results.db",
+    db: "str | TrialDatabase | None" = "results.db",
     backend: str | Backend = "auto",
     *,
     data_dir: str | Path | None = None,
@@ -99,7 +97,7 @@ def export(
     for message in sel.warnings:
         warn(message)
     layer = sel.build()
-    return export_layer(layer, out_dir, overwrite=overwrite, db=db.name if isinstance(db, TrialDatabase) else db)
+    return export_layer(layer, out_dir, overwrite=overwrite, db=db if db is None or isinstance(db, str) else db.name)
 
 
 def export_layer(layer: TunedLayer, out_dir: str | Path, *, overwrite: bool = False, db: str | None = None) -> Path:
@@ -135,8 +133,8 @@ def export_layer(layer: TunedLayer, out_dir: str | Path, *, overwrite: bool = Fa
         (tmp / _SOURCES).mkdir()
         for name, text in sources.items():
             (tmp / _SOURCES / name).write_text(text)
-        (tmp / _SCHEDULE).write_text(json.dumps(schedule, indent=2, sort_keys=True) + "\n")
-        (tmp / _PROVENANCE).write_text(json.dumps(provenance, indent=2, sort_keys=True, default=str) + "\n")
+        (tmp / SCHEDULE_FILE).write_text(json.dumps(schedule, indent=2, sort_keys=True) + "\n")
+        (tmp / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2, sort_keys=True, default=str) + "\n")
         (tmp / _KERNELS).write_text(layer.kernels.describe() + "\n")
         (tmp / _README).write_text(_readme(out.name, schedule, provenance))
         if out.exists():  # checked above: empty, or an earlier export that may be replaced
@@ -157,7 +155,7 @@ def _check_target_dir(out: Path, overwrite: bool) -> None:
         raise FileExistsError(f"cannot export to {out}: it is a file")
     if not any(out.iterdir()):
         return
-    if not (out / _SCHEDULE).is_file():
+    if not (out / SCHEDULE_FILE).is_file():
         raise FileExistsError(f"cannot export to {out}: the folder is not empty and is not an rgtune export")
     if not overwrite:
         raise FileExistsError(f"{out} already holds an export; pass overwrite=True (--force) to replace it")
@@ -234,9 +232,9 @@ def load_exported(
             schedule knobs take that target's defaults, with a warning.
     """
     folder = Path(path)
-    s, p = _read_json(folder / _SCHEDULE), _read_json(folder / _PROVENANCE)
+    s, p = read_export_json(folder / SCHEDULE_FILE), read_export_json(folder / PROVENANCE_FILE)
     if s.get("format") != EXPORT_FORMAT or not isinstance(s.get("format_version"), int):
-        raise ValueError(f"{folder}: not an rgtune export ({_SCHEDULE} has no format {EXPORT_FORMAT!r})")
+        raise ValueError(f"{folder}: not an rgtune export ({SCHEDULE_FILE} has no format {EXPORT_FORMAT!r})")
     if s["format_version"] > FORMAT_VERSION:
         raise ValueError(f"{folder}: export format version {s['format_version']} is newer than this rgtune reads "
                          f"({FORMAT_VERSION}); upgrade rgtune")
@@ -266,7 +264,7 @@ def load_exported(
     return layer
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_export_json(path: Path) -> dict[str, Any]:
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
@@ -302,44 +300,3 @@ def _backend_for(exported: str, requested: str | Backend | None) -> Backend:
         return create(exported)
     warn(f"the exported backend {exported!r} cannot run here ({why}); using backend='auto'")
     return resolve_backend("auto")
-
-
-# ---------------------------------------------------------------------- CLI
-def export_main(argv: Sequence[str] | None = None) -> int:
-    """``rgtune export --model M --dataset D -o DIR``: see :func:`export`. Returns the exit status."""
-    p = argparse.ArgumentParser(
-        prog="rgtune export",
-        description="Write the best recorded schedule of a workload as a self-contained folder "
-                    "(kernel sources, schedule, provenance, README) that rgtune.runtime.load_exported reads "
-                    "without the database.",
-        epilog="Example: rgtune export --model hgt --dataset aifb -o tuned_hgt/")
-    add_layer_args(p, "the dataset the schedule was tuned on (aifb, synthetic:...)")
-    p.add_argument("--db", default=None, help="SQLAlchemy URL or .db path (default sqlite:///results.db)")
-    p.add_argument("-o", "--output", required=True, help="the folder to write (must not exist, or be empty)")
-    p.add_argument("--allow-default", action="store_true", help="export the default schedule when none is recorded")
-    p.add_argument("--force", action="store_true", help="replace an earlier export in --output")
-    args = p.parse_args(argv)
-    in_dim, out_dim = args.in_dim or args.hidden, args.out_dim or args.hidden
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", TunedScheduleWarning)
-            out = export(args.output, args.model, args.dataset, in_dim, out_dim, args.heads,
-                         db=args.db or "results.db", backend=args.backend, data_dir=args.data_dir,
-                         allow_default=args.allow_default, overwrite=args.force)
-    except (NoTunedScheduleError, OSError, ValueError, BackendError, DatabaseError) as e:
-        if os.environ.get("RGTUNE_DEBUG"):
-            raise
-        print(f"rgtune export: error: {str(e).strip()}", file=sys.stderr)
-        return 1
-    for w in caught:
-        print(f"rgtune export: warning: {w.message}", file=sys.stderr)
-    s = _read_json(out / _SCHEDULE)
-    prov = _read_json(out / _PROVENANCE)
-    what = f"trial {prov['trial_id']} ({prov['median_ms']:.4g} ms)" if prov["schedule"] == "database" else "default schedule"
-    print(f"exported {s['model']} on {s['graph']['name']} ({what}, backend {s['backend']}) to {out}")
-    print(f"load it with: rgtune.runtime.load_exported({str(out)!r}, graph)")
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(export_main())

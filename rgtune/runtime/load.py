@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rgtune.codegen.base import Backend
 from rgtune.data import HeteroGraph
@@ -25,7 +25,9 @@ from rgtune.ir.passes import KnobError
 from rgtune.runtime._lookup import (check_model, find_best, is_dataset_name, open_db, resolve_backend, resolve_graph,
                                     tune_command, warn)
 from rgtune.runtime.module import TunedLayer, tuned_layer
-from rgtune.tuner.db import TrialDatabase
+
+if TYPE_CHECKING:
+    from rgtune.db import TrialDatabase
 
 __all__ = ["load_tuned", "select_schedule", "Selection"]
 
@@ -36,7 +38,7 @@ def load_tuned(
     in_dim: int = 64,
     out_dim: int = 64,
     heads: int = 1,
-    db: str | TrialDatabase | None = "results.db",
+    db: "str | TrialDatabase | None" = "results.db",
     backend: str | Backend = "auto",
     *,
     data_dir: str | Path | None = None,
@@ -101,14 +103,14 @@ class Selection:
 
 
 def select_schedule(model: str, graph: HeteroGraph | str, in_dim: int, out_dim: int, heads: int,
-                    db: str | TrialDatabase | None, backend: str | Backend, *,
+                    db: "str | TrialDatabase | None", backend: str | Backend, *,
                     data_dir: str | Path | None = None) -> Selection:
     """Look the workload up (see :func:`load_tuned`) without building anything or warning."""
     model = check_model(model)
     g = resolve_graph(graph, data_dir)
     be = resolve_backend(backend)
     database = open_db(db)
-    db_text = db.name if isinstance(db, TrialDatabase) else db
+    db_text = db if db is None or isinstance(db, str) else db.name
     command = tune_command(model, g.name, in_dim, out_dim, heads, be.name, db_text)
     hint = f"run `{command}`" + ("" if is_dataset_name(g.name) else
                                  f" (the tuner loads graphs by dataset name; {g.name!r} is not one)")

@@ -1,5 +1,5 @@
-"""Search spaces: the IR's knobs and the templates' schedule parameters as one space per workload."""
+"""Search spaces: the IR's knobs and the backend's schedule parameters as one space per workload."""
 
-from rgtune.search_spaces.space import TARGETS, Point, SearchSpace
+from rgtune.search_spaces.space import Point, SearchSpace
 
-__all__ = ["TARGETS", "Point", "SearchSpace"]
+__all__ = ["Point", "SearchSpace"]

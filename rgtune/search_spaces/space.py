@@ -1,8 +1,9 @@
-"""The search space of one workload: IR knobs from the passes, schedule knobs from the templates.
+"""The search space of one workload: IR knobs from the passes, schedule knobs from the backend.
 
 Nothing here names a model or a knob: IR knobs are whatever the registered passes declare
 for the program (:func:`rgtune.ir.pipeline.discover_knobs`), schedule knobs whatever the
-kernel templates declare for the target (``"gemm.tile_rows"``). A configuration is one flat
+target's backend declares for the kernel templates (``"gemm.tile_rows"``, see
+:mod:`rgtune.codegen.schedule`). A configuration is one flat
 dict ``knob -> value``; a point is *valid* when the passes' constraints and every lowered
 kernel's constraints hold.
 
@@ -25,7 +26,8 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
-from rgtune.ir.kernels import TEMPLATES, KernelProgram, check_schedule, template_name, template_params
+from rgtune.codegen.schedule import target_schedule
+from rgtune.ir.kernels import KernelProgram
 from rgtune.ir.passes import Knob, KnobError
 from rgtune.ir.pipeline import (Compiled, apply_passes, check_constraints, discover_constraints, discover_knobs,
                                 resolve_config)
@@ -36,9 +38,6 @@ if TYPE_CHECKING:
     import optuna
 
     from rgtune.data.graph import HeteroGraph
-
-TARGETS = ("cpu", "cuda")
-
 
 @dataclass
 class Point:
@@ -62,8 +61,7 @@ class SearchSpace:
     """Knobs, defaults, sampling, constraint checks and Optuna suggestions for one workload."""
 
     def __init__(self, program: Program, graph: "HeteroGraph | None", target: str = "cpu") -> None:
-        if target not in TARGETS:
-            raise ValueError(f"unknown target {target!r}; choose one of {list(TARGETS)}")
+        self.schedule = target_schedule(target)  # an unknown target is an error that lists the known ones
         if graph is not None and graph.num_rels == 0:
             raise IRError(f"model {program.name!r} needs a graph with at least one edge type; "
                           f"{graph.name!r} has none (node types: {graph.ntypes})")
@@ -72,10 +70,8 @@ class SearchSpace:
         self.target = target
         self.ir_knobs: list[Knob] = discover_knobs(program, graph)
         self.constraints = discover_constraints(program, graph)
-        self.schedule_knobs: list[Knob] = [
-            Knob(name, p.choices[target], p.default[target], p.doc)
-            for name, p in template_params(TEMPLATES, target).items()
-        ]
+        self.schedule_knobs: list[Knob] = [Knob(name, p.choices, p.default, p.doc)
+                                            for name, p in self.schedule.knobs().items()]
 
     # ----------------------------------------------------------------- knobs
     @property
@@ -111,7 +107,7 @@ class SearchSpace:
             return Point(full, None, problems)
         after = apply_passes(self.program, full, self.graph)
         kp = lower(after)
-        problems = check_schedule(kp, full, self.target)
+        problems = self.schedule.check(kp, full)
         return Point(full, Compiled({k.name: full[k.name] for k in self.ir_knobs}, after, kp), problems)
 
     def check(self, config: Mapping[str, Any]) -> list[str]:
@@ -193,14 +189,13 @@ class SearchSpace:
         if point.compiled is None:
             return list(knob.choices)
         base = {**self.default(), **config}
-        problems = {c: set(check_schedule(point.kernels, {**base, knob.name: c}, self.target)) for c in knob.choices}
+        problems = {c: set(self.schedule.check(point.kernels, {**base, knob.name: c})) for c in knob.choices}
         common = set.intersection(*problems.values())
         return [c for c in knob.choices if problems[c] == common] or list(knob.choices)
 
-    @staticmethod
-    def _templates_used(point: Point) -> set[str]:
+    def _templates_used(self, point: Point) -> set[str]:
         if point.compiled is None:
-            return {template_name(t) for t in TEMPLATES}
+            return {t.name for t in self.schedule.templates}
         return {k.template for k in point.kernels.kernels}
 
     def distributions(self) -> dict[str, "optuna.distributions.BaseDistribution"]:

@@ -10,17 +10,16 @@ builds the search space and the float64 reference layer once, then serves trials
 3. time it: warm-up runs, then repeats until both a count and a minimum time are reached;
    the median is the trial's time (the backend synchronizes around each run on a GPU).
 
-On a GPU, steps 2 and 3 hold the device's cross-process lock (:mod:`rgtune.tuner._device_lock`):
+On a GPU, steps 2 and 3 hold the device's cross-process lock (:mod:`rgtune.tuner.device_lock`):
 workers of several studies can share one GPU without timing each other's kernels; compiling and
 the float64 reference overlap. A trial that waited for the lock has ``info["device_wait_s"]``.
 
 Paired timing (``MeasureOptions(timing="paired")``, CPU backends): on a shared machine the speed
-of the whole machine drifts over seconds, so one schedule's trials in one worker vary by 4-8%
-(standard deviation of log time on the 2-core development machine), as much as the differences
-between good schedules. The drift is common to whatever runs at the moment: when every run of the
-candidate alternates with a run of a fixed *reference* (the workload's default schedule, compiled
-once per worker), the trials vary by 2-4%, and the ratio of two schedules timed in the same round
-by 3-5% instead of 5-9% (``experiments/timing_noise.py``). So a paired trial's time is
+of the whole machine drifts over seconds, so one schedule's trials in one worker vary by as much
+as the differences between good schedules. The drift is common to whatever runs at the moment:
+when every run of the candidate alternates with a run of a fixed *reference* (the workload's
+default schedule, compiled once per worker), it cancels in their ratio (BENCHMARKS.md,
+"Measurement noise", has the spreads with and without). So a paired trial's time is
 ``reference_ms x median(candidate run / reference run)``: the ratio, drift cancelled, on the scale
 of the reference's time when the first worker of this :class:`MeasureWorker` calibrated it (a
 restarted worker keeps that scale).
@@ -53,7 +52,7 @@ import traceback
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
-from rgtune.tuner._device_lock import device_lock
+from rgtune.tuner.device_lock import device_lock
 
 TIMINGS = ("plain", "paired")
 STATUSES = ("running", "ok", "invalid", "compile_error", "runtime_error", "wrong_result", "timeout", "pruned",
@@ -210,7 +209,7 @@ class _Session:
         return MeasureResult("ok", median=median, times=times, **base)
 
     def _exclusive_device(self) -> Any:
-        """The GPU's cross-process lock (``_device_lock``) for a GPU backend; nothing to hold on a CPU."""
+        """The GPU's cross-process lock (:mod:`.device_lock`) for a GPU backend; nothing to hold on a CPU."""
         if self.device == "cpu":
             return device_lock(None)
         index = self.torch.cuda.current_device() if self.device == "cuda" else 0

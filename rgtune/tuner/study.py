@@ -1,13 +1,16 @@
-"""The tuning loop: Optuna ask -> suggest a point -> (invalid? pruned?) -> measure -> tell.
+"""The tuning loop: Optuna ask -> suggest a point -> (invalid? skipped?) -> measure -> tell.
 
-With a ranking pruner (the cost model's rank policy) a measurement instead starts from a pool:
-the sampler proposes candidates on an in-memory copy of the study (on the database each
-proposal would write its parameters, ~50 ms on SQLite, against ~3 ms in memory), as many as
-the pruner asks for, less its *local* ones: 1-2 knobs of one of the study's fastest measured
-schedules changed; the pruner picks one, and only that one is measured and added to the study. The copy learns
-every finished trial of the study, this worker's and any other's, before each pool. A new
-study with a ranking pruner first measures the pruner's *opening*: its picks out of random
-schedules, queued in the study right after the default schedule.
+A *guide* (``TuneOptions.guide``; the learned cost model, :class:`~rgtune.costmodel.CostModelGuide`)
+steers the loop in one of two ways. A :class:`Guide` decides per candidate whether to skip
+measuring it (recorded as ``pruned``, with its prediction). A :class:`RankingGuide` instead
+picks the candidate to measure out of a pool: the sampler proposes candidates on an in-memory
+copy of the study (:mod:`.proposals`; on the database each proposal would write its
+parameters), as many as the guide asks for, less its *local* ones: 1-2 knobs of one of the
+study's fastest measured schedules changed; the guide picks one, and only that one is measured
+and added to the study. The copy learns every finished trial of the study, this worker's and
+any other's, before each pool. A new study with a ranking guide first measures the guide's
+*opening*: its picks out of random schedules, queued in the study right after the default
+schedule.
 
 One Optuna study per workload (model, sizes, graph content, device, backend, mode), stored
 through Optuna's RDBStorage in the same database as rgtune's trial history. The same command
@@ -15,9 +18,9 @@ resumes the same study; ``fresh=True`` starts a new one (the recorded trials sta
 real measurements). The default schedule is the first trial of every study, so a study
 always reports its speedup over it.
 
-Budget: ``trials`` counts *measured* trials. A candidate the pruner (the learned cost model,
-:class:`~rgtune.tuner.costmodel.CostModelPruner`) skips is recorded as ``pruned`` with its
-predicted time and told to Optuna as pruned, but costs no measurement and no budget; at most
+Budget: ``trials`` counts *measured* trials. A candidate the guide skips is recorded as
+``pruned`` with its predicted time and told to Optuna as pruned, but costs no measurement and
+no budget; at most
 ``max_proposals_per_trial`` x ``trials`` candidates are proposed in all.
 
 Confirmation: one measurement of a schedule varies by tens of percent between runs on a shared
@@ -41,7 +44,7 @@ resumes, trials left ``running`` by a dead process (Ctrl-C, kill -9, power loss)
 ``failed`` in both rgtune's history and Optuna's storage, so the counts add up.
 
 Example:
-    >>> from rgtune.tuner.db import TrialDatabase
+    >>> from rgtune.db import TrialDatabase
     >>> from rgtune.tuner.measure import MeasureOptions, Workload
     >>> import tempfile, os
     >>> d = tempfile.mkdtemp()
@@ -55,37 +58,39 @@ Example:
 
 from __future__ import annotations
 
-import os
-import random
 import time
 import warnings
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_checkable
 
+from rgtune.codegen.base import backend_target
+from rgtune.db.liveness import worker_alive, worker_id
 from rgtune.tuner.measure import (MeasureOptions, MeasureResult, MeasureWorker, Workload, combine_measurements,
                                   interleaved)
+from rgtune.tuner.proposals import Proposal, ProposalPool
 
 if TYPE_CHECKING:
     import optuna
 
-    from rgtune.tuner.db import TrialDatabase
+    from rgtune.db import TrialDatabase
 
 SAMPLERS = ("tpe", "random", "gp", "cmaes")
 #: statuses that cost no measurement (and so no budget)
 UNMEASURED = ("pruned",)
 
 
-class Pruner(Protocol):
-    """``TuneOptions.pruner``: decides per candidate whether to skip measuring it."""
+class Guide(Protocol):
+    """``TuneOptions.guide``: decides per candidate whether to skip measuring it."""
 
     def __call__(self, config: dict[str, Any], point: Any) -> tuple[bool, float | None]:
-        """(prune?, predicted ms or None) for a valid candidate."""
+        """(skip?, predicted ms or None) for a valid candidate."""
         ...
 
 
 @runtime_checkable
-class LearningPruner(Pruner, Protocol):
-    """A pruner that learns from the study: the loop binds it, feeds it every measured trial, closes it."""
+class LearningGuide(Guide, Protocol):
+    """A guide that learns from the study: the loop binds it, feeds it every measured trial, closes it."""
 
     def bind(self, db: "TrialDatabase", workload: Any, graph: Any, space: Any) -> str:
         """Attach to the workload being tuned (train on the history); returns a status line."""
@@ -105,8 +110,8 @@ class LearningPruner(Pruner, Protocol):
 
 
 @runtime_checkable
-class RankingPruner(LearningPruner, Protocol):
-    """A learning pruner that can also pick the one candidate to measure out of a pool of proposals."""
+class RankingGuide(LearningGuide, Protocol):
+    """A learning guide that can also pick the one candidate to measure out of a pool of proposals."""
 
     def pool_size(self) -> int:
         """How many candidates to propose for the next measurement (1: one at a time, through ``__call__``)."""
@@ -141,8 +146,8 @@ class TuneOptions:
     fresh: bool = False
     progress: bool = True
     measure: MeasureOptions = field(default_factory=MeasureOptions)
-    #: skips measuring candidates it predicts clearly worse (see :class:`LearningPruner`, the cost model)
-    pruner: Pruner | None = None
+    #: skips measuring candidates it predicts clearly worse (see :class:`LearningGuide`, the cost model)
+    guide: Guide | None = None
     max_proposals_per_trial: int = 10  # candidates proposed in all <= this x trials (pruned ones included)
     confirm_top: int = 5  # at the end, time this many fastest schedules again (0: off; see the module docstring)
     confirm_rounds: int = 5  # ... in this many interleaved rounds (odd: the median is one of the rounds)
@@ -163,7 +168,7 @@ class TuneSummary:
     interrupted: bool = False
     measured: int = 0  # trials that cost a measurement (not pruned)
     rechecked: int = 0  # trials measured ``recheck`` times because their first measurement beat the best so far
-    pruner: dict[str, Any] | None = None  # the pruner's describe() at the end, if it has one
+    guide: dict[str, Any] | None = None  # the guide's describe() at the end, if it has one
     confirmation: "Confirmed | None" = None  # the confirmation that ended the run, if one ran
 
     @property
@@ -235,7 +240,7 @@ class Tuner:
         program = build_model(w.model, w.in_dim, w.out_dim, w.heads)
         self.worker = MeasureWorker(w, self.options.measure)
         device = self.worker.start()
-        self.space = SearchSpace(program, self.graph, _target(w.backend))
+        self.space = SearchSpace(program, self.graph, backend_target(w.backend))
         self.record = self.db.ensure_workload(w.model, self.graph, device, in_dim=w.in_dim, out_dim=w.out_dim,
                                               heads=w.heads, backend=w.backend)
         self.db.mark_stale_running(self.record)
@@ -264,19 +269,19 @@ class Tuner:
         new_study = not self.study.trials
         if new_study:
             self.study.enqueue_trial(self.space.default(), skip_if_exists=True)
-        pruner = self.options.pruner
-        #: the pruner, when it learns from the study (bound now, fed every measured trial, closed at the end)
-        self._learner: LearningPruner | None = pruner if isinstance(pruner, LearningPruner) else None
-        self._ranker: RankingPruner | None = pruner if isinstance(pruner, RankingPruner) else None
-        self._proposals: _ProposalPool | None = None  # created with the first pool
+        guide = self.options.guide
+        #: the guide, when it learns from the study (bound now, fed every measured trial, closed at the end)
+        self._learner: LearningGuide | None = guide if isinstance(guide, LearningGuide) else None
+        self._ranker: RankingGuide | None = guide if isinstance(guide, RankingGuide) else None
+        self._proposals: ProposalPool | None = None  # created with the first pool
         if self._learner is not None:
             self._learner.bind(self.db, self.record, self.graph, self.space)  # its status ends up in describe()
             # the policy and its parameters stay with the study (counts are updated at the end)
-            self.study.set_user_attr("rgtune.pruner", self._learner.describe())
+            self.study.set_user_attr("rgtune.guide", self._learner.describe())
         if new_study and self._ranker is not None:
             self._enqueue_opening(self._ranker)
 
-    def _enqueue_opening(self, ranker: RankingPruner) -> None:
+    def _enqueue_opening(self, ranker: RankingGuide) -> None:
         """Queue the ranker's picks out of random schedules as a new study's first trials after the default
         (the model knows other graphs before this one has a measurement; see ``RankPolicy.opening``)."""
         import optuna
@@ -284,7 +289,7 @@ class Tuner:
         n = ranker.opening_pool()
         if n <= 0:
             return
-        proposals = _ProposalPool(optuna.samplers.RandomSampler(seed=self.options.seed)).propose(n, self.space)
+        proposals = ProposalPool(optuna.samplers.RandomSampler(seed=self.options.seed)).propose(n, self.space)
         _, valid = self._compile(proposals)
         for i in ranker.opening([(p.config, point) for p, point in valid]):
             self.study.enqueue_trial(valid[i][0].params, skip_if_exists=True)
@@ -304,8 +309,9 @@ class Tuner:
                     alive = self.db.trial(int(tid)).status == "running"
                 except Exception:  # noqa: BLE001 - a missing record means nobody owns it
                     alive = False
-            else:
-                alive = _process_alive(t.user_attrs.get("rgtune.worker", ""))
+            else:  # an Optuna trial started (naive local time) by a worker that has not recorded it yet
+                started = (t.datetime_start or datetime.now()).astimezone(UTC).replace(tzinfo=None)
+                alive = worker_alive(t.user_attrs.get("rgtune.worker", ""), started)
             if not alive:
                 self.study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
 
@@ -346,8 +352,8 @@ class Tuner:
                 interrupted = confirmed is not None and not confirmed.finished
         finally:
             self.worker.close()
-            pruner_info = self._close_pruner()
-        summary = self._summary(proposed, measured, statuses, time.time() - start, interrupted, pruner_info)
+            guide_info = self._close_guide()
+        summary = self._summary(proposed, measured, statuses, time.time() - start, interrupted, guide_info)
         summary.confirmation = confirmed
         return summary
 
@@ -356,7 +362,7 @@ class Tuner:
         from optuna.trial import TrialState
 
         trial = self.study.ask()
-        trial.set_user_attr("rgtune.worker", _worker_id())
+        trial.set_user_attr("rgtune.worker", worker_id())
         config = self.space.suggest(trial)
         tid = self.db.start_trial(self.record, config, optuna_trial=trial.number)
         trial.set_user_attr("rgtune.trial_id", tid)
@@ -373,7 +379,7 @@ class Tuner:
         return config, point, result
 
     def _pool_round(self, pool: int) -> tuple[dict[str, Any], Any, MeasureResult]:
-        """Propose ``pool`` candidates, measure the ranking pruner's pick, add it to the study."""
+        """Propose ``pool`` candidates, measure the ranking guide's pick, add it to the study."""
         from optuna.trial import create_trial
 
         assert self._ranker is not None and self._proposals is not None  # _pool_ready() synced the copy
@@ -397,10 +403,10 @@ class Tuner:
         state, value = _optuna_outcome(result)
         self.study.add_trial(create_trial(state=state, value=value, params=chosen.params,
                                           distributions=chosen.distributions,
-                                          user_attrs={"rgtune.trial_id": tid, "rgtune.worker": _worker_id()}))
+                                          user_attrs={"rgtune.trial_id": tid, "rgtune.worker": worker_id()}))
         return chosen.config, point, result
 
-    def _compile(self, proposals: list["_Proposal"]) -> tuple[list[tuple["_Proposal", Any]], list[tuple["_Proposal", Any]]]:
+    def _compile(self, proposals: list[Proposal]) -> tuple[list[tuple[Proposal, Any]], list[tuple[Proposal, Any]]]:
         """Each proposal with its compiled point, and the valid ones of those (what a ranker is shown)."""
         compiled = [(p, self.space.compile(p.config)) for p in proposals]
         return compiled, [(p, point) for p, point in compiled if point.valid]
@@ -452,17 +458,17 @@ class Tuner:
         """Bring the in-memory copy up to date; False while trials wait in the study (the default
         schedule, or a user's ``enqueue_trial``): those come first, one at a time."""
         if self._proposals is None:
-            self._proposals = _ProposalPool(make_sampler(self.options.sampler, self.options.seed), self.options.seed)
+            self._proposals = ProposalPool(make_sampler(self.options.sampler, self.options.seed), self.options.seed)
         return not self._proposals.sync(self.study)
 
     def _evaluate(self, config: dict[str, Any], point: Any, number: int, *, ranked: bool = False,
                   predicted: float | None = None) -> MeasureResult:
-        """Prune or measure one candidate (``ranked``: a ranking pruner chose it out of a pool, ``predicted``)."""
+        """Skip or measure one candidate (``ranked``: a ranking guide chose it out of a pool, ``predicted``)."""
         if not point.valid:  # recorded, never compiled
             return MeasureResult("invalid", error="; ".join(point.problems))
-        if not ranked and self.options.pruner is not None:
-            prune, predicted = self.options.pruner(config, point)
-            if prune:
+        if not ranked and self.options.guide is not None:
+            skip, predicted = self.options.guide(config, point)
+            if skip:
                 return MeasureResult("pruned", info={"predicted_ms": predicted})
         seed = (self.options.seed or 0) * 1_000_003 + number
         result = self._measure(config, seed)
@@ -497,12 +503,12 @@ class Tuner:
             ms = result.median * 1e3 if result.status == "ok" and result.median is not None else None
             self._learner.observe(config, point, ms)
 
-    def _close_pruner(self) -> dict[str, Any] | None:
+    def _close_guide(self) -> dict[str, Any] | None:
         if self._learner is None:
             return None
         self._learner.close()
         info = self._learner.describe()
-        self.study.set_user_attr("rgtune.pruner", info)
+        self.study.set_user_attr("rgtune.guide", info)
         return info
 
     def _record(self, tid: int, r: MeasureResult) -> None:
@@ -538,12 +544,12 @@ class Tuner:
             bar.update(1)
 
     def _summary(self, proposed: int, measured: int, statuses: dict[str, int], elapsed: float, interrupted: bool,
-                 pruner: dict[str, Any] | None) -> TuneSummary:
+                 guide: dict[str, Any] | None) -> TuneSummary:
         best = self.db.best(self.record)
         return TuneSummary(self.record.id, self.study.study_name, proposed, statuses, self.default_ms(),
                            best.median_ms if best else None, best.knobs if best else None,
                            best.id if best else None, elapsed, interrupted, measured, rechecked=self.rechecked,
-                           pruner=pruner)
+                           guide=guide)
 
 
 # ---------------------------------------------------------------------- helpers
@@ -555,108 +561,12 @@ def record_measurement(db: "TrialDatabase", trial_id: int, result: MeasureResult
         compile_s=result.compile_seconds, max_error=result.max_error,
         error=result.error, source_hash=result.source_hash, predicted_ms=result.info.get("predicted_ms"))
 
-def _target(backend: str) -> str:
-    from rgtune.codegen.base import create
-
-    return create(backend).target
-
-
 def _progress(opts: TuneOptions, total: int | None = None, desc: str = "tuning") -> Any:
     if not opts.progress:
         return None
     from tqdm import tqdm
 
     return tqdm(total=opts.trials if total is None else total, unit="trial", dynamic_ncols=True, desc=desc)
-
-
-@dataclass
-class _Proposal:
-    """A candidate proposed on the in-memory copy: its knob values and its Optuna parameters."""
-
-    config: dict[str, Any]
-    params: dict[str, Any]
-    distributions: dict[str, Any]
-    number: int  # the copy's trial number (seeds the measurement)
-    local: bool = False  # a change of a fast measured schedule (:meth:`_ProposalPool.mutate`), not the sampler's
-
-
-class _ProposalPool:
-    """The study's sampler on an in-memory copy of the study: candidate pools without database writes.
-
-    Every proposal is told failed on the copy at once (samplers ignore failed trials), so the
-    candidates that are not measured never weigh on the sampler; the measured one is added to
-    the real study (``Tuner._pool_round``), and comes back to the copy with the next :meth:`sync`.
-    """
-
-    def __init__(self, sampler: "optuna.samplers.BaseSampler", seed: int | None = None) -> None:
-        import optuna
-
-        self.copy = optuna.create_study(direction="minimize", sampler=sampler)
-        self._copied: set[int] = set()  # numbers of the real study's trials already on the copy
-        self._rng = random.Random(seed)  # which parents and knobs :meth:`mutate` changes
-
-    def sync(self, study: "optuna.Study") -> bool:
-        """Copy the study's finished trials (of every worker) that the copy does not have yet;
-        whether trials wait in the study (one read of the storage answers both)."""
-        from optuna.trial import TrialState
-
-        waiting = False
-        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.WAITING)):
-            if t.state == TrialState.WAITING:
-                waiting = True
-            elif t.number not in self._copied:
-                self._copied.add(t.number)
-                self.copy.add_trial(t)
-        return waiting
-
-    def propose(self, n: int, space: Any) -> list[_Proposal]:
-        """``n`` candidates from the sampler."""
-        return [self._ask(space) for _ in range(n)]
-
-    def mutate(self, n: int, parents: int, space: Any) -> list[_Proposal]:
-        """Up to ``n`` distinct candidates that each change 1 or 2 parameters of one of the copy's ``parents``
-        fastest completed trials to another of their values, none a schedule the study has (none before a
-        trial completed). Parameters a change makes active (``compact.pair_index`` once something is
-        compact) are the sampler's to choose, as in a proposal."""
-        from optuna.trial import TrialState
-
-        done = sorted(self.copy.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), key=lambda t: t.value)
-        by_schedule: dict[tuple[tuple[str, Any], ...], Any] = {}  # each schedule's fastest trial, fastest first
-        for t in done:
-            by_schedule.setdefault(_params_key(t.params), t)
-        seen = set(by_schedule)
-        fastest = list(by_schedule.values())[:parents]
-        out: list[_Proposal] = []
-        for _ in range(4 * n if fastest else 0):  # a few draws may repeat a schedule; give up after 4n
-            if len(out) == n:
-                break
-            parent = self._rng.choice(fastest)
-            free = [name for name, d in parent.distributions.items() if len(getattr(d, "choices", ())) > 1]
-            if not free:
-                continue
-            params = dict(parent.params)
-            for name in self._rng.sample(free, min(len(free), self._rng.choice((1, 2)))):
-                params[name] = self._rng.choice([c for c in parent.distributions[name].choices if c != params[name]])
-            key = _params_key(params)
-            if key in seen:
-                continue
-            seen.add(key)
-            self.copy.enqueue_trial(params)
-            out.append(self._ask(space, local=True))
-        return out
-
-    def _ask(self, space: Any, local: bool = False) -> _Proposal:
-        """The copy's next candidate (an enqueued one first), told failed at once."""
-        from optuna.trial import TrialState
-
-        trial = self.copy.ask()
-        config = space.suggest(trial)
-        self.copy.tell(trial, state=TrialState.FAIL)
-        return _Proposal(config, dict(trial.params), dict(trial.distributions), trial.number, local)
-
-
-def _params_key(params: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
-    return tuple(sorted(params.items()))
 
 
 def _optuna_outcome(result: MeasureResult) -> tuple["optuna.trial.TrialState", float | None]:
@@ -666,25 +576,3 @@ def _optuna_outcome(result: MeasureResult) -> tuple["optuna.trial.TrialState", f
     if result.status == "ok" and result.median is not None:
         return TrialState.COMPLETE, result.median * 1e3
     return (TrialState.PRUNED if result.status == "pruned" else TrialState.FAIL), None
-
-
-def _worker_id() -> str:
-    import socket
-
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def _process_alive(worker: str) -> bool:
-    import socket
-
-    host, _, pid = worker.rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit():
-        return True  # another machine's worker: not ours to judge
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-

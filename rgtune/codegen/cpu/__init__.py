@@ -1,7 +1,7 @@
 """rgtune.codegen.cpu: kernel IR -> C/OpenMP, compiled by the system C compiler, run through ctypes.
 
 Modules: :mod:`.generate` (the source file), :mod:`.gemm` / :mod:`.edges` (the templates),
-:mod:`.rows` (index locals), :mod:`.cwriter` (C text helpers), :mod:`.compiler` (compiler
+:mod:`.rows` (index locals), :mod:`.schedule` (the target's schedule knobs), :mod:`.cwriter` (C text helpers), :mod:`.compiler` (compiler
 and on-disk cache), :mod:`.runtime` (graph binding and the run function), :mod:`.backend`
 (the registered ``"cpu"`` backend).
 """
@@ -17,7 +17,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from rgtune.codegen.base import register_backend  # noqa: E402
 from rgtune.codegen.cpu.backend import CpuBackend  # noqa: E402
+from rgtune.codegen.cpu.schedule import CPU_SCHEDULE  # noqa: E402
 
-register_backend("cpu", CpuBackend)
+register_backend("cpu", CpuBackend, CPU_SCHEDULE)
 
 __all__ = ["CpuBackend"]

@@ -30,7 +30,8 @@ from rgtune.codegen.cpu.compiler import (FLAGS, LIBS, check_openmp, compile_libr
 from rgtune.codegen.cpu.generate import GeneratedProgram, generate
 from rgtune.codegen.cpu.runtime import CpuRuntime
 from rgtune.data.graph import HeteroGraph
-from rgtune.ir.kernels import GemmKernel, KernelProgram, WeightKernel, check_schedule, kernel_schedule
+from rgtune.codegen.cpu.schedule import CPU_SCHEDULE
+from rgtune.ir.kernels import GemmKernel, KernelProgram, WeightKernel
 
 
 class CpuBackend(Backend):
@@ -46,7 +47,7 @@ class CpuBackend(Backend):
 
     def generate(self, kp: KernelProgram, schedule: Mapping[str, Any]) -> GeneratedProgram:
         """The C sources of ``kp`` under ``schedule``; an invalid schedule is an error, never compiled."""
-        problems = check_schedule(kp, schedule, self.target)
+        problems = CPU_SCHEDULE.check(kp, schedule)
         if problems:
             raise BackendError("invalid schedule for the cpu backend: " + "; ".join(problems))
         return generate(kp, schedule)
@@ -87,7 +88,7 @@ def placement(kp: KernelProgram, schedule: Mapping[str, Any]) -> dict[str, str]:
     for k in kp.kernels:
         if isinstance(k, WeightKernel):
             out[k.name] = "torch (fold_weights)"
-        elif isinstance(k, GemmKernel) and kernel_schedule(k, schedule, "cpu")["impl"] == "blas":
+        elif isinstance(k, GemmKernel) and CPU_SCHEDULE.kernel_schedule(k, schedule)["impl"] == "blas":
             out[k.name] = "torch gather + per-segment matmul (BLAS); generated C bias/epilogue/store" + (
                 "; torch index_add_" if k.accumulate else "")
         else:

@@ -132,7 +132,7 @@ def generate_traversal(k: TraversalKernel, s: Mapping[str, Any], kp: KernelProgr
     elif isinstance(st, AggregateStage):
         _aggregate_edge(f, st, kp, chunk)
     else:
-        raise ValueError(f"{k.name}: {type(st).__name__} has no {mapping} form (check_schedule forbids it)")
+        raise ValueError(f"{k.name}: {type(st).__name__} has no {mapping} form (the mapping constraint forbids it)")
     return f
 
 

@@ -40,8 +40,9 @@ from rgtune.codegen.cpu.cwriter import CFunction
 from rgtune.codegen.cpu.edges import generate_map, generate_traversal
 from rgtune.codegen.cpu.gemm import VEC, generate_gemm
 from rgtune.codegen.cpu.rows import GRAPH_CONSTANTS, INDEX_ARRAYS
+from rgtune.codegen.cpu.schedule import CPU_SCHEDULE
 from rgtune.ir.kernels import (Buffer, Expr, GemmKernel, Kernel, KernelProgram, Load, MapKernel, ParamLoad,
-                               TraversalKernel, WeightKernel, kernel_schedule)
+                               TraversalKernel, WeightKernel)
 
 SIZES = ("num_nodes", "num_edges", "num_src_pairs", "num_dst_pairs", "num_threads")
 ABI_VERSION = 1
@@ -95,7 +96,7 @@ def generate(kp: KernelProgram, schedule: Mapping[str, Any], acc_regs: int | Non
 def generate_kernel(k: Kernel, kp: KernelProgram, schedule: Mapping[str, Any], acc_regs: int) -> KernelSource:
     """One kernel's C file, with canonical buffer and param names."""
     ck, ckp, bufs, params = canonical(k, kp)
-    s = kernel_schedule(k, schedule, "cpu")
+    s = CPU_SCHEDULE.kernel_schedule(k, schedule)
     if isinstance(ck, GemmKernel):
         fn = generate_gemm(ck, s, ckp, acc_regs)
     elif isinstance(ck, TraversalKernel):

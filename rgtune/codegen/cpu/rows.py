@@ -101,17 +101,6 @@ class RowIndex:
         raise ValueError(f"no index {via!r} on {d} rows")
 
 
-def expr_vias(exprs: Iterable[Expr]) -> list[str]:
-    """The vias an expression reads through, in first-use order."""
-    out: list[str] = []
-    for e in exprs:
-        for x in e.walk():
-            via = x.via if isinstance(x, (Load, ParamLoad)) else "row" if isinstance(x, GraphLoad) else None
-            if via is not None and via not in out:
-                out.append(via)
-    return out
-
-
 def expr_names(exprs: Iterable[Expr]) -> tuple[set[str], set[str], set[str]]:
     """Buffers, params and graph constants the expressions read."""
     bufs, params, consts = set(), set(), set()

@@ -35,11 +35,12 @@ import torch
 
 from rgtune.codegen.cpu.generate import GeneratedProgram, KernelSource
 from rgtune.codegen.cpu.rows import GRAPH_CONSTANTS, INDEX_ARRAYS
+from rgtune.codegen.cpu.schedule import CPU_SCHEDULE
 from rgtune.codegen.reference import param_full_shape
 from rgtune.codegen.weights import fold_weights
 from rgtune.data.graph import HeteroGraph
 from rgtune.ir.bind import GraphArrays, graph_arrays, row_types
-from rgtune.ir.kernels import GemmKernel, KernelProgram, TraversalKernel, WeightKernel, kernel_schedule
+from rgtune.ir.kernels import GemmKernel, KernelProgram, TraversalKernel, WeightKernel
 
 #: owner blocks per thread for accumulating GEMMs (more blocks: better balance, shorter segments)
 BLOCKS_PER_THREAD = 4
@@ -148,7 +149,7 @@ class CpuRuntime:
         return b
 
     def _bind_gemm(self, k: GemmKernel, b: _Bound) -> None:
-        s = kernel_schedule(k, self.schedule, "cpu")
+        s = CPU_SCHEDULE.kernel_schedule(k, self.schedule)
         if s["impl"] == "generated":
             order, tiles, groups = self._cached(("tiles", k.rows, k.by, k.weight_end, k.out_via if k.accumulate else None,
                                                  int(s["tile_rows"]), self.blocks), lambda: self._tiles(k, int(s["tile_rows"])))

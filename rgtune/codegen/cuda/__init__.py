@@ -1,5 +1,6 @@
 """rgtune.codegen.cuda: kernel IR -> CUDA C -> NVRTC cubins -> CuPy launches on torch tensors.
 
+* :mod:`.schedule`: the target's schedule knobs and launch limits (checked before compiling).
 * :mod:`.generate`: one self-contained CUDA source per IR kernel (templates in ``_gemm``,
   ``_traversal``, ``_map``); schedule constraints checked first, invalid points never compiled.
 * :mod:`.nvrtc`: compile through ``cupy.cuda.nvrtc`` (no GPU needed), disk cache, ptxas resources.
@@ -22,7 +23,8 @@ from __future__ import annotations
 from rgtune.codegen.base import register_backend
 from rgtune.codegen.cuda.backend import CudaBackend
 from rgtune.codegen.cuda.generate import GeneratedProgram, InvalidSchedule, generate
+from rgtune.codegen.cuda.schedule import CUDA_SCHEDULE
 
-register_backend("cuda", CudaBackend)
+register_backend("cuda", CudaBackend, CUDA_SCHEDULE)
 
 __all__ = ["CudaBackend", "GeneratedProgram", "InvalidSchedule", "generate"]

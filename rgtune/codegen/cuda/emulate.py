@@ -15,6 +15,7 @@ keep graphs small.
 
 Example:
     >>> import torch
+    >>> from rgtune.codegen.cuda.generate import generate
     >>> from rgtune.codegen.reference import ReferenceExecutor, init_params
     >>> from rgtune.data.synthetic import random_graph
     >>> from rgtune.ir.models import build_model
@@ -23,8 +24,8 @@ Example:
     >>> kp = compile_program(build_model("rgcn", 8, 8)).kernels
     >>> params = init_params(kp, g, dtype=torch.float64)
     >>> x = torch.randn(15, 8, dtype=torch.float64)
-    >>> out = EmulatedProgram(kp, generate(kp, {}).units, g).run(x, params)  # doctest: +SKIP
-    >>> torch.allclose(out.double(), ReferenceExecutor(kp, g).run(x, params), atol=1e-5)  # doctest: +SKIP
+    >>> out = EmulatedProgram(kp, generate(kp, {}).units, g).run(x, params)
+    >>> torch.allclose(out.double(), ReferenceExecutor(kp, g).run(x, params), atol=1e-5)
     True
 """
 
@@ -38,20 +39,19 @@ import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 
 from rgtune.codegen.base import BackendError, CompileError
 from rgtune.codegen.cuda._emu_header import EMU_HEADER
 from rgtune.codegen.cuda._unit import KernelUnit, Launch
-from rgtune.codegen.cuda.generate import generate
 from rgtune.codegen.cuda.nvrtc import cache_dir
 from rgtune.codegen.cuda.runtime import LaunchError, ProgramRunner, _Loaded, _Step
 from rgtune.data.graph import HeteroGraph
 from rgtune.ir.kernels import KernelProgram
 
-__all__ = ["EmulatedProgram", "find_cxx", "generate"]
+__all__ = ["EmulatedProgram", "find_cxx"]
 
 
 def find_cxx() -> str | None:
@@ -139,8 +139,3 @@ class EmulatedProgram(ProgramRunner):
     def synchronize(self) -> None:
         """Nothing runs asynchronously on the CPU."""
 
-
-def run_emulated(kp: KernelProgram, schedule: dict[str, Any], graph: HeteroGraph, x: torch.Tensor,
-                 params: dict[str, torch.Tensor], arch: str = "sm_90", fill: float | None = None) -> torch.Tensor:
-    """Generate, compile for the CPU and run: the fp32 output of the CUDA kernels."""
-    return EmulatedProgram(kp, generate(kp, schedule).units, graph, arch).run(x, params, fill)

@@ -1,7 +1,7 @@
 """Kernel IR + schedule -> CUDA C: one self-contained source per IR kernel.
 
 :func:`generate` checks the schedule against the templates' declared constraints
-(:func:`rgtune.ir.kernels.check_schedule`; an invalid point raises :class:`InvalidSchedule` and is
+(:data:`.schedule.CUDA_SCHEDULE`; an invalid point raises :class:`InvalidSchedule` and is
 never compiled), then turns each kernel into a :class:`~rgtune.codegen.cuda._unit.KernelUnit`:
 
 * :class:`~rgtune.ir.kernels.GemmKernel` -> ``gemm`` (see :mod:`._gemm`): shared-memory tiled
@@ -42,8 +42,8 @@ from rgtune.codegen.cuda._gemm import gemm_unit, micro_tile, segments_of
 from rgtune.codegen.cuda._map import map_unit
 from rgtune.codegen.cuda._traversal import traversal_unit
 from rgtune.codegen.cuda._unit import Arg, Grid, KernelUnit, Launch, Temp
-from rgtune.ir.kernels import (GemmKernel, KernelProgram, MapKernel, TraversalKernel, WeightKernel, check_schedule,
-                               kernel_schedule)
+from rgtune.codegen.cuda.schedule import CUDA_SCHEDULE
+from rgtune.ir.kernels import GemmKernel, KernelProgram, MapKernel, TraversalKernel, WeightKernel
 
 __all__ = ["Arg", "GeneratedProgram", "Grid", "InvalidSchedule", "KernelUnit", "Launch", "Temp",
            "UnsupportedKernel", "generate", "micro_tile", "segments_of"]
@@ -83,12 +83,12 @@ def generate(kp: KernelProgram, schedule: Mapping[str, Any], epilogue: str = "au
     ``epilogue="row"`` forces the general GEMM-epilogue path (finished rows read back from
     global memory) instead of the shared-memory inner-product reduction; for tests.
     """
-    problems = check_schedule(kp, schedule, "cuda")
+    problems = CUDA_SCHEDULE.check(kp, schedule)
     if problems:
         raise InvalidSchedule(problems)
     out = GeneratedProgram(kp, dict(schedule))
     for k in kp.kernels:
-        s = kernel_schedule(k, schedule, "cuda")
+        s = CUDA_SCHEDULE.kernel_schedule(k, schedule)
         if isinstance(k, WeightKernel):
             continue
         if isinstance(k, GemmKernel):

@@ -33,13 +33,10 @@ from typing import Iterable, Sequence
 
 from rgtune.codegen.base import BackendError, CompileError
 from rgtune.codegen.cuda._unit import KernelUnit
+from rgtune.codegen.cuda.schedule import MAX_REGISTERS_PER_BLOCK, MAX_STATIC_SHARED, MAX_THREADS_PER_BLOCK
 
 #: architectures every generated kernel is compiled for in tests (A100, H100/H200)
 ARCHS = ("sm_80", "sm_90")
-#: hardware limits shared by sm_80 and sm_90 that a launch must respect
-MAX_THREADS_PER_BLOCK = 1024
-MAX_REGISTERS_PER_BLOCK = 65536
-MAX_STATIC_SHARED = 48 * 1024
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ import os
 import socket
 from datetime import UTC, datetime
 
-__all__ = ["worker_id", "split_worker", "local_process_alive", "abandoned_reason"]
+__all__ = ["worker_id", "split_worker", "local_process_alive", "worker_alive", "abandoned_reason"]
 
 _START_SLACK_S = 2.0  # /proc start times have 1 s (boot time) + 10 ms (clock tick) resolution
 
@@ -99,3 +99,12 @@ def abandoned_reason(
         return None
     who = f"worker {worker}" if worker else "an unknown worker"
     return f"abandoned: no sign of life from {who} for {age:.0f}s (> {stale_after:.0f}s)"
+
+
+def worker_alive(worker: str | None, since: datetime) -> bool:
+    """Whether a worker may still be running: a process of this host that exists and existed at
+    ``since`` (naive UTC); another host's worker, or an id that is not ours, is not ours to judge."""
+    host, pid = split_worker(worker)
+    if host != socket.gethostname() or pid is None:
+        return True
+    return local_process_alive(pid, since)

@@ -3,7 +3,7 @@
 :func:`fit_on_history` reads the ``ok`` trials of one device and backend, reuses the rows
 (and, when the history did not change, the fitted regressor) of the saved model, fits what
 is new, and saves the result. A saved model that cannot be trusted (see
-:mod:`rgtune.tuner._costmodel_store`) is ignored and overwritten.
+:mod:`rgtune.costmodel.store`) is ignored and overwritten.
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from rgtune.tuner._costmodel_features import WorkloadContext
-from rgtune.tuner._costmodel_history import GraphLoader, Sample, load_samples, matching_workloads
-from rgtune.tuner._costmodel_model import CostModel
-from rgtune.tuner._costmodel_store import default_model_path, read_model, write_model
+from rgtune.costmodel.features import WorkloadContext
+from rgtune.costmodel.history import GraphLoader, Sample, load_samples, matching_workloads
+from rgtune.costmodel.model import CostModel
+from rgtune.costmodel.store import default_model_path, read_model, write_model
 
 if TYPE_CHECKING:
-    from rgtune.tuner.db import TrialDatabase, WorkloadRecord
+    from rgtune.db import TrialDatabase, WorkloadRecord
 
 log = logging.getLogger("rgtune.costmodel")
 
@@ -40,7 +40,7 @@ class HistoryFit:
 
 def model_path_for(db: "TrialDatabase", device: str, backend: str) -> Path | None:
     """Where the model of this database, device (its name) and backend is saved; None for in-memory databases."""
-    from rgtune.tuner._db_engine import sqlite_file
+    from rgtune.db.engine import sqlite_file
 
     url = db.engine.url
     if url.get_backend_name() == "sqlite":

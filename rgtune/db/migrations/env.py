@@ -1,6 +1,6 @@
 """Alembic environment of rgtune's trial database (run by Alembic, never imported directly).
 
-rgtune drives Alembic from code (``rgtune/tuner/_db_migrate.py``); no ``alembic.ini`` is needed.
+rgtune drives Alembic from code (:mod:`rgtune.db.migrate`); no ``alembic.ini`` is needed.
 The caller hands over a connection that is already inside a transaction (SQLite: ``BEGIN
 IMMEDIATE``; PostgreSQL: holding an advisory lock), so every revision of one upgrade commits or
 rolls back together and two processes never migrate at the same time.
@@ -8,11 +8,11 @@ rolls back together and two processes never migrate at the same time.
 For development, a new revision is generated against a scratch database at head with::
 
     from alembic import command
-    from rgtune.tuner._db_migrate import alembic_config
+    from rgtune.db.migrate import alembic_config
     command.revision(alembic_config("sqlite:///scratch.db"), "what changes", autogenerate=True, rev_id="0003")
 
 then edited by hand (migrations never import the ORM models), and ``SCHEMA_VERSION`` in
-``rgtune/tuner/_db_models.py`` is bumped.
+:mod:`rgtune.db.schema` is bumped.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 from alembic import context
 
-from rgtune.tuner._db_models import TABLE_PREFIX, VERSION_TABLE, Base
+from rgtune.db.schema import TABLE_PREFIX, VERSION_TABLE, Base
 
 config = context.config
 
@@ -47,7 +47,7 @@ def _configure(**kw: Any) -> None:
 def _run_online() -> None:
     connection = config.attributes.get("connection")
     if connection is None:
-        from rgtune.tuner._db_engine import make_engine, parse_url
+        from rgtune.db.engine import make_engine, parse_url
 
         engine = make_engine(parse_url(config.get_main_option("sqlalchemy.url") or ""), readonly=False, busy_timeout=30.0)
         with engine.connect() as connection:

@@ -1,4 +1,4 @@
-"""Private helper of :mod:`rgtune.tuner.db`: which trial of a workload is its best.
+"""Private helper of :mod:`rgtune.db`: which trial of a workload is its best.
 
 Without a confirmation, the fastest ``ok`` trial (lowest median; the earliest on a tie).
 
@@ -23,8 +23,8 @@ from collections import defaultdict
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from rgtune.tuner._db_models import Confirmation, Trial
-from rgtune.tuner._db_records import TrialStatus
+from rgtune.db.schema import Confirmation, Trial
+from rgtune.db.records import TrialStatus
 
 __all__ = ["best_trial_id", "confirmed_winner", "confirmed_pick"]
 

@@ -6,7 +6,7 @@ many ``tune`` workers on many machines share one history (and one Optuna study: 
 RDBStorage tables live in the same database next to rgtune's ``rg_*`` tables).
 
 Opening creates the schema, or upgrades an older one in place (Alembic migrations shipped in
-``rgtune/tuner/migrations``), and refuses a newer one. Every user-caused failure is a
+``rgtune/db/migrations``), and refuses a newer one. Every user-caused failure is a
 :class:`DatabaseError` with a one-line message; the database is never left half-written.
 
 Example:
@@ -45,8 +45,8 @@ from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
 import rgtune
-from rgtune.tuner._db_engine import DEFAULT_URL, WRITE_OPTION, display_name, make_engine, parse_url, preflight_sqlite, sqlite_file
-from rgtune.tuner._db_errors import (
+from rgtune.db.engine import DEFAULT_URL, WRITE_OPTION, display_name, make_engine, parse_url, preflight_sqlite, sqlite_file
+from rgtune.db.errors import (
     DatabaseCorruptError,
     DatabaseError,
     DatabaseLockedError,
@@ -58,10 +58,10 @@ from rgtune.tuner._db_errors import (
     one_line,
     translate,
 )
-from rgtune.tuner._db_migrate import check_readable, ensure_schema, schema_lock
-from rgtune.tuner._db_best import best_trial_id, confirmed_winner
-from rgtune.tuner._db_models import SCHEMA_VERSION, Confirmation, Device, Graph, Schedule, Trial, Workload
-from rgtune.tuner._db_queries import (
+from rgtune.db.migrate import check_readable, ensure_schema, schema_lock
+from rgtune.db.best import best_trial_id, confirmed_winner
+from rgtune.db.schema import SCHEMA_VERSION, Confirmation, Device, Graph, Schedule, Trial, Workload
+from rgtune.db.queries import (
     StatusArg,
     WorkloadRef,
     checked_name,
@@ -75,7 +75,7 @@ from rgtune.tuner._db_queries import (
     with_status,
     workload_id_of,
 )
-from rgtune.tuner._db_records import (
+from rgtune.db.records import (
     FINAL_STATUSES,
     ConfirmationRecord,
     DeviceInfo,
@@ -89,7 +89,7 @@ from rgtune.tuner._db_records import (
     sha256_hex,
     write_csv,
 )
-from rgtune.tuner._db_stale import abandoned_reason, split_worker, worker_id
+from rgtune.db.liveness import abandoned_reason, split_worker, worker_id
 
 __all__ = [
     "DEFAULT_URL",
@@ -208,7 +208,7 @@ class TrialDatabase:
         >>> TrialDatabase("postgres://")
         Traceback (most recent call last):
         ...
-        rgtune.tuner._db_errors.DatabaseURLError: unknown database kind 'postgres' in 'postgres://'; use e.g. sqlite:///results.db, a path ending in .db, or postgresql+psycopg://user@host:5432/rgtune
+        rgtune.db.errors.DatabaseURLError: unknown database kind 'postgres' in 'postgres://'; use e.g. sqlite:///results.db, a path ending in .db, or postgresql+psycopg://user@host:5432/rgtune
     """
 
     def __init__(
@@ -312,7 +312,7 @@ class TrialDatabase:
         """A SQLAlchemy session for queries this class does not offer; commits on success.
 
         Example:
-            >>> from rgtune.tuner._db_models import Trial
+            >>> from rgtune.db.schema import Trial
             >>> db = TrialDatabase("sqlite://")
             >>> with db.session() as s:
             ...     s.scalar(sa.select(sa.func.count()).select_from(Trial))
@@ -601,7 +601,7 @@ class TrialDatabase:
 
         Call it when a study resumes (after Ctrl-C or kill -9). ``worker`` is the *caller's* id
         (default: this process's ``host:pid``); its host part says which trials are local.
-        The rule (``rgtune/tuner/_db_stale.py``): a local worker is dead when its process is
+        The rule (:mod:`rgtune.db.liveness`): a local worker is dead when its process is
         gone (or its pid was reused); a remote or unknown one when it gave no sign of life
         (:meth:`heartbeat`, else the start) for ``stale_after`` seconds. A live worker's trial,
         local or on another machine sharing a PostgreSQL database, is never touched.

@@ -1,88 +1,47 @@
-"""How the cost model steers the search: prune clearly worse candidates, or rank a pool of them.
+"""How the cost model steers the search: skip clearly worse candidates, or rank a pool of them.
 
-Two policies; ``policy.as_dict()`` is what a study records.
+:class:`CostModelGuide` is the tuner's guide (``TuneOptions.guide``, see :mod:`rgtune.tuner.study`):
+bound to the workload being tuned, it trains on the device's history, predicts candidates, learns
+from every measurement and refits every ``retrain_every`` ``ok`` trials. Until the model is
+:attr:`~CostModel.ready` (enough history) it stays out of the way and says so. Two policies;
+``policy.as_dict()`` is what a study records.
 
-**Prune** (:class:`PrunePolicy`): the sampler proposes one candidate at a time; the model
-skips the measurement of those it predicts clearly worse.
+**Prune** (:class:`PrunePolicy`): the sampler proposes one candidate at a time and the model
+skips measuring those it predicts clearly worse.
 
-1. Until the model is :attr:`~CostModel.ready` (enough history) nothing is pruned.
-2. Until this workload has ``warmup`` measured trials (the default schedule first) nothing is
-   pruned: predictions are relative, and these trials turn them into milliseconds
+1. Until this workload has ``warmup`` measured trials (the default schedule first) nothing is
+   skipped: predictions are relative scores, and these trials turn them into milliseconds
    (``log ms = c + log_scale * score``, ``c`` the median residual over this workload's trials).
-3. A fraction ``explore`` of candidates is measured whatever the prediction (a seeded coin per
-   candidate): the model learns only from what is measured, and a model that is wrong about
-   a region must get the chance to find out.
-4. Otherwise a candidate is pruned when the model predicts it slower than ``margin`` x the
-   *best schedule measured so far* (prediction against prediction: the model's ranking, its
-   strong side, decides, and its error in absolute time cancels out; against the measured
-   best time, a zero-shot model pruned the best schedule of 2 of 4 held-out workloads at
-   margin 2, against its own prediction of the best none, see
-   ``experiments/costmodel_transfer.py``). Every other candidate is measured. Early, the best
-   is still poor and little is pruned; later, most of the sampler's detours are. The default
-   margin 1.5 pruned 58% of the held-out schedules in that replay and none within 5% of the
-   best (the trees' predictions are compressed: 1.5 predicted is more than 1.5 measured).
-5. After ``max_skip`` prunes in a row the next candidate is measured (a study cannot stall
-   on a model that predicts everything worse).
+2. A fraction ``explore`` of candidates is measured whatever the prediction (a seeded coin per
+   candidate): the model learns only from what is measured.
+3. Otherwise a candidate is skipped when predicted slower than ``margin`` x the model's
+   prediction for the *best schedule measured so far*: prediction against prediction, so the
+   model's ranking decides and its error in absolute time cancels.
+4. After ``max_skip`` skips in a row the next candidate is measured (a study cannot stall on a
+   model that predicts everything worse).
 
-**Rank** (:class:`RankPolicy`): for every measurement the sampler proposes ``pool``
-candidates (on an in-memory copy of the study, see ``study.py``), of which a fraction
-``local`` (half) are instead *local*: one or two knobs of one of the study's ``parents`` (3)
-fastest measured schedules changed at random; and the model picks the one to measure: the one
-it ranks first among those not measured yet, if it predicts it at least ``min_gain`` (5%)
-faster than the sampler's own first proposal; otherwise, and for a fraction ``explore`` of the
-measurements, that first proposal (what the sampler alone would have measured). The model
-settles the large differences, where it is reliable (two clusters 4-5x apart); within a few
-percent its ranking is not much better than a coin (within the fast cluster its ordered pair
-accuracy is 0.84-0.89, and a measurement here varies by ~5%), and there the sampler's own
-search, or a local candidate's measurement, decides. Ranking needs no calibration to
-milliseconds, so it starts with the first proposal after the enqueued default schedule. Why:
-held out from the history, the model's top-1 pick among 60 random schedules of a graph it
-never saw was the fastest of them on all four workloads of
-``experiments/costmodel_transfer.py``; ranking uses that strength directly, where pruning only
-skips the tail. The candidates not picked cost no measurement and are not recorded as trials
-(``counts`` has how many there were, ``local`` and ``local_picked`` how many were local and
-measured); the sampler never learns of them, so they do not weigh on its idea of bad regions.
+**Rank** (:class:`RankPolicy`): for every measurement the sampler proposes ``pool`` candidates
+(:mod:`rgtune.tuner.proposals`), a fraction ``local`` of them instead changes one or two knobs
+of one of the ``parents`` fastest measured schedules, and the model picks the one to measure:
+its first among those not measured yet, if predicted at least ``min_gain`` faster than the
+sampler's own first proposal; otherwise, and for a fraction ``explore`` of the measurements,
+that first proposal. The model settles the large differences, where it is reliable; within a
+few percent, where it is not, the sampler's search and the measurements decide. Candidates not
+picked cost nothing and are not trials (``counts`` says how many there were).
 
-**Local candidates** (``local``, part of :class:`RankPolicy`): why. After its opening the
-rank policy was 5-12% off the best within 5 measurements on all four workloads of
-``experiments/tuning_curves.py``, and then stayed 5-13% off for about 20 (the 2026-11-24
-replication), while TPE caught up: its incumbents had the right layout, compaction and
-mapping, and differed from the best schedules in 2-6 of the small knobs (GEMM tiles, chunk
-sizes, index width, epilogue fusion), and TPE's proposals, drawn from its whole idea of good
-regions, seldom keep the large knobs of the incumbent while changing one small one. Local
-candidates do exactly that (the mutation step of TVM MetaSchedule's evolutionary search, with
-the cost model as its filter); the model still picks, so a mutation of a large knob that it
-predicts slow is not measured.
+**Opening** (part of :class:`RankPolicy`): before a new study has measured more than its default
+schedule, the model already knows the history's other graphs, so the study's next ``opening``
+measurements are its picks out of ``opening_pool`` random schedules, no two alike, enqueued
+right after the default. ``opening_rule`` ranks them: ``lcb`` (default) by the mean minus the
+standard deviation of the scores of ``opening_members`` models fit on resampled histories
+(:meth:`CostModel.resampled`), which hedges where the history's graphs disagree; ``top`` by the
+model's scores alone.
 
-**Opening** (part of :class:`RankPolicy`): before a new study has measured anything but its
-default schedule, the model already knows the other graphs, so it picks the study's next
-``opening`` (4) measurements: the fastest-predicted of ``opening_pool`` (256) random
-schedules, no two alike. Why: held out from the history, the best of a graph's 60 random
-schedules was among the model's top 5 on all four workloads of every history of
-``experiments/costmodel_transfer.py`` (top-5 error 0), while its top 1 missed by more than 15% on
-one or two workloads in two histories of three; so a few measurements of the model's first picks are what
-turn its transfer into a fast start. They are enqueued in the study (``Tuner`` does it, for
-a study without trials), measured one at a time after the default, and the sampler learns
-from them like from any trial. ``opening_rule`` says how the pool is ranked: ``lcb`` (the
-default), by the mean minus the standard deviation of the scores of ``opening_members`` (8)
-models fit on the history's workloads drawn with replacement (:meth:`CostModel.resampled`),
-which spends picks where the answer depends on which graphs the history happens to hold; ``top``,
-by the model's scores alone (the default until 2026-11-25). Why: all 20 opening picks of ``top``
-on HGT MUTAG in one run shared a knob value (``reorder.attention_side=dst``) that the four fastest
-schedules did not have, a knob on which the history's graphs disagree. Offline, over 12 held-out
-workloads (``experiments/opening_rules.py``), ``lcb``'s best of 4 picks was 1.025x the best
-against ``top``'s 1.033x (better on 5, worse on 3); in a pre-registered tuning-curves run (arm
-``tpe+rank-lcb`` of ``experiments/tuning_curves.py``) it reached within 5% of the best in fewer
-trials on 3 workloads of 4 (HGT MUTAG 32 against 51) and in more on 1 (HGT AIFB 35 against 9),
-which by the rule fixed beforehand made it the default. The 8 fits cost about 2 s once per new
-study (its setup took 5.6-7.2 s there, against 3.5-4.9 s with ``top``; the curves' seconds count it).
-
-Both: until the model is :attr:`~CostModel.ready` (enough history) it stays out of the way;
-the model is refit on the history plus this study's measurements every ``retrain_every``
-``ok`` trials (:meth:`CostModelPruner.observe`).
+Why these rules and defaults, with the runs that chose them: BENCHMARKS.md (learned cost model)
+and ``docs/tuner.md``.
 
 Example (a cost model on a synthetic history; the tuner calls ``bind``/``__call__``/``observe``):
-    >>> p = CostModelPruner(policy=PrunePolicy(margin=1.5, explore=0.0))
+    >>> p = CostModelGuide(policy=PrunePolicy(margin=1.5, explore=0.0))
     >>> p({}, None)               # not bound to a workload: never prunes, predicts nothing
     (False, None)
     >>> p.status
@@ -99,20 +58,21 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
-from rgtune.tuner._costmodel_features import WorkloadContext, backend_target
-from rgtune.tuner._costmodel_history import GraphLoader, Sample, workload_key
-from rgtune.tuner._costmodel_model import CostModel
-from rgtune.tuner._costmodel_train import fit_on_history, save_history_rows
-from rgtune.tuner._db_records import canonical_knobs
+from rgtune.codegen.base import backend_target
+from rgtune.costmodel.features import WorkloadContext
+from rgtune.costmodel.history import GraphLoader, Sample, workload_key
+from rgtune.costmodel.model import CostModel
+from rgtune.costmodel.training import fit_on_history, save_history_rows
+from rgtune.db.records import canonical_knobs
 
 if TYPE_CHECKING:
     from rgtune.data.graph import HeteroGraph
     from rgtune.search_spaces import SearchSpace
-    from rgtune.tuner.db import TrialDatabase, WorkloadRecord
+    from rgtune.db import TrialDatabase, WorkloadRecord
 
 log = logging.getLogger("rgtune.costmodel")
 
-__all__ = ["PrunePolicy", "RankPolicy", "CostModelPruner", "OPENING_RULES"]
+__all__ = ["PrunePolicy", "RankPolicy", "CostModelGuide", "OPENING_RULES"]
 
 #: how the opening ranks its pool: "top", the model's scores; "lcb", the lowest mean minus
 #: standard deviation of the scores of ``opening_members`` models fit on resampled histories
@@ -196,7 +156,7 @@ class RankPolicy:
 
 @dataclass
 class _Workload:
-    """The pruner's view of the workload being tuned."""
+    """The guide's view of the workload being tuned."""
 
     key: str
     ctx: WorkloadContext
@@ -208,10 +168,10 @@ class _Workload:
     offset: float | None = None  # c in log ms = c + log_scale * score
 
 
-class CostModelPruner:
-    """``TuneOptions.pruner``: ``(config, point) -> (prune?, predicted_ms)``, learning as trials finish.
+class CostModelGuide:
+    """``TuneOptions.guide``: ``(config, point) -> (prune?, predicted_ms)``, learning as trials finish.
 
-    The loop calls :meth:`bind` once the workload is known, the pruner for every valid
+    The loop calls :meth:`bind` once the workload is known, the guide for every valid
     candidate, :meth:`observe` after every measured trial, and :meth:`close` at the end.
 
     Args:
@@ -335,7 +295,7 @@ class CostModelPruner:
         """
         policy = self.policy
         if not isinstance(policy, RankPolicy):
-            raise TypeError(f"rank() needs a RankPolicy; this pruner has {type(policy).__name__}")
+            raise TypeError(f"rank() needs a RankPolicy; this guide has {type(policy).__name__}")
         if not candidates:
             raise ValueError("rank() needs at least one candidate")
         explored = self._rng.random() < policy.explore
@@ -427,7 +387,7 @@ class CostModelPruner:
 
     # ------------------------------------------------------------------ reporting
     def describe(self) -> dict[str, Any]:
-        """Policy, model settings, status and counts: what a study should record about its pruner."""
+        """Policy, model settings, status and counts: what a study should record about its guide."""
         return {"policy": self.policy.as_dict(), "model": self.model.params(), "status": self.status,
                 "counts": dict(self.counts)}
 
@@ -504,6 +464,6 @@ class CostModelPruner:
 
 
 def _kernels(point: Any) -> Any:
-    """The compiled kernels of a point, if it has them (the pruner also takes None)."""
+    """The compiled kernels of a point, if it has them (the guide also takes None)."""
     compiled = getattr(point, "compiled", None)
     return None if compiled is None else compiled.kernels

@@ -1,4 +1,4 @@
-"""PyG and DGL layers with an rgtune reference layer's weights copied in, for ``bench.py``.
+"""PyG and DGL layers with an rgtune reference layer's weights copied in, for :mod:`rgtune.bench`.
 
 Each builder returns a :class:`Baseline`: the library's module, a ``run(x)`` taking features
 in rgtune's global node order, and ``expected(x)``: what the library computes with these

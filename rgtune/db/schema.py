@@ -3,7 +3,7 @@
 Every table is prefixed ``rg_`` and the Alembic version table is ``rg_alembic_version``, so that
 Optuna's own RDBStorage tables (``studies``, ``trials``, ``alembic_version``, ...) can live in the
 same database. These classes describe the *head* revision; the migrations under
-``rgtune/tuner/migrations/versions`` are written by hand and never import this module (a
+``rgtune/db/migrations/versions`` are written by hand and never import this module (a
 migration must keep meaning what it meant when it was written). A test checks that the
 migrated schema and these classes agree.
 
@@ -113,7 +113,7 @@ class Confirmation(Base):
 
     Its rounds are trials with ``confirmation_id`` set. Single measurements on a shared machine
     differ by tens of percent, so the fastest of many is biased low; the median of interleaved
-    rounds is what :meth:`~rgtune.tuner.db.TrialDatabase.best` trusts. ``finished_at`` stays NULL
+    rounds is what :meth:`~rgtune.db.TrialDatabase.best` trusts. ``finished_at`` stays NULL
     when the confirmation was interrupted: best() ignores it then.
     """
 

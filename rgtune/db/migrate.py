@@ -26,8 +26,8 @@ from alembic.config import Config
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Connection, Engine
 
-from rgtune.tuner._db_errors import SchemaVersionError
-from rgtune.tuner._db_models import SCHEMA_VERSION, TABLE_PREFIX, VERSION_TABLE
+from rgtune.db.errors import SchemaVersionError
+from rgtune.db.schema import SCHEMA_VERSION, TABLE_PREFIX, VERSION_TABLE
 
 __all__ = [
     "MIGRATIONS_DIR", "alembic_config", "known_revisions", "current_revision", "ensure_schema", "migrate", "check_readable",

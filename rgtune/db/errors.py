@@ -3,7 +3,7 @@
 Every failure a user can cause (a wrong ``--db``, a file they cannot write, random bytes where
 ``results.db`` should be, a server that is down) surfaces as one :class:`DatabaseError` with a
 one-line message that names the database and says what to do. Driver exceptions
-(``sqlite3``, ``psycopg``) never leak out of :class:`rgtune.tuner.db.TrialDatabase`.
+(``sqlite3``, ``psycopg``) never leak out of :class:`rgtune.db.TrialDatabase`.
 """
 
 from __future__ import annotations

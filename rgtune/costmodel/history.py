@@ -15,12 +15,13 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from rgtune.tuner._costmodel_features import WorkloadContext, backend_target
-from rgtune.tuner._db_records import canonical_knobs
+from rgtune.codegen.base import backend_target
+from rgtune.costmodel.features import WorkloadContext
+from rgtune.db.records import canonical_knobs
 
 if TYPE_CHECKING:
     from rgtune.data.graph import HeteroGraph
-    from rgtune.tuner.db import TrialDatabase, WorkloadRecord
+    from rgtune.db import TrialDatabase, WorkloadRecord
 
 log = logging.getLogger("rgtune.costmodel")
 #: what a history graph that cannot be loaded costs (said in the warning once per graph)
@@ -86,7 +87,7 @@ def graph_stats(db: "TrialDatabase") -> dict[int, tuple[str, str, dict[str, Any]
     """Workload id -> (graph name, content hash, statistics) as the database recorded them."""
     import sqlalchemy as sa
 
-    from rgtune.tuner._db_models import Graph, Workload
+    from rgtune.db.schema import Graph, Workload
 
     q = sa.select(Workload.id, Graph.name, Graph.content_hash, Graph.stats).join(Graph, Workload.graph_id == Graph.id)
     with db.session() as s:

@@ -35,6 +35,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from rgtune.codegen.base import backend_target
+
 if TYPE_CHECKING:
     from rgtune.data.graph import HeteroGraph
     from rgtune.ir.kernels import KernelProgram
@@ -42,9 +44,8 @@ if TYPE_CHECKING:
 
 __all__ = ["WorkloadContext", "FeatureEncoder", "COUNT_KEYS", "graph_features"]
 
-#: the scalar entries of :func:`rgtune.ir.counts.count` that become features. Not
-#: ``index_probes``: tried on 2026-11-24, it ranked an independent history no better
-#: (BENCHMARKS.md, "binary-search probes"), so the model was left as it was.
+#: the scalar entries of :func:`rgtune.ir.counts.count` that become features (the others were
+#: tried and ranked held-out graphs no better: BENCHMARKS.md, "What did not work")
 COUNT_KEYS = ("flops", "bytes_min", "bytes_gathered", "kernels", "atomics", "gemm_rows_total", "weight_flops")
 
 #: graph statistics used as they are (ratios, coefficients of variation) or log-scaled (sizes)
@@ -161,7 +162,7 @@ class WorkloadContext:
         if kernels is None or self.graph is None:
             return None
         try:
-            return count(kernels, self.graph, dict(config), self.target)
+            return count(kernels, self.graph, {**self.space.default(), **config})
         except Exception:  # noqa: BLE001 - as above
             return None
 
@@ -194,16 +195,6 @@ class WorkloadContext:
                 key = f"is:kernel:{k.template}"
                 row[key] = row.get(key, 0.0) + 1.0
         return row
-
-
-def backend_target(backend: str) -> str:
-    """The schedule target (``cpu``/``cuda``) of a backend name; ``cpu`` if it cannot be created here."""
-    try:
-        from rgtune.codegen.base import create
-
-        return str(create(backend).target)
-    except Exception:  # noqa: BLE001 - e.g. cuda without a GPU: its knobs are still the cuda ones
-        return "cuda" if backend.startswith("cuda") else "cpu"
 
 
 @dataclass

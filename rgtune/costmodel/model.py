@@ -11,7 +11,7 @@ schedule). Targets (``target=``):
 * ``zscore``: the per-workload z-score of log time;
 * ``rank``: the per-workload percentile of the time (0 fastest, 1 slowest), a ranking proxy.
 
-Predictions are scores (lower is faster); :class:`~rgtune.tuner.costmodel.CostModelPruner`
+Predictions are scores (lower is faster); :class:`~rgtune.costmodel.CostModelGuide`
 turns them into milliseconds with the trials measured so far.
 
 Example:
@@ -38,8 +38,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from rgtune.tuner._costmodel_features import FeatureEncoder
-from rgtune.tuner._costmodel_history import Sample
+from rgtune.costmodel.features import FeatureEncoder
+from rgtune.costmodel.history import Sample
 
 log = logging.getLogger("rgtune.costmodel")
 
@@ -178,7 +178,7 @@ class CostModel:
         self.regressor: Any = None
         self.n_trials = 0
         self.n_workloads = 0
-        #: log-time change per unit of score (1 for ``log_default``): how the pruner reads scores as ms
+        #: log-time change per unit of score (1 for ``log_default``): how the guide reads scores as ms
         self.log_scale = 1.0
         self.trained_on: tuple[int, ...] = ()  # trial ids of the last fit (None ids left out)
         self.status = "cost model off: not trained yet"

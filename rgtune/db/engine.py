@@ -31,7 +31,7 @@ import sqlalchemy.exc as sa_exc
 from sqlalchemy import event
 from sqlalchemy.engine import URL, Engine, make_url
 
-from rgtune.tuner._db_errors import (
+from rgtune.db.errors import (
     POSTGRES_HINT,
     DatabaseCorruptError,
     DatabaseReadOnlyError,
@@ -63,7 +63,7 @@ def parse_url(text: str | URL) -> URL:
         >>> parse_url("results")
         Traceback (most recent call last):
         ...
-        rgtune.tuner._db_errors.DatabaseURLError: 'results' is not a database URL; use e.g. sqlite:///results.db, a path ending in .db, or postgresql+psycopg://user@host:5432/rgtune
+        rgtune.db.errors.DatabaseURLError: 'results' is not a database URL; use e.g. sqlite:///results.db, a path ending in .db, or postgresql+psycopg://user@host:5432/rgtune
     """
     if isinstance(text, URL):
         return text

@@ -1,4 +1,4 @@
-"""Private helpers of :mod:`rgtune.tuner.db`: the joined trial query, filters, argument checks."""
+"""Private helpers of :mod:`rgtune.db`: the joined trial query, filters, argument checks."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any, cast
 
 import sqlalchemy as sa
 
-from rgtune.tuner._db_models import Device, Graph, Schedule, Trial, Workload
-from rgtune.tuner._db_records import FINAL_STATUSES, TrialRecord, TrialStatus, WorkloadRecord
+from rgtune.db.schema import Device, Graph, Schedule, Trial, Workload
+from rgtune.db.records import FINAL_STATUSES, TrialRecord, TrialStatus, WorkloadRecord
 
 __all__ = [
     "WorkloadRef",

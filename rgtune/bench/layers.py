@@ -1,0 +1,285 @@
+"""One layer, side by side: rgtune's tuned kernels, rgtune's torch lowering, the reference layer, PyG, DGL.
+
+Every implementation gets the same graph, sizes, weights (copied; see :mod:`.baselines` for
+where a library's math differs), input, thread count and device. Warm-up, then ``repeats``
+rounds; each round times every implementation once, in a rotating order, so that drift of a
+noisy machine spreads over all of them; the median is reported. Forward runs without autograd
+(inference); forward+backward computes the parameter gradients of ``sum(out * g)``.
+
+Implementations:
+
+* ``rgtune``: :func:`rgtune.runtime.load_tuned` (generated forward kernels; torch backward);
+* ``lowering``: rgtune's torch executor of the kernel IR (default schedule, float32, autograd);
+* ``torch``: the reference layer of :mod:`rgtune.models` (float32);
+* ``pyg``, ``dgl``: the libraries' layers.
+
+Each output is checked against what its math should give (float64): ``error`` of each
+:class:`Impl`. ``rgtune bench`` (:mod:`rgtune.cli.bench`) prints the table and writes a row to
+BENCHMARKS.md (:mod:`.report`).
+
+Example:
+    >>> from rgtune.data.synthetic import random_graph
+    >>> spec = "synthetic:custom,nodes=200,edges=1500,ntypes=2,rels=3"
+    >>> res = bench("rgcn", spec, in_dim=8, out_dim=8, backend="reference", db="", impls=("rgtune", "torch"),
+    ...             repeats=1, warmup=0)                   # doctest: +ELLIPSIS
+    >>> [(i.key, i.error < 1e-5, len(i.times["fwd"])) for i in res.impls]
+    [('rgtune', True, 1), ('torch', True, 1)]
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from rgtune.bench.baselines import BUILDERS, tie_rgat_attention
+
+IMPLS = ("rgtune", "lowering", "torch", "pyg", "dgl")
+MODES = ("fwd", "fwd+bwd")
+
+
+# ---------------------------------------------------------------------- implementations
+@dataclass
+class Impl:
+    """One implementation under test: a forward closure, its parameters, its check."""
+
+    key: str
+    name: str
+    forward: Callable[[], Tensor] | None
+    params: list[Tensor] = field(default_factory=list)
+    error: float | None = None  # max |out - expected| / max |expected|
+    math: str = "same math"
+    problem: str | None = None  # why it could not run
+    rows: Tensor | None = None
+    times: dict[str, list[float]] = field(default_factory=lambda: {m: [] for m in MODES})
+
+    def median_ms(self, mode: str) -> float | None:
+        t = self.times[mode]
+        return statistics.median(t) * 1e3 if t else None
+
+
+@dataclass
+class BenchResult:
+    model: str
+    dataset: str
+    in_dim: int
+    out_dim: int
+    heads: int
+    backend: str
+    schedule: str
+    threads: int
+    repeats: int
+    impls: list[Impl]
+    machine: dict[str, Any]
+    versions: dict[str, str]
+    command: str
+    date: str
+
+    @property
+    def sizes(self) -> str:
+        return f"{self.in_dim}→{self.out_dim}" + (f" h{self.heads}" if self.heads != 1 else "")
+
+
+def _rel_err(out: Tensor, expected: Tensor) -> float:
+    out, expected = out.detach().double().cpu(), expected.detach().double().cpu()
+    if out.shape != expected.shape:
+        return float("inf")
+    return float((out - expected).abs().max()) / (float(expected.abs().max()) or 1.0)
+
+
+def build_impls(model: str, graph: Any, in_dim: int, out_dim: int, heads: int, backend: Any, db: Any,
+                impls: Sequence[str], seed: int = 0) -> tuple[list[Impl], Tensor, str]:
+    """Every implementation with the same weights and input; also the input and the schedule's name."""
+    from rgtune.codegen.reference import ReferenceExecutor
+    from rgtune.ir.models import build_model
+    from rgtune.models import HGT, RGAT, RGCN
+    from rgtune.runtime import load_tuned
+    from rgtune.search_spaces import SearchSpace
+
+    device = torch.device("cuda" if backend.target == "cuda" else "cpu")
+    torch.manual_seed(seed)
+    cls = {"rgcn": RGCN, "rgat": RGAT, "hgt": HGT}[model]
+    kwargs = {} if model == "rgcn" else {"heads": heads}
+    ref = cls(graph, in_dim, out_dim, **kwargs).to(device)
+    if model == "rgat":
+        tie_rgat_attention(ref)  # PyG's RGATConv shares attention across relations
+    x = torch.randn(graph.num_nodes(), in_dim, generator=torch.Generator().manual_seed(seed + 1)).to(device)
+    ref64 = cls(graph, in_dim, out_dim, **kwargs).double()
+    ref64.load_state_dict({k: v.double().cpu() for k, v in ref.state_dict().items()})
+    with torch.no_grad():
+        expected = ref64(x.double().cpu())
+
+    out: list[Impl] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tuned = load_tuned(model, graph, in_dim, out_dim, heads, db=db, backend=backend).to(device)
+    for w in caught:
+        print(f"bench: warning: {w.message}", file=sys.stderr)
+    tuned.load_state_dict(ref.state_dict())
+    prov = tuned.provenance
+    schedule = f"trial {prov['trial_id']}" if prov.get("trial_id") is not None else str(prov.get("source"))
+    if "rgtune" in impls:
+        out.append(Impl("rgtune", f"rgtune tuned ({tuned.backend}, {schedule})", lambda: tuned(x),
+                        list(tuned.parameters())))
+    if "lowering" in impls:
+        space = SearchSpace(build_model(model, in_dim, out_dim, heads), graph, "cpu")
+        executor = ReferenceExecutor(space.compile(space.default()).kernels, graph, device)
+        low = cls(graph, in_dim, out_dim, **kwargs).to(device)
+        low.load_state_dict(ref.state_dict())
+        names = [n for n in executor.kp.param_shapes if n in dict(low.named_parameters())]
+        params = dict(low.named_parameters())
+        out.append(Impl("lowering", "rgtune torch lowering (default schedule)",
+                        lambda: executor.run(x, {n: params[n] for n in names}), list(low.parameters())))
+    if "torch" in impls:
+        plain = cls(graph, in_dim, out_dim, **kwargs).to(device)
+        plain.load_state_dict(ref.state_dict())
+        out.append(Impl("torch", f"rgtune.models.{cls.__name__} (torch)", lambda: plain(x), list(plain.parameters())))
+    for impl in out:
+        impl.error = _check(impl, expected)
+    for lib in ("pyg", "dgl"):
+        if lib in impls:
+            out.append(_library_impl(lib, model, ref, x))
+    return out, x, schedule
+
+
+def _check(impl: Impl, expected: Tensor) -> float | None:
+    try:
+        with torch.no_grad():
+            return _rel_err(impl.forward(), expected)  # type: ignore[misc]
+    except Exception as e:  # noqa: BLE001 - reported in the table, the others still run
+        impl.problem, impl.forward = f"{type(e).__name__}: {e}", None
+        return None
+
+
+def _library_impl(lib: str, model: str, ref: Any, x: Tensor) -> Impl:
+    label = {"pyg": "PyG", "dgl": "DGL"}[lib]
+    try:
+        b = BUILDERS[lib][model](ref)
+    except Exception as e:  # noqa: BLE001 - a missing or broken library is a row, not a crash
+        return Impl(lib, label, None, problem=f"{type(e).__name__}: {str(e).splitlines()[0][:120]}")
+    impl = Impl(lib, b.name, lambda: b.run(x), list(b.module.parameters()), math=b.note, rows=b.rows)
+    impl.error = _check(impl, b.expected(x.double().cpu()))
+    return impl
+
+
+# ---------------------------------------------------------------------- timing
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _once(impl: Impl, mode: str, grad: Tensor, device: torch.device) -> float:
+    assert impl.forward is not None
+    for p in impl.params:
+        p.grad = None
+    _sync(device)
+    if mode == "fwd":
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            impl.forward()
+        _sync(device)
+        return time.perf_counter() - t0
+    g = grad if impl.rows is None else grad[impl.rows.to(grad.device)]
+    t0 = time.perf_counter()
+    impl.forward().backward(g)
+    _sync(device)
+    return time.perf_counter() - t0
+
+
+def time_impls(impls: list[Impl], out_dim: int, num_nodes: int, repeats: int, warmup: int,
+               device: torch.device) -> None:
+    """Fill ``impl.times``: warm-up, then ``repeats`` interleaved rounds with a rotating order."""
+    grad = torch.randn(num_nodes, out_dim, generator=torch.Generator().manual_seed(7)).to(device)
+    runnable = [i for i in impls if i.forward is not None]
+    for mode in MODES:
+        for impl in list(runnable):
+            try:
+                for _ in range(warmup):
+                    _once(impl, mode, grad, device)
+            except Exception as e:  # noqa: BLE001
+                impl.problem = f"{mode}: {type(e).__name__}: {e}"
+                runnable.remove(impl)
+        for r in range(repeats):
+            order = runnable[r % len(runnable):] + runnable[:r % len(runnable)] if runnable else []
+            for impl in order:
+                impl.times[mode].append(_once(impl, mode, grad, device))
+
+
+# ---------------------------------------------------------------------- environment
+def machine_info(threads: int) -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    info: dict[str, Any] = {"cpu": cpu, "cores": os.cpu_count(), "threads": threads}
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def versions() -> dict[str, str]:
+    import rgtune
+
+    out = {"rgtune": rgtune.__version__, "torch": torch.__version__, "python": platform.python_version()}
+    for mod, key in (("torch_geometric", "pyg"), ("dgl", "dgl")):
+        try:
+            out[key] = __import__(mod).__version__
+        except Exception:  # noqa: BLE001 - absent or broken: say so
+            out[key] = "n/a"
+    return out
+
+
+# ---------------------------------------------------------------------- one benchmark
+def bench(model: str, dataset: str, *, in_dim: int = 64, out_dim: int = 64, heads: int = 1, backend: str = "auto",
+          db: str = "results.db", impls: Sequence[str] = IMPLS, repeats: int = 20, warmup: int = 3,
+          threads: int | None = None, seed: int = 0, tune_trials: int = 0, data_dir: str | None = None,
+          command: str = "") -> BenchResult:
+    """Time one layer side by side (see the module docstring); ``tune_trials`` > 0 tunes that many trials
+    first when this device has no record of the workload. ``command`` is recorded with the result."""
+    from rgtune.data import load_dataset
+    from rgtune.runtime._lookup import resolve_backend
+    from rgtune.runtime.load import select_schedule
+
+    unknown = sorted(set(impls) - set(IMPLS))
+    if unknown:
+        raise ValueError(f"unknown implementations {unknown}; choose from {list(IMPLS)}")
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats} and {warmup}")
+    if threads:
+        torch.set_num_threads(threads)
+        os.environ["OMP_NUM_THREADS"] = str(threads)  # a tuning worker (spawned) then matches this process
+    threads = torch.get_num_threads()
+    graph = load_dataset(dataset, root=data_dir)
+    be = resolve_backend(backend)
+    if tune_trials > 0:
+        sel = select_schedule(model, graph, in_dim, out_dim, heads, db, be)
+        if sel.missing is not None or not sel.provenance.get("same_device", False):
+            _tune(model, dataset, in_dim, out_dim, heads, be.name, db, tune_trials, seed, data_dir)
+    built, x, schedule = build_impls(model, graph, in_dim, out_dim, heads, be, db, impls, seed)
+    time_impls(built, out_dim, graph.num_nodes(), repeats, warmup, x.device)
+    return BenchResult(model, graph.name, in_dim, out_dim, heads, be.name, schedule, threads, repeats, built,
+                       machine_info(threads), versions(), command, datetime.now(UTC).strftime("%Y-%m-%d"))
+
+
+def _tune(model: str, dataset: str, in_dim: int, out_dim: int, heads: int, backend: str, db: str, trials: int,
+          seed: int, data_dir: str | None) -> None:
+    from rgtune.db import TrialDatabase
+    from rgtune.tuner.measure import Workload
+    from rgtune.tuner.study import TuneOptions, Tuner
+
+    print(f"bench: tuning {model} on {dataset} ({trials} trials, backend {backend}) ...", file=sys.stderr)
+    s = Tuner(Workload(model, dataset, in_dim, out_dim, heads, backend, data_dir),
+              TrialDatabase(db), TuneOptions(trials=trials, seed=seed, progress=False)).run()
+    best = f"{s.best_ms:.4g} ms" if s.best_ms is not None else "none"
+    print(f"bench: tuned {s.trials_run} trials, best {best}", file=sys.stderr)

@@ -1,0 +1,157 @@
+"""What the commands share: the one-line error, argument groups and types, the database and backend lookups.
+
+Every command fails with one line on stderr and a non-zero exit for a bad input (unknown model,
+dataset, backend, knob; unreachable database ...), never with a traceback; ``RGTUNE_DEBUG=1``
+shows the traceback anyway.
+
+Example:
+    >>> parse_sets(["compact.src=pair", " fusion.softmax = full "])
+    {'compact.src': 'pair', 'fusion.softmax': 'full'}
+    >>> positive_int("3")
+    3
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any, Sequence
+
+from rgtune.ir.models import MODELS as _IR_MODELS
+
+EXIT_USAGE = 2
+EXIT_FAILURE = 1
+MODELS = tuple(_IR_MODELS)  # the models the IR defines
+DATASET_HELP = "aifb, mutag, bgs, am, ogbn-mag, or synthetic:<preset>[,key=value...] (see `rgtune datasets`)"
+
+
+class CLIError(Exception):
+    """A user-facing error: printed as one line."""
+
+
+# ----------------------------------------------------------------- argument types and groups
+def positive_int(text: str) -> int:
+    """An argparse type: an integer > 0, with an error that names the bad value."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def add_workload_args(p: argparse.ArgumentParser, dataset_required: bool = True) -> None:
+    """``--model --dataset --data-dir --hidden --heads``: the workload of ``tune`` and ``show``."""
+    p.add_argument("--model", required=True, choices=MODELS, help="the layer to compile")
+    p.add_argument("--dataset", required=dataset_required, help=DATASET_HELP)
+    p.add_argument("--data-dir", default=None,
+                   help="folder with one sub-folder per dataset (default: $RGTUNE_DATA_DIR, else the user cache)")
+    p.add_argument("--hidden", type=positive_int, default=64, help="input and output feature size (default 64)")
+    p.add_argument("--heads", type=positive_int, default=1, help="attention heads for RGAT/HGT (default 1)")
+
+
+def add_layer_args(p: argparse.ArgumentParser, dataset_help: str) -> None:
+    """``--model --dataset --data-dir --hidden --in-dim --out-dim --heads --backend``: one layer (export, bench)."""
+    p.add_argument("--model", required=True, choices=MODELS)
+    p.add_argument("--dataset", required=True, help=dataset_help)
+    p.add_argument("--data-dir", default=None, help="dataset root (default: $RGTUNE_DATA_DIR, else the user cache)")
+    p.add_argument("--hidden", type=positive_int, default=64, help="in and out feature size (default 64)")
+    p.add_argument("--in-dim", type=positive_int, default=None, help="input feature size (default --hidden)")
+    p.add_argument("--out-dim", type=positive_int, default=None, help="output feature size (default --hidden)")
+    p.add_argument("--heads", type=positive_int, default=1, help="attention heads (RGAT, HGT; default 1)")
+    p.add_argument("--backend", default="auto", help="auto (default: cuda if a GPU is usable, else cpu), cpu, cuda, "
+                                                     "reference")
+
+
+def parse_sets(items: Sequence[str]) -> dict[str, str]:
+    """``--set knob=value`` items as a dict (values are strings; the search space converts them)."""
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise CLIError(f"--set expects knob=value, got {item!r} (e.g. --set compact.src=pair)")
+        k, v = item.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+# ----------------------------------------------------------------- lookups
+def load_graph(args: argparse.Namespace) -> Any:
+    from rgtune.data import load_dataset
+
+    return load_dataset(args.dataset, root=args.data_dir)
+
+
+def open_db(url: str | None) -> Any:
+    from rgtune.db import DEFAULT_URL, TrialDatabase
+
+    return TrialDatabase(url or DEFAULT_URL)
+
+
+def check_db_exists(url: str | None) -> None:
+    """Refuse a missing SQLite file (opening it would create an empty database)."""
+    from rgtune.db import DEFAULT_URL
+
+    url = url or DEFAULT_URL
+    if url.startswith("sqlite:///") and not url.startswith("sqlite:////") and len(url) > len("sqlite:///"):
+        path = url[len("sqlite:///"):]
+        if not os.path.exists(path):
+            raise CLIError(f"no database at {path}; run `tune` first or pass --db URL")
+
+
+def resolve_backend(name: str) -> str:
+    """A backend name that can run here: ``auto`` is cuda where a GPU is usable, else cpu."""
+    from rgtune.codegen.base import available_backends
+
+    backends = available_backends()
+    if name == "auto":
+        ok, _ = backends.get("cuda", (False, ""))
+        return "cuda" if ok else "cpu"
+    if ":" in name:
+        return name
+    if name not in backends:
+        raise CLIError(f"unknown backend {name!r}; choose one of {['auto', *sorted(backends)]}")
+    ok, why = backends[name]
+    if not ok:
+        raise CLIError(f"backend {name!r} cannot run here: {why}")
+    return name
+
+
+# ----------------------------------------------------------------- errors
+def run_command(func: Any, args: argparse.Namespace) -> int:
+    """``func(args)``, with every user-facing error turned into one line on stderr and an exit status."""
+    import sqlalchemy.exc as sa_exc
+
+    from rgtune.codegen.base import BackendError
+    from rgtune.data.errors import DatasetError
+    from rgtune.db import DatabaseError
+    from rgtune.db.errors import translate
+    from rgtune.ir.program import IRError
+    from rgtune.tuner.measure import WorkerStartError
+
+    try:
+        return func(args)
+    except KeyboardInterrupt:
+        print("rgtune: interrupted", file=sys.stderr)
+        return 130
+    except sa_exc.SQLAlchemyError as e:  # from Optuna's storage, which shares the database
+        if os.environ.get("RGTUNE_DEBUG"):
+            raise
+        url = getattr(args, "db", None) or "results.db"
+        err = translate(e, url, sqlite=url.startswith("sqlite") or url.endswith(".db"))
+        print(f"rgtune: error: {one_line(err)}", file=sys.stderr)
+        return EXIT_FAILURE
+    except (CLIError, DatasetError, IRError, BackendError, DatabaseError, WorkerStartError, ValueError) as e:
+        if os.environ.get("RGTUNE_DEBUG"):
+            raise
+        # a missing dataset says where it looked and how to provide it: keep every line of that
+        text = str(e).strip() if isinstance(e, DatasetError) else one_line(e)
+        print(f"rgtune: error: {text}", file=sys.stderr)
+        return EXIT_USAGE if isinstance(e, (CLIError, IRError)) else EXIT_FAILURE
+
+
+def one_line(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    first, *rest = text.splitlines()
+    return first + (f" (+{len(rest)} more lines; RGTUNE_DEBUG=1 for details)" if rest and len(first) < 60 else "")

@@ -1,0 +1,55 @@
+"""What ``rgtune best`` and ``rgtune history`` share: the workload filters and the three output formats."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Callable
+
+from rgtune.cli._common import MODELS, positive_int
+
+
+def add_query_parser(sub: argparse._SubParsersAction, name: str, about: str,
+                     run: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
+    """A query command's parser: filters of the workload, ``--db``, ``--json``/``--csv``."""
+    p = sub.add_parser(name, help=about, description=about[0].upper() + about[1:] + ".")
+    p.add_argument("--model", choices=MODELS, help="filter by model")
+    p.add_argument("--dataset", help="filter by dataset (the graph's name)")
+    p.add_argument("--backend", help="filter by backend")
+    p.add_argument("--hidden", type=positive_int, help="filter by feature size")
+    p.add_argument("--heads", type=positive_int, help="filter by heads")
+    p.add_argument("--db", default=None, help="SQLAlchemy URL (default sqlite:///results.db)")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="print JSON")
+    fmt.add_argument("--csv", action="store_true", help="print CSV")
+    p.set_defaults(func=run)
+    return p
+
+
+def filters(args: argparse.Namespace) -> dict[str, Any]:
+    """The workload filters given on the command line, as :meth:`TrialDatabase.history` takes them."""
+    f = {}
+    for key in ("model", "dataset", "backend", "heads"):
+        if getattr(args, key, None) is not None:
+            f[key] = getattr(args, key)
+    if getattr(args, "hidden", None) is not None:
+        f["in_dim"] = f["out_dim"] = args.hidden
+    if f.get("backend") == "auto":
+        f.pop("backend")
+    return f
+
+
+def emit(records: list, args: argparse.Namespace) -> None:
+    """Trial records as JSON, CSV, or a line each."""
+    from rgtune.db import records_to_json, write_csv
+
+    if args.json:
+        print(records_to_json(records))
+    elif args.csv:
+        write_csv(records, sys.stdout)
+    else:
+        for r in records:
+            t = f"{r.median_ms:.4g} ms" if r.median_ms is not None else "-"
+            err = f"  {r.error.splitlines()[0][:80]}" if r.error else ""
+            role = "search" if r.confirmation_id is None else f"confirm {r.confirmation_id}"
+            print(f"#{r.id:<5} {r.model:<5} {r.dataset:<12} {r.backend:<9} {role:<10} {r.status:<13} {t:>12}{err}")

@@ -1,0 +1,95 @@
+"""``rgtune bench``: one layer side by side (rgtune, its torch lowering, the reference layer, PyG, DGL)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from rgtune.cli._common import add_layer_args
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    # parses its own arguments (see :func:`bench_main`)
+    sub.add_parser("bench", help="tuned layer vs reference lowering vs PyG vs DGL, side by side", add_help=False)
+
+
+def _parser() -> argparse.ArgumentParser:
+    from rgtune.bench.layers import IMPLS
+
+    p = argparse.ArgumentParser(
+        prog="rgtune bench",
+        description="Time one layer side by side: rgtune's tuned kernels, its torch lowering, the torch reference "
+                    "layer, PyG and DGL (same graph, sizes, weights, threads); print a table and write a row to "
+                    "BENCHMARKS.md.",
+        epilog="Example: rgtune bench --model rgcn --dataset aifb --tune-trials 30")
+    add_layer_args(p, "aifb, mutag, ..., or synthetic:<spec>")
+    p.add_argument("--db", default="results.db", help="trial database (default results.db)")
+    p.add_argument("--tune-trials", type=int, default=0, metavar="N",
+                   help="tune N trials first when this device has no record for the workload (default 0: don't)")
+    p.add_argument("--threads", type=int, default=None, help="torch/OpenMP threads (default: torch's)")
+    p.add_argument("--repeats", type=int, default=20, help="timed rounds (default 20)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed runs per implementation and mode (default 3)")
+    p.add_argument("--impls", default=",".join(IMPLS), help=f"comma-separated subset of {','.join(IMPLS)}")
+    p.add_argument("--seed", type=int, default=0, help="seed of weights and input")
+    p.add_argument("--output", default="BENCHMARKS.md", help="the markdown file to update (default BENCHMARKS.md)")
+    p.add_argument("--no-write", action="store_true", help="print only")
+    p.add_argument("--json", default=None, metavar="PATH",
+                   help="also append the result as one JSON line (every repeat's time) to PATH")
+    return p
+
+
+def bench_main(argv: Sequence[str] | None = None) -> int:
+    """``rgtune bench ...``; returns the exit status."""
+    args = _parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    from rgtune.bench import IMPLS, bench, format_table, result_json, write_benchmarks
+
+    impls = [s.strip() for s in args.impls.split(",") if s.strip()]
+    unknown = sorted(set(impls) - set(IMPLS))
+    if unknown or args.repeats < 1 or args.warmup < 0:
+        print(f"rgtune bench: error: unknown --impls {unknown}" if unknown else
+              "rgtune bench: error: --repeats must be >= 1 and --warmup >= 0", file=sys.stderr)
+        return 2
+    try:
+        res = bench(args.model, args.dataset, in_dim=args.in_dim or args.hidden, out_dim=args.out_dim or args.hidden,
+                    heads=args.heads, backend=args.backend, db=args.db, impls=impls, repeats=args.repeats,
+                    warmup=args.warmup, threads=args.threads, seed=args.seed, tune_trials=args.tune_trials,
+                    data_dir=args.data_dir, command="rgtune bench " + shlex.join(_portable(argv)))
+    except Exception as e:  # noqa: BLE001 - one line, as every rgtune command
+        if os.environ.get("RGTUNE_DEBUG"):
+            raise
+        print(f"rgtune bench: error: {type(e).__name__}: {str(e).strip().splitlines()[0]}", file=sys.stderr)
+        return 1
+    print(format_table(res))
+    if args.json:
+        with open(args.json, "a") as f:
+            f.write(json.dumps(result_json(res)) + "\n")
+    if not args.no_write:
+        write_benchmarks(Path(args.output), res)
+        print(f"wrote the row to {args.output}")
+    return 0
+
+
+def _portable(argv: Sequence[str]) -> list[str]:
+    """The command line as BENCHMARKS.md records it: without where files live on this machine
+    (``--output``, ``--data-dir``, ``--json``, ``--no-write``; a database by its file name)."""
+    out: list[str] = []
+    it = iter(argv)
+    for arg in it:
+        name, eq, value = arg.partition("=")
+        if name in ("--output", "--data-dir", "--db", "--json") and not eq:
+            value = next(it, "")
+        if name in ("--output", "--data-dir", "--no-write", "--json"):
+            continue
+        if name == "--db":
+            if value.startswith("sqlite:///"):  # a file's URL: its name only
+                value = "sqlite:///" + Path(value[len("sqlite:///"):]).name
+            out += ["--db", value if "://" in value else Path(value).name]
+            continue
+        out.append(arg)
+    return out

@@ -1,0 +1,30 @@
+"""``rgtune best``: the best recorded (and confirmed) schedule of a workload."""
+
+from __future__ import annotations
+
+import argparse
+
+from rgtune.cli._common import CLIError, check_db_exists, open_db
+from rgtune.cli._query import add_query_parser, emit, filters
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    add_query_parser(sub, "best", "the best recorded schedule of a workload", run)
+
+
+def run(args: argparse.Namespace) -> int:
+    check_db_exists(args.db)
+    db = open_db(args.db)
+    best = db.best(**filters(args))
+    if best is None:
+        raise CLIError("no verified trial matches; run `tune` for this workload first")
+    if args.json or args.csv:
+        emit([best], args)
+    else:
+        how = "" if best.confirmation_id is None else \
+            f" (median of the {db.confirmation(best.confirmation_id).rounds} rounds of confirmation {best.confirmation_id})"
+        print(f"best: trial {best.id}, {best.median_ms:.4g} ms{how}, {best.model} on {best.dataset} "
+              f"({best.backend}, {best.device}), max error {best.max_error:.2g}")
+        for k, v in sorted(best.knobs.items()):
+            print(f"  {k} = {v}")
+    return 0

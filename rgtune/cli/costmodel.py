@@ -1,0 +1,112 @@
+"""``rgtune costmodel``: train the cost model on the trial history, or evaluate it on a held-out graph."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import TYPE_CHECKING, Any, Sequence
+
+if TYPE_CHECKING:  # the cost model loads scikit-learn: imported when the command runs, not with every command
+    from rgtune.costmodel import CostModel, HoldoutResult
+    from rgtune.db import TrialDatabase
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    # parses its own arguments (see :func:`costmodel_main`)
+    sub.add_parser("costmodel", help="train the cost model on the history, or evaluate it on a held-out graph",
+                   add_help=False)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from rgtune.costmodel.model import ESTIMATORS, TARGETS
+
+    p = argparse.ArgumentParser(
+        prog="rgtune costmodel",
+        description="Train the learned cost model on the trial history, or evaluate it on a held-out graph.",
+        epilog="Examples:\n  rgtune costmodel --db sqlite:///results.db            # train (or refresh) and save\n"
+               "  rgtune costmodel --eval --db sqlite:///results.db --holdout aifb",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--db", default=None, help="SQLAlchemy URL of the trial database (default sqlite:///results.db)")
+    p.add_argument("--eval", action="store_true",
+                   help="train on every graph but --holdout, and rank the schedules measured on --holdout")
+    p.add_argument("--holdout", metavar="DATASET", help="the held-out graph (its name in the database)")
+    p.add_argument("--model", help="only held-out workloads of this model")
+    p.add_argument("--backend", help="only this backend (default: the one with most trials on the held-out graph)")
+    p.add_argument("--device", help="only this device (its name)")
+    p.add_argument("--estimator", default="hgb", choices=sorted(ESTIMATORS), help="the regressor (default hgb)")
+    p.add_argument("--target", default="log_default", choices=TARGETS,
+                   help="per-workload normalization of the time (default log_default)")
+    p.add_argument("--data-dir", default=None, help="where the history's graphs are loaded from")
+    p.add_argument("--json", metavar="PATH", help="also write the result as JSON to PATH")
+    return p
+
+
+def costmodel_main(argv: Sequence[str] | None = None) -> int:
+    """``rgtune costmodel ...``; evaluation ends with ``opa=<x> kendall_tau=<x> top1_error=<x> top5_error=<x>``."""
+    import logging
+
+    from rgtune.costmodel import CostModel, evaluate_holdout
+    from rgtune.db import DEFAULT_URL, DatabaseError, TrialDatabase
+    from rgtune.db.engine import parse_url, sqlite_file
+
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="rgtune: %(message)s")
+    if args.eval and not args.holdout:
+        print("rgtune costmodel: error: --eval needs --holdout DATASET", file=sys.stderr)
+        return 2
+    try:
+        url = args.db or DEFAULT_URL
+        path = sqlite_file(parse_url(url))
+        if path is not None and not path.exists():  # opening would create an empty database
+            raise ValueError(f"no database at {path}; run `tune` first or pass --db URL")
+        db = TrialDatabase(url)
+        cm = CostModel(args.estimator, args.target)
+        if args.eval:
+            r = evaluate_holdout(db, args.holdout, model=args.model, backend=args.backend, device=args.device,
+                                 cost_model=cm, data_dir=args.data_dir)
+            _print_holdout(r)
+            out: dict[str, Any] = r.as_dict()
+        else:
+            out = {"models": _train_all(db, cm, args)}
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(out, f, indent=2, default=str)
+        if args.eval:
+            print(r.last_line())
+        return 0
+    except (ValueError, DatabaseError) as e:
+        print(f"rgtune: error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 1
+
+
+def _print_holdout(r: "HoldoutResult") -> None:
+    from rgtune.costmodel.evaluation import METRICS, fmt_metric
+
+    print(f"holdout {r.holdout} on {r.device} ({r.backend}): trained on {r.n_train} ok trials of "
+          f"{r.n_train_workloads} other workload(s)")
+    print(r.status)
+    for w in r.per_workload:
+        print(f"  {w['model']:<5} in={w['in_dim']} out={w['out_dim']} heads={w['heads']}: {w['schedules']} schedules  "
+              + " ".join(f"{k}={fmt_metric(w[k])}" for k in METRICS))
+
+
+def _train_all(db: "TrialDatabase", cm: "CostModel", args: argparse.Namespace) -> list[dict[str, Any]]:
+    from rgtune.costmodel import CostModel, GraphLoader, fit_on_history
+
+    groups = sorted({(w.backend, w.device) for w in db.workloads()
+                     if (args.backend is None or w.backend == args.backend)
+                     and (args.device is None or w.device == args.device)})
+    if not groups:
+        print("no trials in the database yet: nothing to train on")
+    out = []
+    for be, dev in groups:
+        fit = fit_on_history(db, CostModel(**cm.params()), be, dev, graphs=GraphLoader(args.data_dir))
+        if fit.path is None:
+            where = "not saved (in-memory database)"
+        else:
+            where = f"{'kept at' if fit.loaded and not fit.refit else 'saved to'} {fit.path}"
+        how = "refit" if fit.refit else "history unchanged: the saved model is used as it is"
+        print(f"{dev} ({be}): {fit.model.status}; {how}; {where}")
+        out.append({"device": dev, "backend": be, "status": fit.model.status, "path": str(fit.path)})
+    return out

@@ -1,0 +1,57 @@
+"""``rgtune export``: the best schedule of a workload as a folder that training code loads without the database."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import warnings
+from typing import Sequence
+
+from rgtune.cli._common import add_layer_args
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    # parses its own arguments (see :func:`export_main`)
+    sub.add_parser("export", help="write the best schedule's kernels to a folder for training code", add_help=False)
+
+
+def export_main(argv: Sequence[str] | None = None) -> int:
+    """``rgtune export --model M --dataset D -o DIR``: see :func:`export`. Returns the exit status."""
+    p = argparse.ArgumentParser(
+        prog="rgtune export",
+        description="Write the best recorded schedule of a workload as a self-contained folder "
+                    "(kernel sources, schedule, provenance, README) that rgtune.runtime.load_exported reads "
+                    "without the database.",
+        epilog="Example: rgtune export --model hgt --dataset aifb -o tuned_hgt/")
+    add_layer_args(p, "the dataset the schedule was tuned on (aifb, synthetic:...)")
+    p.add_argument("--db", default=None, help="SQLAlchemy URL or .db path (default sqlite:///results.db)")
+    p.add_argument("-o", "--output", required=True, help="the folder to write (must not exist, or be empty)")
+    p.add_argument("--allow-default", action="store_true", help="export the default schedule when none is recorded")
+    p.add_argument("--force", action="store_true", help="replace an earlier export in --output")
+    args = p.parse_args(argv)
+    from rgtune.codegen.base import BackendError
+    from rgtune.db import DatabaseError
+    from rgtune.runtime import NoTunedScheduleError, TunedScheduleWarning, export
+    from rgtune.runtime.export import PROVENANCE_FILE, SCHEDULE_FILE, read_export_json
+
+    in_dim, out_dim = args.in_dim or args.hidden, args.out_dim or args.hidden
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", TunedScheduleWarning)
+            out = export(args.output, args.model, args.dataset, in_dim, out_dim, args.heads,
+                         db=args.db or "results.db", backend=args.backend, data_dir=args.data_dir,
+                         allow_default=args.allow_default, overwrite=args.force)
+    except (NoTunedScheduleError, OSError, ValueError, BackendError, DatabaseError) as e:
+        if os.environ.get("RGTUNE_DEBUG"):
+            raise
+        print(f"rgtune export: error: {str(e).strip()}", file=sys.stderr)
+        return 1
+    for w in caught:
+        print(f"rgtune export: warning: {w.message}", file=sys.stderr)
+    s = read_export_json(out / SCHEDULE_FILE)
+    prov = read_export_json(out / PROVENANCE_FILE)
+    what = f"trial {prov['trial_id']} ({prov['median_ms']:.4g} ms)" if prov["schedule"] == "database" else "default schedule"
+    print(f"exported {s['model']} on {s['graph']['name']} ({what}, backend {s['backend']}) to {out}")
+    print(f"load it with: rgtune.runtime.load_exported({str(out)!r}, graph)")
+    return 0

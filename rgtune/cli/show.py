@@ -1,0 +1,84 @@
+"""``rgtune show``: the IR before and after passes, the kernels and their counts for one configuration."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Callable
+
+from rgtune.cli._common import EXIT_FAILURE, CLIError, add_workload_args, load_graph, parse_sets
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("show", help="the IR before/after passes, the kernels and their counts for one configuration",
+                       description="Show what rgtune compiles for one configuration of the knobs.",
+                       epilog="Example: rgtune show --model rgat --dataset aifb --set compact.src=pair "
+                              "--set fusion.softmax=full --source")
+    add_workload_args(p)
+    p.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
+                   help="set a knob (repeatable), e.g. --set compact.src=pair; `--space` lists them")
+    p.add_argument("--backend", default="cpu", choices=("cpu", "cuda"), help="whose schedule knobs apply (default cpu)")
+    p.add_argument("--source", action="store_true", help="also print the generated kernel source")
+    p.add_argument("--space", action="store_true", help="also list every knob with its choices")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rgtune.codegen.base import backend_target
+    from rgtune.ir.counts import count
+    from rgtune.ir.models import build_model
+    from rgtune.search_spaces import SearchSpace
+
+    graph = load_graph(args)
+    program = build_model(args.model, args.hidden, args.hidden, args.heads)
+    target = backend_target(args.backend)
+    space = SearchSpace(program, graph, target)
+    config = {**space.default(), **space.resolve(parse_sets(args.set))}
+    point = space.compile(config)
+    print(f"# workload: {args.model} on {graph!r}, hidden={args.hidden}, heads={args.heads}, target={target}\n")
+    print("# program before passes")
+    print(program, end="\n\n")
+    print("# configuration")
+    for k in space.knobs:
+        mark = "" if config[k.name] == k.default else "   (set)"
+        print(f"  {k.name} = {config[k.name]}{mark}")
+    if point.problems:
+        print("\n# this configuration is invalid:")
+        for p in point.problems:
+            print(f"  - {p}")
+        return EXIT_FAILURE
+    print("\n# program after passes")
+    print(point.compiled.program, end="\n\n")  # type: ignore[union-attr]
+    print("# kernels")
+    print(point.kernels.describe(), end="\n\n")
+    _print_counts(count(point.kernels, graph, config))
+    if args.source:
+        _print_sources(args.backend, point.kernels, config)
+    if args.space:
+        print("\n" + space.describe())
+    return 0
+
+
+def _print_counts(c: dict[str, Any]) -> None:
+    print("# counts")
+    print(f"  FLOPs           {c['flops']:,}")
+    print(f"  bytes (minimum) {c['bytes_min']:,}")
+    print(f"  bytes (gathered){c['bytes_gathered']:>14,}")
+    print(f"  kernels         {c['kernels']}")
+    if c["weight_folds"]:
+        print(f"  weight folds    {c['weight_folds']} ({c['weight_flops']:,} of the FLOPs, every call)")
+    if c["index_probes"]:
+        print(f"  pair lookups    {c['index_probes']:,} binary-search reads (compact.pair_index=bsearch)")
+    print(f"  atomic updates  {c['atomics']:,}")
+    print(f"  GEMM rows       {c['gemm_rows']}")
+    print(f"  GEMM tiles      {c['gemm_tiles']:,} ({c['gemm_rows_computed']:,} rows computed, short tiles padded)")
+
+
+def _print_sources(backend_name: str, kp: Any, config: dict[str, Any]) -> None:
+    from rgtune.codegen.base import create
+
+    backend = create(backend_name)
+    generate: Callable[..., Any] | None = getattr(backend, "generate", None)
+    if generate is None:
+        raise CLIError(f"backend {backend_name!r} cannot show generated sources")
+    for name, text in generate(kp, config).items():
+        print(f"\n# generated: {name}\n{text}")

@@ -1,0 +1,178 @@
+"""``tune`` (``rgtune tune``): search the knobs of one workload and record every trial.
+
+Example: ``tune --model hgt --dataset aifb --trials 50``; the same command resumes the study.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from rgtune.cli._common import CLIError, add_workload_args, load_graph, open_db, positive_int, resolve_backend
+from rgtune.tuner.measure import TIMINGS
+
+#: ``tune --cost-model-policy`` unless given (BENCHMARKS.md, "Learned cost model", has how they compare)
+DEFAULT_POLICY = "rank"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "tune", help="search the knobs of one workload; record every trial",
+        description="Search how a layer is computed (the IR's knobs and the kernels' schedules) on one graph, "
+                    "verify and time every point, and record each trial in the database. The same command "
+                    "resumes the same study.",
+        epilog="Example: tune --model hgt --dataset aifb --trials 50\n\n"
+               "--trials counts measured trials: candidates the cost model prunes are recorded but cost none; with "
+               "the rank policy, the candidates of a pool that are not picked are not trials at all.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_workload_args(p)
+    p.add_argument("--trials", type=positive_int, default=None,
+                   help="trials to run now (default 50 unless --time-budget is given)")
+    p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS", help="start no trial after this long")
+    p.add_argument("--backend", default="auto", help="auto (cuda if a GPU is usable, else cpu), cpu, cuda, reference")
+    p.add_argument("--db", default=None, help="SQLAlchemy URL of the trial database (default sqlite:///results.db)")
+    p.add_argument("--sampler", default="tpe", help="tpe (default), random, gp, cmaes")
+    p.add_argument("--seed", type=int, default=None, help="seed of the sampler and of the test inputs")
+    p.add_argument("--trial-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="a trial taking longer is killed and recorded as timeout (default 60)")
+    p.add_argument("--timing", default="plain", choices=TIMINGS,
+                   help="plain (default): a trial's time is the median of its runs; paired (CPU backends): every "
+                        "run alternates with a run of the default schedule and the trial's time is their ratio "
+                        "on the default's scale, which cancels the drift of a shared machine's speed (two "
+                        "schedules compare with a 1.4-3x smaller spread, see BENCHMARKS.md) at the cost of a run "
+                        "of the default schedule per timed run")
+    p.add_argument("--fresh", action="store_true", help="start a new study instead of resuming (history is kept)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--cost-model", default="on", choices=("on", "off"),
+                   help="on (default): the learned cost model, trained on this device's history, steers the "
+                        "search (see --cost-model-policy); it stays out of the way until the history is large "
+                        "enough, and says so")
+    p.add_argument("--cost-model-policy", default=DEFAULT_POLICY, choices=("prune", "rank"),
+                   help="prune: skip measuring candidates predicted clearly slower than the best so far (recorded "
+                        "as pruned; they do not count against --trials); rank: the sampler proposes "
+                        "--cost-model-pool candidates per measurement and the one predicted fastest is measured, "
+                        "unless it is predicted less than 5%% faster than the sampler's own first proposal "
+                        f"(default {DEFAULT_POLICY})")
+    p.add_argument("--cost-model-margin", type=float, default=None, metavar="X",
+                   help="prune: skip a candidate predicted slower than X times the best measured schedule "
+                        "(default 1.5)")
+    p.add_argument("--cost-model-pool", type=int, default=None, metavar="N",
+                   help="rank: candidates proposed per measurement (default 16)")
+    p.add_argument("--cost-model-opening", type=int, default=None, metavar="K",
+                   help="rank: a new study first measures the model's K first picks out of 256 random schedules "
+                        "(see --cost-model-opening-rule), right after the default schedule (default 4; 0: none)")
+    # rgtune.costmodel.policies.OPENING_RULES, spelt out: importing the cost model slows every command by 0.1 s
+    p.add_argument("--cost-model-opening-rule", default=None, choices=("top", "lcb"),
+                   help="rank: how the opening ranks its 256 schedules: lcb, the lowest mean minus spread of the "
+                        "predictions of 8 models fit on resampled histories (hedges where the history's graphs "
+                        "disagree; BENCHMARKS.md, 'Opening rules'); top, the model's prediction alone (default lcb)")
+    p.add_argument("--cost-model-local", type=float, default=None, metavar="FRACTION",
+                   help="rank: fraction of each pool that changes 1-2 knobs of one of the 3 fastest schedules "
+                        "measured so far instead of coming from the sampler (default 0.5; 0: all from the sampler)")
+    p.add_argument("--cost-model-explore", type=float, default=0.1, metavar="FRACTION",
+                   help="prune: fraction of candidates measured whatever the prediction; rank: fraction of "
+                        "measurements that take the sampler's own proposal (default 0.1)")
+    p.add_argument("--confirm", type=int, default=5, metavar="K",
+                   help="when the search ends, time the K fastest schedules (and the last confirmed winner) again "
+                        "in interleaved rounds; `rgtune best` then returns the one with the lowest median: one "
+                        "measurement varies by tens of percent on a busy machine, so the fastest of many single "
+                        "measurements is biased low; it runs after --trials or --time-budget is spent "
+                        "(default 5; 0 turns it off)")
+    p.add_argument("--confirm-rounds", type=positive_int, default=5, metavar="R",
+                   help="rounds of the confirmation (default 5; each costs one measurement per schedule)")
+    p.add_argument("--recheck", type=positive_int, default=3, metavar="N",
+                   help="a trial whose measurement beats the best so far is measured until it has N measurements, "
+                        "and its time is their median, so that one lucky run does not steer the search "
+                        "(default 3; 1 turns it off; costs N-1 measurements of such trials, not --trials)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rgtune.tuner.measure import MeasureOptions, Workload
+    from rgtune.tuner.study import SAMPLERS, TuneOptions, Tuner
+
+    if args.sampler not in SAMPLERS:
+        raise CLIError(f"unknown sampler {args.sampler!r}; choose one of {list(SAMPLERS)}")
+    if args.time_budget is not None and args.time_budget <= 0:
+        raise CLIError(f"--time-budget must be positive, got {args.time_budget}")
+    if args.confirm < 0 or args.confirm == 1:
+        raise CLIError(f"--confirm must be 0 (off) or at least 2 schedules to compare, got {args.confirm}")
+    backend = resolve_backend(args.backend)
+    graph = load_graph(args)  # fail fast on a bad dataset, before the database is touched
+    db = open_db(args.db)
+    trials = args.trials if args.trials is not None else (None if args.time_budget else 50)
+    workload = Workload(args.model, args.dataset, args.hidden, args.hidden, args.heads, backend,
+                        args.data_dir)
+    options = TuneOptions(trials=trials, time_budget=args.time_budget, sampler=args.sampler, seed=args.seed,
+                          fresh=args.fresh, progress=not args.quiet and sys.stderr.isatty(),
+                          measure=MeasureOptions(timeout=args.trial_timeout, timing=args.timing),
+                          guide=_cost_model_guide(args),
+                          confirm_top=args.confirm, confirm_rounds=args.confirm_rounds, recheck=args.recheck)
+    print(f"tuning {args.model} on {graph.name} ({graph.num_nodes():,} nodes, {graph.num_edges():,} edges, "
+          f"{graph.num_rels} relations), hidden={args.hidden}, heads={args.heads}, backend={backend}, "
+          f"db={db.name}", file=sys.stderr)
+    tuner = Tuner(workload, db, options)
+    summary = tuner.run()
+    _print_summary(summary)
+    return 130 if summary.interrupted else 0
+
+
+def _cost_model_guide(args: argparse.Namespace) -> Any:
+    if args.cost_model == "off":
+        return None
+    from rgtune.costmodel import CostModelGuide, PrunePolicy, RankPolicy
+
+    name = args.cost_model_policy
+    own = {"rank": {"pool": args.cost_model_pool, "opening": args.cost_model_opening,
+                    "opening_rule": args.cost_model_opening_rule, "local": args.cost_model_local},
+           "prune": {"margin": args.cost_model_margin}}  # the settings of one policy only
+    for other, settings in own.items():
+        for setting, value in settings.items():
+            if other != name and value is not None:
+                flag = setting.replace("_", "-")
+                raise CLIError(f"--cost-model-{flag} does not apply to --cost-model-policy {name}")
+    given = {setting: value for setting, value in own[name].items() if value is not None}
+    try:
+        policy = {"rank": RankPolicy, "prune": PrunePolicy}[name](
+            explore=args.cost_model_explore, seed=args.seed or 0, **given)
+    except ValueError as e:
+        raise CLIError(f"--cost-model-policy {name}: {e}") from e
+    return CostModelGuide(policy=policy, data_dir=args.data_dir)
+
+
+def _print_summary(s) -> None:
+    status = ", ".join(f"{k} {v}" for k, v in sorted(s.statuses.items()))
+    what = f"{s.measured} measured trials" + (f" ({s.rechecked} rechecked as a new best)" if s.rechecked else "") \
+        + (" and a confirmation" if s.confirmation is not None else "")
+    print(f"study {s.study_name}: {what} in {s.elapsed_s:.1f} s ({status or 'none'})"
+          + (" -- interrupted; run the same command to resume" if s.interrupted else ""))
+    if s.guide is not None:
+        c = s.guide.get("counts", {})
+        if "pools" in c:  # the rank policy
+            own = c.get("explored", 0) + c.get("deferred", 0)
+            what = (f"picked {c['pools']} of {c.get('candidates', 0)} proposed candidates to measure "
+                    f"({own} of them the sampler's own first proposal, {c.get('local_picked', 0)} a change of a "
+                    f"fast measured schedule)")
+            if c.get("opening"):
+                what = f"opened with its {c['opening']} first picks of {c.get('opening_pool', 0)} random schedules; " + what
+        else:
+            what = f"{c.get('pruned', 0)} of {c.get('candidates', 0)} candidates pruned"
+        print(f"cost model: {s.guide.get('status')}; {what}, {c.get('refits', 0)} refits")
+    if s.default_ms is not None:
+        print(f"default schedule: {s.default_ms:.4g} ms")
+    if s.best_ms is None:
+        print("no verified schedule yet")
+        return
+    c = s.confirmation
+    if c is not None:
+        single = f"; the fastest single measurement of the search was {c.searched_best_ms:.4g} ms" \
+            if c.searched_best_ms is not None else ""
+        done = "" if c.finished else " -- interrupted, so not used"
+        print(f"confirmation {c.id}: the {c.schedules} fastest schedules timed again in {c.rounds} interleaved rounds "
+              f"({c.elapsed_s:.1f} s){single}{done}")
+    speed = f" ({s.speedup:.2f}x over the default schedule)" if s.speedup else ""
+    how = " (confirmed: median of the rounds)" if c is not None and c.finished else ""
+    print(f"best schedule: {s.best_ms:.4g} ms{how}{speed}, trial {s.best_trial_id}")
+    for k, v in sorted(s.best_knobs.items()):
+        print(f"  {k} = {v}")

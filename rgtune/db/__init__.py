@@ -1,0 +1,46 @@
+"""rgtune.db: the versioned SQL history of every tuning trial (SQLite by default, PostgreSQL for many workers).
+
+* :mod:`.database`: :class:`TrialDatabase`: get-or-create of devices, graphs, schedules and
+  workloads; the trial lifecycle (start, heartbeat, finish, abandoned trials); the queries
+  (``best``, ``history``, ``workloads``); confirmations.
+* :mod:`.engine`: a ``--db`` value turned into a configured SQLAlchemy engine; SQLite file checks.
+* :mod:`.errors`: :class:`DatabaseError` and its kinds; driver errors translated into them.
+* :mod:`.schema` and :mod:`.migrate` (Alembic revisions in ``migrations/``): the tables at head,
+  and the in-place upgrade of an older database.
+* :mod:`.records`: the plain values queries return (:class:`TrialRecord`, ...), JSON and CSV.
+* :mod:`.queries`, :mod:`.best`, :mod:`.liveness`: the joined trial query, which trial is best,
+  which ``running`` trial is abandoned.
+
+The tuner writes it; the runtime, the CLI's queries and the cost model read it.
+
+Example:
+    >>> db = TrialDatabase("sqlite://")      # in memory; the default is sqlite:///results.db
+    >>> db.count_trials()
+    0
+"""
+
+from typing import Any
+
+# Loaded on first use: the records (:mod:`.records`) need no SQLAlchemy, and a reader of an
+# exported layer (``rgtune.runtime.load_exported``) imports them without opening a database.
+_LAZY = {
+    **dict.fromkeys(("DEFAULT_URL", "SCHEMA_VERSION", "FINAL_STATUSES", "TrialDatabase", "WorkloadFilter", "GraphLike",
+                     "NotFoundError", "worker_id"), "rgtune.db.database"),
+    **dict.fromkeys(("DatabaseError", "DatabaseURLError", "DatabaseUnreachableError", "DatabaseReadOnlyError",
+                     "DatabaseCorruptError", "DatabaseLockedError", "SchemaVersionError"), "rgtune.db.errors"),
+    **dict.fromkeys(("TrialStatus", "DeviceInfo", "TrialRecord", "WorkloadRecord", "ConfirmationRecord",
+                     "records_to_json", "write_csv"), "rgtune.db.records"),
+}
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'rgtune.db' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + list(_LAZY))

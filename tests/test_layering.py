@@ -1,0 +1,71 @@
+"""The package's structure: the import layering (import-linter contracts in pyproject.toml), argument
+parsing only in ``rgtune.cli``, and no dated experiment results in the product's docstrings."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "rgtune"
+
+
+def _lint_imports(root: Path) -> subprocess.CompletedProcess:
+    """import-linter's contracts of pyproject.toml, checked on the ``rgtune`` package found under ``root``."""
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    exe = Path(sys.executable).with_name("lint-imports")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "importlinter.cli"]
+    return subprocess.run([*cmd, "--config", str(REPO / "pyproject.toml"), "--no-cache"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_every_package_imports_only_the_packages_below_it():
+    r = _lint_imports(REPO)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "2 kept, 0 broken" in r.stdout
+
+
+def test_an_upward_import_breaks_the_layering(tmp_path):
+    shutil.copytree(PACKAGE, tmp_path / "rgtune", ignore=shutil.ignore_patterns("__pycache__"))
+    program = tmp_path / "rgtune" / "ir" / "program.py"
+    program.write_text(program.read_text() + "\nfrom rgtune.tuner import study  # noqa: E402,F401 - deliberately upward\n")
+    r = _lint_imports(tmp_path)
+    assert r.returncode != 0
+    assert "BROKEN" in r.stdout and "rgtune.ir.program -> rgtune.tuner.study" in r.stdout, r.stdout
+
+
+def _modules() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def test_only_the_cli_parses_arguments():
+    parsers = []
+    for path in _modules():
+        if PACKAGE / "cli" in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(n.split(".")[0] in ("argparse", "click", "optparse") for n in names):
+                parsers.append(str(path.relative_to(REPO)))
+    assert parsers == []
+
+
+def test_no_docstring_or_comment_carries_dated_experiment_results():
+    dated = []
+    for path in _modules():
+        if "migrations" in path.parts:  # an Alembic revision records when it was written
+            continue
+        text = path.read_text()
+        tree = ast.parse(text)
+        docs = [ast.get_docstring(n) or "" for n in ast.walk(tree)
+                if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
+        comments = [ln for ln in text.splitlines() if ln.lstrip().startswith("#")]
+        dated += [f"{path.relative_to(REPO)}: {line.strip()}" for doc in (*docs, *comments)
+                  for line in doc.splitlines() if re.search(r"\b20\d\d-\d\d-\d\d\b|\bsession \d+\b", line)]
+    assert dated == []
