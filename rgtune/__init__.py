@@ -1,4 +1,11 @@
-"""rgtune: an autotuning compiler for relational graph neural network layers."""
+"""rgtune: an autotuning compiler for relational graph neural network layers.
+
+The entry points: :func:`tune` (search and record the schedules of a workload),
+:func:`load_tuned` (the best one as a trainable ``torch.nn.Module``), :func:`load_exported`
+(the same from an ``rgtune export`` folder, without the database) and :func:`compile` (one
+schedule, as a callable). The packages, bottom to top: ``data``, ``ir`` and ``models``,
+``codegen``, ``search_spaces``, ``db``, ``costmodel``, ``tuner``, ``runtime``, ``bench``, ``cli``.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +19,8 @@ __version__ = "0.1.0"
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # heavy entry points load on first use, so that `import rgtune` stays light
-_LAZY = {"compile": "rgtune.runtime.compile", "load_tuned": "rgtune.runtime", "load_exported": "rgtune.runtime"}
+_LAZY = {"tune": "rgtune.tuner", "compile": "rgtune.runtime.compile", "load_tuned": "rgtune.runtime",
+         "load_exported": "rgtune.runtime"}
 
 
 def __getattr__(name: str) -> Any:

@@ -69,3 +69,20 @@ def test_no_docstring_or_comment_carries_dated_experiment_results():
         dated += [f"{path.relative_to(REPO)}: {line.strip()}" for doc in (*docs, *comments)
                   for line in doc.splitlines() if re.search(r"\b20\d\d-\d\d-\d\d\b|\bsession \d+\b", line)]
     assert dated == []
+
+
+def _imported_by(statement: str, modules: tuple[str, ...]) -> list[str]:
+    code = f"import sys\n{statement}\nprint(sorted(m for m in {modules!r} if m in sys.modules))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0, r.stderr
+    return ast.literal_eval(r.stdout.strip())
+
+
+def test_loading_an_exported_layer_needs_no_database_and_no_tuner():
+    heavy = ("sqlalchemy", "alembic", "optuna", "sklearn", "rgtune.tuner", "rgtune.costmodel", "rgtune.db.database")
+    assert _imported_by("from rgtune.runtime import load_exported", heavy) == []
+
+
+def test_the_command_line_starts_without_the_database_or_the_cost_model():
+    assert _imported_by("import rgtune.cli", ("sqlalchemy", "alembic", "optuna", "sklearn", "rgtune.costmodel")) == []

@@ -23,9 +23,9 @@ Example:
     >>> from rgtune.models import RGCN
     >>> g = random_graph((10, 20), num_relations=3, num_edges=100, seed=0)
     >>> layer = RGCN(g, 4, 8)
-    >>> b = pyg_rgcn(layer)                                   # doctest: +SKIP
+    >>> b = pyg_rgcn(layer)
     >>> x = torch.randn(30, 4)
-    >>> bool(torch.allclose(b.run(x), b.expected(x.double()).float(), atol=1e-5))  # doctest: +SKIP
+    >>> bool(torch.allclose(b.run(x), b.expected(x.double()).float(), atol=1e-5))
     True
 """
 

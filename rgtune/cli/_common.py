@@ -102,12 +102,11 @@ def check_db_exists(url: str | None) -> None:
 
 def resolve_backend(name: str) -> str:
     """A backend name that can run here: ``auto`` is cuda where a GPU is usable, else cpu."""
-    from rgtune.codegen.base import available_backends
+    from rgtune.codegen.base import auto_backend, available_backends
 
-    backends = available_backends()
     if name == "auto":
-        ok, _ = backends.get("cuda", (False, ""))
-        return "cuda" if ok else "cpu"
+        return auto_backend()
+    backends = available_backends()
     if ":" in name:
         return name
     if name not in backends:

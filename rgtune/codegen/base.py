@@ -137,6 +137,11 @@ def available_backends() -> dict[str, tuple[bool, str]]:
     return out
 
 
+def auto_backend() -> str:
+    """What ``--backend auto`` means: ``cuda`` where a GPU is usable, else ``cpu``."""
+    return "cuda" if available_backends().get("cuda", (False, ""))[0] else "cpu"
+
+
 def backend_target(name: str) -> str:
     """The target whose schedule knobs backend ``name`` runs (``cpu`` for ``reference``); ``cpu`` for a
     backend that cannot be created here (a plugin that fails to load). Creating one needs no device."""

@@ -14,6 +14,7 @@
 The tuner writes it; the runtime, the CLI's queries and the cost model read it.
 
 Example:
+    >>> from rgtune.db import TrialDatabase
     >>> db = TrialDatabase("sqlite://")      # in memory; the default is sqlite:///results.db
     >>> db.count_trials()
     0

@@ -1,1 +1,57 @@
-"""rgtune.tuner."""
+"""rgtune.tuner: the search. An Optuna study per workload, each trial measured in an isolated worker.
+
+* :mod:`.study`: :class:`Tuner`, the loop (ask, suggest a point, skip or measure, tell), the
+  recheck of a new best, the confirmation of the fastest schedules at the end, crash safety;
+  the :class:`~.study.Guide` protocols a cost model implements;
+* :mod:`.proposals`: candidate pools on an in-memory copy of the study;
+* :mod:`.measure`: the worker process (compile, verify against the float64 reference, time),
+  killed and restarted when a kernel hangs or crashes;
+* :mod:`.device_lock`: the cross-process lock that keeps studies sharing a GPU from timing
+  each other's kernels.
+
+:func:`tune` is ``tune`` on the command line, from Python. ``docs/tuner.md`` explains the loop's
+choices.
+
+Example:
+    >>> import os, tempfile
+    >>> db = f"sqlite:///{os.path.join(tempfile.mkdtemp(), 'results.db')}"
+    >>> s = tune("rgcn", "synthetic:custom,nodes=200,edges=1500,ntypes=2,rels=3", hidden=8, trials=3, db=db,
+    ...          backend="reference", seed=0, progress=False, confirm_top=0)
+    >>> s.measured, s.best_ms is not None
+    (3, True)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rgtune.tuner.measure import MeasureOptions, Workload
+from rgtune.tuner.study import TuneOptions, TuneSummary, Tuner
+
+__all__ = ["tune", "Tuner", "TuneOptions", "TuneSummary", "Workload", "MeasureOptions"]
+
+
+def tune(model: str, dataset: str, *, hidden: int = 64, heads: int = 1, trials: int | None = 50,
+         db: str = "results.db", backend: str = "auto", data_dir: str | None = None, seed: int | None = None,
+         cost_model: bool = True, progress: bool = True, **options: Any) -> TuneSummary:
+    """Tune ``model`` on ``dataset`` as ``tune --model ... --dataset ...`` does, and return the summary.
+
+    ``backend="auto"`` is cuda where a GPU is usable, else cpu. ``cost_model``: the learned cost model
+    steers the search with its default policy (it stays idle until the device's history is large
+    enough). ``options`` are further :class:`TuneOptions` fields (``time_budget``, ``confirm_top``,
+    ``recheck``, ``measure``, ...). The same call resumes the same study; every trial is recorded in ``db``.
+    """
+    from rgtune.codegen.base import auto_backend
+
+    guide = None
+    if cost_model:
+        from rgtune.costmodel import CostModelGuide, RankPolicy
+
+        guide = CostModelGuide(policy=RankPolicy(seed=seed or 0), data_dir=data_dir)
+    name = auto_backend() if backend == "auto" else backend
+    workload = Workload(model, dataset, hidden, hidden, heads, name, data_dir)
+    from rgtune.db import TrialDatabase
+
+    with TrialDatabase(db) as database:
+        return Tuner(workload, database, TuneOptions(trials=trials, seed=seed, progress=progress, guide=guide,
+                                                      **options)).run()

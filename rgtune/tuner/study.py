@@ -50,7 +50,7 @@ Example:
     >>> d = tempfile.mkdtemp()
     >>> db = TrialDatabase(f"sqlite:///{os.path.join(d, 'results.db')}")
     >>> w = Workload("rgcn", "synthetic:custom,nodes=200,edges=1500,ntypes=2,rels=3", 8, 8, 1, "reference")
-    >>> s = Tuner(w, db, TuneOptions(trials=3, seed=0, progress=False,
+    >>> s = Tuner(w, db, TuneOptions(trials=3, seed=0, progress=False, confirm_top=0,
     ...                               measure=MeasureOptions(repeats=2, warmup=1))).run()
     >>> s.trials_run, s.best_ms is not None, db.count_trials()
     (3, True, 3)

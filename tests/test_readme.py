@@ -1,0 +1,38 @@
+"""The README's examples run as written: tune, load the tuned layer and train it; export it and load the folder."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def _blocks(section: str) -> list[tuple[str, str]]:
+    """``(language, code)`` of the fenced blocks under the README heading ``section``."""
+    text = README.read_text()
+    start = text.index(f"\n## {section}\n")
+    end = text.find("\n## ", start + 1)
+    return re.findall(r"```(\w+)\n(.*?)```", text[start:end if end > 0 else None], flags=re.S)
+
+
+@pytest.mark.slow
+def test_the_training_example_runs_as_written(tmp_path, monkeypatch, capsys):
+    from rgtune.cli import main
+
+    monkeypatch.chdir(tmp_path)  # results.db and the export folder land here
+    blocks = _blocks("Train with a tuned layer")
+    assert [lang for lang, _ in blocks] == ["python", "bash", "python"]
+    namespace: dict = {}
+    exec(compile(blocks[0][1], "README.md (training)", "exec"), namespace)
+    assert "with the schedule of trial" in capsys.readouterr().out
+    layer = namespace["layer"]
+    assert layer.provenance["trial_id"] is not None  # the tuned schedule, not the default
+    command = shlex.split(blocks[1][1], comments=True)
+    assert command[0] == "rgtune" and main(command[1:]) == 0
+    exec(compile(blocks[2][1], "README.md (export)", "exec"), namespace)
+    exported = namespace["layer"]
+    assert exported.config == layer.config and exported.provenance["trial_id"] == layer.provenance["trial_id"]
