@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from rgtune.codegen.cuda._context import Context
 from rgtune.codegen.cuda._expr import FIND_PAIR, UnsupportedKernel, has_acc, inner_products, prelude
@@ -91,245 +91,482 @@ def _strip_acc_inners(e: Expr) -> Expr:
     return dataclasses.replace(e, **changes) if changes else e
 
 
+#: the host-built tables each ``block_partition`` reads (see ``runtime.gemm_segments``)
+_TILE_TABLES = {"static": ("seg_off", "seg_type"), "balanced": ("seg_off", "seg_type", "tile_row0", "tile_seg")}
+
+
+@dataclasses.dataclass(frozen=True)
+class _GemmPlan:
+    """What the emitters of one GEMM kernel share: the kernel, its schedule, and the sizes derived from them."""
+
+    kernel: GemmKernel
+    program: KernelProgram
+    ctx: Context
+    epilogue_exprs: list[Expr]  # the epilogue expressions with buffers renamed
+    strategy: str  # "none", "inner" or "row", see _epilogue_strategy
+    tile_rows: int
+    tile_cols: int
+    tile_k: int
+    threads: int
+    partition: str
+    # micro_tile: thread_rows x thread_cols threads, each rows_per_thread x cols_per_thread outputs
+    rows_per_thread: int
+    cols_per_thread: int
+    thread_rows: int
+    thread_cols: int
+    x_width: int  # floats per input row, all heads
+    out_width: int  # floats per output row, all heads
+    weight_heads: int  # weights per type: one per head for per_head, else 1
+    reduce_dim: int  # the k extent of one weight
+    weight_cols: int  # columns of one weight
+    col_tiles: int  # column tiles per weight
+    weight_size: int  # floats of W per type
+    row_id: str  # C: the row id at layout position ``r``
+    x_row: str  # C: the input row of ``rid``
+    out_row: str  # C: the output row of ``rid``
+    acc_rows: str | None  # the row strategy's finished rows: ``out`` or a scratch temp
+    acc_terms: list[tuple[InnerE, Expr]]  # each ``inner(acc, y)`` of the epilogue, with its ``y``
+
+    @property
+    def uniform_head(self) -> bool:
+        """Whether all columns of a column tile lie in one head of the output row."""
+        k = self.kernel
+        return k.per_head or k.out_heads == 1 or k.out_dim % self.tile_cols == 0
+
+    @property
+    def heads_per_thread(self) -> int:
+        """Partial sums a thread keeps per epilogue term: one per head its columns touch."""
+        return 1 if self.uniform_head else self.kernel.out_heads
+
+    @property
+    def term_slots(self) -> int:
+        """Floats of ``ep_s``: one per epilogue term, tile row and head."""
+        return len(self.acc_terms) * self.tile_rows * self.kernel.out_heads
+
+    @property
+    def partial_cols(self) -> bool:
+        """Whether the last column tile of a weight runs past its columns."""
+        return self.weight_cols % self.tile_cols != 0
+
+    @property
+    def partial_k(self) -> bool:
+        """Whether the last k-slice runs past the reduced dimension."""
+        return self.reduce_dim % self.tile_k != 0
+
+
 def gemm_unit(k: GemmKernel, s: Mapping[str, Any], kp: KernelProgram, epilogue: str = "auto") -> KernelUnit:
-    TM, TN, TK, NT = s["tile_rows"], s["tile_cols"], s["tile_k"], s["threads"]
+    """The CUDA unit of ``k`` under the ``gemm.*`` schedule ``s``.
+
+    ``epilogue``: ``auto`` picks the inner-product strategy where the epilogue allows it;
+    ``row`` always reads finished rows back from global memory.
+    """
+    plan = _plan(k, s, kp, epilogue)
+    lines = [*_kernel_open(plan), *_block_rows(plan), *_weight_base(plan), *_tile_row_ids(plan),
+             *_column_tiles(plan), *_epilogue(plan), "}"]
+    return _unit(plan, lines)
+
+
+# --------------------------------------------------------------------------- plan
+def _plan(k: GemmKernel, s: Mapping[str, Any], kp: KernelProgram, epilogue: str) -> _GemmPlan:
+    """Checks the schedule, binds the kernel's buffers and derives every size the emitters use."""
+    tile_rows, tile_cols, tile_k, threads = s["tile_rows"], s["tile_cols"], s["tile_k"], s["threads"]
     partition = s["block_partition"]
-    RM, RN, TR, TC = micro_tile(TM, TN, NT)
+    rows_per_thread, cols_per_thread, thread_rows, thread_cols = micro_tile(tile_rows, tile_cols, threads)
     if k.per_head and k.in_heads != k.out_heads:
         raise UnsupportedKernel(f"{k.name}: per-head GEMM with {k.in_heads} input and {k.out_heads} output heads")
-    XW = k.in_heads * k.in_dim
-    OW = k.out_heads * k.out_dim
-    OD = k.out_dim
-    HB = k.out_heads if k.per_head else 1
-    KE = k.in_dim if k.per_head else XW
-    NE = k.out_dim if k.per_head else OW
-    CT = -(-NE // TN)
-    WSZ = math.prod(kp.param_shapes[k.weight])
+    x_width = k.in_heads * k.in_dim
+    out_width = k.out_heads * k.out_dim
+    weight_cols = k.out_dim if k.per_head else out_width
+    weight_size = math.prod(kp.param_shapes[k.weight])
     strategy = _epilogue_strategy(k, epilogue)
+    ctx, epilogue_exprs = _bind_buffers(k, kp)
 
+    rows = ctx.index(k.rows, "rid")
+    # a typed GEMM's edge segments (rel_offsets) index e_rel_order, not the edge layout
+    row_id = rows.array("e_rel_order", "r") if (k.rows == "edge" and k.by != "none") else "r"
+    x_row = rows(k.x_via)
+    out_row = rows(k.out_via) if k.out is not None else "rid"
+    if k.accumulate and k.out is None:
+        raise UnsupportedKernel(f"{k.name}: accumulate without an output")
+    return _GemmPlan(
+        kernel=k, program=kp, ctx=ctx, epilogue_exprs=epilogue_exprs, strategy=strategy,
+        tile_rows=tile_rows, tile_cols=tile_cols, tile_k=tile_k, threads=threads, partition=partition,
+        rows_per_thread=rows_per_thread, cols_per_thread=cols_per_thread,
+        thread_rows=thread_rows, thread_cols=thread_cols,
+        x_width=x_width, out_width=out_width, weight_heads=k.out_heads if k.per_head else 1,
+        reduce_dim=k.in_dim if k.per_head else x_width, weight_cols=weight_cols,
+        col_tiles=-(-weight_cols // tile_cols), weight_size=weight_size,
+        row_id=row_id, x_row=x_row, out_row=out_row,
+        acc_rows=_acc_rows(k, ctx, strategy, out_width),
+        acc_terms=_acc_terms(epilogue_exprs) if strategy == "inner" else [])
+
+
+def _bind_buffers(k: GemmKernel, kp: KernelProgram) -> tuple[Context, list[Expr]]:
+    """The context with the outputs (``out``, ``ep0``, ...) and inputs (``x``, ``W``, ``bias``) named,
+    and the epilogue expressions renamed to match."""
     outputs: dict[str, str] = {}
     if k.out is not None:
         outputs[k.out] = "out"
-    for i, (o, _) in enumerate(k.epilogue):
-        outputs[o] = f"ep{i}"
+    for i, (name, _) in enumerate(k.epilogue):
+        outputs[name] = f"ep{i}"
     ctx = Context(kp, outputs)
-    epi = ctx.rename([e for _, e in k.epilogue])
-    ctx.add_input("buffer", k.x, "x") if k.x not in outputs else None
+    epilogue_exprs = ctx.rename([e for _, e in k.epilogue])
+    if k.x not in outputs:
+        ctx.add_input("buffer", k.x, "x")
     ctx.add_input("param", k.weight, "W")
     if k.bias:
         ctx.add_input("param", k.bias, "bias")
+    return ctx, epilogue_exprs
 
-    ix = ctx.index(k.rows, "rid")
-    row_id = f"{ix.array('e_rel_order', 'r')}" if (k.rows == "edge" and k.by != "none") else "r"
-    x_row = ix(k.x_via)
-    out_row = ix(k.out_via) if k.out is not None else "rid"
-    if k.accumulate and k.out is None:
-        raise UnsupportedKernel(f"{k.name}: accumulate without an output")
 
-    acc_rows = None  # where the row strategy reads finished rows from
-    if strategy == "row":
-        if k.out is not None and not k.accumulate and k.out_via == "row":
-            acc_rows = "out"
-        else:
-            acc_rows = ctx.add_temp(Temp("acc_rows", k.rows, OW, 0.0))
+def _acc_rows(k: GemmKernel, ctx: Context, strategy: str, out_width: int) -> str | None:
+    """Where the row strategy reads finished rows from: ``out`` when it holds them as computed,
+    else a scratch temp (the output is discarded, accumulated or stored elsewhere)."""
+    if strategy != "row":
+        return None
+    if k.out is not None and not k.accumulate and k.out_via == "row":
+        return "out"
+    return ctx.add_temp(Temp("acc_rows", k.rows, out_width, 0.0))
 
-    terms: list[tuple[InnerE, Expr]] = []  # inner(acc, y): (the product, y)
-    if strategy == "inner":
-        for e in epi:
-            for x in inner_products(e):
-                if isinstance(x.a, Acc) or isinstance(x.b, Acc):
-                    if x not in [t for t, _ in terms]:
-                        terms.append((x, x.b if isinstance(x.a, Acc) else x.a))
-    HT = k.out_heads
-    uniform_head = k.per_head or k.out_heads == 1 or OD % TN == 0
 
-    L: list[str] = []
-    w = L.append
-    w(f"extern \"C\" __global__ void __launch_bounds__({NT}) gemm(PARAMS) {{")
-    w(f"  __shared__ float As[{TK}][{TM} + 1];  // input slice, k-major (+1: no bank conflicts on stores)")
-    w(f"  __shared__ float Bs[{TK}][{TN}];      // weight slice")
-    w(f"  __shared__ idx_t s_rid[{TM}];         // row id of each tile row, -1 past the segment's end")
-    w(f"  __shared__ idx_t s_xrow[{TM}];        // input row of each tile row ({k.x_via})")
-    if terms:
-        w(f"  __shared__ float ep_s[{len(terms) * TM * HT}];  // inner(acc, y) per epilogue term, tile row, head")
-    w("  const int tid = threadIdx.x;")
-    if partition == "static":
-        w("  // block_partition = static: grid.z is the type segment, grid.x the tile inside it")
-        w("  const idx_t seg = (idx_t)blockIdx.z;")
-        w(f"  const idx_t row0 = seg_off[seg] + (idx_t)blockIdx.x * {TM};")
-        w("  const idx_t row_end = seg_off[seg + 1];")
-        w("  if (row0 >= row_end) return;  // a shorter segment: block-uniform exit")
-        tables = ["seg_off", "seg_type"]
-    elif partition == "balanced":
-        w("  // block_partition = balanced: grid.x runs over a host-built tile table, every tile inside one segment")
-        w("  const idx_t seg = tile_seg[blockIdx.x];")
-        w("  const idx_t row0 = tile_row0[blockIdx.x];")
-        w("  const idx_t row_end = seg_off[seg + 1];")
-        tables = ["seg_off", "seg_type", "tile_row0", "tile_seg"]
-    else:
-        raise UnsupportedKernel(f"unknown block_partition {partition!r}")
-    w("  const idx_t type = seg_type[seg];  // the weight slice all rows of the tile share")
-    w(f"  const float* __restrict__ Wt = W + (long)type * {WSZ};")
-    if k.bias:
-        w(f"  const float* __restrict__ bt = bias + (long)type * {OW};")
-    w(f"  for (int i = tid; i < {TM}; i += {NT}) {{")
-    w("    const idx_t r = row0 + i;")
-    w("    idx_t rid = -1, xr = -1;")
-    w(f"    if (r < row_end) {{ rid = {row_id}; xr = {x_row}; }}")
-    w("    s_rid[i] = rid;")
-    w("    s_xrow[i] = xr;")
-    w("  }")
-    if terms:
-        w(f"  for (int i = tid; i < {len(terms) * TM * HT}; i += {NT}) ep_s[i] = 0.0f;")
-    w("  __syncthreads();")
-    w(f"  const int tr = tid / {TC}, tc = tid % {TC};  // this thread: rows tr + i*{TR}, columns tc + j*{TC}")
-    loop_note = "the block walks every column tile (epilogue needs whole rows)" if k.epilogue else \
-        "one column tile per block (grid.y)"
-    w(f"  for (int ct = blockIdx.y; ct < {HB * CT}; ct += gridDim.y) {{  // {loop_note}")
-    w(f"    const int hb = ct / {CT};  // head of a per-head weight (0 otherwise)")
-    w(f"    const int n0 = (ct % {CT}) * {TN};")
-    w(f"    const float* __restrict__ Wh = Wt + (long)hb * {KE * NE};")
-    w(f"    float c[{RM}][{RN}];")
-    w("#pragma unroll")
-    w(f"    for (int i = 0; i < {RM}; ++i)")
-    w("#pragma unroll")
-    w(f"      for (int j = 0; j < {RN}; ++j) c[i][j] = 0.0f;")
-    w(f"    for (int k0 = 0; k0 < {KE}; k0 += {TK}) {{")
-    kguard = KE % TK != 0
-    w(f"      for (int i = tid; i < {TM * TK}; i += {NT}) {{  // gathered input rows, consecutive k per thread")
-    w(f"        const int lr = i / {TK}, kk = i % {TK};")
-    w("        const idx_t xr = s_xrow[lr];")
-    cond = "xr >= 0" + (f" && k0 + kk < {KE}" if kguard else "")
-    xoff = f"(long)hb * {KE} + " if k.per_head else ""
-    w(f"        As[kk][lr] = ({cond}) ? x[(long)xr * {XW} + {xoff}k0 + kk] : 0.0f;")
-    w("      }")
-    w(f"      for (int i = tid; i < {TK * TN}; i += {NT}) {{")
-    w(f"        const int kk = i / {TN}, n = i % {TN};")
-    bconds = ([f"k0 + kk < {KE}"] if kguard else []) + ([f"n0 + n < {NE}"] if NE % TN else [])
-    bload = f"Wh[(long)(k0 + kk) * {NE} + n0 + n]"
-    w(f"        Bs[kk][n] = {'(' + ' && '.join(bconds) + ') ? ' + bload + ' : 0.0f' if bconds else bload};")
-    w("      }")
-    w("      __syncthreads();")
+def _acc_terms(epilogue_exprs: list[Expr]) -> list[tuple[InnerE, Expr]]:
+    """Each distinct ``inner(acc, y)`` of the epilogue, in first-use order, with its ``y``."""
+    terms: list[tuple[InnerE, Expr]] = []
+    for e in epilogue_exprs:
+        for product in inner_products(e):
+            if isinstance(product.a, Acc) or isinstance(product.b, Acc):
+                if product not in [t for t, _ in terms]:
+                    terms.append((product, product.b if isinstance(product.a, Acc) else product.a))
+    return terms
+
+
+# --------------------------------------------------------------------------- kernel: setup
+def _kernel_open(plan: _GemmPlan) -> list[str]:
+    """The signature (``PARAMS`` filled in by :func:`_unit`) and the shared-memory tiles."""
+    lines = [
+        f"extern \"C\" __global__ void __launch_bounds__({plan.threads}) gemm(PARAMS) {{",
+        f"  __shared__ float As[{plan.tile_k}][{plan.tile_rows} + 1];"
+        "  // input slice, k-major (+1: no bank conflicts on stores)",
+        f"  __shared__ float Bs[{plan.tile_k}][{plan.tile_cols}];      // weight slice",
+        f"  __shared__ idx_t s_rid[{plan.tile_rows}];         // row id of each tile row, -1 past the segment's end",
+        f"  __shared__ idx_t s_xrow[{plan.tile_rows}];        // input row of each tile row ({plan.kernel.x_via})",
+    ]
+    if plan.acc_terms:
+        lines.append(f"  __shared__ float ep_s[{plan.term_slots}];  // inner(acc, y) per epilogue term, tile row, head")
+    return lines
+
+
+def _block_rows(plan: _GemmPlan) -> list[str]:
+    """``tid`` and the block's segment and row range ``row0 .. row_end``, per ``block_partition``."""
+    lines = ["  const int tid = threadIdx.x;"]
+    if plan.partition == "static":
+        return lines + [
+            "  // block_partition = static: grid.z is the type segment, grid.x the tile inside it",
+            "  const idx_t seg = (idx_t)blockIdx.z;",
+            f"  const idx_t row0 = seg_off[seg] + (idx_t)blockIdx.x * {plan.tile_rows};",
+            "  const idx_t row_end = seg_off[seg + 1];",
+            "  if (row0 >= row_end) return;  // a shorter segment: block-uniform exit",
+        ]
+    if plan.partition == "balanced":
+        return lines + [
+            "  // block_partition = balanced: grid.x runs over a host-built tile table, every tile inside one segment",
+            "  const idx_t seg = tile_seg[blockIdx.x];",
+            "  const idx_t row0 = tile_row0[blockIdx.x];",
+            "  const idx_t row_end = seg_off[seg + 1];",
+        ]
+    raise UnsupportedKernel(f"unknown block_partition {plan.partition!r}")
+
+
+def _weight_base(plan: _GemmPlan) -> list[str]:
+    """The segment's type and its weight (and bias) slice ``Wt`` (``bt``)."""
+    lines = ["  const idx_t type = seg_type[seg];  // the weight slice all rows of the tile share",
+             f"  const float* __restrict__ Wt = W + (long)type * {plan.weight_size};"]
+    if plan.kernel.bias:
+        lines.append(f"  const float* __restrict__ bt = bias + (long)type * {plan.out_width};")
+    return lines
+
+
+def _tile_row_ids(plan: _GemmPlan) -> list[str]:
+    """``s_rid``/``s_xrow``: each tile row's id and gathered input row, resolved once per block;
+    the epilogue's partial sums zeroed."""
+    lines = [
+        f"  for (int i = tid; i < {plan.tile_rows}; i += {plan.threads}) {{",
+        "    const idx_t r = row0 + i;",
+        "    idx_t rid = -1, xr = -1;",
+        f"    if (r < row_end) {{ rid = {plan.row_id}; xr = {plan.x_row}; }}",
+        "    s_rid[i] = rid;",
+        "    s_xrow[i] = xr;",
+        "  }",
+    ]
+    if plan.acc_terms:
+        lines.append(f"  for (int i = tid; i < {plan.term_slots}; i += {plan.threads}) ep_s[i] = 0.0f;")
+    lines.append("  __syncthreads();")
+    return lines
+
+
+# --------------------------------------------------------------------------- kernel: column tiles
+def _column_tiles(plan: _GemmPlan) -> list[str]:
+    """The loop over the block's column tiles: zeroed accumulators, the k-slices, the store."""
+    tiles = plan.weight_heads * plan.col_tiles
+    loop_note = ("the block walks every column tile (epilogue needs whole rows)" if plan.kernel.epilogue
+                 else "one column tile per block (grid.y)")
+    return [
+        f"  const int tr = tid / {plan.thread_cols}, tc = tid % {plan.thread_cols};  "
+        f"// this thread: rows tr + i*{plan.thread_rows}, columns tc + j*{plan.thread_cols}",
+        f"  for (int ct = blockIdx.y; ct < {tiles}; ct += gridDim.y) {{  // {loop_note}",
+        f"    const int hb = ct / {plan.col_tiles};  // head of a per-head weight (0 otherwise)",
+        f"    const int n0 = (ct % {plan.col_tiles}) * {plan.tile_cols};",
+        f"    const float* __restrict__ Wh = Wt + (long)hb * {plan.reduce_dim * plan.weight_cols};",
+        *_zeroed_accumulators(plan),
+        f"    for (int k0 = 0; k0 < {plan.reduce_dim}; k0 += {plan.tile_k}) {{",
+        *_input_slice(plan),
+        *_weight_slice(plan),
+        "      __syncthreads();",
+        *_slice_product(plan),
+        "      __syncthreads();",
+        "    }",
+        *_store(plan),
+        "  }",
+    ]
+
+
+def _zeroed_accumulators(plan: _GemmPlan) -> list[str]:
+    """The thread's micro-tile of outputs ``c``, in registers."""
+    return [
+        f"    float c[{plan.rows_per_thread}][{plan.cols_per_thread}];",
+        "#pragma unroll",
+        f"    for (int i = 0; i < {plan.rows_per_thread}; ++i)",
+        "#pragma unroll",
+        f"      for (int j = 0; j < {plan.cols_per_thread}; ++j) c[i][j] = 0.0f;",
+    ]
+
+
+def _input_slice(plan: _GemmPlan) -> list[str]:
+    """``As``: the k-slice of the tile's gathered input rows, zero past the rows and the k extent."""
+    in_bounds = "xr >= 0" + (f" && k0 + kk < {plan.reduce_dim}" if plan.partial_k else "")
+    head_offset = f"(long)hb * {plan.reduce_dim} + " if plan.kernel.per_head else ""
+    return [
+        f"      for (int i = tid; i < {plan.tile_rows * plan.tile_k}; i += {plan.threads}) {{"
+        "  // gathered input rows, consecutive k per thread",
+        f"        const int lr = i / {plan.tile_k}, kk = i % {plan.tile_k};",
+        "        const idx_t xr = s_xrow[lr];",
+        f"        As[kk][lr] = ({in_bounds}) ? x[(long)xr * {plan.x_width} + {head_offset}k0 + kk] : 0.0f;",
+        "      }",
+    ]
+
+
+def _weight_slice(plan: _GemmPlan) -> list[str]:
+    """``Bs``: the k-slice of the column tile's weight, zero past the k extent and the columns."""
+    in_bounds = (([f"k0 + kk < {plan.reduce_dim}"] if plan.partial_k else [])
+                 + ([f"n0 + n < {plan.weight_cols}"] if plan.partial_cols else []))
+    load = f"Wh[(long)(k0 + kk) * {plan.weight_cols} + n0 + n]"
+    value = f"({' && '.join(in_bounds)}) ? {load} : 0.0f" if in_bounds else load
+    return [
+        f"      for (int i = tid; i < {plan.tile_k * plan.tile_cols}; i += {plan.threads}) {{",
+        f"        const int kk = i / {plan.tile_cols}, n = i % {plan.tile_cols};",
+        f"        Bs[kk][n] = {value};",
+        "      }",
+    ]
+
+
+def _slice_product(plan: _GemmPlan) -> list[str]:
+    """The micro-tile's outer products over the k-slice in shared memory."""
+    rows, cols = plan.rows_per_thread, plan.cols_per_thread
     # unrolled by 8, not fully: a full 32-deep unroll quadruples ptxas time on the large tiles
-    w(f"#pragma unroll {min(TK, 8)}")
-    w(f"      for (int kk = 0; kk < {TK}; ++kk) {{")
-    w(f"        float a[{RM}], b[{RN}];")
-    w("#pragma unroll")
-    w(f"        for (int i = 0; i < {RM}; ++i) a[i] = As[kk][tr + i * {TR}];")
-    w("#pragma unroll")
-    w(f"        for (int j = 0; j < {RN}; ++j) b[j] = Bs[kk][tc + j * {TC}];")
-    w("#pragma unroll")
-    w(f"        for (int i = 0; i < {RM}; ++i)")
-    w("#pragma unroll")
-    w(f"          for (int j = 0; j < {RN}; ++j) c[i][j] = fmaf(a[i], b[j], c[i][j]);")
-    w("      }")
-    w("      __syncthreads();")
-    w("    }")
-    # ---- store (and epilogue partial sums)
-    # With inner-product terms, every lane runs every (i, j) so that the tc-group shuffles below
-    # see the whole warp; rows past the segment contribute zeros and store nothing.
-    heads_here = 1 if uniform_head else HT  # partial sums per thread: one per head the tile touches
-    w("#pragma unroll")
-    w(f"    for (int i = 0; i < {RM}; ++i) {{")
-    w(f"      const int lr = tr + i * {TR};")
-    w("      const idx_t rid = s_rid[lr];")
-    if not terms:
-        w("      if (rid < 0) continue;")
-    for t in range(len(terms)):
-        w(f"      float part{t}[{heads_here}] = {{{', '.join(['0.0f'] * heads_here)}}};")
-    w("#pragma unroll")
-    w(f"      for (int j = 0; j < {RN}; ++j) {{")
-    w(f"        const int n = n0 + tc + j * {TC};")
-    conds = (["rid >= 0"] if terms else []) + ([f"n < {NE}"] if NE % TN else [])
-    if conds:
-        w(f"        if (!({' && '.join(conds)})) continue;")
-    w(f"        const int col = hb * {NE} + n;  // column of the output row")
-    w("        const float v = c[i][j]" + (" + bt[col];" if k.bias else ";"))
-    w("        (void)col;")
+    return [
+        f"#pragma unroll {min(plan.tile_k, 8)}",
+        f"      for (int kk = 0; kk < {plan.tile_k}; ++kk) {{",
+        f"        float a[{rows}], b[{cols}];",
+        "#pragma unroll",
+        f"        for (int i = 0; i < {rows}; ++i) a[i] = As[kk][tr + i * {plan.thread_rows}];",
+        "#pragma unroll",
+        f"        for (int j = 0; j < {cols}; ++j) b[j] = Bs[kk][tc + j * {plan.thread_cols}];",
+        "#pragma unroll",
+        f"        for (int i = 0; i < {rows}; ++i)",
+        "#pragma unroll",
+        f"          for (int j = 0; j < {cols}; ++j) c[i][j] = fmaf(a[i], b[j], c[i][j]);",
+        "      }",
+    ]
+
+
+# --------------------------------------------------------------------------- kernel: store
+def _store(plan: _GemmPlan) -> list[str]:
+    """The micro-tile (plus bias) into the output, and the epilogue's partial inner products.
+
+    With inner-product terms every lane runs every ``(i, j)``, so that the shuffles of
+    :func:`_term_reductions` see the whole warp; rows past the segment add zeros and store nothing.
+    """
+    lines = [
+        "#pragma unroll",
+        f"    for (int i = 0; i < {plan.rows_per_thread}; ++i) {{",
+        f"      const int lr = tr + i * {plan.thread_rows};",
+        "      const idx_t rid = s_rid[lr];",
+    ]
+    if not plan.acc_terms:
+        lines.append("      if (rid < 0) continue;")
+    zeros = ", ".join(["0.0f"] * plan.heads_per_thread)
+    lines += [f"      float part{t}[{plan.heads_per_thread}] = {{{zeros}}};" for t in range(len(plan.acc_terms))]
+    skip = (["rid >= 0"] if plan.acc_terms else []) + ([f"n < {plan.weight_cols}"] if plan.partial_cols else [])
+    lines += [
+        "#pragma unroll",
+        f"      for (int j = 0; j < {plan.cols_per_thread}; ++j) {{",
+        f"        const int n = n0 + tc + j * {plan.thread_cols};",
+    ]
+    if skip:
+        lines.append(f"        if (!({' && '.join(skip)})) continue;")
+    lines += [
+        f"        const int col = hb * {plan.weight_cols} + n;  // column of the output row",
+        "        const float v = c[i][j]" + (" + bt[col];" if plan.kernel.bias else ";"),
+        "        (void)col;",
+        *_store_value(plan),
+        *_term_partials(plan),
+        "      }",
+        *_term_reductions(plan),
+        "    }",
+    ]
+    return lines
+
+
+def _store_value(plan: _GemmPlan) -> list[str]:
+    """``v`` into the output row (``atomicAdd`` when accumulating) and into the row strategy's scratch."""
+    k = plan.kernel
+    lines: list[str] = []
     if k.out is not None:
         if k.accumulate:
-            w(f"        atomicAdd(&out[(long)({out_row}) * {OW} + col], v);  // accumulate: rows add into {k.out_via}")
+            lines.append(f"        atomicAdd(&out[(long)({plan.out_row}) * {plan.out_width} + col], v);"
+                         f"  // accumulate: rows add into {k.out_via}")
         elif k.out_via == "row":
-            w(f"        out[(long)rid * {OW} + col] = v;")
+            lines.append(f"        out[(long)rid * {plan.out_width} + col] = v;")
         else:  # pragma: no cover - the lowering stores at "row" unless accumulating
             raise UnsupportedKernel(f"{k.name}: store at {k.out_via} without accumulate")
-    if acc_rows == "acc_rows":
-        w(f"        acc_rows[(long)rid * {OW} + col] = v;  // finished rows for the epilogue")
-    if terms:
-        em = ctx.emitter(k.rows, "rid")
-        hx, dx = ("hb", "n") if k.per_head else (f"(col / {OD})", f"(col % {OD})")
-        for t, (_, y) in enumerate(terms):
-            stmts, val = em.block(y, hx, dx)
-            w("        {")
-            for st in stmts:
-                w("          " + st)
-            if uniform_head:
-                w(f"          part{t}[0] += v * {val};")
-            else:
-                w(f"          const float pv = v * {val};")
-                w("#pragma unroll")
-                w(f"          for (int hh = 0; hh < {HT}; ++hh) part{t}[hh] += ({hx} == hh) ? pv : 0.0f;")
-            w("        }")
-    w("      }")
-    if terms:
-        # the TC threads of a tile row are consecutive lanes of one warp (TC <= 32, a power of 2):
-        # a shuffle reduction over them, then the group's first lane adds into shared memory
-        head = "hb" if k.per_head else ("0" if HT == 1 else f"(n0 / {OD})")
-        for t in range(len(terms)):
-            w("#pragma unroll")
-            w(f"      for (int hh = 0; hh < {heads_here}; ++hh) {{")
-            w("        float p = part{t}[hh];".format(t=t))
-            if TC > 1:
-                w("#pragma unroll")
-                w(f"        for (int o = {TC // 2}; o > 0; o >>= 1) p += __shfl_xor_sync(0xffffffffu, p, o);")
-            target = head if uniform_head else "hh"
-            w(f"        if (tc == 0 && rid >= 0) ep_s[({t} * {TM} + lr) * {HT} + {target}] += p;")
-            w("      }")
-    w("    }")
-    w("  }")
-    # ---- epilogue: one thread per (row, head, feature) of each epilogue output
-    if k.epilogue:
-        w("  __syncthreads();  // every column of the block's rows is done (shared and global writes visible)")
-        for i, ((o, _), e) in enumerate(zip(k.epilogue, epi)):
-            b = kp.buffers[o]
-            EH, ED = b.heads, b.dim
-            em = ctx.emitter(k.rows, "rid", acc_shape=(k.out_heads, k.out_dim))
-            for t, (prod, _) in enumerate(terms):
-                em.subst[prod] = (lambda t: lambda h, d: f"ep_s[({t} * {TM} + lr) * {HT} + {h}]")(t)
-            stmts, val = em.block(e, "h", "d")
-            w(f"  for (int i = tid; i < {TM * EH * ED}; i += {NT}) {{  // epilogue ep{i}: one thread per row x head x feature")
-            w(f"    const int lr = i / {EH * ED}, h = (i / {ED}) % {EH}, d = i % {ED};")
-            w("    (void)h; (void)d;")
-            w("    const idx_t rid = s_rid[lr];")
-            w("    if (rid < 0) continue;")
-            if strategy == "row":
-                w(f"    const float* acc = {acc_rows} + (long)rid * {OW};  // the finished output row")
-            for st in stmts:
-                w("    " + st)
-            w(f"    ep{i}[(long)rid * {EH * ED} + h * {ED} + d] = {val};")
-            w("  }")
-    w("}")
+    if plan.acc_rows == "acc_rows":
+        lines.append(f"        acc_rows[(long)rid * {plan.out_width} + col] = v;  // finished rows for the epilogue")
+    return lines
 
-    sizes: list[tuple[str, str]] = []
-    args = ctx.args(tables, sizes)
-    body = "\n".join(L).replace("PARAMS", ", ".join(a.c_decl() for a in args))
-    sched = f"tile_rows={TM} tile_cols={TN} tile_k={TK} threads={NT} block_partition={partition}"
-    desc = _canonical(k, epi)
+
+def _term_partials(plan: _GemmPlan) -> list[str]:
+    """Per epilogue term: ``v * y`` at this column, added to the thread's partial sum of its head."""
+    if not plan.acc_terms:
+        return []
+    k = plan.kernel
+    emitter = plan.ctx.emitter(k.rows, "rid")
+    head, feature = ("hb", "n") if k.per_head else (f"(col / {k.out_dim})", f"(col % {k.out_dim})")
+    lines: list[str] = []
+    for t, (_, y) in enumerate(plan.acc_terms):
+        stmts, y_value = emitter.block(y, head, feature)
+        lines.append("        {")
+        lines += ["          " + st for st in stmts]
+        if plan.uniform_head:
+            lines.append(f"          part{t}[0] += v * {y_value};")
+        else:
+            lines += [
+                f"          const float pv = v * {y_value};",
+                "#pragma unroll",
+                f"          for (int hh = 0; hh < {k.out_heads}; ++hh) part{t}[hh] += ({head} == hh) ? pv : 0.0f;",
+            ]
+        lines.append("        }")
+    return lines
+
+
+def _term_reductions(plan: _GemmPlan) -> list[str]:
+    """The partial sums of a tile row's threads, added into ``ep_s``.
+
+    The ``thread_cols`` threads of a tile row are consecutive lanes of one warp (at most 32, a
+    power of 2): a shuffle reduction over them, then the group's first lane adds into shared
+    memory, so the sum is deterministic without atomics.
+    """
+    k = plan.kernel
+    tile_head = "hb" if k.per_head else ("0" if k.out_heads == 1 else f"(n0 / {k.out_dim})")
+    head = tile_head if plan.uniform_head else "hh"
+    lines: list[str] = []
+    for t in range(len(plan.acc_terms)):
+        lines += [
+            "#pragma unroll",
+            f"      for (int hh = 0; hh < {plan.heads_per_thread}; ++hh) {{",
+            f"        float p = part{t}[hh];",
+        ]
+        if plan.thread_cols > 1:
+            lines += [
+                "#pragma unroll",
+                f"        for (int o = {plan.thread_cols // 2}; o > 0; o >>= 1)"
+                " p += __shfl_xor_sync(0xffffffffu, p, o);",
+            ]
+        lines += [
+            f"        if (tc == 0 && rid >= 0) ep_s[({t} * {plan.tile_rows} + lr) * {k.out_heads} + {head}] += p;",
+            "      }",
+        ]
+    return lines
+
+
+# --------------------------------------------------------------------------- kernel: epilogue
+def _epilogue(plan: _GemmPlan) -> list[str]:
+    """Every epilogue output, after the block's whole rows are done."""
+    k = plan.kernel
+    if not k.epilogue:
+        return []
+    lines = ["  __syncthreads();  // every column of the block's rows is done (shared and global writes visible)"]
+    for i, ((name, _), e) in enumerate(zip(k.epilogue, plan.epilogue_exprs)):
+        lines += _epilogue_output(plan, i, name, e)
+    return lines
+
+
+def _epilogue_output(plan: _GemmPlan, i: int, name: str, e: Expr) -> list[str]:
+    """Epilogue output ``ep<i>`` (IR buffer ``name``) = ``e``: a thread per (row, head, feature);
+    its ``inner(acc, y)`` terms read ``ep_s``, other uses of ``acc`` the finished row."""
+    k = plan.kernel
+    out = plan.program.buffers[name]
+    heads, dim = out.heads, out.dim
+    emitter = plan.ctx.emitter(k.rows, "rid", acc_shape=(k.out_heads, k.out_dim))
+    for t, (product, _) in enumerate(plan.acc_terms):
+        emitter.subst[product] = _shared_term(t, plan.tile_rows, k.out_heads)
+    stmts, value = emitter.block(e, "h", "d")
+    lines = [
+        f"  for (int i = tid; i < {plan.tile_rows * heads * dim}; i += {plan.threads}) {{"
+        f"  // epilogue ep{i}: one thread per row x head x feature",
+        f"    const int lr = i / {heads * dim}, h = (i / {dim}) % {heads}, d = i % {dim};",
+        "    (void)h; (void)d;",
+        "    const idx_t rid = s_rid[lr];",
+        "    if (rid < 0) continue;",
+    ]
+    if plan.strategy == "row":
+        lines.append(f"    const float* acc = {plan.acc_rows} + (long)rid * {plan.out_width};"
+                     "  // the finished output row")
+    lines += ["    " + st for st in stmts]
+    lines += [f"    ep{i}[(long)rid * {heads * dim} + h * {dim} + d] = {value};", "  }"]
+    return lines
+
+
+def _shared_term(t: int, tile_rows: int, heads: int) -> Callable[[str, str], str]:
+    """The C element of epilogue term ``t``'s inner product at head ``h``, summed in ``ep_s``."""
+    return lambda h, d: f"ep_s[({t} * {tile_rows} + lr) * {heads} + {h}]"
+
+
+# --------------------------------------------------------------------------- unit
+def _unit(plan: _GemmPlan, lines: list[str]) -> KernelUnit:
+    """The kernel with its parameter list, its comments, and its launch."""
+    k = plan.kernel
+    args = plan.ctx.args(_TILE_TABLES[plan.partition], [])
+    body = "\n".join(lines).replace("PARAMS", ", ".join(a.c_decl() for a in args))
+    sched = (f"tile_rows={plan.tile_rows} tile_cols={plan.tile_cols} tile_k={plan.tile_k} threads={plan.threads} "
+             f"block_partition={plan.partition}")
+    desc = _canonical(k, plan.epilogue_exprs)
     code = "\n".join([
         comment_block([f"template gemm: {desc[0]}"] + [f"  {line}" for line in desc[1:]] + [
-            f"schedule: {sched}; micro-tile {RM}x{RN} per thread, threads {TR}x{TC}",
-            f"epilogue strategy: {strategy}" if k.epilogue else "no epilogue",
+            f"schedule: {sched}; micro-tile {plan.rows_per_thread}x{plan.cols_per_thread} per thread, "
+            f"threads {plan.thread_rows}x{plan.thread_cols}",
+            f"epilogue strategy: {plan.strategy}" if k.epilogue else "no epilogue",
         ]),
-        prelude(kp.index_bits),
-        _find_pair_if_needed(ctx),
+        prelude(plan.program.index_bits),
+        _find_pair_if_needed(plan.ctx),
         body, ""])
-    header = comment_block([f"rgtune CUDA kernel for IR kernel {k.name} (program {kp.name})"]
+    header = comment_block([f"rgtune CUDA kernel for IR kernel {k.name} (program {plan.program.name})"]
                            + ["  " + line for line in k.describe().splitlines()]
-                           + [f"  buffers: {ctx.mapping_comment()}; weight W = {k.weight}"
+                           + [f"  buffers: {plan.ctx.mapping_comment()}; weight W = {k.weight}"
                               + (f", bias = {k.bias}" if k.bias else "")])
-    grid = Grid("gemm", k.rows, tile_rows=TM, col_blocks=1 if k.epilogue else HB * CT, partition=partition)
-    return KernelUnit(k, header, code, (Launch("gemm", grid, NT, args),), tuple(ctx.temps),
-                      notes=[f"epilogue={strategy}"] if k.epilogue else [])
+    col_blocks = 1 if k.epilogue else plan.weight_heads * plan.col_tiles
+    grid = Grid("gemm", k.rows, tile_rows=plan.tile_rows, col_blocks=col_blocks, partition=plan.partition)
+    return KernelUnit(k, header, code, (Launch("gemm", grid, plan.threads, args),), tuple(plan.ctx.temps),
+                      notes=[f"epilogue={plan.strategy}"] if k.epilogue else [])
 
 
 def _canonical(k: GemmKernel, epi: list[Expr]) -> list[str]:

@@ -33,10 +33,12 @@ Mappings (``traversal.*`` schedule):
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from typing import Any, Callable, Mapping
 
 from rgtune.codegen.cuda._context import Body, Context, finish_kernel, kernel_head, softmax_fold, warp_per_dst_head
-from rgtune.codegen.cuda._expr import ATOMIC_MAX, FIND_PAIR, UnsupportedKernel, prelude
+from rgtune.codegen.cuda._expr import ATOMIC_MAX, FIND_PAIR, RowIndex, UnsupportedKernel, prelude
 from rgtune.codegen.cuda._lanes import atomic_vec, chunk, store_vec, warp_inner
 from rgtune.codegen.cuda._softmax import softmax_dst_lanes, softmax_edge_passes
 from rgtune.codegen.cuda._unit import Grid, KernelUnit, Launch, comment_block
@@ -99,155 +101,214 @@ def traversal_unit(k: TraversalKernel, s: Mapping[str, Any], kp: KernelProgram) 
 
 
 # --------------------------------------------------------------------------- dst_parallel
-def _dst_warp(ctx: Context, k: TraversalKernel, score: Expr | None, message: Expr, NT: int, VW: int,
-              C: int) -> Body:
-    """A warp per destination: aggregation, or softmax-weighted aggregation (online softmax)."""
-    kp = ctx.kp
-    st = k.stage
-    out_via = st.out_via  # type: ignore[attr-defined]
-    F, D, NCH_ALL = _features(k, kp, VW)
-    NCH = -(-NCH_ALL // 32)  # chunks per lane
-    guard = NCH_ALL % 32 != 0
-    ctx.arrays.add("csr_indptr")
-    L: list[str] = []
-    w = L.append
-    warp_per_dst_head(L, "traverse", NT, C)
-    softmax = score is not None
-    to_pairs = out_via == "dst_pair"
-    pair_ix = ctx.index("edge", "rid")
-    arrays = [f"sum[{NCH}][{VW}]"] + ([f"m[{NCH}][{VW}]", f"den[{NCH}][{VW}]"] if softmax else [])
-    for a in arrays:
-        w(f"    float {a};")
-    w("#pragma unroll")
-    w(f"    for (int q = 0; q < {NCH}; ++q)")
-    w("#pragma unroll")
-    init = "sum[q][c] = 0.0f;" + (" m[q][c] = -INFINITY; den[q][c] = 0.0f;" if softmax else "")
-    w(f"      for (int c = 0; c < {VW}; ++c) {{ {init} }}")
+#: a per-chunk update: ``(indent, values) -> lines``, ``values[i][c]`` the C value of the i-th
+#: expression at component ``c`` of the lane's chunk
+_Update = Callable[[str, list[list[str]]], list[str]]
 
-    def chunk_loop(indent: str, body: Callable[[str], None]) -> None:
+
+@dataclasses.dataclass
+class _DstWarp:
+    """A warp per destination, its lanes over the destination row's feature chunks; emits into ``lines``.
+
+    Lane ``lane`` holds chunks ``q = 0 .. chunks_per_lane - 1`` of ``vector_width`` features
+    starting at ``(lane + 32 * q) * vector_width``; the per-chunk registers are ``sum[q][c]``
+    (and ``m``, ``den`` for a softmax).
+    """
+
+    ctx: Context
+    lines: list[str]
+    features: int  # floats of the output row, all heads
+    head_dim: int  # features per head
+    vector_width: int
+    chunks_per_lane: int
+    guarded: bool  # whether some lanes' last chunk lies past the row
+    pairs: RowIndex  # an edge's destination pair
+
+    def registers(self, softmax: bool) -> None:
+        """Declares the per-chunk sums (and a softmax's running max and denominator), zeroed."""
+        chunks, width = self.chunks_per_lane, self.vector_width
+        names = ["sum"] + (["m", "den"] if softmax else [])
+        self.lines += [f"    float {name}[{chunks}][{width}];" for name in names]
+        init = "sum[q][c] = 0.0f;" + (" m[q][c] = -INFINITY; den[q][c] = 0.0f;" if softmax else "")
+        self.lines += [
+            "#pragma unroll",
+            f"    for (int q = 0; q < {chunks}; ++q)",
+            "#pragma unroll",
+            f"      for (int c = 0; c < {width}; ++c) {{ {init} }}",
+        ]
+
+    def lane_chunks(self, indent: str, body: Callable[[str], None]) -> None:
+        """The loop over this lane's chunks: ``f0`` (first feature), ``h`` and ``d0``, then ``body``
+        (called with the loop body's indent)."""
+        w = self.lines.append
         w(f"{indent}#pragma unroll")
-        w(f"{indent}for (int q = 0; q < {NCH}; ++q) {{")
-        w(f"{indent}  const int f0 = (lane + 32 * q) * {VW};  // this lane's features f0 .. f0 + {VW - 1}")
-        if guard:
-            w(f"{indent}  if (f0 < {F}) {{")
-        inner = indent + ("    " if guard else "  ")
-        w(f"{inner}const int h = f0 / {D}, d0 = f0 % {D};")
+        w(f"{indent}for (int q = 0; q < {self.chunks_per_lane}; ++q) {{")
+        w(f"{indent}  const int f0 = (lane + 32 * q) * {self.vector_width};"
+          f"  // this lane's features f0 .. f0 + {self.vector_width - 1}")
+        if self.guarded:
+            w(f"{indent}  if (f0 < {self.features}) {{")
+        inner = indent + ("    " if self.guarded else "  ")
+        w(f"{inner}const int h = f0 / {self.head_dim}, d0 = f0 % {self.head_dim};")
         w(f"{inner}(void)h; (void)d0;")
         body(inner)
-        if guard:
+        if self.guarded:
             w(f"{indent}  }}")
         w(f"{indent}}}")
 
-    def flush(indent: str, row: str, scale: bool) -> None:
-        def body(ind: str) -> None:
-            vals = []
-            for c in range(VW):
-                vals.append(f"(den[q][{c}] > 0.0f ? sum[q][{c}] / den[q][{c}] : 0.0f)" if scale else f"sum[q][{c}]")
-            L.extend(store_vec(f"out[(long)({row}) * {F} + f0]", vals, ind, "+="))
-        chunk_loop(indent, body)
+    def write_back(self, indent: str, row: str, normalize: bool) -> None:
+        """Adds the sums into output row ``row``, divided by the softmax denominators if ``normalize``."""
+        def store(inner: str) -> None:
+            values = [f"(den[q][{c}] > 0.0f ? sum[q][{c}] / den[q][{c}] : 0.0f)" if normalize else f"sum[q][{c}]"
+                      for c in range(self.vector_width)]
+            self.lines.extend(store_vec(f"out[(long)({row}) * {self.features} + f0]", values, inner, "+="))
 
-    def edge_values(indent: str, exprs: list[Expr], update: Callable[[str, list[list[str]]], None]) -> None:
+        self.lane_chunks(indent, store)
+
+    def edge_chunks(self, indent: str, exprs: list[Expr], update: _Update) -> None:
         """Per edge: warp-reduced inner products, then each lane's chunks of ``exprs``, then ``update``."""
-        em = ctx.emitter("edge", "rid")
-        L.extend(warp_inner(em, exprs, indent))
+        emitter = self.ctx.emitter("edge", "rid")
+        self.lines.extend(warp_inner(emitter, exprs, indent))
 
-        def body(ind: str) -> None:
-            lines, values = chunk(em, exprs, D, VW, kp, ind)
-            L.extend(lines)
-            update(ind, values)
+        def values_then_update(inner: str) -> None:
+            lines, values = chunk(emitter, exprs, self.head_dim, self.vector_width, self.ctx.kp, inner)
+            self.lines.extend(lines)
+            self.lines.extend(update(inner, values))
 
-        chunk_loop(indent, body)
+        self.lane_chunks(indent, values_then_update)
 
-    def next_pair() -> None:
-        """At an edge of a new destination pair: flush the finished pair's sums, start the next."""
-        w(f"      const idx_t p = {pair_ix('dst_pair')};")
-        w("      if (p != cur) {")
-        w("        if (cur >= 0) {")
-        flush("          ", "cur", False)
-        w("        }")
-        w("        cur = p;")
-        w("#pragma unroll")
-        w(f"        for (int q = 0; q < {NCH}; ++q)")
-        w("#pragma unroll")
-        w(f"          for (int c = 0; c < {VW}; ++c) sum[q][c] = 0.0f;")
-        w("      }")
+    def pair_change(self) -> None:
+        """At an edge of a new destination pair: writes the finished pair's sums back, zeroes them for ``p``."""
+        chunks, width = self.chunks_per_lane, self.vector_width
+        self.lines += [f"      const idx_t p = {self.pairs('dst_pair')};",
+                       "      if (p != cur) {",
+                       "        if (cur >= 0) {"]
+        self.write_back("          ", "cur", False)
+        self.lines += [
+            "        }",
+            "        cur = p;",
+            "#pragma unroll",
+            f"        for (int q = 0; q < {chunks}; ++q)",
+            "#pragma unroll",
+            f"          for (int c = 0; c < {width}; ++c) sum[q][c] = 0.0f;",
+            "      }",
+        ]
 
-    if not softmax:
-        def add(ind: str, values: list[list[str]]) -> None:
-            for c in range(VW):
-                w(f"{ind}sum[q][{c}] += {values[0][c]};")
+    def last_pair(self) -> None:
+        """After the edges: writes the last pair's sums back (none for a destination without edges)."""
+        self.lines.append("    if (cur >= 0) {")
+        self.write_back("      ", "cur", False)
+        self.lines.append("    }")
 
-        if to_pairs:
-            w("    idx_t cur = -1;  // the destination pair being summed (edges of a pair are consecutive in CSR)")
-        w("    for (idx_t rid = beg; rid < end; ++rid) {")
-        if to_pairs:
-            next_pair()
-        edge_values("      ", [message], add)
-        w("    }")
-        if to_pairs:
-            w("    if (cur >= 0) {")
-            flush("      ", "cur", False)
-            w("    }")
-        else:
-            flush("    ", "v", False)
-        desc = f"out[{out_via}] += {expr_str(message)}; warp per destination, no atomics"
+
+def _dst_warp(ctx: Context, k: TraversalKernel, score: Expr | None, message: Expr, threads: int,
+              vector_width: int, coarsening: int) -> Body:
+    """A warp per destination: aggregation, or softmax-weighted aggregation (online softmax)."""
+    out_via = k.stage.out_via  # type: ignore[attr-defined]
+    features, head_dim, chunks = _features(k, ctx.kp, vector_width)
+    ctx.arrays.add("csr_indptr")
+    lines: list[str] = []
+    warp_per_dst_head(lines, "traverse", threads, coarsening)
+    warp = _DstWarp(ctx, lines, features, head_dim, vector_width, chunks_per_lane=-(-chunks // 32),
+                    guarded=chunks % 32 != 0, pairs=ctx.index("edge", "rid"))
+    warp.registers(softmax=score is not None)
+    if score is None:
+        desc = _sum_messages(warp, message, out_via)
+    elif out_via == "dst_pair":
+        desc = _softmax_two_passes(warp, score, message)
     else:
-        assert score is not None
-        sc_broadcast = score.dim == 1
+        desc = _softmax_online(warp, score, message)
+    lines += ["  }", "}"]
+    text, args = finish_kernel(ctx, lines, [("node", "num_rows")])
+    grid = Grid("items", "node", 1, (threads // 32) * coarsening)
+    return text, (Launch("traverse", grid, threads, args),), desc
 
-        if not to_pairs:
-            def online(ind: str, values: list[list[str]]) -> None:
-                for c in range(VW):
-                    x = values[0][0] if sc_broadcast else values[0][c]
-                    w(f"{ind}{{  // online softmax: rescale the running sums to the new max")
-                    w(f"{ind}  const float x = {x};")
-                    w(f"{ind}  const float mn = fmaxf(m[q][{c}], x);")
-                    w(f"{ind}  const float r = expf(m[q][{c}] - mn), p = expf(x - mn);")
-                    w(f"{ind}  den[q][{c}] = den[q][{c}] * r + p;")
-                    w(f"{ind}  sum[q][{c}] = fmaf(p, {values[1][c]}, sum[q][{c}] * r);")
-                    w(f"{ind}  m[q][{c}] = mn;")
-                    w(f"{ind}}}")
 
-            w("    for (idx_t rid = beg; rid < end; ++rid) {")
-            edge_values("      ", [score, message], online)
-            w("    }")
-            flush("    ", "v", True)
-            desc = (f"out[dst] += softmax_dst({expr_str(score)}) * {expr_str(message)}; "
-                    "warp per destination, online softmax, no atomics")
-        else:
-            # pass 1: max and denominator per feature; pass 2: weighted sums flushed per pair
-            def max_sum(ind: str, values: list[list[str]]) -> None:
-                for c in range(VW):
-                    x = values[0][0] if sc_broadcast else values[0][c]
-                    w(f"{ind}{{")
-                    w(f"{ind}  const float x = {x};")
-                    L.extend(softmax_fold(ind + "  ", f"m[q][{c}]", f"den[q][{c}]", "x"))
-                    w(f"{ind}}}")
+def _sum_messages(warp: _DstWarp, message: Expr, out_via: str) -> str:
+    """Emits the edge loop summing ``message`` per destination (or per destination pair) and the write-back."""
+    to_pairs = out_via == "dst_pair"
+    if to_pairs:
+        warp.lines.append("    idx_t cur = -1;"
+                          "  // the destination pair being summed (edges of a pair are consecutive in CSR)")
+    warp.lines.append("    for (idx_t rid = beg; rid < end; ++rid) {")
+    if to_pairs:
+        warp.pair_change()
+    warp.edge_chunks("      ", [message], _add_message)
+    warp.lines.append("    }")
+    if to_pairs:
+        warp.last_pair()
+    else:
+        warp.write_back("    ", "v", False)
+    return f"out[{out_via}] += {expr_str(message)}; warp per destination, no atomics"
 
-            w("    for (idx_t rid = beg; rid < end; ++rid) {  // pass 1: softmax max and denominator")
-            edge_values("      ", [score], max_sum)
-            w("    }")
 
-            def weighted(ind: str, values: list[list[str]]) -> None:
-                for c in range(VW):
-                    x = values[0][0] if sc_broadcast else values[0][c]
-                    w(f"{ind}sum[q][{c}] = fmaf(expf({x} - m[q][{c}]) / den[q][{c}], {values[1][c]}, sum[q][{c}]);")
+def _softmax_online(warp: _DstWarp, score: Expr, message: Expr) -> str:
+    """Emits one edge loop keeping an online softmax per feature, then the normalized write-back."""
+    warp.lines.append("    for (idx_t rid = beg; rid < end; ++rid) {")
+    warp.edge_chunks("      ", [score, message], functools.partial(_online_update, broadcast=score.dim == 1))
+    warp.lines.append("    }")
+    warp.write_back("    ", "v", True)
+    return (f"out[dst] += softmax_dst({expr_str(score)}) * {expr_str(message)}; "
+            "warp per destination, online softmax, no atomics")
 
-            w("    idx_t cur = -1;")
-            w("    for (idx_t rid = beg; rid < end; ++rid) {  // pass 2: alpha * message into destination pairs")
-            next_pair()
-            edge_values("      ", [score, message], weighted)
-            w("    }")
-            w("    if (cur >= 0) {")
-            flush("      ", "cur", False)
-            w("    }")
-            desc = (f"out[dst_pair] += softmax_dst({expr_str(score)}) * {expr_str(message)}; "
-                    "warp per destination, two passes, no atomics")
-    w("  }")
-    w("}")
-    text, args = finish_kernel(ctx, L, [("node", "num_rows")])
-    grid = Grid("items", "node", 1, (NT // 32) * C)
-    return text, (Launch("traverse", grid, NT, args),), desc
+
+def _softmax_two_passes(warp: _DstWarp, score: Expr, message: Expr) -> str:
+    """Emits the softmax into destination pairs in two edge loops: the softmax normalizes over all
+    of the destination's edges but the sums go per pair, so the max and denominator are finished
+    first, then the weighted sums are written back pair by pair."""
+    broadcast = score.dim == 1
+    warp.lines.append("    for (idx_t rid = beg; rid < end; ++rid) {  // pass 1: softmax max and denominator")
+    warp.edge_chunks("      ", [score], functools.partial(_max_sum_update, broadcast=broadcast))
+    warp.lines += ["    }",
+                   "    idx_t cur = -1;",
+                   "    for (idx_t rid = beg; rid < end; ++rid) {  // pass 2: alpha * message into destination pairs"]
+    warp.pair_change()
+    warp.edge_chunks("      ", [score, message], functools.partial(_weighted_update, broadcast=broadcast))
+    warp.lines.append("    }")
+    warp.last_pair()
+    return (f"out[dst_pair] += softmax_dst({expr_str(score)}) * {expr_str(message)}; "
+            "warp per destination, two passes, no atomics")
+
+
+def _score_at(values: list[list[str]], c: int, broadcast: bool) -> str:
+    """The score of component ``c``: a one-feature score (``broadcast``) weighs every feature."""
+    return values[0][0] if broadcast else values[0][c]
+
+
+def _add_message(indent: str, values: list[list[str]]) -> list[str]:
+    """``sum += message``, per component."""
+    return [f"{indent}sum[q][{c}] += {message};" for c, message in enumerate(values[0])]
+
+
+def _online_update(indent: str, values: list[list[str]], broadcast: bool) -> list[str]:
+    """Folds an edge's (score, message) into the running max, denominator and weighted sum."""
+    lines: list[str] = []
+    for c, message in enumerate(values[1]):
+        lines += [f"{indent}{{  // online softmax: rescale the running sums to the new max",
+                  f"{indent}  const float x = {_score_at(values, c, broadcast)};",
+                  f"{indent}  const float mn = fmaxf(m[q][{c}], x);",
+                  f"{indent}  const float r = expf(m[q][{c}] - mn), p = expf(x - mn);",
+                  f"{indent}  den[q][{c}] = den[q][{c}] * r + p;",
+                  f"{indent}  sum[q][{c}] = fmaf(p, {message}, sum[q][{c}] * r);",
+                  f"{indent}  m[q][{c}] = mn;",
+                  f"{indent}}}"]
+    return lines
+
+
+def _max_sum_update(indent: str, values: list[list[str]], broadcast: bool) -> list[str]:
+    """Folds an edge's score into the running max and denominator (pass 1 of two)."""
+    lines: list[str] = []
+    for c in range(len(values[0])):
+        lines += [f"{indent}{{", f"{indent}  const float x = {_score_at(values, c, broadcast)};"]
+        lines += softmax_fold(indent + "  ", f"m[q][{c}]", f"den[q][{c}]", "x")
+        lines.append(f"{indent}}}")
+    return lines
+
+
+def _weighted_update(indent: str, values: list[list[str]], broadcast: bool) -> list[str]:
+    """Adds ``softmax weight * message`` from the finished max and denominator (pass 2 of two)."""
+    return [f"{indent}sum[q][{c}] = fmaf(expf({_score_at(values, c, broadcast)} - m[q][{c}]) / den[q][{c}], "
+            f"{message}, sum[q][{c}]);"
+            for c, message in enumerate(values[1])]
 
 
 def _edge_warp_store(ctx: Context, k: TraversalKernel, value: Expr, _via: None, NT: int, VW: int,
