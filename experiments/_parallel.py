@@ -1,14 +1,7 @@
-"""Studies side by side on one GPU machine (the experiments' ``--jobs``).
-
-A study on the GPU spends most of its time on the host: generating and compiling kernels, the
-float64 reference, the sampler and the cost model; its kernels run for well under a millisecond.
-So several studies can share one GPU when no two time at once, which the measurement workers'
-cross-process lock on the device guarantees (:mod:`rgtune.tuner.device_lock`); each trial records
-how long it waited for the lock, and the experiments leave that out of a run's seconds. CPU
-backends time on the cores that the other studies compile on, so they run one study at a time.
-
-Each job process (and the measurement worker it spawns) gets ``cores // jobs`` threads for its host
-work, so that the jobs do not oversubscribe the cores.
+"""Studies side by side on one GPU machine (the experiments' ``--jobs``): a study on the GPU spends most of
+its time on the host, and the measurement workers' lock on the device (:mod:`rgtune.tuner.device_lock`)
+keeps any two from timing at once. CPU backends time on the cores the other studies compile on, so
+they run one study at a time. Each job process gets ``cores // jobs`` host threads.
 
 Example:
     >>> run_parallel(pow, [(2, 3), (3, 2)], jobs=1)
@@ -18,13 +11,11 @@ Example:
 from __future__ import annotations
 
 import os
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any, Callable, Sequence, TypeVar
 
 T = TypeVar("T")
-
-#: backends whose timing stays valid with studies side by side (the device's lock serializes timing)
-PARALLEL_BACKENDS = ("cuda",)
+PARALLEL_BACKENDS = ("cuda",)  # the device's lock serializes their timing
 
 
 def jobs_problem(jobs: int, backend: str) -> str | None:
@@ -43,22 +34,18 @@ def threads_per_job(jobs: int) -> int:
 
 def limit_threads(threads: int) -> None:
     """This process's and its children's host threads (OpenMP, MKL, torch, scikit-learn's OpenMP)."""
-    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ[name] = str(threads)
+    os.environ.update(dict.fromkeys(("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"), str(threads)))
     import torch
+    from threadpoolctl import threadpool_limits  # scikit-learn's dependency
 
     torch.set_num_threads(threads)
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        return
     threadpool_limits(limits=threads)
 
 
 def run_parallel(fn: Callable[..., T], tasks: Sequence[tuple[Any, ...]], jobs: int,
                  on_done: Callable[[T], None] | None = None) -> list[T]:
     """``[fn(*t) for t in tasks]``, ``jobs`` at a time in fresh processes (in this one when ``jobs`` is 1);
-    ``on_done`` sees each result as it comes (in the order they finish)."""
+    ``on_done`` sees each result as it comes."""
     if jobs <= 1:
         results = []
         for t in tasks:
@@ -71,9 +58,6 @@ def run_parallel(fn: Callable[..., T], tasks: Sequence[tuple[Any, ...]], jobs: i
     with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"), initializer=limit_threads,
                              initargs=(threads_per_job(jobs),)) as pool:
         futures = [pool.submit(fn, *t) for t in tasks]
-        if on_done is not None:
-            from concurrent.futures import as_completed
-
-            for f in as_completed(futures):
-                on_done(f.result())
+        for f in as_completed(futures) if on_done is not None else ():
+            on_done(f.result())
         return [f.result() for f in futures]

@@ -1,17 +1,10 @@
 """Where the time of one tuned-layer forward goes on a GPU: kernels, program host path, layer host path.
 
-For each model (default schedule, or ``--db`` for the tuned one) it builds the tuned layer twice,
-replaying a recorded CUDA graph and launching kernel by kernel, and times in the same process:
-
-* ``program events``: ``BuiltProgram.run`` called back to back, CUDA events around the whole
-  loop (what the tuner's timing sees when the GPU keeps up with the host);
-* ``program + sync``: one run, then ``torch.cuda.synchronize()``, wall clock;
-* ``layer + sync``: the same through ``layer(x)`` (the checks of :class:`TunedLayer`);
-* ``sync alone``: the synchronization's own cost.
-
-Medians of ``--repeats`` after 10 warm-up calls. Needs a CUDA GPU. Example::
-
-    python experiments/gpu_overhead.py --dataset aifb --models rgcn,hgt
+For each model (default schedule, or ``--db``'s tuned one) the tuned layer is built twice, replaying a
+recorded CUDA graph and launching kernel by kernel, and timed in one process: ``program events``
+(``BuiltProgram.run`` back to back, CUDA events around the loop), ``program + sync`` (one run, then
+``torch.cuda.synchronize()``, wall clock), ``layer + sync`` (the same through ``layer(x)``), and the
+synchronization alone. Medians of ``--repeats`` after 10 warm-up calls. Needs a CUDA GPU.
 """
 
 from __future__ import annotations
@@ -25,33 +18,27 @@ from typing import Callable, Sequence
 import torch
 
 
-def wall_ms(fn: Callable[[], object], repeats: int, sync: bool = True) -> float:
-    """Median wall-clock milliseconds of ``fn()`` (then a device synchronization when ``sync``)."""
+def wall_ms(fn: Callable[[], object], repeats: int, events: bool = False) -> float:
+    """Median wall-clock ms of ``fn()`` and a device synchronization, after 10 warm-up calls; ``events``:
+    the mean ms per call of ``repeats`` back-to-back calls, by CUDA events around the loop."""
     for _ in range(10):
         fn()
     torch.cuda.synchronize()
+    if events:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(repeats):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / repeats
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
-        if sync:
-            torch.cuda.synchronize()
+        torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
-
-
-def events_ms(fn: Callable[[], object], repeats: int) -> float:
-    """Mean milliseconds per call of ``repeats`` back-to-back calls, by CUDA events around the loop."""
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / repeats
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -86,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             runner = layer._runner
             params = dict(zip(runner.names, [layer._parameters[n] for n in runner.names]))
             with torch.no_grad():
-                row = (events_ms(lambda: runner.built.run(x, params), args.repeats),
+                row = (wall_ms(lambda: runner.built.run(x, params), args.repeats, events=True),
                        wall_ms(lambda: runner.built.run(x, params), args.repeats),
                        wall_ms(lambda: layer(x), args.repeats))
             launch = "cuda graph" if graphs else "kernel by kernel"

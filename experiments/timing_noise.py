@@ -1,32 +1,19 @@
 """How much one trial's time varies, timed plain and paired with the default schedule.
 
-The tuner compares schedules by single trials. On a shared machine the whole machine's speed
-drifts over seconds, and a plain trial (the median of a block of runs) carries that drift; a
-paired trial (``MeasureOptions(timing="paired")``) alternates every run with a run of the
-default schedule and reports the ratio on a fixed scale, so a drift common to both cancels.
-
-For one workload this times the default schedule and ``--schedules`` others in ``--workers``
-fresh measurement processes per timing mode, ``--rounds`` interleaved rounds each (the modes'
-processes alternate: plain, paired, plain, ...; so a drift of the machine favours neither), one
-trial per schedule and round, as ``tune`` measures it, and reports per mode:
-
-* ``sd_within``: the standard deviation of a schedule's log time over the rounds of one process
-  (mean over schedules and processes): how far two trials of the same schedule in one study differ;
-* ``sd_pair``: the standard deviation over rounds of the log ratio of two schedules timed in the
-  same round (mean over pairs and processes): the noise of the comparison the tuner makes;
-* ``sd_between``: the standard deviation of a schedule's per-process median log time (mean over
-  schedules): how far two studies differ (paired: includes each process's calibration).
-
-The schedules: the fastest ``--schedules`` of ``--schedules-from`` (a ``tuning_curves_retimed.csv``
-of :mod:`tuning_curves`; near-ties are what the tuner must tell apart) or else random valid
-schedules (seeded). Writes ``timing_noise.csv`` (every trial) and ``timing_noise.json`` (the
-summary) to ``--out``.
+A plain trial (the median of a block of runs) carries the drift of a shared machine's speed; a
+paired trial (``MeasureOptions(timing="paired")``) alternates every run with a run of the default
+schedule, so a drift common to both cancels. For one workload this times the default schedule and
+``--schedules`` others in ``--workers`` fresh measurement processes per mode (plain and paired
+alternating), ``--rounds`` interleaved rounds each, one trial per schedule and round, and reports
+standard deviations of log time: ``sd_within`` (a schedule over the rounds of one process),
+``sd_pair`` (the log ratio of two schedules timed in the same round: the tuner's comparison) and
+``sd_between`` (a schedule's per-process median). The schedules: the fastest of ``--schedules-from``
+(a ``tuning_curves_retimed.csv``; by default the near-ties of the seed-23 curves). Writes
+``timing_noise_<model>_<dataset>.csv`` (every trial) and ``.json`` (the summary) to ``--out``.
 
 Examples::
 
-    python experiments/timing_noise.py --model hgt --dataset aifb
-    python experiments/timing_noise.py --model rgat --dataset mutag --workers 4 --rounds 7 \\
-        --schedules-from experiments/results/tuning_curves_seed23/tuning_curves_retimed.csv
+    python experiments/timing_noise.py --model hgt --dataset aifb --workers 3 --rounds 5
 """
 
 from __future__ import annotations
@@ -35,7 +22,6 @@ import argparse
 import csv
 import json
 import os
-import random
 import time
 from pathlib import Path
 from typing import Any, Mapping
@@ -63,26 +49,14 @@ def _shown(value: object) -> str:
 
 
 def pick_schedules(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    """The default schedule and ``args.schedules`` others, by name."""
-    chosen: dict[str, dict[str, Any]] = {"default": {}}
-    if args.schedules_from:
-        with open(args.schedules_from, newline="") as f:
-            rows = [r for r in csv.DictReader(f) if r["model"] == args.model and r["dataset"] == args.dataset
-                    and r["retimed_ms"]]
-        if not rows:
-            raise SystemExit(f"timing_noise: no re-timed {args.model} {args.dataset} schedule in {args.schedules_from}")
-        rows.sort(key=lambda r: float(r["retimed_ms"]))
-        chosen.update((f"fast{i}", json.loads(r["knobs"])) for i, r in enumerate(rows[:args.schedules]))
-        return chosen
-    from rgtune.data import load_dataset
-    from rgtune.ir.models import build_model
-    from rgtune.search_spaces import SearchSpace
-
-    space = SearchSpace(build_model(args.model, args.hidden, args.hidden, 1),
-                        load_dataset(args.dataset, root=args.data_dir), "cpu")
-    rng = random.Random(args.seed)
-    chosen.update((f"random{i}", space.sample(rng)) for i in range(args.schedules))
-    return chosen
+    """The default schedule and the ``args.schedules`` fastest re-timed ones of ``--schedules-from``, by name."""
+    with open(args.schedules_from, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if (r["model"], r["dataset"]) == (args.model, args.dataset)
+                and r["retimed_ms"]]
+    if not rows:
+        raise SystemExit(f"timing_noise: no re-timed {args.model} {args.dataset} schedule in {args.schedules_from}")
+    rows.sort(key=lambda r: float(r["retimed_ms"]))
+    return {"default": {}, **{f"fast{i}": json.loads(r["knobs"]) for i, r in enumerate(rows[:args.schedules])}}
 
 
 def summarize(log_ms: Mapping[str, Mapping[str, np.ndarray]]) -> dict[str, dict[str, float]]:
@@ -105,10 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dataset", default="aifb")
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--schedules", type=int, default=3, help="schedules besides the default (default 3)")
-    p.add_argument("--schedules-from", default=None, help="a tuning_curves_retimed.csv: its fastest schedules")
+    p.add_argument("--schedules-from", type=Path, default=RESULTS / "schedules.csv",
+                   help="a tuning_curves_retimed.csv: its fastest schedules (default: the seed-23 curves' six)")
     p.add_argument("--workers", type=int, default=3, help="measurement processes per timing mode (default 3)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds per process (default 5)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random schedules")
     p.add_argument("--data-dir", default=os.environ.get("RGTUNE_DATA_DIR"))
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
@@ -136,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    Path(f"{stem}.json").write_text(json.dumps({"settings": {k: _shown(v) for k, v in vars(args).items()},
+    settings = {k: _shown(v) for k, v in vars(args).items() if k != "data_dir"}  # no paths of this machine
+    Path(f"{stem}.json").write_text(json.dumps({"settings": settings,
                                                 "schedules": schedules, "summary": summary}, indent=1))
     print("| timing | sd within a process | sd of a two-schedule ratio | sd between processes |")
     print("|---|---|---|---|")

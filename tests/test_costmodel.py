@@ -191,7 +191,6 @@ def test_fit_is_deterministic_and_targets_are_per_workload(history):
     assert ordered_pair_accuracy(z[first], [samples[i].ms for i in first]) == 1.0
 
 
-
 def test_current_weight_lets_the_tuned_workloads_own_trials_decide():
     # ten other workloads where a larger x is slower; the tuned one ("cur") is the other way round
     others = [Sample(f"w{w}", {"num:x": float(x)}, 1.0 + x) for w in range(10) for x in range(12)]
@@ -597,17 +596,6 @@ def test_costmodel_main_does_not_create_a_database(tmp_path):
     assert not missing.exists()
 
 
-def test_transfer_experiment_checks_its_count_features(load_experiment):
-    # the ablation flag of experiments/costmodel_transfer.py: any scalar IR count, and a clear error
-    transfer = load_experiment("costmodel_transfer")
-    assert transfer._count_keys(["flops", "index_probes"]) == ("flops", "index_probes")
-    with pytest.raises(SystemExit, match=r"\['gemm_rows'\] is not a count; choose from .*'index_probes'"):
-        transfer._count_keys(["flops", "gemm_rows"])  # a dict per kernel, not a number
-    with pytest.raises(SystemExit, match="nothing is not a count"):
-        transfer._count_keys([])
-    assert transfer.build_parser().parse_args(["--seed", "23"]).seed == 23
-
-
 def test_curves_keep_one_timing_and_recheck_per_work_directory(load_experiment, tmp_path):
     import argparse
     import json
@@ -630,105 +618,6 @@ def test_curves_keep_one_timing_and_recheck_per_work_directory(load_experiment, 
     plain = {"rounds": 7, "hidden": 64, "backend": "cpu", "timing": "plain"}
     assert curves._cached_retimes(cache, plain) == {"h": {}}
     assert curves._cached_retimes(cache, {**plain, "timing": "paired"}) == {}
-
-
-def test_curves_can_run_rank_ablations_beside_rank(load_experiment):
-    """``tpe+rank0`` is the rank policy with no opening, whatever ``--opening`` says; ``tpe+rank-local0``
-    has no local candidates, whatever ``--local`` says; each keeps the other settings."""
-    curves = load_experiment("tuning_curves")
-    args = curves.build_parser().parse_args(
-        ["--arms", "tpe,tpe+rank,tpe+rank0,tpe+rank-local0", "--opening", "4", "--local", "0.25"])
-    assert args.arms == ["tpe", "tpe+rank", "tpe+rank0", "tpe+rank-local0"]
-    rank, no_opening, no_local = (curves._policy(a, args, 0) for a in ("tpe+rank", "tpe+rank0", "tpe+rank-local0"))
-    assert (rank.opening, rank.local) == (4, 0.25)
-    assert (no_opening.opening, no_opening.local) == (0, 0.25)
-    assert (no_local.opening, no_local.local) == (4, 0.0)
-    assert curves._run_dir(Path("w"), "hgt", "aifb", 1, "tpe+rank-local0").name == "hgt-aifb-s1-tpe_rank-local0"
-    # the opening rule's arms: each fixes the rule, and the default policy's is lcb
-    assert [curves._policy(a, args, 0).opening_rule for a in ("tpe+rank", "tpe+rank-lcb", "tpe+rank-top")] == \
-        ["lcb", "lcb", "top"]
-    assert curves.build_parser().parse_args([]).arms == ["tpe", "tpe+cm", "tpe+rank"]  # the default is unchanged
-
-
-def test_opening_rules_score_each_rules_picks_against_the_pools_best(load_experiment, history, tmp_path, capsys):
-    import csv
-    import doctest
-
-    rules = load_experiment("opening_rules")
-    assert doctest.testmod(rules).failed == 0
-    url = str(history.engine.url)
-    out = tmp_path / "rules"
-    assert rules.main(["--db", url, "--k", "1,100", "--members", "3", "--resample-seeds", "0,1", "--subpools", "3",
-                       "--subpool-size", "6", "--out", str(out)]) == 0
-    with open(out / "opening_rules.csv") as f:
-        rows = list(csv.DictReader(f))
-    # every graph held out on the device with a history; the other device's lone workload has none to learn from
-    assert {r["holdout"] for r in rows} == set(GRAPHS) and "skipped: cost model off" in capsys.readouterr().out
-    assert {r["rule"] for r in rows} == set(rules.RULES) and {r["seed"] for r in rows} == {"0", "1"}
-    assert all(float(r["score"]) >= 1.0 for r in rows)
-    assert all(float(r["score"]) == 1.0 for r in rows if r["k"] == "100")  # picking every schedule finds the best
-    assert {int(r["pool"]) for r in rows if r["subpool"] == "1"} == {6}
-    assert "| mean, every workload | | 1 |" in (out / "opening_rules.md").read_text()
-    with pytest.raises(SystemExit, match="--k"):
-        rules.main(["--db", url, "--k", "four"])
-
-
-def test_curves_run_an_arm_with_its_own_recheck_beside_the_same_arm(load_experiment, tmp_path, capsys):
-    """``ARM/recheck=N`` is ARM with the tuner's recheck N, whatever ``--recheck`` says, in its own run
-    directory of the same work directory (so all its incumbents are re-timed with the others)."""
-    import argparse
-    import doctest
-    import json
-
-    curves = load_experiment("tuning_curves")
-    assert doctest.testmod(curves).failed == 0
-    args = curves.build_parser().parse_args(["--arms", "tpe,tpe/recheck=1,tpe+rank,tpe+rank/recheck=1",
-                                             "--recheck", "3"])
-    assert [curves._recheck(a, args) for a in args.arms] == [3, 1, 3, 1]
-    assert curves._policy("tpe/recheck=1", args, 0) is None
-    assert isinstance(curves._policy("tpe+rank/recheck=1", args, 0), curves.RankPolicy)
-    run_dir = curves._run_dir(tmp_path, "hgt", "aifb", 1, "tpe+rank/recheck=1")
-    assert run_dir.parent == tmp_path / "runs" and run_dir.name == "hgt-aifb-s1-tpe_rank_recheck_1"
-    assert curves._run_dir(tmp_path, "hgt", "aifb", 1, "tpe+rank").name == "hgt-aifb-s1-tpe_rank"
-    run_dir.mkdir(parents=True)
-    (run_dir / "trace.json").write_text(json.dumps({"timing": "plain", "recheck": 1, "trace": []}))
-    assert curves.run_one("hgt", "aifb", 1, "tpe+rank/recheck=1", tmp_path / "base.db", tmp_path,
-                          argparse.Namespace(timing="plain", recheck=3), "cpu")["recheck"] == 1
-    for bad, needle in (("tpe/recheck=0", "must be an integer >= 1"), ("tpe/recheck=x", "must be an integer >= 1"),
-                        ("gp/recheck=1", "unknown arm(s) 'gp/recheck=1'")):
-        with pytest.raises(SystemExit):
-            curves.build_parser().parse_args(["--arms", bad])
-        assert needle in capsys.readouterr().err
-
-
-def test_curves_feature_variant_arm_gets_a_base_model_with_its_features(load_experiment, history, tmp_path):
-    """``tpe+rank-tiles`` is the default rank policy whose model also has the GEMM tile counts as
-    features: its base history is a copy with a saved model of its own, trained with them, and the
-    feature code has them only while that arm runs."""
-    from rgtune.costmodel import features as _costmodel_features
-    from rgtune.costmodel.training import fit_on_history
-
-    curves = load_experiment("tuning_curves")
-    extra = curves.FEATURE_VARIANTS["tpe+rank-tiles"]
-    assert isinstance(curves._policy("tpe+rank-tiles", curves.build_parser().parse_args([]), 0), curves.RankPolicy)
-    default = _costmodel_features.COUNT_KEYS
-    with curves.count_features(extra):
-        assert _costmodel_features.COUNT_KEYS == (*default, *extra)
-    assert _costmodel_features.COUNT_KEYS == default
-    cm = CostModel(estimator=small_hgb, min_trials=10)
-    plain = curves.prepare_base(history, GRAPHS[0], tmp_path, "cpu", cm)
-    tiles = curves.prepare_base(history, GRAPHS[0], tmp_path, "cpu", cm, extra)
-    assert plain != tiles and tiles.exists()
-
-    def columns(base: Path) -> set[str]:
-        db = TrialDatabase(f"sqlite:///{base}")
-        with curves.count_features(extra if base == tiles else ()):
-            fit = fit_on_history(db, cm, "cpu", _device(db), graphs=LOADED)
-        db.close()
-        assert fit.loaded  # each run reads its base's saved model: trained with that base's features
-        return set(fit.model.encoder.columns)
-
-    assert "num:rel_gemm_tiles" in columns(tiles) and "num:rel_gemm_tiles" not in columns(plain)
 
 
 def test_experiments_run_studies_side_by_side_only_on_a_gpu(load_experiment, tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""The read-out of a tuning-curves run (``experiments/curves_readout.py``), on a run written here."""
+"""The read-out of a tuning-curves run (``experiments/tuning_curves.py``), on a run written here."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def _write_run(out: Path, traces: dict[tuple[str, str, str, int], list[tuple]],
 
 @pytest.fixture
 def readout(load_experiment) -> ModuleType:
-    return load_experiment("curves_readout")
+    return load_experiment("tuning_curves")
 
 
 def test_readout_examples_hold(readout):
@@ -95,10 +95,7 @@ def test_report_judges_each_arm_and_follows_the_incumbent(readout, tmp_path):
     assert "| hgt | aifb | tpe+rank | 30 / 3 | 20.0 / 2.0 | 2 / 3 | 2, 3, 40 | met |" in text
     assert "| hgt | aifb | tpe+rank-local0 | 30 / 20 | 20.0 / 15.0 | 2 / 2 | 4, 20, > budget | missed |" in text
     assert "- tpe+rank: met on 1 of 1" in text and "- tpe+rank-local0: met on 0 of 1" in text
-    assert "## tpe+rank against tpe+rank-local0" in text and "| hgt | aifb | 3 | 20 | lower |" in text
     assert "| hgt | aifb | tpe+rank | 2.00 | 1.20 | 50 |" in text
-    with pytest.raises(ValueError, match="'tpe\\+cm' not in this run; its arms: tpe, tpe\\+rank, tpe\\+rank-local0"):
-        readout.report(tmp_path / "run", pairs=[("tpe+rank", "tpe+cm")])
 
 
 def test_an_incumbent_not_re_timed_is_put_on_the_re_timing_scale(readout, tmp_path):
@@ -120,40 +117,6 @@ def test_an_incumbent_of_a_run_measured_in_a_slow_process_is_judged_against_its_
     assert readout.quality_after(tmp_path / "run", [1, 2])[("hgt", "aifb", "tpe")] == [2.0, 1.0]
 
 
-def test_rescore_finds_the_verdicts_each_scoring_gives(load_experiment, tmp_path, capsys):
-    rescore = load_experiment("rescore_curves")
-    rows = [_summary_row("hgt", "aifb", "tpe", [1], [1])]
-    # seed 1: the machine ran 1.75x slower while re-timing; b (not re-timed) counted within the goal
-    # at its raw time. Seed 2 ran in a slow process: x, as fast as a relative to the default,
-    # counts within the goal only relative to its run
-    traces = {("hgt", "aifb", "tpe", 1): [("b", 12.0), ("c", 12.5), ("a", 8.0)],
-              ("hgt", "aifb", "tpe", 2): [("b", 24.0), ("x", 16.0)]}
-    _write_run(tmp_path / "run", traces, {"a": (8.0, 14.0)}, rows)
-    got = rescore.trials_to_goal(tmp_path / "run", 0.05)[("hgt", "aifb", "tpe")]
-    assert "crossfit" not in got  # this CSV has no round columns: no crossfit score
-    assert {k: got[k] for k in ("scales", "raw", "measured", "relative")} == {
-        "scales": {"measured": 1.75, "relative": pytest.approx(21.0)},
-        "raw": [1.0, INF], "measured": [3.0, INF], "relative": [3.0, 2.0]}
-    assert got["seconds"]["relative"] == [3.0, 2.0]  # the run CSV's wall seconds: one per trial
-    assert rescore.main([str(tmp_path / "run")]) == 0
-    assert ("hgt aifb tpe (scale 1.75 measured, 21 relative): median trials to goal raw inf [1.0, inf], "
-            "measured inf [3.0, inf], relative 2.5 [2.0, 3.0]") in capsys.readouterr().out
-
-
-def test_rescore_gives_each_scorings_verdict_against_tpe(load_experiment):
-    rescore = load_experiment("rescore_curves")
-
-    def arm(trials: list[float]) -> dict:
-        return {name: trials for name in rescore.SCORINGS} | {"seconds": {name: trials for name in rescore.SCORINGS}}
-
-    scored = {("hgt", "aifb", "tpe"): arm([20, 30, 40]), ("hgt", "aifb", "tpe+rank"): arm([5, 10, INF])}
-    scored[("hgt", "aifb", "tpe+rank")]["relative"] = [5, 20, INF]
-    assert rescore.verdicts(scored, 100) == {
-        ("hgt", "aifb", "tpe+rank"): {"raw": "met", "measured": "met", "relative": "missed", "crossfit": "met"}}
-    del scored[("hgt", "aifb", "tpe")]["crossfit"]  # a baseline without the scoring: no verdict by it
-    assert "crossfit" not in rescore.verdicts(scored, 100)[("hgt", "aifb", "tpe+rank")]
-
-
 def test_re_timing_window_compares_each_incumbent_with_its_own_runs_default(load_experiment):
     curves = load_experiment("tuning_curves")
 
@@ -168,46 +131,9 @@ def test_re_timing_window_compares_each_incumbent_with_its_own_runs_default(load
     assert sorted((v["measured_ms"], v["relative"]) for v in chosen.values()) == [(5.0, 0.5), (8.0, 0.5)]
 
 
-def test_report_counts_rechecked_trials_and_their_share_of_the_seconds(readout, tmp_path):
-    rows = [_summary_row("hgt", "aifb", arm, [10, 20, 30], [5, 10, 15]) for arm in ("tpe", "tpe+rank")]
-    # trials measured once take 1 s; a rechecked one 2 s, so 1 s of extra measurements (the first
-    # trial, whose seconds include the setup, is counted but not timed)
-    rank = [("a", 10.0, 3, 5.0), ("b", 12.0, 1, 6.0), ("c", 8.0, 3, 8.0), ("d", 9.0, 1, 9.0), ("e", 7.0, 3, 11.0)]
-    traces = {("hgt", "aifb", "tpe+rank", 1): rank, ("hgt", "aifb", "tpe+rank", 2): rank,
-              ("hgt", "aifb", "tpe", 1): [("a", 10.0, 3, 5.0), ("b", 12.0, 1, 6.0)]}
-    _write_run(tmp_path / "run", traces, {"a": 10.0, "c": 8.0, "e": 7.0}, rows)
-    assert readout.rechecked(tmp_path / "run") == {("hgt", "aifb", "tpe+rank"): (3, pytest.approx(2 / 11)),
-                                                    ("hgt", "aifb", "tpe"): (1, 0.0)}
-    text = "\n".join(readout.report(tmp_path / "run", after=[1]))
-    assert "| after 1 | seconds per run | rechecked per run | share of seconds |" in text
-    assert "| hgt | aifb | tpe+rank | 1.43 | 50 | 3 | 18% |" in text
-    _write_run(tmp_path / "before", {("hgt", "aifb", "tpe", 1): [("a", 10.0)]}, {"a": 10.0}, rows[:1])
-    assert readout.rechecked(tmp_path / "before") == {}  # a run from before the recheck has no such column
-
-
-def test_report_counts_only_the_runs_of_its_results_from_a_shared_work_directory(readout, tmp_path):
-    rows = [_summary_row("hgt", "aifb", arm, [10, 20, 30], [5, 10, 15]) for arm in ("tpe", "tpe+rank")]
-    traces = {("hgt", "aifb", arm, 1): [("a", 10.0)] for arm in ("tpe", "tpe+rank")}
-    _write_run(tmp_path / "run", traces, {"a": 10.0}, rows)
-    for arm, seed, pools in (("tpe+rank", 1, 3), ("tpe+rank", 2, 50), ("tpe+rank/recheck=1", 1, 700)):
-        run = tmp_path / "work" / "runs" / f"hgt-aifb-s{seed}-{arm.replace('/', '_')}"
-        run.mkdir(parents=True)
-        (run / "trace.json").write_text(json.dumps({"model": "hgt", "dataset": "aifb", "arm": arm, "seed": seed,
-                                                    "cost_model": {"counts": {"pools": pools}}}))
-    # another seed and another arm of the same work directory are not this read-out's
-    only = readout.counts(tmp_path / "work", {("hgt", "aifb", "tpe+rank", "1")})
-    assert only == {("hgt", "aifb", "tpe+rank"): {"pools": 3}}
-    assert readout.counts(tmp_path / "work")[("hgt", "aifb", "tpe+rank")] == {"pools": 53}  # all of them
-    text = "\n".join(readout.report(tmp_path / "run", after=[1], workdir=tmp_path / "work"))
-    assert "| hgt | aifb | tpe+rank | 3 |" in text and "recheck=1" not in text
-
-
 def test_readout_says_what_is_missing(readout, tmp_path, capsys):
-    assert readout.main([str(tmp_path)]) == 2
-    assert "tuning_curves_summary.json not found" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        readout.build_parser().parse_args([str(tmp_path), "--compare", "tpe+rank"])
-    assert "--compare takes ARM:ARM" in capsys.readouterr().err
+    assert readout.main(["--readout", str(tmp_path)]) == 2
+    assert "tuning_curves_summary.json" in capsys.readouterr().err
 
 
 def test_crossfit_best_is_free_of_the_winners_curse(load_experiment):
@@ -228,8 +154,7 @@ def test_crossfit_best_is_free_of_the_winners_curse(load_experiment):
         curves.best_retimed({}, "max")
 
 
-def test_readout_scores_against_the_runs_best_estimate(readout, load_experiment, tmp_path):
-    rescore = load_experiment("rescore_curves")
+def test_readout_scores_against_the_runs_best_estimate(readout, tmp_path):
     rows = [_summary_row("hgt", "aifb", "tpe", [2], [2])]
     # b has the lowest re-timed median (8.5) by its lucky even rounds; fastest over the even rounds,
     # it takes 10 over the odd ones, and a, fastest over the odd ones, 9 over the even ones: the
@@ -246,8 +171,6 @@ def test_readout_scores_against_the_runs_best_estimate(readout, load_experiment,
     assert "re-timed medians over seeds; best re-timed time: crossfit)" in text
     assert "## Re-timed incumbent over the best (crossfit), after N measured trials" in text
     assert "best re-timed time" not in "\n".join(readout.report(tmp_path / "min", after=[2]))
-    got = rescore.trials_to_goal(tmp_path / "crossfit", 0.05)[("hgt", "aifb", "tpe")]
-    assert (sorted(got["relative"]), sorted(got["crossfit"])) == ([2.0, INF], [2.0, 2.0])
     # without round columns a crossfit read-out says what is missing
     _write_run(tmp_path / "old", traces, {"a": 9.0, "b": 8.5, "d": 20.0}, rows, None, "crossfit")
     with pytest.raises(ValueError, match="needs each re-timing round's time, which tuning_curves_retimed.csv lacks "
