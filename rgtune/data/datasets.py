@@ -13,8 +13,8 @@ are downloaded when possible. Processed graphs are cached in ``$RGTUNE_CACHE_DIR
 Example:
     >>> sorted(list_datasets())
     ['aifb', 'am', 'bgs', 'mutag', 'ogbn-mag', 'synthetic:<spec>']
-    >>> g = load_dataset("aifb")  # doctest: +SKIP
-    >>> g.num_nodes(), g.num_edges(), g.num_rels, g.task.category  # doctest: +SKIP
+    >>> g = load_dataset("aifb")  # the raw files from --data-dir, $RGTUNE_DATA_DIR or the user cache
+    >>> g.num_nodes(), g.num_edges(), g.num_rels, g.task.category
     (7262, 48810, 104, 'Personen')
 """
 
