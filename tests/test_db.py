@@ -410,7 +410,7 @@ def test_head_revision_matches_models() -> None:
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
 
-    assert known_revisions() == ["0001", "0002", "0003"] and known_revisions()[-1] == SCHEMA_VERSION
+    assert known_revisions() == ["0001", "0002", "0003", "0004"] and known_revisions()[-1] == SCHEMA_VERSION
     db = TrialDatabase("sqlite://")
     with db.engine.connect() as conn:
         ctx = MigrationContext.configure(conn, opts=_COMPARE_OPTS)
@@ -453,7 +453,7 @@ def test_upgrade_refused_when_disabled(tmp_path: Path) -> None:
         TrialDatabase(url, readonly=True)
 
 
-@pytest.mark.parametrize("version, pattern", [("0004", "newer than this rgtune knows"), ("zz99", "does not know")])
+@pytest.mark.parametrize("version, pattern", [(f"{int(SCHEMA_VERSION) + 1:04d}", "newer than this rgtune knows"), ("zz99", "does not know")])
 def test_newer_or_unknown_schema_is_refused_untouched(tmp_path: Path, version: str, pattern: str) -> None:
     path = tmp_path / "results.db"
     db = TrialDatabase(_file_url(path))

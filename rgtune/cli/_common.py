@@ -42,6 +42,17 @@ def positive_int(text: str) -> int:
     return v
 
 
+def positive_seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds > 0, with an error that names the bad value."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not (v > 0 and v != float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text}")
+    return v
+
+
 def add_workload_args(p: argparse.ArgumentParser, dataset_required: bool = True) -> None:
     """``--model --dataset --data-dir --hidden --heads``: the workload of ``tune`` and ``show``."""
     p.add_argument("--model", required=True, choices=MODELS, help="the layer to compile")

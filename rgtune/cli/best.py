@@ -25,6 +25,8 @@ def run(args: argparse.Namespace) -> int:
             f" (median of the {db.confirmation(best.confirmation_id).rounds} rounds of confirmation {best.confirmation_id})"
         print(f"best: trial {best.id}, {best.median_ms:.4g} ms{how}, {best.model} on {best.dataset} "
               f"({best.backend}, {best.device}), max error {best.max_error:.2g}")
+        print(f"  re-verified on {best.verified_inputs} fresh inputs" if best.verified_inputs else
+              "  not re-verified on fresh inputs yet (a `tune` run that ends normally does it)")
         for k, v in sorted(best.knobs.items()):
             print(f"  {k} = {v}")
     return 0

@@ -9,7 +9,8 @@ import argparse
 import sys
 from typing import Any
 
-from rgtune.cli._common import CLIError, add_workload_args, load_graph, open_db, positive_int, resolve_backend
+from rgtune.cli._common import (CLIError, add_workload_args, load_graph, open_db, positive_int, positive_seconds,
+                                resolve_backend)
 from rgtune.tuner.measure import TIMINGS
 
 #: ``tune --cost-model-policy`` unless given (BENCHMARKS.md, "Learned cost model", has how they compare)
@@ -34,7 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--db", default=None, help="SQLAlchemy URL of the trial database (default sqlite:///results.db)")
     p.add_argument("--sampler", default="tpe", help="tpe (default), random, gp, cmaes")
     p.add_argument("--seed", type=int, default=None, help="seed of the sampler and of the test inputs")
-    p.add_argument("--trial-timeout", type=float, default=60.0, metavar="SECONDS",
+    p.add_argument("--trial-timeout", type=positive_seconds, default=60.0, metavar="SECONDS",
                    help="a trial taking longer is killed and recorded as timeout (default 60)")
     p.add_argument("--timing", default="plain", choices=TIMINGS,
                    help="plain (default): a trial's time is the median of its runs; paired (CPU backends): every "
@@ -81,6 +82,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "(default 5; 0 turns it off)")
     p.add_argument("--confirm-rounds", type=positive_int, default=5, metavar="R",
                    help="rounds of the confirmation (default 5; each costs one measurement per schedule)")
+    p.add_argument("--reverify", type=positive_int, default=3, metavar="N",
+                   help="at the end, verify the best schedule again on N fresh inputs (each run twice) before it is "
+                        "trusted; one that fails is never the best again, and the next one is checked (default 3)")
     p.add_argument("--recheck", type=positive_int, default=3, metavar="N",
                    help="a trial whose measurement beats the best so far is measured until it has N measurements, "
                         "and its time is their median, so that one lucky run does not steer the search "
@@ -108,7 +112,8 @@ def run(args: argparse.Namespace) -> int:
                           fresh=args.fresh, progress=not args.quiet and sys.stderr.isatty(),
                           measure=MeasureOptions(timeout=args.trial_timeout, timing=args.timing),
                           guide=_cost_model_guide(args),
-                          confirm_top=args.confirm, confirm_rounds=args.confirm_rounds, recheck=args.recheck)
+                          confirm_top=args.confirm, confirm_rounds=args.confirm_rounds, recheck=args.recheck,
+                          reverify_inputs=args.reverify)
     print(f"tuning {args.model} on {graph.name} ({graph.num_nodes():,} nodes, {graph.num_edges():,} edges, "
           f"{graph.num_rels} relations), hidden={args.hidden}, heads={args.heads}, backend={backend}, "
           f"db={db.name}", file=sys.stderr)
@@ -160,7 +165,8 @@ def _print_summary(s) -> None:
             what = f"{c.get('pruned', 0)} of {c.get('candidates', 0)} candidates pruned"
         print(f"cost model: {s.guide.get('status')}; {what}, {c.get('refits', 0)} refits")
     if s.default_ms is not None:
-        print(f"default schedule: {s.default_ms:.4g} ms")
+        how = "median of the confirmation's rounds" if s.default_confirmed else "its measurement in the search"
+        print(f"default schedule: {s.default_ms:.4g} ms ({how})")
     if s.best_ms is None:
         print("no verified schedule yet")
         return
@@ -169,10 +175,21 @@ def _print_summary(s) -> None:
         single = f"; the fastest single measurement of the search was {c.searched_best_ms:.4g} ms" \
             if c.searched_best_ms is not None else ""
         done = "" if c.finished else " -- interrupted, so not used"
-        print(f"confirmation {c.id}: the {c.schedules} fastest schedules timed again in {c.rounds} interleaved rounds "
-              f"({c.elapsed_s:.1f} s){single}{done}")
-    speed = f" ({s.speedup:.2f}x over the default schedule)" if s.speedup else ""
-    how = " (confirmed: median of the rounds)" if c is not None and c.finished else ""
-    print(f"best schedule: {s.best_ms:.4g} ms{how}{speed}, trial {s.best_trial_id}")
+        print(f"confirmation {c.id}: {c.schedules} schedules (the fastest, the last winner, the default) timed again "
+              f"in {c.rounds} interleaved rounds ({c.elapsed_s:.1f} s){single}{done}")
+    how = " (confirmed: median of the rounds)" if c is not None and c.finished and s.default_confirmed else ""
+    if s.default_is_best:
+        print(f"best schedule: the default schedule, {s.best_ms:.4g} ms{how}: no searched schedule beat it; "
+              f"trial {s.best_trial_id}")
+    else:
+        if s.speedup is None:
+            speed = ""
+        elif s.default_confirmed:
+            speed = f" ({s.speedup:.2f}x over the default schedule, both confirmed)"
+        else:  # a confirmed median against one measurement would flatter or wrong the search: say which is which
+            speed = f" ({s.speedup:.2f}x over the default schedule's measurement in the search)"
+        print(f"best schedule: {s.best_ms:.4g} ms{how}{speed}, trial {s.best_trial_id}")
+    if s.best_verified_inputs:
+        print(f"  re-verified on {s.best_verified_inputs} fresh inputs")
     for k, v in sorted(s.best_knobs.items()):
         print(f"  {k} = {v}")

@@ -29,6 +29,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import random
@@ -59,8 +60,8 @@ from rgtune.db.errors import (
     translate,
 )
 from rgtune.db.migrate import check_readable, ensure_schema, schema_lock
-from rgtune.db.best import best_trial_id, confirmed_winner
-from rgtune.db.schema import SCHEMA_VERSION, Confirmation, Device, Graph, Schedule, Trial, Workload
+from rgtune.db.best import best_trial_id, confirmation_medians, confirmed_winner, rejected_schedules
+from rgtune.db.schema import SCHEMA_VERSION, Confirmation, Device, Graph, Schedule, Trial, Verification, Workload
 from rgtune.db.queries import (
     StatusArg,
     WorkloadRef,
@@ -81,6 +82,7 @@ from rgtune.db.records import (
     DeviceInfo,
     TrialRecord,
     TrialStatus,
+    VerificationRecord,
     WorkloadRecord,
     canonical_json,
     canonical_knobs,
@@ -101,6 +103,7 @@ __all__ = [
     "TrialRecord",
     "WorkloadRecord",
     "ConfirmationRecord",
+    "VerificationRecord",
     "WorkloadFilter",
     "GraphLike",
     "DatabaseError",
@@ -204,7 +207,7 @@ class TrialDatabase:
     Example:
         >>> with TrialDatabase("sqlite://") as db:
         ...     db.schema_version, db.count_trials()
-        ('0003', 0)
+        ('0004', 0)
         >>> TrialDatabase("postgres://")
         Traceback (most recent call last):
         ...
@@ -301,6 +304,14 @@ class TrialDatabase:
 
     def __repr__(self) -> str:
         return f"TrialDatabase({self.name!r}, schema {self.schema_version}{', read-only' if self.readonly else ''})"
+
+    def explain(self, e: BaseException) -> DatabaseError:
+        """The one-line :class:`DatabaseError` for a failure of this database: a driver or SQLAlchemy error,
+        also one that reached the caller through another library using the same database (Optuna's
+        storage wraps them: the cause is explained)."""
+        if not isinstance(e, sa_exc.SQLAlchemyError) and isinstance(e.__cause__, sa_exc.SQLAlchemyError):
+            e = e.__cause__
+        return self._translate(e)
 
     def _translate(self, e: BaseException) -> DatabaseError:
         if isinstance(e, CommandError):
@@ -542,6 +553,15 @@ class TrialDatabase:
         )
 
     @_translated
+    def heartbeat_worker(self, worker: str | None = None) -> int:
+        """Note that every ``running`` trial of ``worker`` (default: this process, ``host:pid``) is alive;
+        how many there are. A tuner calls it while it waits for a long measurement."""
+        me = worker or worker_id()
+        now = _utcnow()
+        return self._write(lambda s: rowcount(s.execute(
+            sa.update(Trial).where(Trial.worker == me, Trial.status == TrialStatus.RUNNING.value).values(heartbeat_at=now))))
+
+    @_translated
     def finish_trial(
         self,
         trial_id: int,
@@ -670,7 +690,12 @@ class TrialDatabase:
             return list(s.execute(q).all())
 
         rows = self._read(fn)
-        return trial_record(*rows[0]) if rows else None
+        if not rows:
+            return None
+        best = trial_record(*rows[0])
+        verified = sum(v.inputs for v in self.verifications(best.workload_id, schedule_hash=best.schedule_hash)
+                       if v.status == TrialStatus.OK.value)
+        return dataclasses.replace(best, verified_inputs=verified)
 
     @_translated
     def confirmed_best(self, workload: WorkloadRef) -> TrialRecord | None:
@@ -719,6 +744,93 @@ class TrialDatabase:
         if c is None:
             raise NotFoundError(f"{self.name} has no confirmation with id {confirmation_id}")
         return ConfirmationRecord(c.id, c.workload_id, c.schedules, c.rounds, c.worker, c.started_at, c.finished_at)
+
+    @_translated
+    def confirmation_medians(self, confirmation_id: int) -> dict[str, float]:
+        """Schedule hash -> the median ms of its ``ok`` rounds in a confirmation (finished or not), leaving
+        out schedules that failed a re-verification."""
+
+        def fn(s: Session) -> dict[str, float]:
+            c = s.get(Confirmation, confirmation_id)
+            if c is None:
+                raise NotFoundError(f"{self.name} has no confirmation with id {confirmation_id}")
+            medians = confirmation_medians(s, confirmation_id, rejected_schedules(s, c.workload_id))
+            hashes = dict(s.execute(sa.select(Schedule.id, Schedule.hash).where(Schedule.id.in_(medians))).all())
+            return {hashes[sch]: ms for sch, ms in medians.items()}
+
+        return self._read(fn)
+
+    @_translated
+    def correct_optuna_trials(self, values: Mapping[int, float], failed: Iterable[int] = ()) -> None:
+        """Give finished trials of an Optuna study on this database new values, or mark them failed.
+
+        ``values`` and ``failed`` are keyed by Optuna's own trial ids (``FrozenTrial._trial_id``).
+        Optuna has no API to correct a finished trial; the end-of-run confirmation does it so that the
+        study's best trial is the confirmed one (:mod:`rgtune.tuner.confirmation`). It writes Optuna's
+        ``trials`` and ``trial_values`` tables, which live in this database beside rgtune's.
+        """
+        from optuna.storages._rdb.models import TrialModel, TrialValueModel
+        from optuna.trial import TrialState
+
+        failed = list(failed)
+
+        def fn(s: Session) -> None:
+            for trial_id, value in values.items():
+                s.execute(sa.update(TrialValueModel)
+                          .where(TrialValueModel.trial_id == trial_id, TrialValueModel.objective == 0)
+                          .values(value=float(value), value_type=TrialValueModel.TrialValueType.FINITE))
+            if failed:
+                s.execute(sa.delete(TrialValueModel).where(TrialValueModel.trial_id.in_(failed)))
+                s.execute(sa.update(TrialModel).where(TrialModel.trial_id.in_(failed)).values(state=TrialState.FAIL))
+
+        self._write(fn)
+
+    @_translated
+    def record_verification(
+        self,
+        workload: WorkloadRef,
+        knobs: Mapping[str, Any],
+        status: TrialStatus | str,
+        *,
+        inputs: int,
+        runs: int,
+        max_error: float | None = None,
+        error: str | None = None,
+        source_hash: str | None = None,
+        confirmation_id: int | None = None,
+    ) -> int:
+        """Record that a schedule of ``workload`` was verified again on ``inputs`` fresh inputs, each run
+        ``runs`` times: ``ok``, or ``wrong_result`` (then :meth:`best` never returns it); its id."""
+        st = final_status(status)
+        if st not in (TrialStatus.OK, TrialStatus.WRONG_RESULT):
+            raise ValueError(f"a verification is 'ok' or 'wrong_result', got {st.value!r}")
+        wid = workload_id_of(workload)
+        n, r = positive_int(inputs, "inputs"), positive_int(runs, "runs")
+        canon, _ = canonical_knobs(knobs)
+        sid = self.ensure_schedule(canon)
+
+        def fn(s: Session) -> int:
+            # a wrong kernel's error may be NaN or inf: stored as NULL, the status and message say what happened
+            err = None if max_error is None or not math.isfinite(max_error) else float(max_error)
+            v = Verification(workload_id=wid, schedule_id=sid, confirmation_id=confirmation_id, status=st.value,
+                             inputs=n, runs=r, max_error=err, error=clip_error(error), source_hash=source_hash,
+                             worker=worker_id(), created_at=_utcnow())
+            s.add(v)
+            s.flush()
+            return int(v.id)
+
+        return self._write(fn)
+
+    @_translated
+    def verifications(self, workload: WorkloadRef, *, schedule_hash: str | None = None) -> list[VerificationRecord]:
+        """The re-verifications of a workload's schedules (of one schedule with ``schedule_hash``), oldest first."""
+        q = (sa.select(Verification, Schedule.hash).join(Schedule, Verification.schedule_id == Schedule.id)
+             .where(Verification.workload_id == workload_id_of(workload)).order_by(Verification.id))
+        if schedule_hash is not None:
+            q = q.where(Schedule.hash == schedule_hash)
+        return [VerificationRecord(v.id, v.workload_id, h, v.confirmation_id, v.status, v.inputs, v.runs, v.max_error,
+                                   v.error, v.source_hash, v.worker, v.created_at)
+                for v, h in self._read(lambda s: s.execute(q).all())]
 
     @_translated
     def history(

@@ -217,6 +217,8 @@ class TrialRecord(_Exportable):
     finished_at: datetime | None
     heartbeat_at: datetime | None
     confirmation_id: int | None = None  # a round of this confirmation (None: a trial of the search)
+    #: fresh inputs its schedule passed re-verification on (set by ``TrialDatabase.best``; None elsewhere)
+    verified_inputs: int | None = None
 
 
 @dataclass(frozen=True)
@@ -230,6 +232,24 @@ class ConfirmationRecord(_Exportable):
     worker: str | None
     started_at: datetime
     finished_at: datetime | None  # None: interrupted (or still running)
+
+
+@dataclass(frozen=True)
+class VerificationRecord(_Exportable):
+    """A schedule of a workload verified again on fresh inputs (see ``TrialDatabase.record_verification``)."""
+
+    id: int
+    workload_id: int
+    schedule_hash: str
+    confirmation_id: int | None
+    status: str  # ok or wrong_result
+    inputs: int
+    runs: int
+    max_error: float | None
+    error: str | None
+    source_hash: str | None
+    worker: str | None
+    created_at: datetime
 
 
 def records_to_json(records: Iterable[_Exportable], indent: int | None = 2) -> str:

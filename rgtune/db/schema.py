@@ -20,10 +20,10 @@ from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Index, Int
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 __all__ = ["SCHEMA_VERSION", "VERSION_TABLE", "TABLE_PREFIX", "Base", "Device", "Graph", "Workload", "Schedule",
-           "Confirmation", "Trial"]
+           "Confirmation", "Verification", "Trial"]
 
 #: the Alembic revision these classes describe; a test checks it is the migrations' head
-SCHEMA_VERSION = "0003"
+SCHEMA_VERSION = "0004"
 VERSION_TABLE = "rg_alembic_version"
 TABLE_PREFIX = "rg_"
 
@@ -126,6 +126,31 @@ class Confirmation(Base):
     worker: Mapped[str | None] = mapped_column(String(255))
     started_at: Mapped[datetime] = mapped_column(DateTime)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime)
+
+
+class Verification(Base):
+    """A schedule of a workload verified again on fresh inputs, each run more than once (revision 0004).
+
+    One verification per trial can pass a kernel with a data race by luck; the schedule that
+    :meth:`~rgtune.db.TrialDatabase.best` returns is checked again first, and a schedule with a
+    failed re-verification is never returned.
+    """
+
+    __tablename__ = "rg_verifications"
+    __table_args__ = (Index("ix_rg_verifications_workload_schedule", "workload_id", "schedule_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    workload_id: Mapped[int] = mapped_column(ForeignKey("rg_workloads.id"))
+    schedule_id: Mapped[int] = mapped_column(ForeignKey("rg_schedules.id"))
+    confirmation_id: Mapped[int | None] = mapped_column(ForeignKey("rg_confirmations.id"))
+    status: Mapped[str] = mapped_column(String(16))  # ok or wrong_result
+    inputs: Mapped[int] = mapped_column(Integer)  # fresh inputs checked
+    runs: Mapped[int] = mapped_column(Integer)  # runs of each input
+    max_error: Mapped[float | None] = mapped_column(Float)
+    error: Mapped[str | None] = mapped_column(Text)
+    source_hash: Mapped[str | None] = mapped_column(String(64))
+    worker: Mapped[str | None] = mapped_column(String(255))
+    created_at: Mapped[datetime] = mapped_column(DateTime)
 
 
 class Trial(Base):

@@ -30,7 +30,16 @@ the candidate's time only); compiling and verifying do not change.
 
 The parent waits at most ``timeout`` seconds for a trial: a hanging kernel is killed with
 its process (``timeout``); a crash (segfault, illegal memory access that kills the process)
-is ``runtime_error`` with the signal; either way the next trial gets a fresh worker.
+is ``runtime_error`` with the signal; either way the next trial gets a fresh worker. A worker
+that cannot be restarted costs the trial (``failed``), not the study. While it waits, the
+parent calls the worker's ``on_wait`` every ``heartbeat_s`` seconds (the tuner records a
+heartbeat, so that other workers of a shared database do not take a long trial for an abandoned
+one). The worker
+never outlives its parent: it polls the parent's pid and exits when the parent is gone (a
+``kill -9`` of ``tune`` would otherwise leave it running, holding the GPU's lock).
+
+:meth:`MeasureWorker.reverify` checks a schedule again on fresh inputs, each run more than once,
+without timing it: a kernel with a data race can pass one verification by luck.
 
 Example:
     >>> w = MeasureWorker(Workload("rgcn", "synthetic:custom,nodes=300,edges=2000,ntypes=2,rels=3",
@@ -43,10 +52,13 @@ Example:
 
 from __future__ import annotations
 
+import math
 import multiprocessing as mp
+import os
 import random
 import signal
 import statistics
+import threading
 import time
 import traceback
 from dataclasses import asdict, dataclass, field, replace
@@ -83,10 +95,15 @@ class MeasureOptions:
     startup_timeout: float = 300.0  # loading the graph and imports in a fresh worker
     timing: str = "plain"  # "paired": alternate every run with the default schedule's (see the module docstring)
     reference_ms: float | None = None  # paired timing's scale; None: the worker calibrates it when it starts
+    heartbeat_s: float = 60.0  # while waiting for a trial, the parent calls ``on_wait`` this often
 
     def __post_init__(self) -> None:
         if self.timing not in TIMINGS:
             raise ValueError(f"unknown timing {self.timing!r}; choose one of {list(TIMINGS)}")
+        for name in ("timeout", "startup_timeout", "heartbeat_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
         if self.reference_ms is not None and not self.reference_ms > 0:
             raise ValueError(f"reference_ms must be a positive time in ms, got {self.reference_ms}")
 
@@ -208,6 +225,34 @@ class _Session:
             return MeasureResult("wrong_result", error=why, **base)
         return MeasureResult("ok", median=median, times=times, **base)
 
+    def reverify(self, config: Mapping[str, Any], seeds: Sequence[int], runs: int) -> MeasureResult:
+        """Verify ``config`` again on the inputs of ``seeds``, each run ``runs`` times (no timing);
+        ``wrong_result`` at the first output off the float64 reference."""
+        torch = self.torch
+        point = self.space.compile(config)
+        if not point.valid:
+            return MeasureResult("invalid", error="; ".join(point.problems))
+        built = self.backend.build(point.kernels, self.graph, point.config)
+        worst = 0.0
+        for seed in seeds:
+            x, params, ref = self.inputs(seed)
+            scale = float(ref.abs().max()) or 1.0
+            with self._exclusive_device():
+                x32, p32 = self._to_device(x, params)
+                for run in range(runs):
+                    out = built.run(x32, p32)
+                    self.backend.synchronize()
+                    out = out.detach().to("cpu", torch.float64)
+                    err = float((out - ref).abs().max()) / scale if out.shape == ref.shape else float("inf")
+                    if not err < self.o.tolerance:
+                        return MeasureResult("wrong_result", max_error=err, source_hash=built.source_hash,
+                                             error=f"relative error {err:.3g} exceeds the tolerance {self.o.tolerance:g} "
+                                                   f"on fresh input {seed} (run {run + 1} of {runs})",
+                                             info={"inputs": list(seeds), "runs": runs})
+                    worst = max(worst, err)
+        return MeasureResult("ok", max_error=worst, source_hash=built.source_hash,
+                             info={"inputs": list(seeds), "runs": runs})
+
     def _exclusive_device(self) -> Any:
         """The GPU's cross-process lock (:mod:`.device_lock`) for a GPU backend; nothing to hold on a CPU."""
         if self.device == "cpu":
@@ -290,9 +335,22 @@ def paired_times(run: Callable[[], Any], run_reference: Callable[[], Any], optio
     return times, reference
 
 
-def _worker_main(conn: Any, workload: Workload, options: MeasureOptions) -> None:
+def _watch_parent(parent: int, every: float = 0.5) -> None:
+    """Exit when the parent is gone (re-parented: ``os.getppid()`` changes); a daemon thread, so that a
+    worker busy in a kernel still notices. The exit is immediate: nothing of a trial is the worker's to save."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every)
+        os._exit(3)
+
+    threading.Thread(target=watch, name="rgtune-parent-watch", daemon=True).start()
+
+
+def _worker_main(conn: Any, workload: Workload, options: MeasureOptions, parent: int) -> None:
     # the parent handles Ctrl-C; a worker killed mid-trial is restarted by it
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _watch_parent(parent)
     try:
         session = _Session(workload, options)
         conn.send(("ready", session.backend.device_info()))
@@ -306,9 +364,9 @@ def _worker_main(conn: Any, workload: Workload, options: MeasureOptions) -> None
             return
         if msg is None:
             return
-        config, seed = msg
+        kind, *args = msg
         try:
-            result = session.measure(config, seed)
+            result = session.measure(*args) if kind == "measure" else session.reverify(*args)
         except Exception as e:  # noqa: BLE001 - any failure of the kernel is this trial's result
             result = MeasureResult("runtime_error", error=f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}")
             if getattr(e, "poisons_process", False):
@@ -327,9 +385,12 @@ class WorkerStartError(RuntimeError):
 class MeasureWorker:
     """Runs trials of one workload in a child process; survives its hangs and crashes."""
 
-    def __init__(self, workload: Workload, options: MeasureOptions | None = None) -> None:
+    def __init__(self, workload: Workload, options: MeasureOptions | None = None,
+                 on_wait: Callable[[], Any] | None = None) -> None:
+        """``on_wait`` is called every ``options.heartbeat_s`` seconds while a request runs."""
         self.workload = workload
         self.options = options or MeasureOptions()
+        self.on_wait = on_wait
         self._ctx = mp.get_context("spawn")
         self._proc: Any = None
         self._conn: Any = None
@@ -342,7 +403,7 @@ class MeasureWorker:
         if self._proc is not None and self._proc.is_alive():
             return self.device_info
         parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(target=_worker_main, args=(child, self.workload, self.options), daemon=True,
+        proc = self._ctx.Process(target=_worker_main, args=(child, self.workload, self.options, os.getpid()), daemon=True,
                                  name=f"rgtune-measure-{self.workload.model}")
         proc.start()
         child.close()
@@ -364,14 +425,27 @@ class MeasureWorker:
 
     def measure(self, config: Mapping[str, Any], seed: int = 0) -> MeasureResult:
         """One trial; never raises for a fault of the kernel (see the module docstring)."""
+        return self._request(("measure", dict(config), seed))
+
+    def reverify(self, config: Mapping[str, Any], seeds: Sequence[int], runs: int = 2) -> MeasureResult:
+        """``config`` verified again on the inputs of ``seeds``, each run ``runs`` times, not timed:
+        ``ok`` (``max_error`` the largest error seen) or ``wrong_result`` (see the module docstring)."""
+        return self._request(("verify", dict(config), list(seeds), runs))
+
+    def _request(self, message: tuple[Any, ...]) -> MeasureResult:
         if self._proc is None or not self._proc.is_alive():
             if self._started:
                 self.restarts += 1  # the last worker hung or crashed
-            self.start()
+                try:
+                    self.start()
+                except WorkerStartError as e:  # e.g. out of memory or disk for a moment: this trial's outcome
+                    return MeasureResult("failed", error=f"the measurement worker could not be restarted: {e}")
+            else:
+                self.start()
         t0 = time.perf_counter()
         try:
-            self._conn.send((dict(config), seed))
-            ready = self._conn.poll(self.options.timeout)
+            self._conn.send(message)
+            ready = self._wait(t0)
         except (BrokenPipeError, OSError):
             ready = True  # the recv below reports the death
         if not ready:
@@ -393,6 +467,17 @@ class MeasureWorker:
             # a restarted worker times on the same scale instead of calibrating its own
             self.options = replace(self.options, reference_ms=scale)
         return result
+
+    def _wait(self, t0: float) -> bool:
+        """Wait for the worker's answer until the timeout; ``on_wait()`` every ``heartbeat_s`` meanwhile."""
+        while True:
+            left = self.options.timeout - (time.perf_counter() - t0)
+            if left <= 0:
+                return False
+            if self._conn.poll(min(left, self.options.heartbeat_s)):
+                return True
+            if self.on_wait is not None:
+                self.on_wait()
 
     def _kill(self) -> None:
         if self._proc is not None:

@@ -25,11 +25,9 @@ no budget; at most
 
 Confirmation: one measurement of a schedule varies by tens of percent between runs on a shared
 machine, so the fastest of many single measurements is biased low and often not the fastest
-schedule. When the search ends, the ``confirm_top`` fastest schedules of the workload (and the
-winner of the previous confirmation) are timed again in ``confirm_rounds`` interleaved rounds,
-each round a trial of that confirmation, and :meth:`TrialDatabase.best` returns the schedule
-with the lowest median over the rounds. Confirmation costs ``confirm_top x confirm_rounds``
-measurements, not budget; ``confirm_top=0`` turns it off.
+schedule. When the search ends, the fastest schedules are timed again in interleaved rounds,
+the best is verified again on fresh inputs, and the study is told the confirmed result
+(:mod:`.confirmation`). ``confirm_top=0`` skips the rounds, not the re-verification.
 
 Recheck: the fastest of many single measurements is biased low during the search too, and the
 search steers by it (the sampler's good trials, the cost model's fastest schedules, the
@@ -39,9 +37,13 @@ lucky measurement no longer becomes the best on its own. It costs ``recheck - 1`
 few trials that look like a new best (the kernels are compiled once), not budget; ``recheck=1``
 turns it off. A repeat that is not ``ok`` (a schedule that verified once) is the trial's outcome.
 
-Crash safety: a trial is committed as ``running`` before it is measured. When a study
-resumes, trials left ``running`` by a dead process (Ctrl-C, kill -9, power loss) become
-``failed`` in both rgtune's history and Optuna's storage, so the counts add up.
+Crash safety: a trial is committed as ``running`` before it is measured, and its heartbeat is
+recorded while it runs. When a study resumes, trials left ``running`` by a dead process (Ctrl-C,
+kill -9, power loss) become ``failed`` in both rgtune's history and Optuna's storage, so the
+counts add up. A worker whose trial another worker declared abandoned (no heartbeat for long,
+e.g. a network partition) still records its measurement, and adds it to the study as a new
+trial. A measurement worker that cannot be restarted costs its trial; three in a row end the
+run with the reason.
 
 Example:
     >>> from rgtune.db import TrialDatabase
@@ -66,18 +68,23 @@ from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_chec
 
 from rgtune.codegen.base import backend_target
 from rgtune.db.liveness import worker_alive, worker_id
-from rgtune.tuner.measure import (MeasureOptions, MeasureResult, MeasureWorker, Workload, combine_measurements,
-                                  interleaved)
+from rgtune.tuner.confirmation import Confirmation, Confirmed
+from rgtune.tuner.measure import (MeasureOptions, MeasureResult, MeasureWorker, WorkerStartError, Workload,
+                                  combine_measurements)
 from rgtune.tuner.proposals import Proposal, ProposalPool
 
 if TYPE_CHECKING:
     import optuna
 
-    from rgtune.db import TrialDatabase
+    from rgtune.db import TrialDatabase, TrialRecord
 
 SAMPLERS = ("tpe", "random", "gp", "cmaes")
 #: statuses that cost no measurement (and so no budget)
 UNMEASURED = ("pruned",)
+#: the study's objective, as optuna-dashboard and ``study.metric_names`` show it
+METRIC = "milliseconds"
+#: failed restarts of the measurement worker in a row that end the run
+MAX_RESTART_FAILURES = 3
 
 
 class Guide(Protocol):
@@ -152,6 +159,7 @@ class TuneOptions:
     confirm_top: int = 5  # at the end, time this many fastest schedules again (0: off; see the module docstring)
     confirm_rounds: int = 5  # ... in this many interleaved rounds (odd: the median is one of the rounds)
     recheck: int = 3  # a measurement beating the best so far is repeated to this many; the median counts (1: off)
+    reverify_inputs: int = 3  # at the end, the best schedule is verified again on this many fresh inputs
 
 
 @dataclass
@@ -170,24 +178,16 @@ class TuneSummary:
     rechecked: int = 0  # trials measured ``recheck`` times because their first measurement beat the best so far
     guide: dict[str, Any] | None = None  # the guide's describe() at the end, if it has one
     confirmation: "Confirmed | None" = None  # the confirmation that ended the run, if one ran
+    #: ``default_ms`` and ``best_ms`` are both medians of the same confirmation's rounds (like with like)
+    default_confirmed: bool = False
+    default_is_best: bool = False  # no searched schedule beat the default schedule
+    best_verified_inputs: int | None = None  # fresh inputs the best schedule passed re-verification on
 
     @property
     def speedup(self) -> float | None:
         if self.default_ms and self.best_ms:
             return self.default_ms / self.best_ms
         return None
-
-
-@dataclass
-class Confirmed:
-    """What the end-of-run confirmation did."""
-
-    id: int
-    schedules: int
-    rounds: int
-    elapsed_s: float
-    finished: bool  # False: interrupted (the database's best ignores it)
-    searched_best_ms: float | None  # the fastest single measurement of the search, for comparison
 
 
 def make_sampler(name: str, seed: int | None) -> "optuna.samplers.BaseSampler":
@@ -226,6 +226,9 @@ class Tuner:
                              f"{self.options.confirm_top} and {self.options.confirm_rounds}")
         if self.options.recheck < 1:
             raise ValueError(f"recheck must be >= 1 measurements of a new best (1: off), got {self.options.recheck}")
+        if self.options.reverify_inputs < 1:
+            raise ValueError(f"reverify_inputs must be >= 1 fresh inputs, got {self.options.reverify_inputs}")
+        self._restart_failures = 0  # failed restarts of the measurement worker in a row
 
     # ------------------------------------------------------------------ setup
     def _setup(self) -> None:
@@ -238,7 +241,8 @@ class Tuner:
         w = self.workload
         self.graph = load_dataset(w.dataset, root=w.data_dir)
         program = build_model(w.model, w.in_dim, w.out_dim, w.heads)
-        self.worker = MeasureWorker(w, self.options.measure)
+        # while a trial runs, its row in the database shows that this process is alive
+        self.worker = MeasureWorker(w, self.options.measure, on_wait=self.db.heartbeat_worker)
         device = self.worker.start()
         self.space = SearchSpace(program, self.graph, backend_target(w.backend))
         self.record = self.db.ensure_workload(w.model, self.graph, device, in_dim=w.in_dim, out_dim=w.out_dim,
@@ -255,6 +259,9 @@ class Tuner:
         self.study = optuna.create_study(study_name=name, storage=storage, direction="minimize",
                                          sampler=make_sampler(self.options.sampler, self.options.seed),
                                          load_if_exists=True)
+        with warnings.catch_warnings():  # metric names are experimental in Optuna; the name is all we set
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            self.study.set_metric_names([METRIC])
         self.study.set_user_attr("rgtune.workload_id", self.record.id)
         self.study.set_user_attr("rgtune.sampler", self.options.sampler)
         timing = self.options.measure.timing
@@ -317,6 +324,18 @@ class Tuner:
 
     # ------------------------------------------------------------------ loop
     def run(self) -> TuneSummary:
+        """Search, confirm, and summarize (see the module docstring). A failure of the database, also one that
+        reaches the loop through Optuna's storage (a full disk, a lock held too long, a dropped connection), is a
+        one-line :class:`~rgtune.db.DatabaseError`; the trials recorded so far stay, and the same call resumes."""
+        import sqlalchemy.exc as sa_exc
+        from optuna.exceptions import StorageInternalError
+
+        try:
+            return self._run()
+        except (StorageInternalError, sa_exc.SQLAlchemyError) as e:
+            raise self.db.explain(e) from e
+
+    def _run(self) -> TuneSummary:
         self._setup()
         opts = self.options
         start = time.time()
@@ -348,17 +367,20 @@ class Tuner:
                 bar.close()
         try:
             if not interrupted:
-                confirmed = self._confirm()
+                confirmed = Confirmation(
+                    self.db, self.record, self.worker, self.study, self._default_trial(), self.space.distributions(),
+                    top=opts.confirm_top, rounds=opts.confirm_rounds, reverify_inputs=opts.reverify_inputs,
+                    record=self._record,
+                    progress=(lambda **kw: _progress(opts, **kw)) if opts.progress else None).run()
                 interrupted = confirmed is not None and not confirmed.finished
         finally:
             self.worker.close()
             guide_info = self._close_guide()
-        summary = self._summary(proposed, measured, statuses, time.time() - start, interrupted, guide_info)
-        summary.confirmation = confirmed
-        return summary
+        return self._summary(proposed, measured, statuses, time.time() - start, interrupted, guide_info, confirmed)
 
     def _single_round(self) -> tuple[dict[str, Any], Any, MeasureResult]:
         """Ask the study for one candidate; prune or measure it; tell the study."""
+        import optuna
         from optuna.trial import TrialState
 
         trial = self.study.ask()
@@ -368,14 +390,20 @@ class Tuner:
         trial.set_user_attr("rgtune.trial_id", tid)
         try:
             point = self.space.compile(config)
-            result = self._evaluate(config, point, trial.number)
+            result = self._evaluate(tid, config, point, trial.number)
         except KeyboardInterrupt:
             self.db.finish_trial(tid, "failed", error="interrupted (Ctrl-C)")
             self.study.tell(trial, state=TrialState.FAIL)
             raise
         self._record(tid, result)
         state, value = _optuna_outcome(result)
-        self.study.tell(trial, value, state=state)
+        told = self.study.tell(trial, value, state=state, skip_if_finished=True)
+        if told.state != state:
+            # another worker declared this trial abandoned (its heartbeat came too late) and failed it in the
+            # study; the measurement is real: the study gets it as a new trial
+            self.study.add_trial(optuna.trial.create_trial(
+                state=state, value=value, params=trial.params, distributions=trial.distributions,
+                user_attrs={"rgtune.trial_id": tid, "rgtune.worker": worker_id()}))
         return config, point, result
 
     def _pool_round(self, pool: int) -> tuple[dict[str, Any], Any, MeasureResult]:
@@ -395,7 +423,7 @@ class Tuner:
             (chosen, point), predicted = compiled[0], None
         tid = self.db.start_trial(self.record, chosen.config)  # its Optuna trial exists once it is told
         try:
-            result = self._evaluate(chosen.config, point, chosen.number, ranked=True, predicted=predicted)
+            result = self._evaluate(tid, chosen.config, point, chosen.number, ranked=True, predicted=predicted)
         except KeyboardInterrupt:
             self.db.finish_trial(tid, "failed", error="interrupted (Ctrl-C)")
             raise
@@ -411,49 +439,6 @@ class Tuner:
         compiled = [(p, self.space.compile(p.config)) for p in proposals]
         return compiled, [(p, point) for p, point in compiled if point.valid]
 
-    def _confirm(self) -> Confirmed | None:
-        """Time the fastest schedules again in interleaved rounds (see the module docstring); None if
-        there is nothing to compare (fewer than two verified schedules, or ``confirm_top`` 0)."""
-        opts = self.options
-        if not opts.confirm_top:
-            return None
-        previous = self.db.confirmed_best(self.record)
-        knobs: dict[str, dict[str, Any]] = {}  # schedule hash -> knobs, fastest single measurement first
-        fastest: float | None = None
-        for t in self.db.history(self.record, status="ok", order="fastest"):
-            if t.confirmation_id is None and t.schedule_hash not in knobs:
-                fastest = t.median_ms if fastest is None else fastest
-                knobs[t.schedule_hash] = t.knobs
-                if len(knobs) == opts.confirm_top:
-                    break
-        if previous is not None:
-            knobs.setdefault(previous.schedule_hash, previous.knobs)  # the last winner defends its place
-        if len(knobs) < 2:
-            return None
-        cid = self.db.start_confirmation(self.record, schedules=len(knobs), rounds=opts.confirm_rounds)
-        t0 = time.time()
-        bar = _progress(opts, total=len(knobs) * opts.confirm_rounds, desc="confirming")
-        finished = False
-        try:
-            for rnd, h in interleaved(knobs, opts.confirm_rounds, salt=f"confirmation {cid} round "):
-                tid = self.db.start_trial(self.record, knobs[h], confirmation_id=cid)
-                try:
-                    result = self.worker.measure(knobs[h], seed=rnd)
-                except KeyboardInterrupt:
-                    self.db.finish_trial(tid, "failed", error="interrupted (Ctrl-C)")
-                    raise
-                self._record(tid, result)
-                if bar is not None:
-                    bar.update(1)
-            self.db.finish_confirmation(cid)
-            finished = True
-        except KeyboardInterrupt:
-            pass  # the rounds so far stay recorded; best() ignores an unfinished confirmation
-        finally:
-            if bar is not None:
-                bar.close()
-        return Confirmed(cid, len(knobs), opts.confirm_rounds, time.time() - t0, finished, fastest)
-
     def _pool_ready(self) -> bool:
         """Bring the in-memory copy up to date; False while trials wait in the study (the default
         schedule, or a user's ``enqueue_trial``): those come first, one at a time."""
@@ -461,7 +446,7 @@ class Tuner:
             self._proposals = ProposalPool(make_sampler(self.options.sampler, self.options.seed), self.options.seed)
         return not self._proposals.sync(self.study)
 
-    def _evaluate(self, config: dict[str, Any], point: Any, number: int, *, ranked: bool = False,
+    def _evaluate(self, tid: int, config: dict[str, Any], point: Any, number: int, *, ranked: bool = False,
                   predicted: float | None = None) -> MeasureResult:
         """Skip or measure one candidate (``ranked``: a ranking guide chose it out of a pool, ``predicted``)."""
         if not point.valid:  # recorded, never compiled
@@ -471,19 +456,20 @@ class Tuner:
             if skip:
                 return MeasureResult("pruned", info={"predicted_ms": predicted})
         seed = (self.options.seed or 0) * 1_000_003 + number
-        result = self._measure(config, seed)
+        result = self._measure(tid, config, seed)
         if predicted is not None:  # recorded next to the measurement: how good the model is, online
             result.info["predicted_ms"] = predicted
         return result
 
-    def _measure(self, config: dict[str, Any], seed: int) -> MeasureResult:
-        """Measure a candidate; one that beats the best so far ``recheck`` times in all (see the module docstring)."""
-        result = self.worker.measure(config, seed=seed)
+    def _measure(self, tid: int, config: dict[str, Any], seed: int) -> MeasureResult:
+        """Measure a candidate (trial ``tid``); one that beats the best so far ``recheck`` times in all (see the
+        module docstring)."""
+        result = self._measure_once(tid, config, seed)
         if self.options.recheck <= 1 or not self._beats_best(result):
             return result
         measurements = [result]
         while len(measurements) < self.options.recheck:
-            again = self.worker.measure(config, seed=seed)
+            again = self._measure_once(tid, config, seed)
             if again.status != "ok":  # it verified and ran once: whatever failed now is the trial's outcome
                 again.error = (f"{again.error or again.status} (in measurement {len(measurements) + 1} of "
                                f"{self.options.recheck}; the first was ok)")
@@ -491,6 +477,20 @@ class Tuner:
             measurements.append(again)
         self.rechecked += 1
         return combine_measurements(measurements)
+
+    def _measure_once(self, tid: int, config: dict[str, Any], seed: int) -> MeasureResult:
+        """One measurement; a worker that cannot be restarted costs the trial, and :data:`MAX_RESTART_FAILURES`
+        in a row end the run."""
+        result = self.worker.measure(config, seed=seed)
+        if result.status == "failed" and (result.error or "").startswith("the measurement worker could not be restarted"):
+            self._restart_failures += 1
+            if self._restart_failures >= MAX_RESTART_FAILURES:
+                self.db.finish_trial(tid, "failed", error=result.error)
+                raise WorkerStartError(f"{self._restart_failures} restarts of the measurement worker failed in a row; "
+                                       f"the last: {result.error}")
+        else:
+            self._restart_failures = 0
+        return result
 
     def _beats_best(self, result: MeasureResult) -> bool:
         if result.status != "ok" or result.median is None:
@@ -516,10 +516,15 @@ class Tuner:
 
     # ------------------------------------------------------------------ reporting
     def default_ms(self) -> float | None:
+        default = self._default_trial()
+        return default.median_ms if default is not None else None
+
+    def _default_trial(self) -> "TrialRecord | None":
+        """The first ``ok`` measurement of the default schedule (every study measures it first)."""
         default = self.space.default()
         for rec in self.db.history(self.record, status="ok"):
             if rec.knobs == default or all(rec.knobs.get(k) == v for k, v in default.items()):
-                return rec.median_ms
+                return rec
         return None
 
     def _update_progress(self, bar: Any, result: MeasureResult, start: float) -> None:
@@ -544,12 +549,20 @@ class Tuner:
             bar.update(1)
 
     def _summary(self, proposed: int, measured: int, statuses: dict[str, int], elapsed: float, interrupted: bool,
-                 guide: dict[str, Any] | None) -> TuneSummary:
+                 guide: dict[str, Any] | None, confirmed: Confirmed | None) -> TuneSummary:
         best = self.db.best(self.record)
-        return TuneSummary(self.record.id, self.study.study_name, proposed, statuses, self.default_ms(),
+        default = self._default_trial()
+        default_ms, default_confirmed = (default.median_ms if default else None), False
+        default_hash = default.schedule_hash if default else None
+        if best is not None and confirmed is not None and confirmed.finished and best.confirmation_id == confirmed.id \
+                and default_hash in confirmed.medians_ms:
+            default_ms, default_confirmed = confirmed.medians_ms[default_hash], True  # both confirmed medians
+        return TuneSummary(self.record.id, self.study.study_name, proposed, statuses, default_ms,
                            best.median_ms if best else None, best.knobs if best else None,
                            best.id if best else None, elapsed, interrupted, measured, rechecked=self.rechecked,
-                           guide=guide)
+                           guide=guide, confirmation=confirmed, default_confirmed=default_confirmed,
+                           default_is_best=best is not None and default is not None and best.schedule_hash == default_hash,
+                           best_verified_inputs=best.verified_inputs if best else None)
 
 
 # ---------------------------------------------------------------------- helpers
