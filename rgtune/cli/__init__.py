@@ -1,7 +1,9 @@
 """The command line: ``tune`` and ``rgtune <command>``, one module per command.
 
 * :mod:`.tune`: search the knobs of one workload, record every trial (``tune`` is ``rgtune tune``);
-* :mod:`.best`, :mod:`.history`: query the trial database;
+* :mod:`.best`, :mod:`.history`: query the trial database (read-only, as ``export`` and
+  ``costmodel`` read it: a missing file is refused by name, never created; an older schema is
+  refused with how to upgrade it, never upgraded);
 * :mod:`.show`: the IR before and after passes, the kernels, their counts and sources;
 * :mod:`.export`: the best schedule as a folder that training code loads without the database;
 * :mod:`.bench`: one layer side by side against its torch lowering, PyG and DGL;
@@ -27,7 +29,7 @@ from typing import Sequence
 from rgtune.cli import bench, best, costmodel, datasets, export, history, show, tune
 from rgtune.cli._common import EXIT_USAGE, run_command
 
-__all__ = ["main", "tune_main", "build_parser"]
+__all__ = ["main", "tune_main", "build_parser", "command_parser"]
 
 #: the commands in the order ``rgtune --help`` lists them
 _COMMANDS = (datasets, show, tune, best, history, export, bench, costmodel)
@@ -47,6 +49,22 @@ def build_parser() -> argparse.ArgumentParser:
     for command in _COMMANDS:
         command.add_parser(sub)
     return parser
+
+
+def command_parser(name: str) -> argparse.ArgumentParser:
+    """The parser that reads the arguments of ``rgtune <name>`` (export, bench, costmodel have their own).
+
+    Example:
+        >>> command_parser("export").parse_args(["--model", "hgt", "--dataset", "aifb", "-o", "out"]).output
+        'out'
+    """
+    own = {"export": export.build_parser, "bench": bench.build_parser, "costmodel": costmodel.build_parser}
+    if name in own:
+        return own[name]()
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    if name not in sub.choices:
+        raise ValueError(f"unknown command {name!r}; choose one of {sorted(sub.choices)}")
+    return sub.choices[name]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

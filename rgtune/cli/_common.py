@@ -95,20 +95,50 @@ def load_graph(args: argparse.Namespace) -> Any:
 
 
 def open_db(url: str | None) -> Any:
+    """The trial database to record trials in (``tune``): created, or upgraded in place, as needed."""
     from rgtune.db import DEFAULT_URL, TrialDatabase
 
     return TrialDatabase(url or DEFAULT_URL)
 
 
-def check_db_exists(url: str | None) -> None:
-    """Refuse a missing SQLite file (opening it would create an empty database)."""
-    from rgtune.db import DEFAULT_URL
+def open_query_db(url: str | None, command: str, *, missing_ok: bool = False) -> Any:
+    """The trial database to query (``best``, ``history``, ``export``, ``costmodel``), opened read-only.
 
-    url = url or DEFAULT_URL
-    if url.startswith("sqlite:///") and not url.startswith("sqlite:////") and len(url) > len("sqlite:///"):
-        path = url[len("sqlite:///"):]
-        if not os.path.exists(path):
-            raise CLIError(f"no database at {path}; run `tune` first or pass --db URL")
+    A query must not write: a missing SQLite file is refused by name (``missing_ok``: None)
+    instead of being created empty, and an older schema is refused with how to upgrade it
+    instead of being upgraded.
+    """
+    from rgtune.db import DEFAULT_URL, SchemaTooOldError, TrialDatabase
+    from rgtune.db.engine import display_name, hide_password
+
+    text = url or DEFAULT_URL
+    if missing_ok and missing_db_file(text) is not None:
+        return None
+    check_db_exists(text)
+    try:
+        return TrialDatabase(text, readonly=True)
+    except SchemaTooOldError as e:
+        shown = hide_password(text)
+        raise CLIError(
+            f"{display_name(text)} has schema version {e.found}, older than this rgtune ({e.expected}); `{command}` "
+            f"opens it read-only, so it is not upgraded: run `tune` once with --db {shown}, or python -c "
+            f"\"from rgtune.db import TrialDatabase; TrialDatabase('{shown}')\", to upgrade it in place") from None
+
+
+def missing_db_file(url: str | None) -> str | None:
+    """The SQLite file ``url`` names, as written, when it does not exist (opening it would create it); else None."""
+    from rgtune.db import DEFAULT_URL
+    from rgtune.db.engine import parse_url, sqlite_file
+
+    path = sqlite_file(parse_url(url or DEFAULT_URL))
+    return None if path is None or path.exists() else str(path)
+
+
+def check_db_exists(url: str | None) -> None:
+    """Refuse a missing SQLite file by name (``missing.db``, ``sqlite:///x.db``, ``sqlite:////abs/x.db``)."""
+    path = missing_db_file(url)
+    if path is not None:
+        raise CLIError(f"no database at {path}; run `tune` first or pass --db URL")
 
 
 def resolve_backend(name: str) -> str:
@@ -135,7 +165,8 @@ def run_command(func: Any, args: argparse.Namespace) -> int:
 
     from rgtune.codegen.base import BackendError
     from rgtune.data.errors import DatasetError
-    from rgtune.db import DatabaseError
+    from rgtune.db import DEFAULT_URL, DatabaseError
+    from rgtune.db.engine import display_name
     from rgtune.db.errors import translate
     from rgtune.ir.program import IRError
     from rgtune.tuner.measure import WorkerStartError
@@ -148,8 +179,8 @@ def run_command(func: Any, args: argparse.Namespace) -> int:
     except sa_exc.SQLAlchemyError as e:  # from Optuna's storage, which shares the database
         if os.environ.get("RGTUNE_DEBUG"):
             raise
-        url = getattr(args, "db", None) or "results.db"
-        err = translate(e, url, sqlite=url.startswith("sqlite") or url.endswith(".db"))
+        url = getattr(args, "db", None) or DEFAULT_URL
+        err = translate(e, display_name(url), sqlite=url.startswith("sqlite") or url.endswith(".db"))
         print(f"rgtune: error: {one_line(err)}", file=sys.stderr)
         return EXIT_FAILURE
     except (CLIError, DatasetError, IRError, BackendError, DatabaseError, WorkerStartError, ValueError) as e:

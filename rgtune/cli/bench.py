@@ -18,7 +18,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sub.add_parser("bench", help="tuned layer vs reference lowering vs PyG vs DGL, side by side", add_help=False)
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     from rgtune.bench.layers import IMPLS
 
     p = argparse.ArgumentParser(
@@ -45,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def bench_main(argv: Sequence[str] | None = None) -> int:
     """``rgtune bench ...``; returns the exit status."""
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     argv = list(sys.argv[1:] if argv is None else argv)
     from rgtune.bench import IMPLS, bench, format_table, result_json, write_benchmarks
 
@@ -77,7 +77,10 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
 
 def _portable(argv: Sequence[str]) -> list[str]:
     """The command line as BENCHMARKS.md records it: without where files live on this machine
-    (``--output``, ``--data-dir``, ``--json``, ``--no-write``; a database by its file name)."""
+    (``--output``, ``--data-dir``, ``--json``, ``--no-write``; a database by its file name, a
+    server's URL without its password)."""
+    from rgtune.db.engine import hide_password
+
     out: list[str] = []
     it = iter(argv)
     for arg in it:
@@ -89,7 +92,7 @@ def _portable(argv: Sequence[str]) -> list[str]:
         if name == "--db":
             if value.startswith("sqlite:///"):  # a file's URL: its name only
                 value = "sqlite:///" + Path(value[len("sqlite:///"):]).name
-            out += ["--db", value if "://" in value else Path(value).name]
+            out += ["--db", hide_password(value) if "://" in value else Path(value).name]
             continue
         out.append(arg)
     return out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from rgtune.cli._common import CLIError, check_db_exists, open_db
+from rgtune.cli._common import CLIError, open_query_db
 from rgtune.cli._query import add_query_parser, emit, filters
 
 
@@ -13,8 +13,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    check_db_exists(args.db)
-    db = open_db(args.db)
+    db = open_query_db(args.db, "rgtune best")
     best = db.best(**filters(args))
     if best is None:
         raise CLIError("no verified trial matches; run `tune` for this workload first")

@@ -46,9 +46,9 @@ def costmodel_main(argv: Sequence[str] | None = None) -> int:
     """``rgtune costmodel ...``; evaluation ends with ``opa=<x> kendall_tau=<x> top1_error=<x> top5_error=<x>``."""
     import logging
 
+    from rgtune.cli._common import CLIError, open_query_db
     from rgtune.costmodel import CostModel, evaluate_holdout
-    from rgtune.db import DEFAULT_URL, DatabaseError, TrialDatabase
-    from rgtune.db.engine import parse_url, sqlite_file
+    from rgtune.db import DatabaseError
 
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="rgtune: %(message)s")
@@ -56,11 +56,7 @@ def costmodel_main(argv: Sequence[str] | None = None) -> int:
         print("rgtune costmodel: error: --eval needs --holdout DATASET", file=sys.stderr)
         return 2
     try:
-        url = args.db or DEFAULT_URL
-        path = sqlite_file(parse_url(url))
-        if path is not None and not path.exists():  # opening would create an empty database
-            raise ValueError(f"no database at {path}; run `tune` first or pass --db URL")
-        db = TrialDatabase(url)
+        db = open_query_db(args.db, "rgtune costmodel")  # read-only: training reads the history, saves a file
         cm = CostModel(args.estimator, args.target)
         if args.eval:
             r = evaluate_holdout(db, args.holdout, model=args.model, backend=args.backend, device=args.device,
@@ -75,7 +71,7 @@ def costmodel_main(argv: Sequence[str] | None = None) -> int:
         if args.eval:
             print(r.last_line())
         return 0
-    except (ValueError, DatabaseError) as e:
+    except (ValueError, DatabaseError, CLIError) as e:
         print(f"rgtune: error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 1
 

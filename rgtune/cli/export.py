@@ -8,7 +8,7 @@ import sys
 import warnings
 from typing import Sequence
 
-from rgtune.cli._common import add_layer_args
+from rgtune.cli._common import CLIError, add_layer_args, open_query_db
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -16,8 +16,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sub.add_parser("export", help="write the best schedule's kernels to a folder for training code", add_help=False)
 
 
-def export_main(argv: Sequence[str] | None = None) -> int:
-    """``rgtune export --model M --dataset D -o DIR``: see :func:`export`. Returns the exit status."""
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="rgtune export",
         description="Write the best recorded schedule of a workload as a self-contained folder "
@@ -29,7 +28,12 @@ def export_main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("-o", "--output", required=True, help="the folder to write (must not exist, or be empty)")
     p.add_argument("--allow-default", action="store_true", help="export the default schedule when none is recorded")
     p.add_argument("--force", action="store_true", help="replace an earlier export in --output")
-    args = p.parse_args(argv)
+    return p
+
+
+def export_main(argv: Sequence[str] | None = None) -> int:
+    """``rgtune export --model M --dataset D -o DIR``: see :func:`export`. Returns the exit status."""
+    args = build_parser().parse_args(argv)
     from rgtune.codegen.base import BackendError
     from rgtune.db import DatabaseError
     from rgtune.runtime import NoTunedScheduleError, TunedScheduleWarning, export
@@ -37,12 +41,18 @@ def export_main(argv: Sequence[str] | None = None) -> int:
 
     in_dim, out_dim = args.in_dim or args.hidden, args.out_dim or args.hidden
     try:
+        # read-only; a missing file is passed by name: export says so (or, --allow-default, skips it) without creating it
+        database = open_query_db(args.db, "rgtune export", missing_ok=True)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", TunedScheduleWarning)
-            out = export(args.output, args.model, args.dataset, in_dim, out_dim, args.heads,
-                         db=args.db or "results.db", backend=args.backend, data_dir=args.data_dir,
-                         allow_default=args.allow_default, overwrite=args.force)
-    except (NoTunedScheduleError, OSError, ValueError, BackendError, DatabaseError) as e:
+            try:
+                out = export(args.output, args.model, args.dataset, in_dim, out_dim, args.heads,
+                             db=database if database is not None else args.db or "results.db", backend=args.backend,
+                             data_dir=args.data_dir, allow_default=args.allow_default, overwrite=args.force)
+            finally:
+                if database is not None:
+                    database.close()
+    except (NoTunedScheduleError, OSError, ValueError, BackendError, DatabaseError, CLIError) as e:
         if os.environ.get("RGTUNE_DEBUG"):
             raise
         print(f"rgtune export: error: {str(e).strip()}", file=sys.stderr)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from rgtune.cli._common import check_db_exists, open_db, positive_int
+from rgtune.cli._common import open_query_db, positive_int
 from rgtune.cli._query import add_query_parser, emit, filters
 
 
@@ -15,7 +15,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    check_db_exists(args.db)
-    db = open_db(args.db)
+    db = open_query_db(args.db, "rgtune history")
     emit(db.history(status=args.status, limit=args.limit, **filters(args)), args)
     return 0

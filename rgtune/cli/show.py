@@ -74,11 +74,13 @@ def _print_counts(c: dict[str, Any]) -> None:
 
 
 def _print_sources(backend_name: str, kp: Any, config: dict[str, Any]) -> None:
+    """Every generated file of the kernels: a backend's ``generate`` returns a program whose
+    ``sources`` maps file name to text (what a built program keeps; needs no GPU for cuda)."""
     from rgtune.codegen.base import create
 
     backend = create(backend_name)
     generate: Callable[..., Any] | None = getattr(backend, "generate", None)
     if generate is None:
         raise CLIError(f"backend {backend_name!r} cannot show generated sources")
-    for name, text in generate(kp, config).items():
+    for name, text in generate(kp, config).sources.items():
         print(f"\n# generated: {name}\n{text}")

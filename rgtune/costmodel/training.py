@@ -40,11 +40,11 @@ class HistoryFit:
 
 def model_path_for(db: "TrialDatabase", device: str, backend: str) -> Path | None:
     """Where the model of this database, device (its name) and backend is saved; None for in-memory databases."""
-    from rgtune.db.engine import sqlite_file
+    from rgtune.db.engine import engine_sqlite_file
 
     url = db.engine.url
     if url.get_backend_name() == "sqlite":
-        f = sqlite_file(url)
+        f = engine_sqlite_file(url)  # also for a database opened read-only (``rgtune costmodel``)
         return None if f is None else default_model_path(f, db.name, device, backend)
     return default_model_path(None, db.name, device, backend)
 

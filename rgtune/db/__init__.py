@@ -28,7 +28,8 @@ _LAZY = {
     **dict.fromkeys(("DEFAULT_URL", "SCHEMA_VERSION", "FINAL_STATUSES", "TrialDatabase", "WorkloadFilter", "GraphLike",
                      "NotFoundError", "worker_id"), "rgtune.db.database"),
     **dict.fromkeys(("DatabaseError", "DatabaseURLError", "DatabaseUnreachableError", "DatabaseReadOnlyError",
-                     "DatabaseCorruptError", "DatabaseLockedError", "SchemaVersionError"), "rgtune.db.errors"),
+                     "DatabaseCorruptError", "DatabaseLockedError", "SchemaVersionError", "SchemaTooOldError"),
+                   "rgtune.db.errors"),
     **dict.fromkeys(("TrialStatus", "DeviceInfo", "TrialRecord", "WorkloadRecord", "ConfirmationRecord",
                      "records_to_json", "write_csv"), "rgtune.db.records"),
 }

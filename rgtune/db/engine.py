@@ -4,7 +4,11 @@ What this module settles, and why:
 
 * **URLs.** Any SQLAlchemy URL works; a bare file name ending in ``.db``, ``.sqlite`` or
   ``.sqlite3`` is taken as an SQLite file (``--db runs/x.db``). Anything else that does not
-  parse is a :class:`DatabaseURLError`, before any file is touched.
+  parse, or whose driver is not installed, is a :class:`DatabaseURLError`, before any file
+  is touched.
+* **Passwords never become text.** :func:`hide_password` is the one way a URL is written into
+  a message, a hint, a file or a repr (:func:`display_name` names a database with it), also
+  for text that does not parse as a URL.
 * **SQLite files are checked before SQLite opens them** (:func:`preflight_sqlite`): SQLite
   happily "opens" random bytes or a directory and only fails later, and it creates a new
   empty database wherever it is pointed. The checks give one clear message instead.
@@ -24,7 +28,7 @@ import os
 import re
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import sqlalchemy as sa
 import sqlalchemy.exc as sa_exc
@@ -39,7 +43,8 @@ from rgtune.db.errors import (
     one_line,
 )
 
-__all__ = ["DEFAULT_URL", "WRITE_OPTION", "parse_url", "display_name", "sqlite_file", "preflight_sqlite", "make_engine"]
+__all__ = ["DEFAULT_URL", "WRITE_OPTION", "parse_url", "hide_password", "display_name", "sqlite_file", "engine_sqlite_file",
+           "preflight_sqlite", "make_engine"]
 
 DEFAULT_URL = "sqlite:///results.db"
 #: execution option that marks an engine/connection as a writer (SQLite: BEGIN IMMEDIATE)
@@ -49,7 +54,17 @@ _SQLITE_MAGIC = b"SQLite format 3\x00"
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 _SCHEME_PREFIX = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]+:")  # two letters at least: C:\x.db is a path
 _FILE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
-_DRIVER_HINTS = {"postgresql": "pip install 'rgtune[postgres]'", "mysql": "pip install mysqlclient (or use mysql+pymysql://)"}
+#: the password of a URL-like text that SQLAlchemy cannot parse: ``[scheme:][//]user:PASSWORD@``
+_PASSWORD_TEXT = re.compile(r"^((?:[A-Za-z][A-Za-z0-9+.\-]*:)?(?://)?[^:/@]*:)[^@]*@")
+#: the same up to the last "@" (SQLAlchemy takes what follows an unescaped "@" in a password for the host)
+_PASSWORD_TO_LAST_AT = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*://[^:/@]*:).*@")
+#: what to install for a driver module that is missing (by the module's name)
+_DRIVER_PACKAGES = {
+    "psycopg": "pip install 'rgtune[postgres]'",
+    "psycopg2": "pip install psycopg2-binary, or use postgresql+psycopg:// with pip install 'rgtune[postgres]'",
+    "MySQLdb": "pip install mysqlclient, or use mysql+pymysql:// with pip install pymysql",
+    "pymysql": "pip install pymysql",
+}
 
 
 def parse_url(text: str | URL) -> URL:
@@ -69,39 +84,94 @@ def parse_url(text: str | URL) -> URL:
         return text
     text = str(text).strip()
     usage = f"use e.g. sqlite:///results.db, a path ending in .db, or {POSTGRES_HINT}"
+    shown = hide_password(text)
     if not _SCHEME.match(text):
         if _SCHEME_PREFIX.match(text):  # "sqlite:results.db": a URL missing its "//", not a file name
-            raise DatabaseURLError(f"{_hide_password_text(text)!r} is not a valid database URL (missing '//' after the scheme?); {usage}")
+            raise DatabaseURLError(f"{shown!r} is not a valid database URL (missing '//' after the scheme?); {usage}")
         if text.lower().endswith(_FILE_SUFFIXES) and "://" not in text:
             return URL.create("sqlite", database=text)
-        raise DatabaseURLError(f"{text!r} is not a database URL; {usage}")
+        raise DatabaseURLError(f"{shown!r} is not a database URL; {usage}")
     try:
         url = make_url(text)
     except (sa_exc.ArgumentError, ValueError) as e:
-        raise DatabaseURLError(f"{_hide_password_text(text)!r} is not a valid database URL ({one_line(e)}); {usage}") from None
-    try:
-        url.get_dialect()
-    except sa_exc.NoSuchModuleError:
-        raise DatabaseURLError(f"unknown database kind {url.drivername!r} in {display_name(url)!r}; {usage}") from None
-    except ImportError as e:  # the dialect exists, its driver module does not
-        hint = _DRIVER_HINTS.get(url.get_backend_name(), "install the database driver")
-        raise DatabaseURLError(f"the driver for {url.drivername!r} is not installed ({one_line(e)}); {hint}") from None
+        raise DatabaseURLError(f"{shown!r} is not a valid database URL ({one_line(e)}); {usage}") from None
+    _check_driver(url, usage)
     if url.get_backend_name() == "sqlite" and (url.host or url.username or url.password or url.port):
         raise DatabaseURLError(
-            f"{text!r} is not a valid SQLite URL (it has a host part); write sqlite:///relative.db or sqlite:////absolute/path.db"
+            f"{shown!r} is not a valid SQLite URL (it has a host part); write sqlite:///relative.db or sqlite:////absolute/path.db"
         )
     return url
 
 
-def _hide_password_text(text: str) -> str:
-    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", text)
+def _check_driver(url: URL, usage: str) -> None:
+    """Refuse a URL whose dialect is unknown or whose driver module is not installed, naming what to install.
+
+    SQLAlchemy imports the driver only in ``create_engine``, where a missing one is a bare
+    ``ModuleNotFoundError``; importing it here turns that into one line.
+    """
+    try:
+        url.get_dialect().import_dbapi()
+    except sa_exc.NoSuchModuleError:
+        raise DatabaseURLError(f"unknown database kind {url.drivername!r} in {display_name(url)!r}; {usage}") from None
+    except ImportError as e:  # the dialect exists, its driver module does not
+        module = e.name or one_line(e)
+        hint = _DRIVER_PACKAGES.get(module, f"install the Python package that provides the module {module!r}")
+        raise DatabaseURLError(
+            f"the database driver {module!r} for {url.drivername}:// URLs is not installed; {hint}"
+        ) from None
 
 
-def display_name(url: URL) -> str:
-    """How messages name the database: the SQLite file as written, else the URL without password."""
+def hide_password(url: str | URL) -> str:
+    """``url`` as text with its password replaced by ``***``; paths and password-less URLs as written.
+
+    The one way a database URL becomes text (messages, hints, exported files, reprs): text that
+    SQLAlchemy cannot parse is masked by pattern, so an error about a malformed URL does not
+    show its password either.
+
+    Example:
+        >>> hide_password("postgresql+psycopg://u:s3cret@db.example:5432/rgtune")
+        'postgresql+psycopg://u:***@db.example:5432/rgtune'
+        >>> hide_password("sqlite://user:pw@/x.db"), hide_password("user:pw@host/db")
+        ('sqlite://user:***@/x.db', 'user:***@host/db')
+        >>> hide_password("postgresql://u:p@ss@h/db"), hide_password("sqlite:///a@b.db")
+        ('postgresql://u:***@h/db', 'sqlite:///a@b.db')
+    """
+    if isinstance(url, URL):
+        shown = url.render_as_string(hide_password=True)
+        # an unescaped "@" in the password: SQLAlchemy took what follows it for the host
+        return _PASSWORD_TO_LAST_AT.sub(r"\1***@", shown) if "@" in (url.host or "") else shown
+    text = str(url)
+    if "@" not in text:
+        return text
+    try:
+        parsed = make_url(text.strip()) if _SCHEME.match(text.strip()) else None
+    except (sa_exc.ArgumentError, ValueError):
+        parsed = None
+    if parsed is None:
+        return _PASSWORD_TEXT.sub(r"\1***@", text)
+    return text if parsed.password is None else hide_password(parsed)
+
+
+def display_name(url: str | URL) -> str:
+    """How messages name a database: the SQLite file as written, else the URL without its password.
+
+    Takes a URL or any ``--db`` text (also one that does not parse).
+
+    Example:
+        >>> display_name("sqlite:///runs/results.db"), display_name("postgresql://u:pw@h/rgtune")
+        ('runs/results.db', 'postgresql://u:***@h/rgtune')
+    """
+    if not isinstance(url, URL):
+        text = str(url).strip()
+        if not _SCHEME.match(text):
+            return hide_password(text)
+        try:
+            url = make_url(text)
+        except (sa_exc.ArgumentError, ValueError):
+            return hide_password(text)
     if url.get_backend_name() == "sqlite":
         return url.database or ":memory:"
-    return url.render_as_string(hide_password=True)
+    return hide_password(url)
 
 
 def sqlite_file(url: URL) -> Path | None:
@@ -164,9 +234,28 @@ def _check_header(path: Path, shown: str) -> None:
         )
 
 
+_READONLY_QUERY = {"mode": "ro", "uri": "true"}
+
+
 def _readonly_sqlite_url(path: Path) -> URL:
     # SQLite's URI form is the only way to ask the driver for a read-only connection.
-    return URL.create("sqlite", database="file:" + quote(str(path.resolve())), query={"mode": "ro", "uri": "true"})
+    return URL.create("sqlite", database="file:" + quote(str(path.resolve())), query=_READONLY_QUERY)
+
+
+def engine_sqlite_file(engine_url: URL) -> Path | None:
+    """The SQLite file behind the URL of an engine :func:`make_engine` made, read-only ones included.
+
+    A read-only engine's URL is SQLite's ``file:...?mode=ro`` form (which :func:`sqlite_file`
+    leaves alone); files kept next to the database (the cost model's) need the path.
+
+    Example:
+        >>> engine_sqlite_file(_readonly_sqlite_url(Path("/data/results.db"))).as_posix()
+        '/data/results.db'
+    """
+    db = engine_url.database or ""
+    if engine_url.get_backend_name() == "sqlite" and db.startswith("file:") and dict(engine_url.query) == _READONLY_QUERY:
+        return Path(unquote(db[len("file:"):]))
+    return sqlite_file(engine_url)
 
 
 def make_engine(url: URL, *, readonly: bool, busy_timeout: float, echo: bool = False) -> Engine:

@@ -18,6 +18,7 @@ __all__ = [
     "DatabaseCorruptError",
     "DatabaseLockedError",
     "SchemaVersionError",
+    "SchemaTooOldError",
     "one_line",
     "is_locked",
     "is_retryable",
@@ -53,6 +54,19 @@ class DatabaseLockedError(DatabaseError):
 
 class SchemaVersionError(DatabaseError):
     """The schema is newer than this rgtune knows, unknown, or (read-only) not the current one."""
+
+
+class SchemaTooOldError(SchemaVersionError):
+    """A read-only open found an older schema: only a writable open upgrades it (in place).
+
+    ``found`` is the database's schema version, ``expected`` this rgtune's; callers that open
+    read-only on purpose (the query commands) say how to upgrade instead of writing.
+    """
+
+    def __init__(self, shown: str, found: str, expected: str) -> None:
+        super().__init__(f"{shown} has schema version {found}, older than this rgtune ({expected}); "
+                         f"open it once writable to upgrade it in place")
+        self.found, self.expected = found, expected
 
 
 def one_line(text: object, limit: int = 300) -> str:

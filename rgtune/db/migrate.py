@@ -26,7 +26,7 @@ from alembic.config import Config
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Connection, Engine
 
-from rgtune.db.errors import SchemaVersionError
+from rgtune.db.errors import SchemaTooOldError, SchemaVersionError
 from rgtune.db.schema import SCHEMA_VERSION, TABLE_PREFIX, VERSION_TABLE
 
 __all__ = [
@@ -90,10 +90,7 @@ def check_readable(conn: Connection, shown: str) -> str:
     if current is None:
         raise SchemaVersionError(f"{shown} holds no rgtune trial tables (opened read-only, so they are not created)")
     _refuse_unknown(current, shown)
-    raise SchemaVersionError(
-        f"{shown} has schema version {current}, older than this rgtune ({SCHEMA_VERSION}); "
-        f"open it once writable to upgrade it in place"
-    )
+    raise SchemaTooOldError(shown, current, SCHEMA_VERSION)
 
 
 def ensure_schema(read_engine: Engine, write_engine: Engine, shown: str, *, upgrade: bool = True) -> str:

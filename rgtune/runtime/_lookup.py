@@ -112,6 +112,18 @@ def tune_command(model: str, dataset: str, in_dim: int, out_dim: int, heads: int
 
 
 # ---------------------------------------------------------------------- the database
+def shown_db(db: "str | TrialDatabase | None") -> str | None:
+    """``db`` as warnings, hints and exported files show it: as given, but never with its password.
+
+    Example:
+        >>> shown_db("postgresql+psycopg://u:s3cret@h/rgtune"), shown_db("results.db"), shown_db(None)
+        ('postgresql+psycopg://u:***@h/rgtune', 'results.db', None)
+    """
+    from rgtune.db.engine import hide_password
+
+    return None if db is None else hide_password(db) if isinstance(db, str) else db.name
+
+
 def open_db(db: "str | TrialDatabase | None") -> "TrialDatabase | None":
     """The database to read, or None when there is none (a missing SQLite file is not created)."""
     from rgtune.db import DatabaseError, TrialDatabase

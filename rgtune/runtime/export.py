@@ -15,6 +15,11 @@ that the regenerated sources hash to the exported ones (a warning if not: anothe
 version generates other code), and warns when the graph's content or this device differs
 from what the schedule was tuned on. A graph with other node or edge types is an error.
 
+The folder is written beside ``out_dir`` and renamed in; an earlier export it replaces is
+renamed aside first and deleted last, so ``out_dir`` is never half-written, and what an export
+killed midway leaves beside it is cleaned (or put back) by the next export. The database is
+named without its password (the folder is meant to be shared).
+
 Example:
     >>> import tempfile, warnings
     >>> from rgtune.data.synthetic import random_graph
@@ -30,9 +35,11 @@ Example:
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import tempfile
 import textwrap
@@ -47,7 +54,7 @@ from rgtune.codegen.base import Backend, available_backends, create
 from rgtune.data import HeteroGraph
 from rgtune.ir.models import build_model
 from rgtune.runtime._lookup import (check_model, fingerprint, graph_signature, resolve_backend,
-                                    resolve_graph, warn)
+                                    resolve_graph, shown_db, warn)
 from rgtune.runtime.load import select_schedule
 from rgtune.runtime.module import GraphMismatchError, TunedLayer, tuned_layer
 from rgtune.search_spaces import SearchSpace
@@ -93,16 +100,18 @@ def export(
     if sel.missing is not None and not allow_default:
         raise NoTunedScheduleError(f"{sel.missing}; or pass allow_default=True (--allow-default) to export "
                                    f"the default schedule")
+    _clean_interrupted(Path(out_dir))  # an earlier export killed midway: its old folder back in place
     _check_target_dir(Path(out_dir), overwrite)  # before building: fail fast
     for message in sel.warnings:
         warn(message)
     layer = sel.build()
-    return export_layer(layer, out_dir, overwrite=overwrite, db=db if db is None or isinstance(db, str) else db.name)
+    return export_layer(layer, out_dir, overwrite=overwrite, db=shown_db(db))
 
 
 def export_layer(layer: TunedLayer, out_dir: str | Path, *, overwrite: bool = False, db: str | None = None) -> Path:
     """Write an already-built tuned layer's schedule, sources and provenance to ``out_dir``."""
     out = Path(out_dir)
+    _clean_interrupted(out)
     _check_target_dir(out, overwrite)
     be = layer._backend
     sources = layer.sources
@@ -117,7 +126,7 @@ def export_layer(layer: TunedLayer, out_dir: str | Path, *, overwrite: bool = Fa
     prov = dict(layer.provenance)
     provenance = {
         "schedule": prov.get("source"), "trial_id": prov.get("trial_id"), "median_ms": prov.get("median_ms"),
-        "db": prov.get("db", db), "schedule_hash": prov.get("schedule_hash"),
+        "db": shown_db(prov.get("db", db)), "schedule_hash": prov.get("schedule_hash"),
         "tuned_with_rgtune": prov.get("rgtune_version"),
         "tuned_on": {"device": prov.get("device"), "device_fingerprint": prov.get("device_fingerprint"),
                      "dataset": prov.get("dataset"), "graph_hash": prov.get("graph_hash")},
@@ -128,22 +137,63 @@ def export_layer(layer: TunedLayer, out_dir: str | Path, *, overwrite: bool = Fa
         "backend": be.name,
         "exported_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    files = {SCHEDULE_FILE: json.dumps(schedule, indent=2, sort_keys=True) + "\n",
+             PROVENANCE_FILE: json.dumps(provenance, indent=2, sort_keys=True, default=str) + "\n",
+             _KERNELS: layer.kernels.describe() + "\n", _README: _readme(out.name, schedule, provenance),
+             **{f"{_SOURCES}/{name}": text for name, text in sources.items()}}
+    tmp = Path(tempfile.mkdtemp(prefix=_leftover_prefix(out, "new"), dir=out.parent))
     try:
         (tmp / _SOURCES).mkdir()
-        for name, text in sources.items():
-            (tmp / _SOURCES / name).write_text(text)
-        (tmp / SCHEDULE_FILE).write_text(json.dumps(schedule, indent=2, sort_keys=True) + "\n")
-        (tmp / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2, sort_keys=True, default=str) + "\n")
-        (tmp / _KERNELS).write_text(layer.kernels.describe() + "\n")
-        (tmp / _README).write_text(_readme(out.name, schedule, provenance))
-        if out.exists():  # checked above: empty, or an earlier export that may be replaced
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        for name, text in files.items():
+            (tmp / name).write_text(text)
+        _swap_in(tmp, out)  # out was checked above: missing, empty, or an earlier export that may be replaced
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _leftover_prefix(out: Path, kind: str) -> str:
+    """The name prefix of the folders an export of ``out`` keeps beside it while it runs (``new``, ``old``)."""
+    return f".{out.name}.rgtune-{kind}-"
+
+
+def _swap_in(new: Path, out: Path) -> None:
+    """Put the finished folder ``new`` at ``out``, replacing what is there, by renames only.
+
+    The old folder is renamed aside, the new one renamed in, then the old one deleted: ``out``
+    never holds a half-written export, and no step deletes the old one before the new one is in
+    place. A failure between the renames puts the old one back; a kill there leaves it aside,
+    where the next export (:func:`_clean_interrupted`) puts it back.
+    """
+    if not out.exists():
+        os.rename(new, out)
+        return
+    old = out.parent / f"{_leftover_prefix(out, 'old')}{secrets.token_hex(4)}"
+    os.rename(out, old)
+    try:
+        os.rename(new, out)
+    except BaseException:
+        os.rename(old, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _clean_interrupted(out: Path) -> None:
+    """Undo what an export of ``out`` that was killed midway left beside it.
+
+    Its unfinished new folders are deleted; an old export it had renamed aside is put back when
+    ``out`` is gone (a kill between the two renames of :func:`_swap_in`), else deleted.
+    """
+    if not out.parent.is_dir():
+        return
+    for leftover in out.parent.glob(glob.escape(_leftover_prefix(out, "new")) + "*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    olds = sorted(out.parent.glob(glob.escape(_leftover_prefix(out, "old")) + "*"), key=lambda p: p.stat().st_mtime)
+    if olds and not out.exists():
+        os.rename(olds.pop(), out)  # the most recent one
+    for leftover in olds:
+        shutil.rmtree(leftover, ignore_errors=True)
 
 
 def _check_target_dir(out: Path, overwrite: bool) -> None:

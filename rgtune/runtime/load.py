@@ -23,7 +23,7 @@ from rgtune.codegen.base import Backend
 from rgtune.data import HeteroGraph
 from rgtune.ir.passes import KnobError
 from rgtune.runtime._lookup import (check_model, find_best, is_dataset_name, open_db, resolve_backend, resolve_graph,
-                                    tune_command, warn)
+                                    shown_db, tune_command, warn)
 from rgtune.runtime.module import TunedLayer, tuned_layer
 
 if TYPE_CHECKING:
@@ -110,7 +110,7 @@ def select_schedule(model: str, graph: HeteroGraph | str, in_dim: int, out_dim: 
     g = resolve_graph(graph, data_dir)
     be = resolve_backend(backend)
     database = open_db(db)
-    db_text = db if db is None or isinstance(db, str) else db.name
+    db_text = shown_db(db)
     command = tune_command(model, g.name, in_dim, out_dim, heads, be.name, db_text)
     hint = f"run `{command}`" + ("" if is_dataset_name(g.name) else
                                  f" (the tuner loads graphs by dataset name; {g.name!r} is not one)")
