@@ -6,6 +6,9 @@ into destinations, a map as an elementwise expression. It honours every IR decis
 changes *what* is computed (layout order of edge buffers, pair rows, edge -> pair lookup by
 index or by binary search, epilogues, accumulating stores, derived weights) and runs in
 any float dtype, float64 included; all ops are out-of-place, so autograd flows through it.
+Every buffer takes the dtype of the input ``x``, never torch's default dtype. Each run keeps
+its buffers in its own shallow copy of the executor, so one executor can run in several threads
+at once (a tuned layer's backward) and holds no buffer after a run.
 
 Example:
     >>> import torch
@@ -21,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 from typing import Mapping
 
 import torch
@@ -90,9 +94,15 @@ class ReferenceExecutor:
 
     # ---------------------------------------------------------------- running
     def run(self, x: torch.Tensor, params: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The output ``(num_nodes, out_features)``, in the dtype of ``x``."""
         kp, a = self.kp, self.a
         if x.shape != (a.num_nodes, kp.buffers[kp.input].width):
             raise ValueError(f"input must be ({a.num_nodes}, {kp.buffers[kp.input].width}), got {tuple(x.shape)}")
+        # this run's buffers live in a shallow copy: concurrent runs never see each other's
+        return copy.copy(self)._run(x, params)
+
+    def _run(self, x: torch.Tensor, params: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        kp, a = self.kp, self.a
         self.dtype = x.dtype
         self.params = dict(params)
         self.bufs: dict[str, torch.Tensor] = {kp.input: x.reshape(a.num_nodes, 1, -1)}

@@ -25,7 +25,19 @@ backward) are not supported. Under ``torch.no_grad()`` the forward is the kernel
 
 ``copy.deepcopy`` and ``torch.save`` of a tuned layer keep its schedule and rebuild the
 kernels for the copy (compiled code itself is not copied; the compile cache makes this cheap).
-A layer's kernels keep a scratch workspace: do not call one layer from two threads at once.
+
+Dtypes: the generated kernels (``cpu``, ``cuda``) compute in float32, so a layer on those
+backends creates its parameters in float32 even under ``torch.set_default_dtype(torch.float64)``,
+and its output is float32. Parameters or an input of another dtype are an error naming the
+tensor and its dtype, before any kernel runs; nothing is cast behind the caller's back. The
+``reference`` backend computes in the dtype of the layer (any float dtype; float64 for
+:func:`torch.autograd.gradcheck`), and its parameters follow torch's default dtype.
+
+Threads: one layer may be called from several threads at once. Its forward runs one call at a
+time (the kernels of a layer share one workspace, so each backend's runtime holds a lock per
+built program; a call already uses every core through OpenMP or the GPU, so running calls side
+by side would gain little); its backward, the torch lowering, keeps its buffers per call and
+runs concurrently. Results are the same as from calls made one after another.
 
 Example:
     >>> import torch
@@ -95,13 +107,11 @@ class _Runner:
         ex = self._executor_on(x.device)
         with torch.enable_grad():
             leaves = [t.detach().requires_grad_(bool(n)) for t, n in zip((x, *params), needs)]
-            try:
-                out = ex.run(leaves[0], dict(zip(self.names, leaves[1:])))
-                wrt = [t for t in leaves if t.requires_grad]
-                grads = iter(torch.autograd.grad(out, wrt, grad_out, allow_unused=True))
-            finally:
-                # The executor keeps its last buffers; drop them so no autograd graph outlives the call.
-                ex.bufs, ex.params = {}, {}
+            # the executor keeps no buffers between runs: no autograd graph outlives the call, and
+            # backwards of one layer in several threads do not mix
+            out = ex.run(leaves[0], dict(zip(self.names, leaves[1:])))
+            wrt = [t for t in leaves if t.requires_grad]
+            grads = iter(torch.autograd.grad(out, wrt, grad_out, allow_unused=True))
         return [next(grads) if t.requires_grad else None for t in leaves]
 
 
@@ -130,6 +140,14 @@ def _float_dtypes(backend: Backend) -> tuple[torch.dtype, ...]:
     return (torch.float16, torch.bfloat16, torch.float32, torch.float64) if backend.name == "reference" else (torch.float32,)
 
 
+def _default_param_dtype(backend: Backend) -> torch.dtype:
+    """torch's default dtype where the backend computes in it, else the backend's own (float32
+    for generated kernels): a layer never starts with parameters its kernels cannot read."""
+    allowed = _float_dtypes(backend)
+    default = torch.get_default_dtype()
+    return default if default in allowed else allowed[0]
+
+
 class TunedLayer(RelationalLayer):
     """Base of :class:`TunedRGCN`, :class:`TunedRGAT` and :class:`TunedHGT` (see the module docstring).
 
@@ -143,6 +161,17 @@ class TunedLayer(RelationalLayer):
         provenance: where the schedule came from (kept as :attr:`provenance`; see
             :func:`rgtune.runtime.load_tuned`).
         device, dtype: as for the reference layer (the ``cpu`` backend needs CPU float32).
+            ``dtype=None``: torch's default dtype where the backend computes in it, else the
+            backend's (float32 for ``cpu`` and ``cuda``, also under a float64 default dtype).
+
+    Dtypes: the ``cpu`` and ``cuda`` backends compute in float32: the input must be float32
+    (a float64 input is a ``ValueError`` that says to convert it), the parameters too
+    (``TypeError`` naming the parameter; ``.float()`` converts the layer), and the output is
+    float32. The ``reference`` backend runs in the layer's dtype (any float dtype).
+
+    Threads: a layer may be called from several threads at once; its forwards run one at a
+    time (one workspace per layer, guarded by a lock), its backwards side by side, and every
+    result equals that of the same calls made one after another.
 
     Attributes:
         config: the full schedule in use; ``kernels``: its :class:`KernelProgram`;
@@ -165,13 +194,16 @@ class TunedLayer(RelationalLayer):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
+        be = create(backend) if isinstance(backend, str) else backend
+        if dtype is None:
+            dtype = _default_param_dtype(be)
         if self.model == "rgcn":
             if heads != 1:
                 raise ValueError(f"{type(self).__name__}: RGCN has no attention heads; expected heads=1, got {heads!r}")
             super().__init__(graph, in_dim, out_dim, device=device, dtype=dtype)  # type: ignore[call-arg]
         else:
             super().__init__(graph, in_dim, out_dim, heads=heads, device=device, dtype=dtype)  # type: ignore[call-arg]
-        self._backend = create(backend) if isinstance(backend, str) else backend
+        self._backend = be
         self._backend_spec = backend if isinstance(backend, str) else self._backend.name  # for unpickling
         space = SearchSpace(build_model(self.model, in_dim, out_dim, heads), graph, self._backend.target)
         point = space.compile({**space.default(), **dict(config or {})})
@@ -228,18 +260,33 @@ class TunedLayer(RelationalLayer):
         return next(self.parameters()).device
 
     def _check_runnable(self) -> None:
-        name, dtype, device = type(self).__name__, self._param_dtype(), self._device()
-        allowed = _float_dtypes(self._backend)
-        if dtype not in allowed:
-            hint = " (use backend='reference' for float64, e.g. for gradcheck)" if dtype == torch.float64 else ""
-            raise TypeError(f"{name}: the {self.backend} backend computes in {', '.join(map(str, allowed))}, "
-                            f"but the layer's parameters are {dtype}; convert with .float(){hint}")
+        name, device = type(self).__name__, self._device()
+        self._check_param_dtypes()
         want = "cuda" if self._backend.target == "cuda" else "cpu"
         if device.type != want:
             raise ValueError(f"{name}: the layer's parameters are on {device}, but the {self.backend} backend "
                              f"runs on {want} tensors; move the layer with .to({want!r})")
 
+    def _check_param_dtypes(self) -> None:
+        """Every parameter in one dtype, one the backend computes in (else a TypeError naming it)."""
+        name, allowed = type(self).__name__, _float_dtypes(self._backend)
+        first, dtype = next(iter(self.named_parameters()))[0], self._param_dtype()
+        for pname, p in self.named_parameters():
+            if p.dtype not in allowed:
+                hint = " (use backend='reference' for float64, e.g. for gradcheck)" if p.dtype == torch.float64 else ""
+                raise TypeError(f"{name}: parameter {pname!r} is {p.dtype}, but the {self.backend} backend computes "
+                                f"in {', '.join(map(str, allowed))}; convert the layer with .float(){hint}")
+            if p.dtype != dtype:
+                raise TypeError(f"{name}: parameter {pname!r} is {p.dtype}, but {first!r} is {dtype}; a layer's "
+                                f"parameters share one dtype (convert the layer with .to({dtype}))")
+
     def _check_tensor(self, x: Tensor, rows: int, what: str) -> None:
+        allowed = _float_dtypes(self._backend)
+        if isinstance(x, Tensor) and x.is_floating_point() and x.dtype not in allowed:
+            # the reference layer's advice (convert the layer to the input's dtype) cannot work here
+            raise ValueError(f"{type(self).__name__}: {what} has dtype {x.dtype}, expected {self._param_dtype()} "
+                             f"(the {self.backend} backend computes in {', '.join(map(str, allowed))}; "
+                             f"convert the input with .to({self._param_dtype()}))")
         super()._check_tensor(x, rows, what)
         device = self._device()
         if x.device != device:

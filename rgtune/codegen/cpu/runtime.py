@@ -11,8 +11,17 @@ Threads: every kernel runs with ``torch.get_num_threads()`` OpenMP threads (read
 torch and the kernels share one libgomp, torch's).
 
 Intermediate buffers are allocated on the first call and reused (zeroed when the program
-says so); the output is a fresh tensor every call, so outputs of two calls never alias. A
-runtime is not meant to be called from two threads at once (they would share intermediates).
+says so); the output is a fresh tensor every call, so outputs of two calls never alias. Every
+buffer is allocated as :data:`KERNEL_DTYPE` (float32), never in torch's default dtype: the
+kernels write float32 whatever ``torch.set_default_dtype`` says. Inputs and params must be
+float32 already; any other dtype is a ``TypeError`` naming the tensor (no silent cast).
+
+Calls from several threads are safe and run one at a time: a runtime has one workspace and
+one context struct per kernel, which a call fills with its own pointers, so :meth:`CpuRuntime.run`
+holds a lock per runtime. Running calls side by side would gain little, since every call
+already spreads its kernels over ``torch.get_num_threads()`` OpenMP threads; a lock costs a
+single-threaded caller next to nothing and keeps one workspace. Two runtimes (two layers) run in
+parallel: they share only read-only graph arrays.
 
 What runs where:
 
@@ -27,6 +36,7 @@ What runs where:
 from __future__ import annotations
 
 import ctypes
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -44,6 +54,9 @@ from rgtune.ir.kernels import GemmKernel, KernelProgram, TraversalKernel, Weight
 
 #: owner blocks per thread for accumulating GEMMs (more blocks: better balance, shorter segments)
 BLOCKS_PER_THREAD = 4
+
+#: the dtype every generated kernel reads and writes: inputs, params, buffers and scratch
+KERNEL_DTYPE = torch.float32
 
 
 @dataclass
@@ -109,6 +122,7 @@ class CpuRuntime:
         self.bound = {src.kernel: self._bind(src, libs[src.kernel]) for src in gen.kernels}
         self.steps = self._steps()
         self.workspace: dict[str, torch.Tensor] = {}
+        self._lock = threading.Lock()  # one call at a time: calls share the workspace and the contexts
 
     # ------------------------------------------------------------------ binding
     def _pointer(self, t: torch.Tensor | None) -> int:
@@ -137,7 +151,7 @@ class CpuRuntime:
                 b.set(name, self._pointer(getattr(a, name)))
         for kind in GRAPH_CONSTANTS:
             if f"G_{kind}" in b.names:
-                b.set(f"G_{kind}", self._pointer(self._cached(("G", kind), lambda: getattr(a, kind).to(torch.float32))))
+                b.set(f"G_{kind}", self._pointer(self._cached(("G", kind), lambda: getattr(a, kind).to(KERNEL_DTYPE))))
         k = next(k for k in self.kp.kernels if k.name == src.kernel)
         if isinstance(k, GemmKernel):
             self._bind_gemm(k, b)
@@ -241,7 +255,7 @@ class CpuRuntime:
 
     def _fold_step(self, k: WeightKernel) -> Callable[..., None]:
         def step(bufs: dict[str, torch.Tensor], params: dict[str, torch.Tensor]) -> None:
-            params[k.out] = fold_weights(k, params, self.a, self.kp.param_shapes).to(torch.float32).contiguous()
+            params[k.out] = fold_weights(k, params, self.a, self.kp.param_shapes).to(KERNEL_DTYPE).contiguous()
         return step
 
     def _blas_step(self, g: _BlasGemm) -> Callable[..., None]:
@@ -269,8 +283,9 @@ class CpuRuntime:
 
     # ------------------------------------------------------------------ running
     def run(self, x: torch.Tensor, params: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """The layer's output ``(num_nodes, out_features)`` for input ``x`` and learnable ``params``."""
-        with torch.no_grad():
+        """The layer's output ``(num_nodes, out_features)`` for input ``x`` and learnable ``params``
+        (float32 CPU tensors). Concurrent calls wait for each other (see the module docstring)."""
+        with self._lock, torch.no_grad():
             x = self._check_input(x)
             p = self._check_params(params)
             bufs = self._buffers(x)
@@ -302,18 +317,23 @@ class CpuRuntime:
             shape = (a.rows(b.domain), b.width)
             zero = name in kp.zero_init
             if name == kp.output:  # fresh every call: outputs never alias
-                bufs[name] = torch.zeros(shape) if zero else torch.empty(shape)
+                bufs[name] = _kernel_buffer(shape, zero)
                 continue
             t = self.workspace.get(name)
             if t is None or tuple(t.shape) != shape:
-                t = self.workspace[name] = torch.empty(shape)
+                t = self.workspace[name] = _kernel_buffer(shape)
             if zero:
                 t.zero_()
             bufs[name] = t
         for name, shape in self.scratch_shapes.items():
             if name not in self.workspace:
-                self.workspace[name] = torch.empty(shape)
+                self.workspace[name] = _kernel_buffer(shape)
         return bufs
+
+
+def _kernel_buffer(shape: tuple[int, ...], zero: bool = False) -> torch.Tensor:
+    """A buffer the kernels write: :data:`KERNEL_DTYPE` whatever torch's default dtype is."""
+    return torch.zeros(shape, dtype=KERNEL_DTYPE) if zero else torch.empty(shape, dtype=KERNEL_DTYPE)
 
 
 def _ptr(t: torch.Tensor) -> int:
@@ -325,8 +345,8 @@ def _check_tensor(what: str, t: torch.Tensor, shape: tuple[int, ...]) -> None:
         raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
     if t.device.type != "cpu":
         raise ValueError(f"{what} is on {t.device}; the cpu backend needs CPU tensors (call .cpu())")
-    if t.dtype != torch.float32:
-        raise TypeError(f"{what} has dtype {t.dtype}; the cpu backend computes in float32 (call .float())")
+    if t.dtype != KERNEL_DTYPE:
+        raise TypeError(f"{what} has dtype {t.dtype}; the cpu backend computes in {KERNEL_DTYPE} (call .float())")
     if tuple(t.shape) != tuple(shape):
         raise ValueError(f"{what} must have shape {tuple(shape)}, got {tuple(t.shape)}")
 

@@ -12,6 +12,16 @@ shared memory), and runs the program on torch CUDA tensors without copies: point
 current stream. Every launch's grid and fixed arguments are bound once (:meth:`ProgramRunner._plan`),
 and by default the whole program is recorded as a CUDA graph on its first run and replayed.
 
+Dtypes: the kernels read and write float32 (:data:`KERNEL_DTYPE`). A run casts ``x`` and the
+params to float32 on the program's device (a copy only when they are not already), allocates
+every buffer and temp as float32 whatever torch's default dtype is, and returns float32.
+
+Threads: a program's runs share state (the recorded graph's input and output buffers, the
+kernel parameter arrays, and in the emulator the kernels' own globals), so
+:meth:`ProgramRunner.run` holds a lock per program: calls from several threads are safe and run
+one at a time. A replay queued on another stream than the last one also waits, on the device,
+for the last one before it overwrites the recorded graph's input.
+
 Errors: an illegal address or a launch failure surfaces as :class:`LaunchError` for that
 schedule, at launch or at the next synchronization (:meth:`CudaProgram.synchronize`).
 Such an error is *sticky*: the CUDA context of the process is unusable afterwards, so the
@@ -30,6 +40,7 @@ import ctypes
 import gc
 import math
 import statistics
+import threading
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
@@ -49,6 +60,9 @@ from rgtune.ir.kernels import GemmKernel, KernelProgram, WeightKernel
 STICKY_NOTE = ("a CUDA fault is sticky: this process's CUDA context is unusable now; "
                "measure in a worker process and restart it")
 _MAX_GRID_YZ = 65535
+
+#: the dtype every generated kernel reads and writes: inputs, params, buffers, temps
+KERNEL_DTYPE = torch.float32
 
 
 class LaunchError(BackendError):
@@ -209,7 +223,9 @@ class ProgramRunner:
     Subclasses say where the kernels run (:class:`CudaProgram`: a GPU through CuPy;
     :class:`rgtune.codegen.cuda.emulate.EmulatedProgram`: the CPU): they load every unit into
     ``self.loaded``, call :meth:`_plan`, and implement ``_launch(step, args)`` with ``args`` as
-    64-bit integers (pointers and sizes, in the order of the kernel's parameters).
+    64-bit integers (pointers and sizes, in the order of the kernel's parameters). A subclass
+    that runs differently overrides :meth:`_execute`; :meth:`run` holds the program's lock
+    around it (see the module docstring).
     """
 
     device: torch.device
@@ -221,9 +237,10 @@ class ProgramRunner:
         self.device_arrays = on_dev = self.arrays.to(self.device)
         self.rows = {d: on_dev.rows(d) for d in ("node", "edge", "src_pair", "dst_pair")}
         self.graph = {n: getattr(on_dev, n).contiguous() for n in GRAPH_ARRAYS if getattr(on_dev, n) is not None}
-        self.consts = {n: getattr(on_dev, n).to(torch.float32).contiguous() for n in GRAPH_CONSTANTS}
+        self.consts = {n: getattr(on_dev, n).to(KERNEL_DTYPE).contiguous() for n in GRAPH_CONSTANTS}
         self.loaded: list[_Loaded] = []
         self._host_tables: dict[str, dict[str, torch.Tensor]] = {}  # unit -> its tables on the CPU (for grids)
+        self._lock = threading.Lock()  # one run at a time: runs share the program's state
 
     def _tables(self, u: KernelUnit) -> dict[str, torch.Tensor]:
         host = gemm_tables(u, self.arrays) if isinstance(u.kernel, GemmKernel) else {}
@@ -245,27 +262,33 @@ class ProgramRunner:
         """The output for input ``x`` (global node order) and ``params``.
 
         ``fill`` poisons every buffer that is not zero-initialized (NaN in tests: an element a
-        kernel forgets to write then shows up in the output).
+        kernel forgets to write then shows up in the output). ``x`` and ``params`` are cast to
+        float32; the output is float32. Concurrent calls wait for each other.
         """
+        with self._lock:
+            return self._execute(x, params, fill)
+
+    def _execute(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], fill: float | None = None) -> torch.Tensor:
+        """One run, launch by launch (the caller holds the lock)."""
         kp, dev = self.kp, self.device
         n = self.rows["node"]
-        xin = _aligned(x.to(device=dev, dtype=torch.float32).reshape(n, -1))
-        p = {name: _aligned(t.to(device=dev, dtype=torch.float32)) for name, t in params.items()}
+        xin = _aligned(x.to(device=dev, dtype=KERNEL_DTYPE).reshape(n, -1))
+        p = {name: _aligned(t.to(device=dev, dtype=KERNEL_DTYPE)) for name, t in params.items()}
         bufs: dict[str, torch.Tensor] = {kp.input: xin}
         for name, b in kp.buffers.items():
             if name == kp.input:
                 continue
             shape = (self.rows[b.domain], b.width)
             if name in kp.zero_init:
-                bufs[name] = torch.zeros(shape, device=dev)
+                bufs[name] = torch.zeros(shape, device=dev, dtype=KERNEL_DTYPE)
             elif fill is not None:
-                bufs[name] = torch.full(shape, fill, device=dev)
+                bufs[name] = torch.full(shape, fill, device=dev, dtype=KERNEL_DTYPE)
             else:
-                bufs[name] = torch.empty(shape, device=dev)
+                bufs[name] = torch.empty(shape, device=dev, dtype=KERNEL_DTYPE)
         with self._context():
             for k in kp.kernels:
                 if isinstance(k, WeightKernel):
-                    p[k.out] = _aligned(fold_weights(k, p, self.device_arrays, kp.param_shapes).float())
+                    p[k.out] = _aligned(fold_weights(k, p, self.device_arrays, kp.param_shapes).to(KERNEL_DTYPE))
                     continue
                 self._run_unit(self._by_name[k.name], bufs, p)
         return bufs[kp.output].view(n, -1)
@@ -274,7 +297,7 @@ class ProgramRunner:
         return contextlib.nullcontext()
 
     def _run_unit(self, ld: _Loaded, bufs: Mapping[str, torch.Tensor], params: Mapping[str, torch.Tensor]) -> None:
-        temps = {t.name: torch.full((self.rows[t.domain], t.width), t.fill, device=self.device)
+        temps = {t.name: torch.full((self.rows[t.domain], t.width), t.fill, device=self.device, dtype=KERNEL_DTYPE)
                  for t in ld.unit.temps}
         sources = {"buffer": bufs, "param": params, "temp": temps}
         for step in ld.steps:
@@ -300,7 +323,7 @@ class ProgramRunner:
             raise BackendError(f"kernel argument {a.cname}: no {a.kind} {a.ref!r}")
         t = source[a.ref]
         idx = torch.int32 if self.kp.index_bits == 32 else torch.int64
-        want = {"const float*": torch.float32, "float*": torch.float32, "const idx_t*": idx}.get(a.ctype)
+        want = {"const float*": KERNEL_DTYPE, "float*": KERNEL_DTYPE, "const idx_t*": idx}.get(a.ctype)
         if want is not None and t.dtype != want:
             raise BackendError(f"kernel argument {a.cname}: {t.dtype}, expected {want}")
         return t.data_ptr()
@@ -314,6 +337,7 @@ class _Captured:
     graph: Any  # torch.cuda.CUDAGraph
     x: torch.Tensor
     out: torch.Tensor
+    stream: Any = None  # the torch.cuda.Stream of the last replay
 
 
 class CudaProgram(ProgramRunner):
@@ -327,7 +351,8 @@ class CudaProgram(ProgramRunner):
     are read through their pointers, so changing them in place (an optimizer step) is seen by
     the next replay; passing other param tensors records the graph again. If recording fails,
     the program warns once and launches kernel by kernel from then on (``graph_failure`` says
-    why). ``run(..., fill=...)`` always launches kernel by kernel.
+    why). ``run(..., fill=...)`` always launches kernel by kernel. Calls from several threads
+    run one at a time (see the module docstring).
     """
 
     def __init__(self, kp: KernelProgram, units: list[KernelUnit], cubins: Mapping[str, Cubin],
@@ -372,7 +397,7 @@ class CudaProgram(ProgramRunner):
         return out
 
     # ---------------------------------------------------------------- running
-    def run(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], fill: float | None = None) -> torch.Tensor:
+    def _execute(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], fill: float | None = None) -> torch.Tensor:
         if fill is not None or not self.graphs:
             return self._run_launches(x, params, fill)
         key = _graph_key(x, params)
@@ -381,6 +406,16 @@ class CudaProgram(ProgramRunner):
             self._captured = captured = self._capture(x, params, key)
             if captured is None:
                 return self._run_launches(x, params)
+        return self._replay(captured, x)
+
+    def _replay(self, captured: _Captured, x: torch.Tensor) -> torch.Tensor:
+        """``x`` through the recorded graph; a copy of its output."""
+        stream = torch.cuda.current_stream(self.device)
+        if captured.stream is not None and captured.stream != stream:
+            # the last replay was queued on another stream: it must be done with x and out first
+            # (on one stream, queue order already says so, and this costs nothing)
+            stream.wait_stream(captured.stream)
+        captured.stream = stream
         captured.x.copy_(x.reshape(captured.x.shape))
         captured.graph.replay()
         return captured.out.clone()
@@ -388,11 +423,12 @@ class CudaProgram(ProgramRunner):
     def _run_launches(self, x: torch.Tensor, params: Mapping[str, torch.Tensor],
                       fill: float | None = None) -> torch.Tensor:
         self._stream = torch.cuda.current_stream(self.device).cuda_stream
-        return super().run(x, params, fill)
+        return super()._execute(x, params, fill)
 
     def _capture(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], key: tuple[Any, ...]
                  ) -> _Captured | None:
-        static_x = torch.empty((self.rows["node"], x.numel() // max(self.rows["node"], 1)), device=self.device)
+        static_x = torch.empty((self.rows["node"], x.numel() // max(self.rows["node"], 1)), device=self.device,
+                               dtype=KERNEL_DTYPE)
         static_x.copy_(x.reshape(static_x.shape))
         try:
             with torch.cuda.device(self.device):
