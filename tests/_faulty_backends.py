@@ -65,3 +65,22 @@ class Poisoned(_Faulty):
         err = RuntimeError("illegal memory access (simulated)")
         err.poisons_process = True  # type: ignore[attr-defined]
         raise err
+
+
+class Flaky(_Faulty):
+    """Right on a program's first run, wrong on every later one (a data race's kind of luck): one
+    verification passes it, running it again on the same input does not."""
+
+    def build(self, kp: Any, graph: Any, schedule: Mapping[str, Any]) -> BuiltProgram:
+        built = ReferenceBackend.build(self, kp, graph, schedule)
+        if not self.fault(schedule):
+            return built
+        inner, runs = built.run_fn, [0]
+
+        def run(x: Any, p: Any) -> Any:
+            runs[0] += 1
+            out = inner(x, p)
+            return out if runs[0] == 1 else out + 0.5
+
+        built.run_fn = run
+        return built
