@@ -2,7 +2,8 @@
 
 * ``RGTUNE_DATA_DIR`` defaults to ``<repo>/../shared/datasets`` (found relative to this file).
 * ``RGTUNE_CACHE_DIR`` is always a fresh folder for the session, so tests never read or write
-  the user's cache; subprocesses started by tests inherit both.
+  the user's cache; ``RGTUNE_CONFIG_DIR`` (the cost model's signing key) is a folder inside it, so
+  tests never make or use the user's key; subprocesses started by tests inherit all three.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("RGTUNE_DATA_DIR", str(_SHARED_DATASETS))
     _session_cache = tempfile.mkdtemp(prefix="rgtune-test-cache-")
     os.environ["RGTUNE_CACHE_DIR"] = _session_cache
+    os.environ["RGTUNE_CONFIG_DIR"] = os.path.join(_session_cache, "config")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

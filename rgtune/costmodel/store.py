@@ -2,14 +2,19 @@
 
 The file is one line of JSON (the header), a newline, and a pickle of the payload. The header
 carries a magic string, the format version, the scikit-learn and numpy versions the estimator
-was pickled with, what the model was trained for (device, backend, settings) and the
-payload's sha256. :func:`read_model` returns None with a reason for anything it would not
-trust (another format, other library versions, another device, a truncated or edited
+was pickled with, what the model was trained for (device, backend, settings), the payload's
+sha256, and an HMAC of the whole file under this user's secret key
+(:mod:`rgtune.costmodel.signing`). :func:`read_model` returns None with a reason for anything it
+would not trust (another format, other library versions, another device, a truncated or edited
 payload, a payload that does not unpickle); the caller then retrains. Writes go through a
 temporary file and a rename, so a crash never leaves half a model behind.
 
-Like any pickle, a model file runs code when loaded: keep it where the database is, writable
-only by the people who write the database (the checksum catches accidents, not attacks).
+Provenance rule: a pickle runs code when it is loaded, and a model file travels with its database
+(``results.db.costmodel/`` next to a ``results.db`` someone sent you). So a model is unpickled only
+when its HMAC checks out under this user's key on this machine, and the HMAC is checked before
+anything is unpickled. A model without a valid HMAC (another user's or machine's, edited, or saved
+before models were signed) is never loaded: the model is fit again from the trial history, which
+is data, and saved with this user's HMAC. The sha256 catches accidents; the HMAC, provenance.
 
 Example:
     >>> import tempfile, os
@@ -31,6 +36,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
+from rgtune.costmodel import signing
+
 __all__ = ["FORMAT_VERSION", "MAGIC", "write_model", "read_model", "default_model_path"]
 
 MAGIC = "rgtune-costmodel"
@@ -51,6 +58,7 @@ def write_model(path: str | os.PathLike[str], payload: Any, key: Mapping[str, An
     body = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
     header = {"magic": MAGIC, "format": FORMAT_VERSION, **_versions(), "key": dict(key),
               "sha256": hashlib.sha256(body).hexdigest(), "size": len(body)}
+    header["hmac"] = signing.sign(_signed_bytes(header, body))  # SigningKeyError (an OSError): not saved
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
@@ -91,10 +99,33 @@ def read_model(path: str | os.PathLike[str], key: Mapping[str, Any]) -> tuple[An
         return None, f"trained for {header.get('key')}, not {dict(key)}"
     if header.get("size") != len(body) or header.get("sha256") != hashlib.sha256(body).hexdigest():
         return None, "the saved model is corrupt (checksum mismatch)"
+    why = _untrusted(header, body)
+    if why:
+        return None, why
     try:
         return pickle.loads(body), ""
     except Exception as e:  # noqa: BLE001 - anything a damaged pickle raises
         return None, f"the saved model does not load ({type(e).__name__})"
+
+
+def _signed_bytes(header: Mapping[str, Any], body: bytes) -> bytes:
+    """What the HMAC covers: the header (without the HMAC itself), canonically, and the payload."""
+    fields = {k: v for k, v in header.items() if k != "hmac"}
+    return MAGIC.encode() + b"\0" + json.dumps(fields, sort_keys=True).encode() + b"\n" + body
+
+
+def _untrusted(header: Mapping[str, Any], body: bytes) -> str:
+    """Why a model file may not be unpickled (no valid HMAC under this user's key), or ``""``."""
+    rule = "a model file runs code when loaded, so only models this user saved on this machine are loaded"
+    if "hmac" not in header:
+        return f"it is not signed (saved by an older rgtune, or not by rgtune); {rule}"
+    try:
+        ok = signing.verify(_signed_bytes(header, body), header["hmac"])
+    except signing.SigningKeyError as e:
+        return f"its signature cannot be checked: {e}"
+    if not ok:
+        return f"it was not saved by this user on this machine (its HMAC does not match this user's key); {rule}"
+    return ""
 
 
 def default_model_path(sqlite_file: str | os.PathLike[str] | None, db_name: str, device: str, backend: str) -> Path:

@@ -12,6 +12,13 @@ When they are missing OGB downloads its zip (about 0.4 GB); this happens in a te
 next to it and is renamed into place only when complete. OGB's own processed pickle is the
 cache (it is not duplicated into the processed-graph cache).
 
+The data folder may be shared, and OGB reads its pickle with a bare ``torch.load``, which can run
+any code a tampered file names. So rgtune reads ``processed/data_processed`` itself, with an
+unpickler that can build only what OGB writes there (dicts, tuples, strings, numbers, numpy
+arrays of numbers: :data:`ALLOWED_GLOBALS`), and reads the split from OGB's CSV files, never from
+a ``split_dict.pt``. A file that asks for anything else fails with :class:`DatasetError` naming
+it, before anything from it runs.
+
 Example (needs the files; about 20 s and 4 GB of memory):
     >>> g = load_ogbn_mag()  # doctest: +SKIP
     >>> g.num_nodes(), g.num_edges(), g.features["paper"].shape  # doctest: +SKIP
@@ -21,25 +28,28 @@ Example (needs the files; about 20 s and 4 GB of memory):
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib
 import io
 import logging
 import os
+import pickle
 import shutil
 import tempfile
 import urllib.error
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 import torch
 
-from rgtune._environ import scoped_env
 from rgtune.data._cache import data_root
 from rgtune.data.errors import DatasetError, DatasetNotFoundError
 from rgtune.data.graph import HeteroGraph, NodeTask
 
-__all__ = ["OGB_NAME", "load_ogbn_mag", "ogb_folder"]
+__all__ = ["OGB_NAME", "ALLOWED_GLOBALS", "load_ogbn_mag", "ogb_folder", "read_processed"]
 
 log = logging.getLogger("rgtune.data")
 
@@ -71,22 +81,112 @@ class _LogWriter(io.TextIOBase):
 
 @contextlib.contextmanager
 def _ogb_environment() -> Iterator[None]:
-    # OGB pickles numpy arrays and loads them with a bare torch.load, which torch >= 2.6 refuses
-    # (weights_only by default). The file is the one OGB itself wrote from the raw CSVs, so allow it.
     # OGB prints and draws tqdm bars while processing; send both to the log.
-    with scoped_env("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1"), warnings.catch_warnings(), \
-            contextlib.redirect_stdout(_LogWriter()), contextlib.redirect_stderr(_LogWriter()):
-        warnings.filterwarnings("ignore", message=".*TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD.*")
+    with warnings.catch_warnings(), contextlib.redirect_stdout(_LogWriter()), \
+            contextlib.redirect_stderr(_LogWriter()):
         warnings.filterwarnings("ignore", category=FutureWarning)
         yield
 
 
-def _open_ogb(root: Path) -> Any:
-    """``NodePropPredDataset("ogbn-mag", root)`` (tests replace this to stay offline)."""
+#: the only globals a processed ogbn-mag file may name: how numpy pickles arrays of numbers (numpy 2
+#: writes ``numpy._core``, numpy 1 ``numpy.core``; both resolve to the installed numpy's objects)
+ALLOWED_GLOBALS = frozenset({
+    "numpy.ndarray", "numpy.dtype",
+    "numpy._core.multiarray._reconstruct", "numpy.core.multiarray._reconstruct",
+    "numpy._core.multiarray.scalar", "numpy.core.multiarray.scalar",
+})
+
+
+@functools.lru_cache(maxsize=None)
+def _numpy_global(name: str) -> Any:
+    module, _, attr = name.rpartition(".")
+    if module.startswith("numpy.core."):  # numpy 1's name for what numpy 2 calls numpy._core
+        module = "numpy._core." + module.removeprefix("numpy.core.")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError):
+        return getattr(importlib.import_module(module.replace("numpy._core.", "numpy.core.")), attr)
+
+
+class _DataUnpickler(pickle.Unpickler):
+    """Builds containers, numbers, strings and numpy arrays; refuses every other global and torch's
+    storages (OGB's file has no tensors)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        full = f"{module}.{name}"
+        if full not in ALLOWED_GLOBALS:
+            raise pickle.UnpicklingError(f"it names {full!r}, which a processed ogbn-mag file never contains")
+        return _numpy_global(full)
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise pickle.UnpicklingError("it holds torch storages, which a processed ogbn-mag file never contains")
+
+
+def _check_plain(value: Any, where: str = "") -> None:
+    """Only containers of strings, numbers, None and numeric numpy arrays (no object arrays)."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_plain(k, where)
+            _check_plain(v, f"{where}[{k!r}]")
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _check_plain(v, f"{where}[{i}]")
+    elif isinstance(value, np.ndarray):
+        if value.dtype.kind not in "biuf":
+            raise pickle.UnpicklingError(f"{where or 'a value'} is an array of {value.dtype}, not of numbers")
+    elif not isinstance(value, (str, bytes, int, float, bool, np.generic, type(None))):
+        raise pickle.UnpicklingError(f"{where or 'a value'} is a {type(value).__name__}")
+
+
+def read_processed(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(graph, labels)`` from OGB's ``processed/data_processed`` (a ``torch.save`` zip of a pickle of
+    numpy arrays), without running anything it names; :class:`DatasetError` for any other content."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            names = [n for n in z.namelist() if n.endswith("/data.pkl") or n == "data.pkl"]
+            if len(names) != 1:
+                raise pickle.UnpicklingError(f"it has {len(names)} data.pkl members, not 1")
+            with z.open(names[0]) as f:
+                data = _DataUnpickler(f).load()
+        if not (isinstance(data, dict) and isinstance(data.get("graph"), dict)
+                and isinstance(data.get("labels"), dict)):
+            raise pickle.UnpicklingError("it is not a dict with a 'graph' dict and a 'labels' dict")
+        _check_plain(data)
+    except (pickle.UnpicklingError, zipfile.BadZipFile, EOFError, ValueError, TypeError, KeyError) as e:
+        raise DatasetError(
+            f"dataset {OGB_NAME!r}: {path} is not a processed file as OGB writes it ({e}); it may have been "
+            f"tampered with or damaged, and was not loaded. Delete it to have it rebuilt from raw/, or "
+            f"copy the dataset again from a source you trust") from None
+    return data["graph"], data["labels"]
+
+
+@functools.lru_cache(maxsize=None)
+def _dataset_class() -> type:
+    """OGB's ``NodePropPredDataset`` with its two ``torch.load`` calls replaced (see the module docstring)."""
+    from ogb.io.read_graph_raw import read_nodesplitidx_split_hetero
     from ogb.nodeproppred import NodePropPredDataset
 
+    class Dataset(NodePropPredDataset):  # type: ignore[misc, valid-type]
+        def pre_process(self) -> None:
+            processed = Path(self.root) / "processed" / "data_processed"
+            if processed.is_file():
+                self.graph, self.labels = read_processed(processed)
+            else:
+                super().pre_process()  # reads the raw CSVs and torch.save-s the pickle; loads nothing
+
+        def get_idx_split(self, split_type: str | None = None) -> dict[str, dict[str, Any]]:
+            folder = Path(self.root) / "split" / (split_type or self.meta_info["split"])
+            train, valid, test = read_nodesplitidx_split_hetero(str(folder))
+            return {"train": train, "valid": valid, "test": test}
+
+    return Dataset
+
+
+def _open_ogb(root: Path) -> Any:
+    """OGB's ``NodePropPredDataset("ogbn-mag", root)``, reading no pickle unsafely (tests replace this to
+    stay offline)."""
     with _ogb_environment():
-        return NodePropPredDataset(name=OGB_NAME, root=str(root))
+        return _dataset_class()(name=OGB_NAME, root=str(root))
 
 
 def _has_files(folder: Path) -> bool:

@@ -64,7 +64,7 @@ import traceback
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
-from rgtune.tuner.device_lock import device_lock
+from rgtune.tuner.device_lock import device_lock, lock_timeout
 
 TIMINGS = ("plain", "paired")
 STATUSES = ("running", "ok", "invalid", "compile_error", "runtime_error", "wrong_result", "timeout", "pruned",
@@ -258,7 +258,8 @@ class _Session:
         if self.device == "cpu":
             return device_lock(None)
         index = self.torch.cuda.current_device() if self.device == "cuda" else 0
-        return device_lock(f"{self.device}:{index}")
+        # wait at most half the trial's timeout: a busy lock fails this trial with its own error, not a kill
+        return device_lock(f"{self.device}:{index}", timeout=lock_timeout(self.o.timeout / 2))
 
     def _run(self, run: Callable[[Any, dict[str, Any]], Any], x: Any, params: dict[str, Any]) -> None:
         run(x, params)

@@ -2,11 +2,14 @@
 
 A generated source is compiled once per (source, compiler, flags, machine): the library lands
 in ``$RGTUNE_CACHE_DIR/kernels`` (else ``~/.cache/rgtune/kernels``) as ``<key>.so`` next to
-``<key>.c``, the source it came from (kept, also when compilation fails, for inspection).
-``key`` hashes the source text, the compiler's resolved path and ``--version`` line, the
-flags, and the CPU (``-march=native`` code is only valid on the CPU that built it). Files are
-written under a temporary name and renamed, so concurrent compilers (test workers, tuner
-processes) never see half a file; a cache hit is a ``stat`` and a ``dlopen``.
+``<key>.c``, the source it came from (kept, also when compilation fails, for inspection), and
+``<key>.so.sum``, the library's size and sha256. ``key`` hashes the source text, the compiler's
+resolved path and ``--version`` line, the flags, and the CPU (``-march=native`` code is only
+valid on the CPU that built it). The cache follows :mod:`rgtune.codegen.kernel_cache`: files are
+written under a temporary name, flushed and renamed, so concurrent compilers (test workers, tuner
+processes) never see half a file; a hit checks the library against its record before the
+``dlopen`` (a truncated or edited one is compiled again), and the folder is kept under
+``$RGTUNE_KERNEL_CACHE_LIMIT`` (2 GiB) by deleting the least recently used libraries.
 
 The compiler is ``$CC`` if set, else ``cc``, else ``gcc``.
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
+import logging
 import os
 import platform
 import shutil
@@ -31,12 +35,14 @@ import subprocess
 import tempfile
 import threading
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from rgtune.codegen import kernel_cache
 from rgtune.codegen.base import BackendError, CompileError
+
+log = logging.getLogger("rgtune.codegen")
 
 #: what every library is compiled with (recorded in ``BuiltProgram.info``)
 FLAGS: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
@@ -75,14 +81,26 @@ class CompiledLibrary:
     cache_hit: bool
     seconds: float
     compiler: Compiler
+    source: str | None = field(default=None, repr=False, compare=False)  # to compile it again if it is lost
 
     def load(self) -> ctypes.CDLL:
-        """The library, loaded once per process."""
+        """The library, loaded once per process. One that does not load (deleted by another process's
+        cache eviction, damaged since it was checked) is compiled again, once."""
+        name = str(self.path)
         with _lock:
-            lib = _loaded.get(str(self.path))
-            if lib is None:
-                lib = _loaded[str(self.path)] = ctypes.CDLL(str(self.path))
-            return lib
+            lib = _loaded.get(name)
+        if lib is None:
+            try:
+                lib = ctypes.CDLL(name)
+            except OSError as exc:
+                if self.source is None:
+                    raise
+                log.warning("kernel cache: %s does not load (%s); compiling it again", name, exc)
+                compile_library(self.source, self.compiler, rebuild=True)
+                lib = ctypes.CDLL(name)
+            with _lock:
+                lib = _loaded.setdefault(name, lib)
+        return lib
 
 
 def find_compiler() -> Compiler:
@@ -195,18 +213,36 @@ def library_key(source: str, compiler: Compiler) -> str:
     return h.hexdigest()[:24]
 
 
-def compile_library(source: str, compiler: Compiler | None = None) -> CompiledLibrary:
-    """Compile ``source`` into a shared library, or find it in the cache. Thread- and process-safe."""
+def _cached(source: str, compiler: Compiler, t0: float) -> CompiledLibrary | None:
+    """The cached library of ``source`` if it matches its record; else None (and a damaged one is logged)."""
+    key = library_key(source, compiler)
+    folder = cache_dir()
+    kernel_cache.open_cache(folder)
+    so_path = folder / f"{key}.so"
+    why = kernel_cache.check_entry(so_path)
+    if not why:
+        return CompiledLibrary(key, so_path, folder / f"{key}.c", True, time.perf_counter() - t0, compiler, source)
+    if why != kernel_cache.MISSING:
+        kernel_cache.warn_once(so_path, why)
+    return None
+
+
+def compile_library(source: str, compiler: Compiler | None = None, rebuild: bool = False) -> CompiledLibrary:
+    """Compile ``source`` into a shared library, or find it, checked, in the cache (``rebuild``: compile
+    in any case). Thread- and process-safe."""
     t0 = time.perf_counter()
     compiler = compiler or find_compiler()
     key = library_key(source, compiler)
     folder = cache_dir()
+    kernel_cache.open_cache(folder)
     so_path, c_path = folder / f"{key}.so", folder / f"{key}.c"
-    if so_path.exists():
-        return CompiledLibrary(key, so_path, c_path, True, time.perf_counter() - t0, compiler)
+    if not rebuild:
+        hit = _cached(source, compiler, t0)
+        if hit is not None:
+            return hit
     folder.mkdir(parents=True, exist_ok=True)
-    _write_atomic(c_path, source.encode())
-    tmp = folder / f"{key}.{os.getpid()}.{uuid.uuid4().hex[:8]}.so.tmp"
+    kernel_cache.write_atomic(c_path, source.encode(), sync=False)  # for people to read; never loaded
+    tmp = kernel_cache.temp_path(so_path)
     cmd = [compiler.path, *compiler.flags, "-o", str(tmp), str(c_path), *LIBS]
     try:
         res = subprocess.run(cmd, capture_output=True, text=True)
@@ -214,32 +250,36 @@ def compile_library(source: str, compiler: Compiler | None = None) -> CompiledLi
         raise BackendError(f"cannot run {compiler.path}: {exc}; {_INSTALL_HINT}") from exc
     if res.returncode != 0 or not tmp.exists():
         tmp.unlink(missing_ok=True)
-        log = (res.stderr + res.stdout).strip()
+        output = (res.stderr + res.stdout).strip()
         raise CompileError(f"{compiler.command} failed (exit {res.returncode}) on the generated source "
-                           f"{c_path}\ncommand: {' '.join(cmd)}\n{log}", str(c_path), log)
-    os.replace(tmp, so_path)
-    return CompiledLibrary(key, so_path, c_path, False, time.perf_counter() - t0, compiler)
+                           f"{c_path}\ncommand: {' '.join(cmd)}\n{output}", str(c_path), output)
+    kernel_cache.commit_entry(tmp, so_path)
+    kernel_cache.note_written(folder, so_path.stat().st_size + len(source))
+    return CompiledLibrary(key, so_path, c_path, False, time.perf_counter() - t0, compiler, source)
 
 
 def compile_libraries(sources: list[str], compiler: Compiler | None = None,
                       jobs: int | None = None) -> list[CompiledLibrary]:
     """:func:`compile_library` for each source, the missing ones in parallel (``jobs``: CPU count)."""
+    t0 = time.perf_counter()
     compiler = compiler or find_compiler()
     unique = list(dict.fromkeys(sources))
-    missing = [s for s in unique if not (cache_dir() / f"{library_key(s, compiler)}.so").exists()]
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(missing)))
     done: dict[str, CompiledLibrary] = {}
+    for s in unique:
+        hit = _cached(s, compiler, t0)
+        if hit is not None:
+            done[s] = hit
+    missing = [s for s in unique if s not in done]
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(missing)))
     if jobs > 1:
         with ThreadPoolExecutor(jobs) as pool:  # the compilers are processes: threads are enough
-            for s, lib in zip(missing, pool.map(lambda s: compile_library(s, compiler), missing)):
+            for s, lib in zip(missing, pool.map(lambda s: compile_library(s, compiler, rebuild=True), missing)):
                 done[s] = lib
-    for s in unique:
+    for s in missing:
         if s not in done:
-            done[s] = compile_library(s, compiler)
+            done[s] = compile_library(s, compiler, rebuild=True)
     return [done[s] for s in sources]
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    kernel_cache.write_atomic(path, data)

@@ -5,10 +5,13 @@ every test run compiles the CUDA kernels even on a CPU-only machine. ``ptxas -v`
 parsed into per-function :class:`Resources` (registers, spills, static shared memory), which
 the launch checks compare with the device's limits.
 
-Cache: ``<dir>/<key>.cubin`` (+ ``.json`` with the log and resources), ``key`` = sha256 of
-the code (the unit's header comments excluded) + NVRTC version + options. The directory is
-``$RGTUNE_KERNEL_CACHE``, else ``$RGTUNE_CACHE_DIR/cuda``, else ``<user cache>/rgtune/cuda``.
-Files are written to a temporary name and renamed, so concurrent workers never read half a file.
+Cache: ``<dir>/<key>.cubin`` (+ ``.json`` with the log, the resources, and the cubin's size and
+sha256), ``key`` = sha256 of the code (the unit's header comments excluded) + NVRTC version +
+options. The directory is ``$RGTUNE_KERNEL_CACHE``, else ``$RGTUNE_CACHE_DIR/cuda``, else
+``<user cache>/rgtune/cuda``. The cache follows :mod:`rgtune.codegen.kernel_cache`: files are
+written to a temporary name, flushed and renamed (the ``.json`` after the cubin), so concurrent
+workers never read half a file; a cubin that does not match its ``.json`` is compiled again; the
+folder is kept under ``$RGTUNE_KERNEL_CACHE_LIMIT`` (2 GiB) by deleting the least recently used.
 
 Example (needs CuPy and the NVRTC library, no GPU):
     >>> cubin = compile_source('extern "C" __global__ void k(float* y) { y[threadIdx.x] = 1.0f; }',
@@ -31,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from rgtune.codegen import kernel_cache
 from rgtune.codegen.base import BackendError, CompileError
 from rgtune.codegen.cuda._unit import KernelUnit
 from rgtune.codegen.cuda.schedule import MAX_REGISTERS_PER_BLOCK, MAX_STATIC_SHARED, MAX_THREADS_PER_BLOCK
@@ -214,14 +218,22 @@ def compile_source(source: str, name: str, arch: str, key_code: str | None = Non
 
 
 def _read_cache(where: Path, key: str, arch: str) -> Cubin | None:
+    """The cached cubin of ``key``, checked against the size and sha256 in its ``.json``; None to compile."""
+    kernel_cache.open_cache(where)
     blob, meta = where / f"{key}.cubin", where / f"{key}.json"
     try:
         info = json.loads(meta.read_text())
         data = blob.read_bytes()
-    except (OSError, ValueError):
+    except FileNotFoundError:
         return None
-    if len(data) != info.get("size"):
+    except (OSError, ValueError) as e:
+        kernel_cache.warn_once(blob, f"its record {meta.name} is unreadable ({e})")
         return None
+    why = kernel_cache.check_digest(data, info if isinstance(info, dict) else {})
+    if why:
+        kernel_cache.warn_once(blob, why)
+        return None
+    kernel_cache.touch(meta)
     res = {k: Resources(**v) for k, v in info.get("resources", {}).items()}
     return Cubin(arch, data, info.get("log", ""), 0.0, True, res, info.get("kind", "cubin"))
 
@@ -229,13 +241,11 @@ def _read_cache(where: Path, key: str, arch: str) -> Cubin | None:
 def _write_cache(where: Path, key: str, c: Cubin) -> None:
     try:
         where.mkdir(parents=True, exist_ok=True)
-        meta = {"size": len(c.data), "log": c.log, "kind": c.kind, "seconds": c.seconds,
+        meta = {**kernel_cache.digest(c.data), "log": c.log, "kind": c.kind, "seconds": c.seconds,
                 "resources": {k: asdict(v) for k, v in c.resources.items()}}
-        for suffix, payload in ((".cubin", c.data), (".json", json.dumps(meta).encode())):
-            fd, tmp = tempfile.mkstemp(dir=where, suffix=".tmp")
-            with os.fdopen(fd, "wb") as f:
-                f.write(payload)
-            os.replace(tmp, where / f"{key}{suffix}")
+        kernel_cache.write_atomic(where / f"{key}.cubin", c.data)  # the cubin first, its record after it
+        kernel_cache.write_atomic(where / f"{key}.json", json.dumps(meta).encode())
+        kernel_cache.note_written(where, len(c.data))
     except OSError:
         pass  # a cache that cannot be written only costs time
 
