@@ -8,6 +8,7 @@ import time
 from typing import Any, Mapping
 
 from rgtune.codegen.base import BuiltProgram, ReferenceBackend
+from rgtune.codegen.cpu.backend import CpuBackend
 
 
 class _Faulty(ReferenceBackend):
@@ -83,4 +84,21 @@ class Flaky(_Faulty):
             return out if runs[0] == 1 else out + 0.5
 
         built.run_fn = run
+        return built
+
+
+def _matches(schedule: Mapping[str, Any], spec: str) -> bool:
+    """Whether every ``knob=value`` of the comma-separated ``spec`` holds in ``schedule``."""
+    pairs = [item.partition("=") for item in spec.split(",") if item]
+    return bool(pairs) and all(str(schedule.get(k)) == v for k, _, v in pairs)
+
+
+class ChaosCpu(CpuBackend):
+    """The cpu backend (generated C, its compile cache), whose kernels hang on the schedules that match
+    every ``knob=value`` of ``$RGTUNE_HANG_KNOBS`` (comma-separated): a fault-injection run's hangs."""
+
+    def build(self, kp: Any, graph: Any, schedule: Mapping[str, Any]) -> BuiltProgram:
+        built = super().build(kp, graph, schedule)
+        if _matches(schedule, os.environ.get("RGTUNE_HANG_KNOBS", "")):
+            built.run_fn = lambda x, p: Hang().misbehave(None)
         return built
