@@ -14,7 +14,7 @@ One workload is tuned on the cpu backend (generated C and its compile cache) thr
 At the end: every trial is finished in rgtune's history and in Optuna's studies (none ``running``),
 each search trial of the history is one trial of a study with the matching outcome, at least
 ``RGTUNE_FAULT_TRIALS`` trials were measured, and SQLite's integrity and foreign-key checks pass.
-The test prints the figures. ``RGTUNE_FAULT_TRIALS`` (default 40) sets the size: the run reported in
+The test prints the figures. ``RGTUNE_FAULT_TRIALS`` (default 24) sets the size: the run reported in
 the README used 200. Needs root (to mount the tmpfs) and /proc; it skips with the reason otherwise.
 """
 
@@ -34,7 +34,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 GRAPH = "synthetic:custom,nodes=300,edges=2500,ntypes=2,rels=4,seed=1"
-TRIALS = int(os.environ.get("RGTUNE_FAULT_TRIALS", "40"))
+TRIALS = int(os.environ.get("RGTUNE_FAULT_TRIALS", "24"))
 HANG = "traversal.chunk=16,map.chunk=64"  # 1 in 12 random schedules hangs
 TIMEOUT = 4.0  # seconds per trial: a hang costs this much
 
