@@ -20,7 +20,7 @@ from rgtune.tuner.device_lock import DIR_VARIABLE, ENABLE_VARIABLE, device_lock,
 
 TIMEOUT_VARIABLE = "RGTUNE_DEVICE_LOCK_TIMEOUT"
 
-HOLD_S = 0.4
+HOLD_S = 1.0  # long enough that a holder started late by a loaded machine still overlaps an unlocked one
 
 
 def _hold(lock_dir: str, enabled: str, device: str, started: object, out: object) -> None:
@@ -60,10 +60,11 @@ def test_two_processes_never_hold_one_device_at_once(tmp_path: Path) -> None:
 
 
 def test_the_lock_is_per_device_and_can_be_turned_off(tmp_path: Path) -> None:
+    # any overlap shows that neither waited for the other (a loaded machine may start one holder late)
     a, b = _two_holders(tmp_path, "1", ("cuda:0", "cuda:1"))
-    assert _overlap(a, b) > HOLD_S / 2, "two devices' holders do not wait for each other"
+    assert _overlap(a, b) > 0, "two devices' holders do not wait for each other"
     a, b = _two_holders(tmp_path, "0", ("cuda:0", "cuda:0"))
-    assert _overlap(a, b) > HOLD_S / 2, "RGTUNE_DEVICE_LOCK=0: no lock"
+    assert _overlap(a, b) > 0, "RGTUNE_DEVICE_LOCK=0: no lock"
 
 
 def test_no_device_means_no_lock_and_no_file(tmp_path: Path) -> None:
