@@ -1,0 +1,136 @@
+"""The adjoint program (rgtune.ir.autodiff) against torch's autograd, on every IR configuration.
+
+The training program of a model after the passes, run by the IR interpreter in float64, must give
+the input's gradient and every parameter's gradient that autograd gives for the model before the
+passes (the semantic model), and that autograd gives for the reference layers of rgtune.models.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rgtune.data.synthetic import random_graph
+from rgtune.ir.autodiff import adjoint
+from rgtune.ir.interpret import Interpreter, Run, random_params
+from rgtune.ir.models import build_model
+from rgtune.ir.pipeline import apply_passes
+from rgtune.search_spaces import SearchSpace
+
+SIZES = {"rgcn": [(8, 6, 1)], "rgat": [(8, 6, 2), (5, 4, 1)], "hgt": [(8, 8, 2), (6, 4, 1)]}
+
+
+def _graph(seed: int = 0):
+    return random_graph((20, 15, 10), num_relations=5, num_edges=220, seed=seed)
+
+
+def param_grads_through_folds(run: Run, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Each learnable param's gradient: its own, plus what flows back through the derived weights
+    (folds computed with torch on ``params``, which require grad)."""
+    grads = {k: g for k, g in run.param_grads.items() if k in params}
+    derived = [k for k in run.param_grads if k not in params]
+    if derived:
+        leaves = list(params)
+        back = torch.autograd.grad([run.params[k] for k in derived], [params[k] for k in leaves],
+                                   [run.param_grads[k] for k in derived], allow_unused=True)
+        for k, g in zip(leaves, back):
+            if g is not None:
+                grads[k] = grads[k] + g if k in grads else g
+    return grads
+
+
+def _autograd(program, graph, x, params, dout):
+    x = x.clone().requires_grad_(True)
+    leaves = {k: v.clone().requires_grad_(True) for k, v in params.items()}
+    out = Interpreter(program, graph).run(x, leaves).output
+    grads = torch.autograd.grad(out, [x, *leaves.values()], dout, allow_unused=True)
+    return out.detach(), grads[0], dict(zip(leaves, grads[1:]))
+
+
+def _distinct(before, graph):
+    """The programs after passes of every IR configuration, each once: what the interpreter reads (the ops
+    and the edge layout; fusion and other lowering choices do not change the math)."""
+    seen = {}
+    for cfg in SearchSpace(before, graph, "cpu").ir_configs():
+        after = apply_passes(before, cfg, graph)
+        seen.setdefault((tuple(map(str, after.ops)), after.annotations.get("layout")), after)
+    assert seen
+    return list(seen.values())
+
+
+def _check(program_before, program_after, graph, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    params = random_params(program_before, graph, seed=seed)
+    x = torch.randn(graph.num_nodes(), program_before.in_dim, generator=gen, dtype=torch.float64)
+    dout = torch.randn(graph.num_nodes(), program_before.out_dim, generator=gen, dtype=torch.float64)
+    out, dx, dparams = _autograd(program_before, graph, x, params, dout)
+
+    training = adjoint(program_after)
+    leaves = {k: v.clone().requires_grad_(True) for k, v in params.items()}
+    run = Interpreter(training, graph).run(x, leaves, dout)
+    assert torch.allclose(run.output, out, rtol=1e-10, atol=1e-12)
+    assert torch.allclose(run.input_grad, dx, rtol=1e-9, atol=1e-11)
+    got = param_grads_through_folds(run, leaves)
+    assert set(got) == {k for k, g in dparams.items() if g is not None}
+    for k, g in got.items():
+        assert torch.allclose(g, dparams[k], rtol=1e-9, atol=1e-11), (k, (g - dparams[k]).abs().max())
+
+
+@pytest.mark.parametrize("model", sorted(SIZES))
+def test_every_ir_configuration_has_the_gradients_of_autograd(model):
+    graph = _graph()
+    for in_dim, out_dim, heads in SIZES[model]:
+        before = build_model(model, in_dim, out_dim, heads)
+        for after in _distinct(before, graph):
+            _check(before, after, graph)
+
+
+@pytest.mark.parametrize("model", sorted(SIZES))
+def test_the_training_program_equals_autograd_of_the_reference_layer(model):
+    from rgtune.models import HGT, RGAT, RGCN
+
+    graph = _graph(1)
+    in_dim, out_dim, heads = SIZES[model][0]
+    cls = {"rgcn": RGCN, "rgat": RGAT, "hgt": HGT}[model]
+    layer = cls(graph, in_dim, out_dim, **({} if model == "rgcn" else {"heads": heads})).double()
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * 0.5)
+    x = torch.randn(graph.num_nodes(), in_dim, generator=gen, dtype=torch.float64, requires_grad=True)
+    dout = torch.randn(graph.num_nodes(), out_dim, generator=gen, dtype=torch.float64)
+    out = layer(x)
+    expected = torch.autograd.grad(out, [x, *layer.parameters()], dout)
+    names = [n for n, _ in layer.named_parameters()]
+
+    training = adjoint(build_model(model, in_dim, out_dim, heads))
+    params = {n: p.detach().clone().requires_grad_(True) for n, p in layer.named_parameters()}
+    run = Interpreter(training, graph).run(x.detach(), params, dout)
+    assert torch.allclose(run.output, out.detach(), rtol=1e-10, atol=1e-12)
+    assert torch.allclose(run.input_grad, expected[0], rtol=1e-9, atol=1e-11)
+    got = param_grads_through_folds(run, params)
+    for name, g in zip(names, expected[1:]):
+        assert torch.allclose(got[name], g, rtol=1e-9, atol=1e-11), name
+
+
+def test_edge_cases_empty_relations_isolated_nodes_one_node_type():
+    from rgtune.data.graph import HeteroGraph
+
+    # a relation without edges, nodes without edges, one node type
+    g = HeteroGraph({"a": 12}, {("a", "r0", "a"): (torch.tensor([0, 1, 2, 2, 5]), torch.tensor([1, 2, 0, 3, 3])),
+                                ("a", "r1", "a"): (torch.tensor([], dtype=torch.long), torch.tensor([], dtype=torch.long)),
+                                ("a", "r2", "a"): (torch.tensor([3, 4, 4]), torch.tensor([0, 0, 5]))}, name="edge-cases")
+    for model, sizes in SIZES.items():
+        for in_dim, out_dim, heads in sizes:
+            before = build_model(model, in_dim, out_dim, heads)
+            for after in _distinct(before, g):
+                _check(before, after, g)
+
+
+def test_a_training_program_reads_dout_and_names_every_gradient():
+    training = adjoint(build_model("hgt", 8, 8, 2))
+    text = str(training)
+    assert text.splitlines()[0] == "program hgt(x: node[1x8], dout: node[1x8])"
+    assert "return" in text and "dx=" in text and "dk_weight=grad_k_weight" in text
+    assert set(training.param_grads) == set(build_model("hgt", 8, 8, 2).state_params())
+    assert training.state_params() == build_model("hgt", 8, 8, 2).state_params()
