@@ -41,9 +41,17 @@ class CompileError(BackendError):
         self.log = log
 
 
+#: what a training program's run returns: the output, the input's gradient, and param -> its gradient
+#: (a derived param's too: its sources' come through the fold, see :mod:`rgtune.ir.autodiff`)
+TrainingResult = tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]
+
+
 @dataclass
 class BuiltProgram:
-    """A kernel program compiled for one graph and schedule."""
+    """A kernel program compiled for one graph and schedule.
+
+    ``run_fn(x, params)`` computes the output; a training program's (:attr:`KernelProgram.is_training`)
+    ``train_fn(x, params, dout)`` also the gradients (:data:`TrainingResult`)."""
 
     backend: str
     sources: dict[str, str]  # file name -> generated source text
@@ -51,6 +59,7 @@ class BuiltProgram:
     cache_hit: bool
     run_fn: Callable[[torch.Tensor, Mapping[str, torch.Tensor]], torch.Tensor]
     info: dict[str, Any] = field(default_factory=dict)
+    train_fn: Callable[[torch.Tensor, Mapping[str, torch.Tensor], torch.Tensor], TrainingResult] | None = None
 
     @property
     def source_hash(self) -> str:
@@ -62,6 +71,12 @@ class BuiltProgram:
     def run(self, x: torch.Tensor, params: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """The layer's output for input ``x`` (global node order) and learnable ``params``."""
         return self.run_fn(x, params)
+
+    def run_training(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], dout: torch.Tensor) -> TrainingResult:
+        """A training program's output and gradients for the output's gradient ``dout``."""
+        if self.train_fn is None:
+            raise BackendError(f"this {self.backend} program computes no gradients (build a training program)")
+        return self.train_fn(x, params, dout)
 
 
 class Backend(ABC):
@@ -98,7 +113,8 @@ class ReferenceBackend(Backend):
         from rgtune.codegen.reference import ReferenceExecutor
 
         ex = ReferenceExecutor(kp, graph)
-        return BuiltProgram(self.name, {"kernels.txt": kp.describe()}, 0.0, True, ex.run)
+        return BuiltProgram(self.name, {"kernels.txt": kp.describe()}, 0.0, True, ex.run,
+                            train_fn=ex.run_training if kp.is_training else None)
 
     def device_info(self) -> dict[str, Any]:
         import platform

@@ -28,14 +28,15 @@ import copy
 from typing import Mapping
 
 import torch
-import torch.nn.functional as F
 
 from rgtune.data.graph import HeteroGraph
 from rgtune.codegen.weights import fold_weights
 from rgtune.ir.bind import GraphArrays, concrete_device, graph_arrays, row_types
+from rgtune.ir.interpret import unary
 from rgtune.ir.kernels import (Acc, AggregateStage, BinaryE, ConcatE, EdgeSoftmaxStage, EdgeStore, Expr, GatedE,
-                               GemmKernel, GraphLoad, InnerE, KernelProgram, Load, MapKernel, ParamLoad, ScaleE,
-                               SoftmaxAggregate, TraversalKernel, UnaryE, WeightKernel)
+                               GemmKernel, GraphLoad, InnerE, KernelProgram, Load, MapKernel, ParamLoad, ReduceE,
+                               ScaleE, ScatterKernel, SoftmaxAggregate, TraversalKernel, UnaryE, WeightGradKernel,
+                               WeightKernel)
 
 
 def param_full_shape(kp: KernelProgram, name: str, arrays: GraphArrays) -> tuple[int, ...]:
@@ -101,11 +102,29 @@ class ReferenceExecutor:
         # this run's buffers live in a shallow copy: concurrent runs never see each other's
         return copy.copy(self)._run(x, params)
 
-    def _run(self, x: torch.Tensor, params: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    def run_training(self, x: torch.Tensor, params: Mapping[str, torch.Tensor],
+                     dout: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """A training program's ``(output, input gradient, {param: gradient})`` for the output's gradient ``dout``.
+        A derived param's gradient is among them (its sources get theirs through the fold: see
+        :mod:`rgtune.ir.autodiff`)."""
+        kp, a = self.kp, self.a
+        if not kp.is_training:
+            raise ValueError(f"kernel program {kp.name} computes no gradients (lower an adjoint program)")
+        run = copy.copy(self)
+        out = run._run(x, params, dout)
+        grads = {p: run.params[g] for p, g in kp.param_grads.items()}
+        return out, run.bufs[kp.input_grad].reshape(a.num_nodes, -1), grads  # type: ignore[index]
+
+    def _run(self, x: torch.Tensor, params: Mapping[str, torch.Tensor],
+             dout: torch.Tensor | None = None) -> torch.Tensor:
         kp, a = self.kp, self.a
         self.dtype = x.dtype
         self.params = dict(params)
         self.bufs: dict[str, torch.Tensor] = {kp.input: x.reshape(a.num_nodes, 1, -1)}
+        if kp.dout is not None:
+            assert dout is not None, "a training program reads the output's gradient"
+            b = kp.buffers[kp.dout]
+            self.bufs[kp.dout] = dout.reshape(a.num_nodes, b.heads, b.dim)
         for name in kp.zero_init:
             b = kp.buffers[name]
             self.bufs[name] = x.new_zeros(a.rows(b.domain), b.heads, b.dim)
@@ -118,6 +137,11 @@ class ReferenceExecutor:
                 self._traversal(k)
             elif isinstance(k, MapKernel):
                 self.bufs[k.out] = self.eval(k.value, k.rows, a.rows(k.rows))
+            elif isinstance(k, ScatterKernel):
+                msg = self.eval(k.message, k.rows, a.rows(k.rows))
+                self.bufs[k.out] = self.bufs[k.out].index_add(0, self._index(k.rows, k.out_via), msg)
+            elif isinstance(k, WeightGradKernel):
+                self._weight_grad(k)
             else:  # pragma: no cover
                 raise TypeError(f"no reference execution for {type(k).__name__}")
         out = self.bufs[kp.output]
@@ -175,6 +199,32 @@ class ReferenceExecutor:
             self.bufs[k.out] = self.bufs[k.out].index_add(0, target, y)
         else:
             self.bufs[k.out] = y
+
+    def _weight_grad(self, k: WeightGradKernel) -> None:
+        a = self.a
+        n = a.rows(k.rows)
+        dy = self.bufs[k.dy].reshape(n, k.out_heads, k.out_dim)
+        x = None
+        if k.x is not None:
+            x = self.bufs[k.x] if k.x_via == "row" else self.bufs[k.x][self._index(k.rows, k.x_via)]
+            x = x.reshape(n, k.in_heads, k.in_dim) if k.per_head else x.reshape(n, k.in_heads * k.in_dim)
+        slice_shape = self.kp.param_shapes[k.param]
+        count = 1 if k.by == "none" else {"ntype": a.num_ntypes, "rel": a.num_rels}[k.by]
+        grad = dy.new_zeros(count, *slice_shape)
+        perm, segments = self._segments(k.rows, k.by, k.weight_end)
+        dys = dy if perm is None else dy[perm]
+        xs = x if x is None or perm is None else x[perm]
+        for t, start, stop in segments:
+            d = dys[start:stop]
+            if xs is None:
+                g = d.sum(0)
+            elif k.per_head:  # (n, H, I) x (n, H, O) -> (H, I, O)
+                g = torch.einsum("nhi,nho->hio", xs[start:stop], d)
+            else:
+                g = xs[start:stop].T @ d.reshape(d.shape[0], -1)
+            grad[t] = g.reshape(slice_shape)
+        grad = grad.reshape(slice_shape) if k.by == "none" else grad
+        self.params[k.grad] = self.params[k.grad] + grad if k.accumulate else grad
 
     @staticmethod
     def _matmul(x: torch.Tensor, w: torch.Tensor, per_head: bool) -> torch.Tensor:
@@ -252,15 +302,9 @@ class ReferenceExecutor:
             l, r = ev(e.a), ev(e.b)
             return l + r if e.op == "add" else l - r if e.op == "sub" else l * r
         if isinstance(e, UnaryE):
-            v = ev(e.x)
-            return {
-                "leaky_relu": lambda: F.leaky_relu(v, e.alpha),
-                "gelu": lambda: F.gelu(v),
-                "exp": lambda: torch.exp(v),
-                "sigmoid": lambda: torch.sigmoid(v),
-                "relu": lambda: torch.relu(v),
-                "neg": lambda: -v,
-            }[e.op]()
+            return unary(e.op, ev(e.x), e.alpha)
+        if isinstance(e, ReduceE):
+            return ev(e.x).sum(1 if e.over == "heads" else 2, keepdim=True)
         if isinstance(e, ScaleE):
             return ev(e.x) * e.scale
         if isinstance(e, GatedE):

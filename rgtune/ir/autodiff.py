@@ -132,8 +132,9 @@ class _Adjoint:
         dx = self.grads.get(self.p.x.name)
         if dx is None:  # the output does not depend on the input
             dx = self.emit(Scale, NODE, self.p.x.heads, self.p.x.dim, x=self.p.x, scale=0.0)
+        annotations = {**self.p.annotations, "forward_ops": len(self.p.ops)}  # where the backward starts
         return Program(self.p.name, self.p.x, self.params, self.ops, self.p.output, self.p.heads,
-                       dict(self.p.annotations), inputs=(self.dout,), input_grad=dx, param_grads=self.param_grads)
+                       annotations, inputs=(self.dout,), input_grad=dx, param_grads=self.param_grads)
 
     def rule(self, op: Op, g: Value) -> None:
         if isinstance(op, Gather):

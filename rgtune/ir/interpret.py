@@ -36,7 +36,7 @@ from rgtune.ir.program import (DST_PAIR, EDGE, NODE, SRC_PAIR, Aggregate, Binary
                                FoldWeights, Gather, GatedResidual, GatherPair, GraphConst, Inner, IRError, Op,
                                Param, ParamRead, Program, ReduceSum, Scale, TypedLinear, Unary, WeightGrad)
 
-__all__ = ["Interpreter", "Run", "random_params", "param_full_shape"]
+__all__ = ["Interpreter", "Run", "random_params", "param_full_shape", "unary"]
 
 
 def param_full_shape(p: Param, arrays: GraphArrays) -> tuple[int, ...]:
@@ -121,7 +121,7 @@ class Interpreter:
             x, y = v[op.a.name], v[op.b.name]
             return {"add": torch.add, "sub": torch.sub, "mul": torch.mul}[op.op](x, y)
         if isinstance(op, Unary):
-            return _unary(op.op, v[op.x.name], op.alpha)
+            return unary(op.op, v[op.x.name], op.alpha)
         if isinstance(op, Scale):
             return v[op.x.name] * op.scale
         if isinstance(op, ReduceSum):
@@ -234,7 +234,8 @@ class Interpreter:
         return out.reshape(shape)
 
 
-def _unary(op: str, x: torch.Tensor, alpha: float) -> torch.Tensor:
+def unary(op: str, x: torch.Tensor, alpha: float = 0.0) -> torch.Tensor:
+    """The elementwise op ``op`` of the IR (and of the kernel IR's expressions) on ``x``."""
     if op == "leaky_relu":
         return F.leaky_relu(x, alpha)
     if op == "gelu":
