@@ -51,7 +51,7 @@ def init_params(kp: KernelProgram, graph: HeteroGraph, dtype: torch.dtype = torc
     """Random values for the learnable params of ``kp`` (for tests and benchmarks)."""
     arrays = graph_arrays(graph, kp.layout, kp.index_bits)
     gen = torch.Generator().manual_seed(seed)
-    derived = {k.out for k in kp.kernels if isinstance(k, WeightKernel)}
+    derived = {k.out for k in kp.kernels if isinstance(k, WeightKernel)} | set(kp.param_grads.values())
     out = {}
     for name in kp.param_shapes:
         if name in derived:
