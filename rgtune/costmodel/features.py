@@ -125,6 +125,7 @@ class WorkloadContext:
     stats: dict[str, Any]
     graph: "HeteroGraph | None" = None
     target: str = "cpu"
+    mode: str = "inference"  # "training": a point is the training program (forward and backward kernels)
     _space: "SearchSpace | None" = field(default=None, repr=False)
     _base_counts: dict[str, Any] | None = field(default=None, repr=False)
     _fixed: dict[str, float] | None = field(default=None, repr=False)
@@ -144,7 +145,7 @@ class WorkloadContext:
             from rgtune.search_spaces import SearchSpace
 
             self._space = SearchSpace(build_model(self.model, self.in_dim, self.out_dim, self.heads), self.graph,
-                                      self.target)
+                                      self.target, mode=self.mode)
         return self._space
 
     def _compiled(self, config: Mapping[str, Any], kernels: "KernelProgram | None") -> "KernelProgram | None":
@@ -175,6 +176,7 @@ class WorkloadContext:
                 # per-edge work of a dense message: what the counts scale with
                 "num:size:log_edge_work": _log(float(self.stats.get("num_edges") or 0) * self.in_dim * self.out_dim),
                 f"is:model={self.model}": 1.0, f"is:backend={self.backend}": 1.0, f"is:device={self.device}": 1.0,
+                f"is:mode={self.mode}": 1.0,
             })
             self._fixed = fixed
         return self._fixed
