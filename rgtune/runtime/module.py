@@ -111,7 +111,12 @@ class _Runner:
         self._built: dict[str, tuple[KernelProgram, BuiltProgram]] = {}
         self._lock = threading.Lock()
         self._executor: ReferenceExecutor | None = None
-        self.program(eager)
+        self.program(self.runs(eager))
+
+    def runs(self, mode: str) -> str:
+        """The program that runs for ``mode``: the inference one for training on a backend that builds
+        no training programs (its backward is the torch lowering's)."""
+        return mode if mode == "inference" or self.backend.trains else "inference"
 
     def program(self, mode: str) -> tuple[KernelProgram, BuiltProgram]:
         """The kernel program of ``mode`` and its build (built on first use, once)."""
@@ -352,17 +357,18 @@ class TunedLayer(RelationalLayer):
 
     @property
     def kernels(self) -> KernelProgram:
-        """The kernel program of the layer's mode (a training program's holds the forward's kernels)."""
-        return self._runner.program(self.mode)[0]
+        """The kernel program of the layer's mode (a training program's holds the forward's kernels; on
+        a backend that builds no training programs, the inference program)."""
+        return self._runner.program(self._runner.runs(self.mode))[0]
 
     @property
     def sources(self) -> dict[str, str]:
         """Generated source files of the layer's mode, name -> text (``reference``: the kernel IR as text)."""
-        return dict(self._runner.program(self.mode)[1].sources)
+        return dict(self._runner.program(self._runner.runs(self.mode))[1].sources)
 
     @property
     def source_hash(self) -> str:
-        return self._runner.program(self.mode)[1].source_hash
+        return self._runner.program(self._runner.runs(self.mode))[1].source_hash
 
     @property
     def backward_kind(self) -> str:
