@@ -31,7 +31,7 @@ from rgtune.codegen.cpu.generate import GeneratedProgram, generate
 from rgtune.codegen.cpu.runtime import CpuRuntime
 from rgtune.data.graph import HeteroGraph
 from rgtune.codegen.cpu.schedule import CPU_SCHEDULE
-from rgtune.ir.kernels import GemmKernel, KernelProgram, WeightKernel
+from rgtune.ir.kernels import GemmKernel, KernelProgram, ScatterKernel, WeightGradKernel, WeightKernel
 
 
 class CpuBackend(Backend):
@@ -69,7 +69,8 @@ class CpuBackend(Backend):
             "threads": torch.get_num_threads(), "bind_seconds": bind, "acc_regs": gen.acc_regs,
             "owner_blocks": runtime.blocks, "placement": placement(kp, schedule),
         }
-        return BuiltProgram(self.name, gen.sources, t1 - t0, all(lib.cache_hit for lib in libs), runtime.run, info)
+        return BuiltProgram(self.name, gen.sources, t1 - t0, all(lib.cache_hit for lib in libs), runtime.run, info,
+                            train_fn=runtime.run_training if kp.is_training else None)
 
     def device_info(self) -> dict[str, Any]:
         info: dict[str, Any] = {"backend": self.name, "device": _cpu_model(), "omp_threads": torch.get_num_threads(),
@@ -91,6 +92,10 @@ def placement(kp: KernelProgram, schedule: Mapping[str, Any]) -> dict[str, str]:
         elif isinstance(k, GemmKernel) and CPU_SCHEDULE.kernel_schedule(k, schedule)["impl"] == "blas":
             out[k.name] = "torch gather + per-segment matmul (BLAS); generated C bias/epilogue/store" + (
                 "; torch index_add_" if k.accumulate else "")
+        elif isinstance(k, WeightGradKernel) and CPU_SCHEDULE.kernel_schedule(k, schedule)["impl"] == "blas":
+            out[k.name] = "torch gather + per-type X^T @ DY (BLAS)" if k.x else "torch index_add_ of dy rows by type"
+        elif isinstance(k, ScatterKernel):
+            out[k.name] = f"generated C ({CPU_SCHEDULE.kernel_schedule(k, schedule)['mapping']})"
         else:
             out[k.name] = "generated C"
     return out
