@@ -45,7 +45,7 @@ import numpy as np
 import pytest
 import torch
 
-from rgtune.codegen.base import BackendError
+from rgtune.codegen.base import BackendError, Saved
 from rgtune.codegen.cpu import CpuBackend
 from rgtune.codegen.cpu import compiler as cc
 from rgtune.codegen.cpu.schedule import CPU_SCHEDULE
@@ -435,3 +435,57 @@ def test_train_step_sends_derived_gradients_through_the_folds(backend: CpuBacken
     assert set(grads) == set(w.params)
     for p, t in grads.items():
         assert rel_error(t, w.ref[2][p]) < TOL, p
+
+
+# ------------------------------------------------------------------ the two phases
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_phases_match_reference_and_saved_buffers_are_independent(model: str, backend: CpuBackend,
+                                                                   edge_graph: HeteroGraph) -> None:
+    """For each ``autodiff.save``: two forwards, then their backwards in reverse order (as two layers'
+    steps in flight), each against its own float64 reference; the saved tensors are fresh (no workspace,
+    no other forward's), the backward leaves them as they were, and ``run_training`` composes the phases."""
+    assert CpuBackend.trains
+    w = workload(model, _dims(model), edge_graph)
+    for save in ("all", "nodes", "input"):
+        cfg = runnable(w.space, {**w.space.default(), "autodiff.save": save})
+        kp = w.space.compile(cfg).kernels
+        built = backend.build(kp, edge_graph, cfg)
+        assert built.phased
+        runtime = built.run_fn.__self__  # type: ignore[attr-defined]
+        inputs = [(w.x, w.dout), (w.x.flip(0).contiguous() * 0.5, w.dout * -2)]
+        phases = [built.run_forward(x, w.params) for x, _ in inputs]
+        for (_, saved1), (_, saved2) in [phases]:
+            assert set(saved1.buffers) == set(kp.saved) and set(saved1.params) == set(kp.saved_params)
+            ptrs1 = {t.data_ptr() for t in saved1.buffers.values()}
+            assert not ptrs1 & {t.data_ptr() for t in saved2.buffers.values()}
+            assert not ptrs1 & {t.data_ptr() for t in runtime.workspace.values()}
+        kept = [{b: t.clone() for b, t in s.buffers.items()} for _, s in phases]
+        for i in (1, 0):
+            (x, dout), (out, saved) = inputs[i], phases[i]
+            dx, grads = built.run_backward(x, w.params, saved, dout)
+            assert all(torch.equal(saved.buffers[b], kept[i][b]) for b in kp.saved), (save, i)
+            case = Workload(w.space, edge_graph, x, dout, w.params, None)  # type: ignore[arg-type]
+            check_result(kp, case, (out, dx, grads), own_reference(kp, case), learnable=False)
+        out, dx, grads = built.run_training(w.x, w.params, w.dout)
+        assert torch.equal(out, phases[0][0])
+        check_result(kp, w, (out, dx, grads), own_reference(kp, w), learnable=False)
+
+
+def test_backward_checks_what_was_saved(backend: CpuBackend) -> None:
+    g = random_graph((10, 20), num_relations=3, num_edges=100, seed=0, name="train_small")
+    w = workload("hgt", (8, 8, 2), g)
+    cfg = {**w.space.default(), "autodiff.save": "all"}
+    kp = w.space.compile(cfg).kernels
+    assert kp.saved
+    built = backend.build(kp, g, cfg)
+    _, saved = built.run_forward(w.x, w.params)
+    name = kp.saved[0]
+    with pytest.raises(KeyError, match=name):
+        built.run_backward(w.x, w.params, Saved({}, saved.params), w.dout)
+    bad = Saved({**saved.buffers, name: saved.buffers[name].double()}, saved.params)
+    with pytest.raises(TypeError, match=f"saved buffer '{name}' has dtype torch.float64"):
+        built.run_backward(w.x, w.params, bad, w.dout)
+    with pytest.raises(TypeError, match="Saved of run_forward"):
+        built.run_backward(w.x, w.params, saved.buffers, w.dout)  # type: ignore[arg-type]

@@ -39,6 +39,7 @@ class CpuBackend(Backend):
 
     name = "cpu"
     target = "cpu"
+    trains = True  # training programs run in two phases (CpuRuntime.run_forward / run_backward)
 
     @classmethod
     def available(cls) -> tuple[bool, str]:
@@ -59,6 +60,7 @@ class CpuBackend(Backend):
         loaded = {s.kernel: lib.load() for s, lib in zip(gen.kernels, libs)}
         t1 = time.perf_counter()
         runtime = CpuRuntime(kp, graph, schedule, gen, loaded)
+        training = kp.is_training
         bind = time.perf_counter() - t1
         compiler = libs[0].compiler if libs else find_compiler()
         info = {
@@ -70,7 +72,9 @@ class CpuBackend(Backend):
             "owner_blocks": runtime.blocks, "placement": placement(kp, schedule),
         }
         return BuiltProgram(self.name, gen.sources, t1 - t0, all(lib.cache_hit for lib in libs), runtime.run, info,
-                            train_fn=runtime.run_training if kp.is_training else None)
+                            train_fn=runtime.run_training if training else None,
+                            forward_fn=runtime.run_forward if training else None,
+                            backward_fn=runtime.run_backward if training else None)
 
     def device_info(self) -> dict[str, Any]:
         info: dict[str, Any] = {"backend": self.name, "device": _cpu_model(), "omp_threads": torch.get_num_threads(),

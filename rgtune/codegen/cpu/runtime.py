@@ -23,14 +23,19 @@ already spreads its kernels over ``torch.get_num_threads()`` OpenMP threads; a l
 single-threaded caller next to nothing and keeps one workspace. Two runtimes (two layers) run in
 parallel: they share only read-only graph arrays.
 
-Training programs (:attr:`KernelProgram.is_training`): :meth:`CpuRuntime.run_training` takes the
-output's gradient ``dout`` as a second input (float32, checked like ``x``) and returns the output,
-the input's gradient and every gradient param (``kp.param_grads``), each a fresh tensor of the
-param's full shape allocated for the call (never a workspace: the caller keeps them). A gradient
-param is written whole by the first kernel that writes it (zeros for a type without rows) and added
-to by the next ones (``accumulate``: a weight used twice); one whose first writer accumulates starts
-at zero. :meth:`CpuRuntime.run` of a training program runs its forward kernels alone. A scatter
-with ``scatter.mapping = owner`` gets its rows grouped by target, a generated weight gradient its row
+Training programs (:attr:`KernelProgram.is_training`) run in two phases, as a layer in a model
+trains: :meth:`CpuRuntime.run_forward` runs the forward kernels and returns the output and a
+:class:`~rgtune.codegen.base.Saved`: the buffers the backward reads (``kp.saved``) and the derived
+params the forward folded (``kp.saved_params``), each allocated for the call (never a workspace: the
+caller holds them until the backward, and several forwards may be in flight before their backwards).
+:meth:`CpuRuntime.run_backward` takes them, the output's gradient ``dout`` (float32, checked like
+``x``) and returns the input's gradient and every gradient param (``kp.param_grads``), each a fresh
+tensor of the param's full shape. Buffers the program zeroes are zeroed at the start of each phase
+(the saved ones excepted). A gradient param is written whole by the first kernel that writes it
+(zeros for a type without rows) and added to by the next ones (``accumulate``: a weight used twice);
+one whose first writer accumulates starts at zero. :meth:`CpuRuntime.run_training` is the two phases
+in a row; :meth:`CpuRuntime.run` of a training program runs its forward kernels alone. A scatter with
+``scatter.mapping = owner`` gets its rows grouped by target, a generated weight gradient its row
 chunks and groups (both built once per graph and cached like the GEMM tiles).
 
 What runs where:
@@ -55,7 +60,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
-from rgtune.codegen.base import TrainingResult
+from rgtune.codegen.base import Saved, TrainingResult
 from rgtune.codegen.cpu.generate import GeneratedProgram, KernelSource
 from rgtune.codegen.cpu.rows import GRAPH_CONSTANTS, INDEX_ARRAYS
 from rgtune.codegen.cpu.schedule import CPU_SCHEDULE
@@ -428,23 +433,68 @@ class CpuRuntime:
 
     def run_training(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], dout: torch.Tensor) -> TrainingResult:
         """A training program's ``(output, input gradient, {param: gradient})`` for input ``x``, learnable
-        ``params`` and the output's gradient ``dout`` (float32 CPU tensors); every returned tensor is this
-        call's own. Concurrent calls wait for each other."""
-        kp = self.kp
-        if not kp.is_training:
-            raise ValueError(f"kernel program {kp.name} computes no gradients (compile it with training=True)")
+        ``params`` and the output's gradient ``dout`` (float32 CPU tensors): :meth:`run_forward` then
+        :meth:`run_backward`. Every returned tensor is this call's own."""
+        out, saved = self.run_forward(x, params)
+        dx, grads = self.run_backward(x, params, saved, dout)
+        return out, dx, grads
+
+    def run_forward(self, x: torch.Tensor, params: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, Saved]:
+        """A training program's forward phase: the output and what its backward reads (the buffers of
+        ``kp.saved`` and the derived params of ``kp.saved_params``), all fresh tensors of this call: the
+        caller holds them until the backward, and several forwards may be in flight before theirs."""
+        kp = self._training()
+        with self._lock, torch.no_grad():
+            x = self._check_input(x)
+            p = self._check_params(params)
+            bufs = self._buffers(x, fresh=set(kp.saved))
+            for step in self.steps[:kp.forward_kernels]:
+                step(bufs, p)
+            saved = Saved({b: bufs[b] for b in kp.saved}, {q: p[q] for q in kp.saved_params})
+            return bufs[kp.output].view(self.a.num_nodes, -1), saved
+
+    def run_backward(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], saved: Saved,
+                     dout: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """A training program's backward phase: ``(input gradient, {param: gradient})`` from the forward's
+        ``saved`` (read, not recomputed) and the output's gradient ``dout``. The gradients are fresh
+        tensors of the params' full shapes (the caller keeps them)."""
+        kp = self._training()
         with self._lock, torch.no_grad():
             x = self._check_input(x)
             p = self._check_params(params)
             dout = self._check_input(dout, "dout", kp.dout)
+            given = self._check_saved(saved)
+            p.update(saved.params)
             for g, (shape, zero) in self.grad_shapes.items():
                 p[g] = _kernel_buffer(shape, zero)  # fresh: the caller keeps the gradients
-            bufs = self._buffers(x, dout)
-            for step in self.steps:
+            bufs = self._buffers(x, dout, given)
+            for step in self.steps[kp.forward_kernels:]:
                 step(bufs, p)
-            n = self.a.num_nodes
             grads = {name: p[g] for name, g in kp.param_grads.items()}
-            return bufs[kp.output].view(n, -1), bufs[kp.input_grad].view(n, -1), grads  # type: ignore[index]
+            return bufs[kp.input_grad].view(self.a.num_nodes, -1), grads  # type: ignore[index]
+
+    def _training(self) -> KernelProgram:
+        if not self.kp.is_training:
+            raise ValueError(f"kernel program {self.kp.name} computes no gradients (compile it with training=True)")
+        return self.kp
+
+    def _check_saved(self, saved: Saved) -> dict[str, torch.Tensor]:
+        """The saved buffers (checked: every one of ``kp.saved``, float32, its shape) and derived params."""
+        kp, a = self.kp, self.a
+        if not isinstance(saved, Saved):
+            raise TypeError(f"saved must be the Saved of run_forward, got {type(saved).__name__}")
+        missing = sorted(set(kp.saved) - set(saved.buffers)) + sorted(set(kp.saved_params) - set(saved.params))
+        if missing:
+            raise KeyError(f"saved lacks {missing}; the backward reads {sorted(kp.saved + kp.saved_params)}")
+        out = {}
+        for name in kp.saved:
+            b = kp.buffers[name]
+            t = saved.buffers[name]
+            _check_tensor(f"saved buffer {name!r}", t, (a.rows(b.domain), b.width))
+            out[name] = t.contiguous()
+        for name in kp.saved_params:
+            _check_tensor(f"saved param {name!r}", saved.params[name], tuple(saved.params[name].shape))
+        return out
 
     def _check_input(self, x: torch.Tensor, what: str = "input x", buffer: str | None = None) -> torch.Tensor:
         width = self.kp.buffers[buffer or self.kp.input].width
@@ -461,9 +511,14 @@ class CpuRuntime:
             out[name] = t.detach().contiguous()
         return out
 
-    def _buffers(self, x: torch.Tensor, dout: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    def _buffers(self, x: torch.Tensor, dout: torch.Tensor | None = None,
+                 given: Mapping[str, torch.Tensor] | None = None,
+                 fresh: set[str] | frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
+        """This call's buffers: the input, ``dout``, the ``given`` (a backward's saved ones), and the rest:
+        the output, the input's gradient and the ``fresh`` ones (a forward's saved ones) allocated for
+        the call, the others from the workspace; zeroed where the program says so."""
         kp, a = self.kp, self.a
-        bufs = {kp.input: x}
+        bufs = {kp.input: x, **(given or {})}
         if kp.dout is not None and dout is not None:
             bufs[kp.dout] = dout
         for name, b in kp.buffers.items():
@@ -471,7 +526,7 @@ class CpuRuntime:
                 continue
             shape = (a.rows(b.domain), b.width)
             zero = name in kp.zero_init
-            if name in (kp.output, kp.input_grad):  # fresh every call: outputs never alias
+            if name in (kp.output, kp.input_grad) or name in fresh:  # the caller's: never a workspace alias
                 bufs[name] = _kernel_buffer(shape, zero)
                 continue
             t = self.workspace.get(name)
