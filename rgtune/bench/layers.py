@@ -40,7 +40,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -115,9 +115,11 @@ def _rel_err(out: Tensor, expected: Tensor) -> float:
 
 
 def build_impls(model: str, graph: Any, in_dim: int, out_dim: int, heads: int, backend: Any, db: Any,
-                impls: Sequence[str], seed: int = 0, check: bool = True) -> tuple[list[Impl], Tensor, str]:
+                impls: Sequence[str], seed: int = 0, check: bool = True,
+                config: Mapping[str, Any] | None = None) -> tuple[list[Impl], Tensor, str]:
     """Every implementation with the same weights and input; also the input and rgtune's schedules
-    (a label). ``check=False`` leaves the float64 checks out (:mod:`.memory` measures without them)."""
+    (a label). ``check=False`` leaves the float64 checks out (:mod:`.memory` measures without them);
+    ``config``: rgtune runs this schedule (both modes) instead of the database's."""
     from rgtune.models import HGT, RGAT, RGCN
 
     device = torch.device("cuda" if backend.target == "cuda" else "cpu")
@@ -138,7 +140,7 @@ def build_impls(model: str, graph: Any, in_dim: int, out_dim: int, heads: int, b
     out: list[Impl] = []
     schedule = "not run"
     if "rgtune" in impls:
-        impl, schedule = _rgtune_impl(model, graph, in_dim, out_dim, heads, backend, db, ref)
+        impl, schedule = _rgtune_impl(model, graph, in_dim, out_dim, heads, backend, db, ref, config)
         out.append(impl)
     if "lowering" in impls:
         out.append(_lowering_impl(model, graph, in_dim, out_dim, heads, cls(graph, in_dim, out_dim, **kwargs), ref))
@@ -155,18 +157,23 @@ def build_impls(model: str, graph: Any, in_dim: int, out_dim: int, heads: int, b
 
 
 def _rgtune_impl(model: str, graph: Any, in_dim: int, out_dim: int, heads: int, backend: Any, db: Any,
-                 ref: torch.nn.Module) -> tuple[Impl, str]:
+                 ref: torch.nn.Module, config: Mapping[str, Any] | None = None) -> tuple[Impl, str]:
     """The tuned layer: the best inference schedule for the forward, the best training schedule for
-    the training step (each a :func:`~rgtune.runtime.load_tuned` layer with ``ref``'s weights)."""
-    from rgtune.runtime import load_tuned
+    the training step (each a :func:`~rgtune.runtime.load_tuned` layer with ``ref``'s weights), or
+    ``config`` for both."""
+    from rgtune.runtime import load_tuned, tuned_layer
 
     device = next(ref.parameters()).device
     layers = {}
     for mode in ("inference", "training"):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            layers[mode] = load_tuned(model, graph, in_dim, out_dim, heads, db=db, backend=backend,
-                                      mode=mode).to(device)
+            if config is not None:
+                layers[mode] = tuned_layer(model, graph, in_dim, out_dim, heads, config=config, backend=backend,
+                                           mode=mode).to(device)
+            else:
+                layers[mode] = load_tuned(model, graph, in_dim, out_dim, heads, db=db, backend=backend,
+                                          mode=mode).to(device)
         for w in caught:
             print(f"bench: warning: {w.message}", file=sys.stderr)
         layers[mode].load_state_dict(ref.state_dict())

@@ -31,6 +31,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from typing import Any
 
 import torch
@@ -40,14 +41,26 @@ import torch
 _MMAP_THRESHOLD = "65536"
 
 
-def peak_memory(model: str, dataset: str, impl: str, mode: str, *, in_dim: int = 64, out_dim: int = 64,
-                heads: int = 1, backend: str = "cpu", db: str | None = None, seed: int = 0,
-                threads: int | None = None, data_dir: str | None = None, timeout: float = 3600.0) -> float | None:
+def peak_memory(model: str, dataset: str, impl: str, mode: str, **kwargs: Any) -> float | None:
     """Peak MB of ``impl`` (a key of :data:`rgtune.bench.layers.IMPLS`) in ``mode`` (``fwd`` or
-    ``fwd+bwd``) above the loaded graph and input, in a fresh process (see the module docstring).
-    None where it cannot be measured; a child that fails raises ``RuntimeError`` with its last line."""
+    ``fwd+bwd``) above the loaded graph and input, in a fresh process (see the module docstring;
+    ``kwargs`` as :func:`measure_step`'s). None where it cannot be measured."""
+    return measure_step(model, dataset, impl, mode, **kwargs)["peak_mb"]
+
+
+def measure_step(model: str, dataset: str, impl: str, mode: str, *, in_dim: int = 64, out_dim: int = 64,
+                 heads: int = 1, backend: str = "cpu", db: str | None = None, seed: int = 0,
+                 threads: int | None = None, data_dir: str | None = None, steps: int = 2,
+                 config: dict[str, Any] | None = None, timeout: float = 3600.0) -> dict[str, Any]:
+    """``{"peak_mb": ..., "step_s": [...]}``: the peak (as :func:`peak_memory`) over building and
+    ``steps`` steps, and each step's seconds (the first includes what is built lazily), measured in
+    a fresh process. ``config``: rgtune's schedule instead of the database's. A child that fails
+    raises ``RuntimeError`` with its last line."""
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
     args = {"model": model, "dataset": dataset, "impl": impl, "mode": mode, "in_dim": in_dim, "out_dim": out_dim,
-            "heads": heads, "backend": backend, "db": db, "seed": seed, "threads": threads, "data_dir": data_dir}
+            "heads": heads, "backend": backend, "db": db, "seed": seed, "threads": threads, "data_dir": data_dir,
+            "steps": steps, "config": config}
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=_MMAP_THRESHOLD)
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
@@ -55,8 +68,8 @@ def peak_memory(model: str, dataset: str, impl: str, mode: str, *, in_dim: int =
                           capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
-        raise RuntimeError(f"measuring the peak memory of {impl} ({mode}) failed: {last}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])["peak_mb"]
+        raise RuntimeError(f"measuring {impl} ({mode}) in its own process failed: {last}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 # ---------------------------------------------------------------------- the child
@@ -109,26 +122,31 @@ class _Meter:
 _WARMUP_GRAPH = "synthetic:custom,nodes=64,edges=256,ntypes=2,rels=3"
 
 
-def _steps(a: dict[str, Any], graph: Any, backend: Any, meter_from: str | None = None) -> float | None:
-    """Build ``a``'s implementation for ``graph``, run two steps (the first builds what is built lazily:
-    a training program, caches); the peak above the baseline taken just before building."""
-    from rgtune.bench.layers import build_impls, run_once, upstream_grad
+def _steps(a: dict[str, Any], graph: Any, backend: Any, steps: int) -> dict[str, Any]:
+    """Build ``a``'s implementation for ``graph`` and run ``steps`` steps (the first builds what is
+    built lazily: a training program, caches); the peak above the baseline taken just before
+    building, and each step's seconds."""
+    from rgtune.bench.layers import _sync, build_impls, run_once, upstream_grad
 
     device = torch.device("cuda" if backend.target == "cuda" else "cpu")
     x = torch.randn(graph.num_nodes(), a["in_dim"], device=device)
     grad = upstream_grad(graph.num_nodes(), a["out_dim"], device)
     meter = _Meter(device)
     impls, _, _ = build_impls(a["model"], graph, a["in_dim"], a["out_dim"], a["heads"], backend, a["db"],
-                              (a["impl"],), a["seed"], check=False)
+                              (a["impl"],), a["seed"], check=False, config=a.get("config"))
     impl = impls[0]
     if impl.forward is None:
         raise RuntimeError(impl.problem or f"{a['impl']} could not be built")
-    for _ in range(2):
+    seconds = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
         run_once(impl, a["mode"], x, grad)
-    return meter.peak_mb()
+        _sync(device)
+        seconds.append(time.perf_counter() - t0)
+    return {"peak_mb": meter.peak_mb(), "step_s": seconds}
 
 
-def _measure(a: dict[str, Any]) -> float | None:
+def _measure(a: dict[str, Any]) -> dict[str, Any]:
     from rgtune.data import load_dataset
     from rgtune.runtime._lookup import resolve_backend
 
@@ -137,14 +155,14 @@ def _measure(a: dict[str, Any]) -> float | None:
     be = resolve_backend(a["backend"])
     # Everything once on a tiny graph: imports, the libraries' and torch's lazy initialization and
     # thread pools are then part of the baseline, not of the layer's memory.
-    _steps(a, load_dataset(_WARMUP_GRAPH), be)
-    return _steps(a, load_dataset(a["dataset"], root=a["data_dir"]), be)
+    _steps(a, load_dataset(_WARMUP_GRAPH), be, 2)
+    return _steps(a, load_dataset(a["dataset"], root=a["data_dir"]), be, a.get("steps", 2))
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m rgtune.bench.memory '<json arguments>'``: one measurement, one JSON line."""
     a = json.loads((sys.argv[1:] if argv is None else argv)[0])
-    print(json.dumps({"peak_mb": _measure(a)}))
+    print(json.dumps(_measure(a)))
     return 0
 
 
