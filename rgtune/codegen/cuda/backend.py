@@ -2,8 +2,9 @@
 
 ``build`` checks the schedule (an invalid point raises :class:`InvalidSchedule` and compiles
 nothing), generates one CUDA source per IR kernel, compiles them for the device's own
-architecture (cubin cache on disk), loads them and binds the graph. ``compile_only`` does the
-first two steps for any architectures and needs no GPU.
+architecture (cubin cache on disk), loads them and binds the graph; a training program's
+:class:`~rgtune.codegen.base.BuiltProgram` also runs a training step (``run_training``).
+``compile_only`` does the first two steps for any architectures and needs no GPU.
 
 Example (no GPU needed):
     >>> from rgtune.ir.models import build_model
@@ -100,7 +101,8 @@ class CudaBackend(Backend):
         info = {"arch": arch, "nvrtc": ".".join(map(str, nvrtc.nvrtc_version())),
                 "resources": {u: {f: vars(r) for f, r in c[arch].resources.items()}
                               for u, c in compiled.cubins.items()}}
-        return BuiltProgram(self.name, gen.sources, compiled.seconds, hit, program.run, info)
+        return BuiltProgram(self.name, gen.sources, compiled.seconds, hit, program.run, info,
+                            train_fn=program.run_training if kp.is_training else None)
 
     def time_runs(self, built: BuiltProgram, x: Any, params: Mapping[str, Any], warmup: int,
                   repeats: int) -> list[float]:
