@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rgtune.data.synthetic import random_graph
-from rgtune.ir.autodiff import adjoint
+from rgtune.ir.autodiff import SAVE, adjoint
 from rgtune.ir.interpret import Interpreter, Run, random_params
 from rgtune.ir.models import build_model
 from rgtune.ir.pipeline import apply_passes
@@ -65,15 +65,16 @@ def _check(program_before, program_after, graph, seed=0):
     dout = torch.randn(graph.num_nodes(), program_before.out_dim, generator=gen, dtype=torch.float64)
     out, dx, dparams = _autograd(program_before, graph, x, params, dout)
 
-    training = adjoint(program_after)
-    leaves = {k: v.clone().requires_grad_(True) for k, v in params.items()}
-    run = Interpreter(training, graph).run(x, leaves, dout)
-    assert torch.allclose(run.output, out, rtol=1e-10, atol=1e-12)
-    assert torch.allclose(run.input_grad, dx, rtol=1e-9, atol=1e-11)
-    got = param_grads_through_folds(run, leaves)
-    assert set(got) == {k for k, g in dparams.items() if g is not None}
-    for k, g in got.items():
-        assert torch.allclose(g, dparams[k], rtol=1e-9, atol=1e-11), (k, (g - dparams[k]).abs().max())
+    programs = {str(t): t for t in (adjoint(program_after, save=s) for s in SAVE.choices)}  # saved or recomputed
+    for training in programs.values():
+        leaves = {k: v.clone().requires_grad_(True) for k, v in params.items()}
+        run = Interpreter(training, graph).run(x, leaves, dout)
+        assert torch.allclose(run.output, out, rtol=1e-10, atol=1e-12)
+        assert torch.allclose(run.input_grad, dx, rtol=1e-9, atol=1e-11)
+        got = param_grads_through_folds(run, leaves)
+        assert set(got) == {k for k, g in dparams.items() if g is not None}
+        for k, g in got.items():
+            assert torch.allclose(g, dparams[k], rtol=1e-9, atol=1e-11), (k, (g - dparams[k]).abs().max())
 
 
 @pytest.mark.parametrize("model", sorted(SIZES))
@@ -191,5 +192,33 @@ def test_the_lowered_training_program_computes_what_the_interpreter_does(model):
     graph = _graph(2)
     for in_dim, out_dim, heads in SIZES[model]:
         before = build_model(model, in_dim, out_dim, heads)
-        configs = list(SearchSpace(before, graph, "cpu").ir_configs())
+        configs = list(SearchSpace(before, graph, "cpu", mode="training").ir_configs())
+        assert {c["autodiff.save"] for c in configs} == set(SAVE.choices)
         assert _lowered_equals_interpreter(before, graph, configs) > 1
+
+
+def test_what_the_forward_hands_to_the_backward_follows_autodiff_save():
+    """``all`` saves edge buffers, ``nodes`` none (the backward recomputes them), ``input`` nothing
+    at all; the handed-over memory shrinks in that order, and the gradients stay those of autograd
+    (the test above runs the phases apart: ReferenceExecutor.run_training is forward, then backward)."""
+    from rgtune.codegen.reference import ReferenceExecutor, init_params
+    from rgtune.ir.pipeline import compile_program
+
+    graph = _graph(3)
+    before = build_model("hgt", 8, 8, 2)
+    held = {}
+    for save in SAVE.choices:
+        kp = compile_program(before, {"autodiff.save": save}, graph, training=True).kernels
+        domains = {kp.buffers[b].domain for b in kp.saved}
+        if save == "all":
+            assert "edge" in domains
+        elif save == "nodes":
+            assert domains and "edge" not in domains
+        else:
+            assert set(kp.saved) <= {kp.output}, kp.saved
+        params = init_params(kp, graph, dtype=torch.float64)
+        x = torch.randn(graph.num_nodes(), 8, dtype=torch.float64)
+        out, saved = ReferenceExecutor(kp, graph).run_forward(x, params)
+        assert set(saved.buffers) == set(kp.saved)
+        held[save] = saved.nbytes
+    assert held["all"] > held["nodes"] > held["input"]

@@ -25,15 +25,16 @@ Example:
 from __future__ import annotations
 
 import copy
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import torch
 
+from rgtune.codegen.base import Saved
 from rgtune.data.graph import HeteroGraph
 from rgtune.codegen.weights import fold_weights
 from rgtune.ir.bind import GraphArrays, concrete_device, graph_arrays, row_types
 from rgtune.ir.interpret import unary
-from rgtune.ir.kernels import (Acc, AggregateStage, BinaryE, ConcatE, EdgeSoftmaxStage, EdgeStore, Expr, GatedE,
+from rgtune.ir.kernels import (Acc, AggregateStage, BinaryE, ConcatE, EdgeSoftmaxStage, EdgeStore, Expr, GatedE, Kernel,
                                GemmKernel, GraphLoad, InnerE, KernelProgram, Load, MapKernel, ParamLoad, ReduceE,
                                ScaleE, ScatterKernel, SoftmaxAggregate, TraversalKernel, UnaryE, WeightGradKernel,
                                WeightKernel)
@@ -106,29 +107,57 @@ class ReferenceExecutor:
                      dout: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         """A training program's ``(output, input gradient, {param: gradient})`` for the output's gradient ``dout``.
         A derived param's gradient is among them (its sources get theirs through the fold: see
-        :mod:`rgtune.ir.autodiff`)."""
-        kp, a = self.kp, self.a
-        if not kp.is_training:
-            raise ValueError(f"kernel program {kp.name} computes no gradients (lower an adjoint program)")
-        run = copy.copy(self)
-        out = run._run(x, params, dout)
-        grads = {p: run.params[g] for p, g in kp.param_grads.items()}
-        return out, run.bufs[kp.input_grad].reshape(a.num_nodes, -1), grads  # type: ignore[index]
+        :mod:`rgtune.ir.autodiff`). The two phases one after the other (:meth:`run_forward`)."""
+        out, saved = self.run_forward(x, params)
+        dx, grads = self.run_backward(x, params, saved, dout)
+        return out, dx, grads
 
-    def _run(self, x: torch.Tensor, params: Mapping[str, torch.Tensor],
-             dout: torch.Tensor | None = None) -> torch.Tensor:
+    def run_forward(self, x: torch.Tensor, params: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, Saved]:
+        """A training program's forward phase: the output, and the buffers and derived params its
+        backward reads (:attr:`KernelProgram.saved`)."""
+        kp = self._training()
+        run = copy.copy(self)
+        run._start(x, params, None, {})
+        out = run._kernels(kp.kernels[:kp.forward_kernels])
+        return out, Saved({b: run.bufs[b] for b in kp.saved}, {p: run.params[p] for p in kp.saved_params})
+
+    def run_backward(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], saved: Saved,
+                     dout: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """A training program's backward phase: the input's gradient and ``{param: gradient}``."""
+        kp, a = self._training(), self.a
+        run = copy.copy(self)
+        run._start(x, {**params, **saved.params}, dout, saved.buffers)
+        run._kernels(kp.kernels[kp.forward_kernels:])
+        grads = {p: run.params[g] for p, g in kp.param_grads.items()}
+        return run.bufs[kp.input_grad].reshape(a.num_nodes, -1), grads  # type: ignore[index]
+
+    def _training(self) -> KernelProgram:
+        if not self.kp.is_training:
+            raise ValueError(f"kernel program {self.kp.name} computes no gradients (lower an adjoint program)")
+        return self.kp
+
+    def _run(self, x: torch.Tensor, params: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        self._start(x, params, None, {})
+        return self._kernels(self.kp.kernels)
+
+    def _start(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], dout: torch.Tensor | None,
+               given: Mapping[str, torch.Tensor]) -> None:
+        """This run's buffers: the input, ``dout``, the ``given`` (saved) ones, the zeroed ones."""
         kp, a = self.kp, self.a
         self.dtype = x.dtype
         self.params = dict(params)
-        self.bufs: dict[str, torch.Tensor] = {kp.input: x.reshape(a.num_nodes, 1, -1)}
-        if kp.dout is not None:
-            assert dout is not None, "a training program reads the output's gradient"
-            b = kp.buffers[kp.dout]
-            self.bufs[kp.dout] = dout.reshape(a.num_nodes, b.heads, b.dim)
-        for name in kp.zero_init:
+        self.bufs: dict[str, torch.Tensor] = {kp.input: x.reshape(a.num_nodes, 1, -1), **given}
+        if dout is not None:
+            b = kp.buffers[kp.dout]  # type: ignore[index]
+            self.bufs[kp.dout] = dout.reshape(a.num_nodes, b.heads, b.dim)  # type: ignore[index]
+        for name in kp.zero_init - set(given):
             b = kp.buffers[name]
             self.bufs[name] = x.new_zeros(a.rows(b.domain), b.heads, b.dim)
-        for k in kp.kernels:
+
+    def _kernels(self, kernels: Sequence[Kernel]) -> torch.Tensor:
+        """Run ``kernels`` in order; the output buffer (as far as they computed it)."""
+        a = self.a
+        for k in kernels:
             if isinstance(k, WeightKernel):
                 self.params[k.out] = fold_weights(k, self.params, self.a, self.kp.param_shapes)
             elif isinstance(k, GemmKernel):
@@ -144,8 +173,8 @@ class ReferenceExecutor:
                 self._weight_grad(k)
             else:  # pragma: no cover
                 raise TypeError(f"no reference execution for {type(k).__name__}")
-        out = self.bufs[kp.output]
-        return out.reshape(a.num_nodes, -1)
+        out = self.bufs.get(self.kp.output)
+        return out.reshape(a.num_nodes, -1) if out is not None else None  # type: ignore[return-value]
 
     # ---------------------------------------------------------------- gemm
     def _segments(self, rows: str, by: str, end: str | None) -> tuple[torch.Tensor | None, list[tuple[int, int, int]]]:

@@ -47,6 +47,8 @@ __all__ = ["WorkloadContext", "FeatureEncoder", "COUNT_KEYS", "graph_features"]
 #: the scalar entries of :func:`rgtune.ir.counts.count` that become features (the others were
 #: tried and ranked held-out graphs no better: BENCHMARKS.md, "What did not work")
 COUNT_KEYS = ("flops", "bytes_min", "bytes_gathered", "kernels", "atomics", "gemm_rows_total", "weight_flops")
+#: the counts only a training program has (its rows only: an inference row's features stay as they were)
+TRAINING_COUNT_KEYS = ("saved_bytes", "backward_kernels")
 
 #: graph statistics used as they are (ratios, coefficients of variation) or log-scaled (sizes)
 _STAT_PLAIN = ("in_degree_cv", "out_degree_cv", "src_pair_ratio", "dst_pair_ratio", "edges_per_relation_cv",
@@ -96,7 +98,8 @@ def _knob_features(config: Mapping[str, Any]) -> dict[str, float]:
 def _count_features(c: Mapping[str, Any], base: Mapping[str, Any] | None, num_edges: float) -> dict[str, float]:
     out: dict[str, float] = {}
     e = max(float(num_edges), 1.0)
-    for k in COUNT_KEYS:
+    keys = COUNT_KEYS + (TRAINING_COUNT_KEYS if c.get("backward_kernels") else ())
+    for k in keys:
         v = float(c[k])
         out[f"num:log_{k}"] = _log(v)
         out[f"num:per_edge_{k}"] = _log(v / e)

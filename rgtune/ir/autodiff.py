@@ -28,22 +28,41 @@ fold (derived W)       none: a derived weight's gradient is a gradient param lik
 
 Contributions to one value or param add up (a value read twice, a weight used twice).
 
+Saved or recomputed: the backward reads forward values (the softmax, a GEMM's input, the scores).
+Each is either *saved* (the forward's buffer, held from the forward to the backward: memory) or
+*recomputed* in the backward from saved values (time). The knob ``autodiff.save`` chooses: ``all``
+saves every value the backward reads; ``nodes`` saves node and pair values and recomputes edge values
+(an |E|-row buffer per value is what a large graph cannot hold); ``input`` saves only the input and
+recomputes the rest. A recomputed value is a copy of its forward op (and of the unsaved ops it reads)
+at the start of the backward, so the passes' choices (compaction, fusion, layout) apply to it as to
+the forward.
+
 Example:
     >>> from rgtune.ir.models import build_model
     >>> t = adjoint(build_model("rgcn", 4, 3))
     >>> sorted(t.param_grads), t.input_grad.domain
     (['bias', 'root', 'weight'], 'node')
+    >>> hgt = build_model("hgt", 8, 8, 2)
+    >>> [len(saved_values(adjoint(hgt, save=s))) for s in SAVE.choices]  # values the backward reads saved
+    [11, 6, 0]
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import dataclasses
+from typing import Any, Literal, Mapping
 
-from rgtune.ir.program import (EDGE, NODE, SRC_PAIR, Aggregate, Binary, Concat, EdgeSoftmax,
+from rgtune.ir.passes.base import Knob
+from rgtune.ir.program import (EDGE, NODE, SRC_PAIR, PARAM_OPS, Aggregate, Binary, Concat, EdgeSoftmax,
                                Expand, FoldWeights, Gather, GatedResidual, GatherPair, GraphConst, Inner, IRError, Op,
                                Param, ParamRead, Program, ReduceSum, Scale, TypedLinear, Unary, Value, WeightGrad)
 
-__all__ = ["adjoint", "grad_name", "transposed_name"]
+__all__ = ["adjoint", "grad_name", "transposed_name", "SAVE", "training_knobs", "saved_values"]
+
+#: which forward values the backward reads saved (see the module docstring)
+SAVE = Knob("autodiff.save", ("all", "nodes", "input"), "all",
+            "forward values the backward reads: all saved (memory), edge values recomputed (nodes), or everything "
+            "recomputed from the input (input)")
 
 
 def grad_name(param: str) -> str:
@@ -254,6 +273,68 @@ class _Adjoint:
         self.param_grad(op.skip, None, self.mul(dgate, slope), "ntype")
 
 
-def adjoint(program: Program) -> Program:
-    """The training program of ``program`` (see the module docstring)."""
-    return _Adjoint(program).run()
+def training_knobs(program: Program) -> list[Knob]:
+    """The knobs the adjoint adds to a program's (a training search space's)."""
+    return [SAVE]
+
+
+def adjoint(program: Program, save: str = SAVE.default, config: Mapping[str, Any] | None = None) -> Program:
+    """The training program of ``program`` (see the module docstring); ``save`` (or ``config``'s
+    ``autodiff.save``) chooses which forward values the backward reads saved."""
+    if config is not None:
+        save = config.get(SAVE.name, save)
+    save = SAVE.check(save)
+    return _recompute(_Adjoint(program).run(), save)
+
+
+def _backward_reads(program: Program) -> tuple[list[Op], list[Op], set[str]]:
+    """The forward ops, the backward ops, and the forward values the backward reads."""
+    split = program.annotations["forward_ops"]
+    forward, backward = program.ops[:split], program.ops[split:]
+    defined = {op.out.name for op in forward if not isinstance(op, PARAM_OPS)}
+    read = {v.name for op in backward for v in op.inputs() if v.name in defined}
+    return forward, backward, read
+
+
+def saved_values(program: Program) -> set[str]:
+    """The forward values a training program's backward reads (the input excluded): what the
+    forward hands to the backward."""
+    return _backward_reads(program)[2]
+
+
+def _keeps(v: Value, save: str) -> bool:
+    return save == "all" or (save == "nodes" and v.domain != EDGE)
+
+
+def _recompute(program: Program, save: str) -> Program:
+    """``program`` whose backward recomputes the forward values ``save`` does not keep."""
+    forward, backward, read = _backward_reads(program)
+    producers = {op.out.name: op for op in forward if not isinstance(op, PARAM_OPS)}
+    values = {op.out.name: op.out for op in forward if not isinstance(op, PARAM_OPS)}
+    if all(_keeps(values[n], save) for n in read):
+        return program
+    copies: dict[str, Value] = {}
+    recomputed: list[Op] = []
+
+    def copy_of(v: Value) -> Value:
+        """``v`` as the backward reads it: saved (itself, the input) or a recomputed copy."""
+        if v.name not in producers or _keeps(v, save):
+            return v
+        if v.name not in copies:
+            op = producers[v.name]
+            inputs = {f: copy_of(getattr(op, f)) for f in _value_fields(op)}
+            out = Value(f"%r{v.name.lstrip('%')}", v.domain, v.heads, v.dim)
+            recomputed.append(op.replace(out=out, **inputs))
+            copies[v.name] = out
+        return copies[v.name]
+
+    rewritten = []
+    for op in backward:
+        inputs = {f: copy_of(getattr(op, f)) for f in _value_fields(op)}
+        rewritten.append(op.replace(**inputs) if inputs else op)
+    return program.copy(ops=forward + recomputed + rewritten,
+                        annotations={**program.annotations, "autodiff_save": save})
+
+
+def _value_fields(op: Op) -> list[str]:
+    return [f.name for f in dataclasses.fields(op) if f.name != "out" and isinstance(getattr(op, f.name), Value)]

@@ -513,6 +513,25 @@ class KernelProgram:
     def is_training(self) -> bool:
         return self.dout is not None
 
+    @property
+    def saved(self) -> tuple[str, ...]:
+        """A training program's buffers that its forward writes and its backward reads (the input
+        excluded: the caller keeps it): what the forward hands to the backward, held in between."""
+        if not self.is_training:
+            return ()
+        forward, backward = self.kernels[:self.forward_kernels], self.kernels[self.forward_kernels:]
+        written = set().union(*(k.writes() for k in forward))
+        read = set().union(*(k.reads() for k in backward))
+        return tuple(sorted((written & read) - {self.input}))
+
+    @property
+    def saved_params(self) -> tuple[str, ...]:
+        """A training program's derived params folded by its forward (the backward reads them too:
+        they are handed over rather than folded twice)."""
+        if not self.is_training:
+            return ()
+        return tuple(k.out for k in self.kernels[:self.forward_kernels] if isinstance(k, WeightKernel))
+
     def describe(self) -> str:
         lines = [f"kernels {self.name}: layout={self.layout} index_bits={self.index_bits} pair_index={self.pair_index}"]
         for b in self.buffers.values():

@@ -118,8 +118,13 @@ def apply_passes(program: Program, config: Mapping[str, Any], graph: "HeteroGrap
 def compile_program(program: Program, config: Mapping[str, Any] | None = None,
                     graph: "HeteroGraph | None" = None, strict: bool = True, training: bool = False) -> Compiled:
     """Apply the passes with ``config`` (IR knobs; others ignored unless ``strict``) and lower; with
-    ``training``, lower the adjoint of the program after the passes (:func:`rgtune.ir.autodiff.adjoint`)."""
+    ``training``, lower the adjoint of the program after the passes (:func:`rgtune.ir.autodiff.adjoint`;
+    its knob ``autodiff.save`` joins the IR knobs)."""
     knobs = discover_knobs(program, graph)
+    if training:
+        from rgtune.ir.autodiff import training_knobs
+
+        knobs = knobs + training_knobs(program)
     ir_names = {k.name for k in knobs}
     ir_config = {k: v for k, v in (config or {}).items() if k in ir_names or (strict and "." in k and
                                                                                k.split(".")[0] in _pass_names())}
@@ -131,7 +136,7 @@ def compile_program(program: Program, config: Mapping[str, Any] | None = None,
     if training:
         from rgtune.ir.autodiff import adjoint
 
-        after = adjoint(after)
+        after = adjoint(after, config=full)
     return Compiled(full, after, lower(after))
 
 

@@ -7,8 +7,8 @@ target's backend declares for the kernel templates (``"gemm.tile_rows"``, see
 *valid* when the passes' constraints and every lowered kernel's constraints hold.
 
 In ``mode="training"`` a point is the training program (the adjoint of the program after the
-passes, :mod:`rgtune.ir.autodiff`), and the knobs of the backward's templates (scatter, weight
-gradient) join the schedule knobs.
+passes, :mod:`rgtune.ir.autodiff`): the adjoint's knob (which forward values are saved) joins the
+IR knobs, the knobs of the backward's templates (scatter, weight gradient) the schedule knobs.
 
 Example:
     >>> from rgtune.data.synthetic import random_graph
@@ -34,7 +34,7 @@ from rgtune.ir.kernels import KernelProgram
 from rgtune.ir.passes import Knob, KnobError
 from rgtune.ir.pipeline import (Compiled, apply_passes, check_constraints, discover_constraints, discover_knobs,
                                 resolve_config)
-from rgtune.ir.autodiff import adjoint
+from rgtune.ir.autodiff import adjoint, training_knobs
 from rgtune.ir.kernels import ScatterKernel, WeightGradKernel, template_name
 from rgtune.ir.lowering import lower
 from rgtune.ir.program import IRError, Program
@@ -83,7 +83,8 @@ class SearchSpace:
         self.program = program
         self.graph = graph
         self.target = target
-        self.ir_knobs: list[Knob] = discover_knobs(program, graph)
+        self.ir_knobs: list[Knob] = discover_knobs(program, graph) + (training_knobs(program) if mode == "training"
+                                                                      else [])
         self.constraints = discover_constraints(program, graph)
         self.schedule_knobs: list[Knob] = [Knob(name, p.choices, p.default, p.doc)
                                             for name, p in self.schedule.knobs().items()
@@ -123,7 +124,7 @@ class SearchSpace:
             return Point(full, None, problems)
         after = apply_passes(self.program, full, self.graph)
         if self.mode == "training":
-            after = adjoint(after)
+            after = adjoint(after, config=full)
         kp = lower(after)
         problems = self.schedule.check(kp, full)
         return Point(full, Compiled({k.name: full[k.name] for k in self.ir_knobs}, after, kp), problems)
