@@ -6,14 +6,18 @@
   ptxas reports. Identical units are compiled once; a summary is printed at the end.
 * Structure: the scatter and weight-gradient knobs and their constraints; the code a schedule asks for
   (atomics only where asked, the host tables, the second pass); the host tables themselves.
-* Emulated runs (:mod:`rgtune.codegen.cuda.emulate`): the output, the input's gradient and every
-  param's gradient against the float64 reference executor (``run_training``), buffers poisoned with
-  NaN, on small graphs with the edge cases (empty relations, isolated nodes, a hub destination and a hub
-  source with more than 32 edges, one node type, feature sizes not multiples of 8, several heads):
-  every IR configuration at the default schedule (slow), and random schedules that take every value of
-  every scatter and weight-gradient knob. A summary of the largest errors is printed at the end.
+* Emulated runs (:mod:`rgtune.codegen.cuda.emulate`): a training step as a layer runs it (the forward
+  phase, then the backward phase on what it saved), its output, input gradient and every param gradient
+  against the float64 reference executor (``run_training``), buffers poisoned with NaN, on small graphs
+  with the edge cases (empty relations, isolated nodes, a hub destination and a hub source with more
+  than 32 edges, one node type, feature sizes not multiples of 8, several heads): every IR configuration
+  (``autodiff.save`` included) at the default schedule (slow), and random schedules that take every value
+  of every scatter, weight-gradient and ``autodiff.save`` knob. The phases: two forwards, then their
+  backwards in reverse order, for each ``autodiff.save``. A summary of the largest errors is printed at
+  the end.
 * On a GPU (``-m gpu``, skipped without one): the same checks on real launches, on AIFB and MUTAG
-  too; a recorded training step against its launches; ``run_training`` timed.
+  too; a recorded training step, and recorded phases (two forwards, two backwards in reverse order)
+  against their launches; ``run_training`` and the backward phase timed.
 
 Tolerance: ``max|got - ref| / max|ref| < 1e-4`` per tensor. The weight gradients are sums over all
 rows of a type, in another order than the reference's (and, with atomics, in no fixed order): the
@@ -61,8 +65,10 @@ RANDOM_SCHEDULES = 200
 EMULATED_RANDOM = 4
 REL_TOL = 1e-4
 WORKERS = max(os.cpu_count() or 1, 1)
-#: the knobs a training program adds
+#: the schedule knobs a training program adds (the backward templates')
 TRAINING_KNOBS = [name for name in CUDA_SCHEDULE.knobs() if name.split(".")[0] in ("scatter", "weightgrad")]
+#: and what random schedules must cover: those, and the adjoint's IR knob (which forward values are saved)
+COVERED_KNOBS = [*TRAINING_KNOBS, "autodiff.save"]
 
 
 def tolerance(graph: Any) -> float:
@@ -458,19 +464,27 @@ def _emulate(model: str, g: Any, cfg: dict[str, Any], errors: _Errors, dims: tup
     x, params, dout = _inputs(kp, g, dims[0], dims[1])
     ref = ReferenceExecutor(kp, g).run_training(x, params, dout)
     program = EmulatedProgram(kp, generate(kp, point.config).units, g, arch)
-    result = program.run_training(x, params, dout, fill=float("nan"))
+    result = _phased(program, x, params, dout)
     tol = tolerance(g)
     errs = _compare(result, ref, f"{model} heads={MODELS[model]} dims={dims} on {g.name} with {cfg}", tol)
     errors.add(model, errs, tol)
     return errs
 
 
+def _phased(program: Any, x: torch.Tensor, params: dict[str, torch.Tensor], dout: torch.Tensor,
+            fill: float = float("nan")) -> tuple[Any, ...]:
+    """A training step as a layer runs it: the forward phase, then the backward phase on what it saved."""
+    out, saved = program.run_forward(x, params, fill=fill)
+    dx, grads = program.run_backward(x, params, saved, dout, fill=fill)
+    return out, dx, grads
+
+
 def _covering_schedules(space: SearchSpace, rng: random.Random, n: int) -> list[dict[str, Any]]:
     """``n`` random valid schedules, then more (copies of them with one knob changed) until every value of
     every scatter and weight-gradient knob that the program allows is taken by one."""
     cfgs = [space.sample(rng) for _ in range(n)]
-    for name in TRAINING_KNOBS:
-        for value in CUDA_SCHEDULE.knobs()[name].choices:
+    for name in COVERED_KNOBS:
+        for value in space.knob(name).choices:
             if any(c[name] == value for c in cfgs):
                 continue
             for base in rng.sample(cfgs, len(cfgs)):
@@ -534,6 +548,59 @@ def test_a_forward_program_has_no_training_step() -> None:
         program.run_training(torch.zeros(16, 8), init_params(kp, g), torch.zeros(16, 8))
 
 
+@pytest.mark.parametrize("save", ["all", "nodes", "input"])
+@pytest.mark.parametrize("model,cfg", [("rgcn", {}), ("rgat", {"compact.src": "pair"}),
+                                       ("hgt", {"reorder.compose": "on"})])
+def test_emulated_phases_hold_their_saved_values_apart(model: str, cfg: dict[str, Any], save: str,
+                                                       errors: _Errors) -> None:
+    """Two forwards, then their backwards in reverse order (as two layers of a model, or two micro-batches):
+    each backward reads its own forward's saved values, whatever ``autodiff.save`` saves; the whole step
+    (``run_training``, one pass) and the built program's ``run_training`` (the phases) agree."""
+    from rgtune.codegen.cuda.backend import built_program
+    from rgtune.codegen.cuda.emulate import EmulatedProgram
+
+    _needs_cxx()
+    g = _edge_case_graph()
+    space = _space(model, g, (12, 12))
+    point = space.compile({**space.default(), **cfg, "autodiff.save": save})
+    assert point.valid, point.problems
+    kp = point.kernels
+    ref = ReferenceExecutor(kp, g)
+    program = EmulatedProgram(kp, generate(kp, point.config).units, g)
+    cases = [_inputs(kp, g, 12, 12, seed) for seed in (1, 5)]
+    forwards = [program.run_forward(x, params, fill=float("nan")) for x, params, _ in cases]
+    for saved_values in (f[1] for f in forwards):
+        assert set(saved_values.buffers) == set(kp.saved) and set(saved_values.params) == set(kp.saved_params)
+    tol = tolerance(g)
+    for (x, params, dout), (out, saved) in reversed(list(zip(cases, forwards))):
+        before = {b: t.clone() for b, t in saved.buffers.items()}
+        dx, grads = program.run_backward(x, params, saved, dout, fill=float("nan"))
+        where = f"{model} {cfg} save={save}"
+        errors.add(model, _compare((out, dx, grads), ref.run_training(x, params, dout), where, tol), tol)
+        assert all(torch.equal(before[b], saved.buffers[b]) for b in before), f"{where}: the backward wrote a saved value"
+    x, params, dout = cases[0]
+    step = program.run_training(x, params, dout, fill=float("nan"))
+    built = built_program("cuda-emulated", kp, program, {}, 0.0, True)
+    assert built.phased
+    for result in (step, built.run_training(x, params, dout)):
+        _compare(result, ref.run_training(x, params, dout), f"{model} {cfg} save={save} (one step)", tol)
+
+
+def test_emulated_forward_program_runs_as_before() -> None:
+    """A forward program has no phases: ``run`` is its whole program (and the training entry points refuse)."""
+    from rgtune.codegen.cuda.emulate import EmulatedProgram
+    from rgtune.ir.pipeline import compile_program
+
+    _needs_cxx()
+    g = _one_type_graph()
+    kp = compile_program(build_model("rgat", 8, 8, 2)).kernels
+    program = EmulatedProgram(kp, generate(kp, {}).units, g)
+    x, params = torch.randn(16, 8, dtype=torch.float64), init_params(kp, g, dtype=torch.float64)
+    assert _relative(program.run(x, params, fill=float("nan")), ReferenceExecutor(kp, g).run(x, params)) < REL_TOL
+    with pytest.raises(BackendError, match="computes no gradients"):
+        program.run_forward(x, params)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("model", sorted(MODELS))
 def test_every_ir_configuration_on_the_emulator(model: str, errors: _Errors) -> None:
@@ -550,8 +617,7 @@ def test_every_ir_configuration_on_the_emulator(model: str, errors: _Errors) -> 
         kp = point.kernels
         x, params, dout = _inputs(kp, g, 12, 12)
         ref = ReferenceExecutor(kp, g).run_training(x, params, dout)
-        result = EmulatedProgram(kp, generate(kp, point.config).units, g).run_training(x, params, dout,
-                                                                                       fill=float("nan"))
+        result = _phased(EmulatedProgram(kp, generate(kp, point.config).units, g), x, params, dout)
         errors.add(model, _compare(result, ref, f"{model} with {point.config}", tol), tol)
         count += 1
     assert count == len(list(space.ir_configs()))
@@ -566,9 +632,9 @@ def test_random_training_schedules_on_the_emulator(model: str, errors: _Errors) 
     g = _edge_case_graph()
     space = _space(model, g, (16, 16))
     cfgs = _covering_schedules(space, random.Random(f"emulated-{model}"), EMULATED_RANDOM)
-    for name in TRAINING_KNOBS:  # every value a model's kernels allow (a bias-free rgcn's too)
+    for name in COVERED_KNOBS:  # every value a model's kernels allow (a bias-free rgcn's too)
         taken = {c[name] for c in cfgs}
-        assert taken == set(CUDA_SCHEDULE.knobs()[name].choices), (name, taken)
+        assert taken == set(space.knob(name).choices), (name, taken)
     for i, cfg in enumerate(cfgs):
         _emulate(model, g, cfg, errors, (16, 16), arch=("sm_80", "sm_90")[i % 2])
 
@@ -622,7 +688,8 @@ def _gpu_graph(graphs: dict[str, Any], name: str) -> Any:
 
 
 def _gpu_check(g: Any, model: str, cfg: dict[str, Any], errors: _Errors, dims: tuple[int, int] = (64, 64)):
-    """``cfg``'s training step on the GPU (launch by launch, NaN-poisoned buffers) against the reference."""
+    """``cfg``'s training step on the GPU (its two phases launch by launch, NaN-poisoned buffers) against the
+    reference."""
     from rgtune.codegen.cuda.runtime import program_of
 
     space = _space(model, g, dims)
@@ -632,10 +699,10 @@ def _gpu_check(g: Any, model: str, cfg: dict[str, Any], errors: _Errors, dims: t
     x, params, dout = _inputs(kp, g, dims[0], dims[1])
     ref = ReferenceExecutor(kp, g).run_training(x, params, dout)
     built = CudaBackend().build(kp, g, point.config)
-    assert built.train_fn is not None
+    assert built.phased and CudaBackend.trains
     program = program_of(built)
     dev = {k: v.float().cuda() for k, v in params.items()}
-    result = program.run_training(x.float().cuda(), dev, dout.float().cuda(), fill=float("nan"))
+    result = _phased(program, x.float().cuda(), dev, dout.float().cuda())
     program.synchronize()
     tol = tolerance(g)
     errors.add(model, _compare(result, ref, f"{model} on {getattr(g, 'name', '?')} with {cfg}", tol), tol)
@@ -699,8 +766,44 @@ def test_gpu_recorded_training_step_computes_what_the_launches_compute(gpu_graph
 
 @pytest.mark.gpu
 @needs_gpu
+@pytest.mark.parametrize("save", ["all", "nodes", "input"])
+def test_gpu_recorded_phases_hold_their_saved_values_apart(gpu_graphs, save: str) -> None:
+    """Two forwards replayed from the forward phase's CUDA graph, then their backwards in reverse order
+    replayed from the backward's: each against its launched twin and the reference; the saved values are
+    the caller's (a later replay leaves them alone)."""
+    from rgtune.codegen.cuda.runtime import program_of
+
+    g = gpu_graphs["edge_cases"]
+    for model, cfg in (("hgt", {"reorder.compose": "on"}), ("rgat", {"weightgrad.reduction": "two_pass"}),
+                       ("rgcn", {"scatter.mapping": "edge_parallel"})):
+        space = _space(model, g, (32, 32))
+        point = space.compile({**space.default(), **cfg, "autodiff.save": save})
+        kp = point.kernels
+        built = CudaBackend().build(kp, g, point.config)
+        program = program_of(built)
+        params = init_params(kp, g, dtype=torch.float64, seed=3)
+        dev = {k: v.float().cuda() for k, v in params.items()}
+        cases = [(torch.randn(g.num_nodes(), 32, dtype=torch.float64),
+                  torch.randn(g.num_nodes(), 32, dtype=torch.float64)) for _ in range(2)]
+        forwards = [built.run_forward(x.float().cuda(), dev) for x, _ in cases]
+        kept = [{b: t.clone() for b, t in saved.buffers.items()} for _, saved in forwards]
+        for (x, dout), (out, saved), before in reversed(list(zip(cases, forwards, kept))):
+            dx, grads = built.run_backward(x.float().cuda(), dev, saved, dout.float().cuda())
+            launched = _phased(program, x.float().cuda(), dev, dout.float().cuda())
+            program.synchronize()
+            assert program.graph_failure is None and program._captured_backward is not None, program.graph_failure
+            ref = ReferenceExecutor(kp, g).run_training(x, params, dout)
+            _compare((out, dx, grads), ref, f"{model} {cfg} save={save} (replayed)", tolerance(g))
+            for a, b in [(out, launched[0]), (dx, launched[1]), *((grads[k], launched[2][k]) for k in grads)]:
+                assert _relative(a, b.double().cpu()) < 1e-5, model
+            assert all(torch.equal(before[b], saved.buffers[b]) for b in before), model
+
+
+@pytest.mark.gpu
+@needs_gpu
 def test_gpu_training_step_timing(gpu_graphs, request: pytest.FixtureRequest) -> None:
-    """``run_training`` timed with CUDA events (a replayed graph) next to the forward alone, per model, on
+    """``run_training`` (both phases, replayed graphs) and the backward phase timed with CUDA events next to
+    the training program's forward alone, per model, on
     AIFB at 64 -> 64, for the default schedule and its deterministic variants; printed at the end."""
     from rgtune.codegen.cuda.runtime import time_cuda
 
@@ -715,7 +818,9 @@ def test_gpu_training_step_timing(gpu_graphs, request: pytest.FixtureRequest) ->
             x, dout = torch.randn(g.num_nodes(), 64, device="cuda"), torch.randn(g.num_nodes(), 64, device="cuda")
             step = time_cuda(lambda: built.run_training(x, params, dout), warmup=3, repeat=20)
             forward = time_cuda(lambda: built.run(x, params), warmup=3, repeat=20)
+            _, saved = built.run_forward(x, params)
+            backward = time_cuda(lambda: built.run_backward(x, params, saved, dout), warmup=3, repeat=20)
             assert 0 < step["min_ms"] <= step["median_ms"] and forward["median_ms"] > 0
-            lines.append(f"  {model:5s} {str(cfg):45s} step {step['median_ms']:.3f} ms, "
-                         f"forward {forward['median_ms']:.3f} ms")
+            lines.append(f"  {model:5s} {str(cfg):45s} step {step['median_ms']:.3f} ms (backward phase "
+                         f"{backward['median_ms']:.3f} ms), inference forward {forward['median_ms']:.3f} ms")
     _print_at_end(request, lines)

@@ -54,7 +54,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
-from rgtune.codegen.base import BackendError, TrainingResult
+from rgtune.codegen.base import BackendError, Saved, TrainingResult
 from rgtune.codegen.cuda._expr import GRAPH_ARRAYS, GRAPH_CONSTANTS
 from rgtune.codegen.cuda._gemm import segments_of
 from rgtune.codegen.cuda._unit import Arg, Grid, KernelUnit, Launch
@@ -366,60 +366,127 @@ class ProgramRunner:
         sources get theirs through the fold: :func:`rgtune.codegen.training.learnable_grads`). The
         gradients are fresh float32 tensors of the params' full shapes; ``fill`` as in :meth:`run`.
         """
-        if not self.kp.is_training:
-            raise BackendError(f"kernel program {self.kp.name} computes no gradients (build a training program)")
+        self._training()
         with self._lock:
             return self._execute_training(x, params, dout, fill)
 
+    def run_forward(self, x: torch.Tensor, params: Mapping[str, torch.Tensor],
+                    fill: float | None = None) -> tuple[torch.Tensor, Saved]:
+        """A training program's forward phase: the output and what its backward phase reads
+        (:attr:`KernelProgram.saved` buffers, :attr:`KernelProgram.saved_params` derived params), as
+        fresh tensors the caller holds until the backward (several forwards may be in flight)."""
+        self._training()
+        with self._lock:
+            return self._execute_forward(x, params, fill)
+
+    def run_backward(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], saved: Saved, dout: torch.Tensor,
+                     fill: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """A training program's backward phase: ``(input gradient, {param: gradient})`` from the forward
+        phase's ``saved`` (read, never written) and the output's gradient ``dout``."""
+        self._training()
+        with self._lock:
+            return self._execute_backward(x, params, saved, dout, fill)
+
+    def _training(self) -> KernelProgram:
+        if not self.kp.is_training:
+            raise BackendError(f"kernel program {self.kp.name} computes no gradients (build a training program)")
+        return self.kp
+
     def _execute(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], fill: float | None = None) -> torch.Tensor:
         """One run, launch by launch (the caller holds the lock); a training program's forward kernels only."""
-        bufs, _ = self._launch_program(x, params, None, fill)
+        bufs, _ = self._launch_program(x, params, "forward", fill)
         return bufs[self.kp.output].view(self.rows["node"], -1)
 
     def _execute_training(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], dout: torch.Tensor,
                           fill: float | None = None) -> TrainingResult:
-        """One training step, launch by launch (the caller holds the lock)."""
+        """One training step, both phases in one go, launch by launch (the caller holds the lock)."""
         kp, n = self.kp, self.rows["node"]
-        bufs, p = self._launch_program(x, params, dout, fill)
+        bufs, p = self._launch_program(x, params, "step", fill, dout)
         assert kp.input_grad is not None
         grads = {name: p[grad] for name, grad in kp.param_grads.items()}
         return bufs[kp.output].view(n, -1), bufs[kp.input_grad].view(n, -1), grads
 
-    def _launch_program(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], dout: torch.Tensor | None,
-                        fill: float | None) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        """Allocates the buffers (and, with ``dout``, the zeroed gradient params), then runs the kernels:
-        all of them with ``dout``, else the forward's. Returns the buffers and the params."""
+    def _execute_forward(self, x: torch.Tensor, params: Mapping[str, torch.Tensor],
+                         fill: float | None = None) -> tuple[torch.Tensor, Saved]:
+        """The forward phase, launch by launch (the caller holds the lock). Buffers are allocated per call,
+        so the saved ones are the caller's already; the output is copied where it is saved too (the
+        caller may change the output it gets)."""
+        kp = self.kp
+        bufs, p = self._launch_program(x, params, "forward", fill)
+        out = bufs[kp.output].view(self.rows["node"], -1)
+        saved = {b: (bufs[b].clone() if b == kp.output else bufs[b]) for b in kp.saved}
+        return out, Saved(saved, {name: p[name] for name in kp.saved_params})
+
+    def _execute_backward(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], saved: Saved,
+                          dout: torch.Tensor, fill: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The backward phase, launch by launch (the caller holds the lock)."""
+        kp = self.kp
+        missing = [b for b in kp.saved if b not in saved.buffers] + [q for q in kp.saved_params if q not in saved.params]
+        if missing:
+            raise BackendError(f"the backward phase of {kp.name} reads {', '.join(missing)}: not in the saved values")
+        bufs, p = self._launch_program(x, params, "backward", fill, dout, saved)
+        assert kp.input_grad is not None
+        return bufs[kp.input_grad].view(self.rows["node"], -1), {name: p[g] for name, g in kp.param_grads.items()}
+
+    def _launch_program(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], phase: str, fill: float | None,
+                        dout: torch.Tensor | None = None, saved: Saved | None = None
+                        ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """Binds a run's buffers and params, then runs the ``phase``'s kernels: ``forward`` (a forward
+        program's, or a training program's first ``forward_kernels``), ``backward`` (the rest, on the
+        ``saved`` values) or ``step`` (all of a training program's). Returns the buffers and the params."""
         kp, dev = self.kp, self.device
         n = self.rows["node"]
-        xin = _aligned(x.to(device=dev, dtype=KERNEL_DTYPE).reshape(n, -1))
         p = {name: _aligned(t.to(device=dev, dtype=KERNEL_DTYPE)) for name, t in params.items()}
-        bufs: dict[str, torch.Tensor] = {kp.input: xin}
-        kernels = kp.kernels
+        bufs: dict[str, torch.Tensor] = {kp.input: _aligned(x.to(device=dev, dtype=KERNEL_DTYPE).reshape(n, -1))}
+        if saved is not None:
+            p.update({name: _aligned(saved.params[name].to(device=dev, dtype=KERNEL_DTYPE))
+                      for name in kp.saved_params})
+            bufs.update({b: self._saved_buffer(b, saved.buffers[b]) for b in kp.saved})
         if dout is not None:
             assert kp.dout is not None
             bufs[kp.dout] = _aligned(dout.to(device=dev, dtype=KERNEL_DTYPE).reshape(n, -1))
             # zeroed: the weight-gradient kernels add their partial sums into them (or overwrite them)
             p.update({grad: torch.zeros(param_full_shape(kp, name, self.arrays), device=dev, dtype=KERNEL_DTYPE)
                       for name, grad in kp.param_grads.items()})
-        elif kp.is_training:
-            kernels = kp.kernels[:kp.forward_kernels]
-        for name, b in kp.buffers.items():
-            if name in bufs:
-                continue
-            shape = (self.rows[b.domain], b.width)
-            if name in kp.zero_init:
-                bufs[name] = torch.zeros(shape, device=dev, dtype=KERNEL_DTYPE)
-            elif fill is not None:
-                bufs[name] = torch.full(shape, fill, device=dev, dtype=KERNEL_DTYPE)
-            else:
-                bufs[name] = torch.empty(shape, device=dev, dtype=KERNEL_DTYPE)
+        self._allocate(bufs, fill)
         with self._context():
-            for k in kernels:
+            for k in self._phase_kernels(phase):
                 if isinstance(k, WeightKernel):
                     p[k.out] = _aligned(fold_weights(k, p, self.device_arrays, kp.param_shapes).to(KERNEL_DTYPE))
                     continue
                 self._run_unit(self._by_name[k.name], bufs, p)
         return bufs, p
+
+    def _phase_kernels(self, phase: str) -> list[Any]:
+        kp = self.kp
+        if not kp.is_training or phase == "step":
+            return list(kp.kernels)
+        return list(kp.kernels[:kp.forward_kernels] if phase == "forward" else kp.kernels[kp.forward_kernels:])
+
+    def _saved_buffer(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        """A saved buffer as the backward's kernels read it; a copy where the backward writes it (the
+        caller's stays as the forward left it: a second backward on it gets the same)."""
+        b = self.kp.buffers[name]
+        t = _aligned(t.to(device=self.device, dtype=KERNEL_DTYPE).reshape(self.rows[b.domain], b.width))
+        return t.clone() if name in self._backward_writes else t
+
+    @property
+    def _backward_writes(self) -> set[str]:
+        kp = self.kp
+        return set().union(*(k.writes() for k in kp.kernels[kp.forward_kernels:])) if kp.is_training else set()
+
+    def _allocate(self, bufs: dict[str, torch.Tensor], fill: float | None) -> None:
+        """Every buffer not bound yet: zeroed where the program adds into it, else ``fill`` or uninitialized."""
+        for name, b in self.kp.buffers.items():
+            if name in bufs:
+                continue
+            shape = (self.rows[b.domain], b.width)
+            if name in self.kp.zero_init:
+                bufs[name] = torch.zeros(shape, device=self.device, dtype=KERNEL_DTYPE)
+            elif fill is not None:
+                bufs[name] = torch.full(shape, fill, device=self.device, dtype=KERNEL_DTYPE)
+            else:
+                bufs[name] = torch.empty(shape, device=self.device, dtype=KERNEL_DTYPE)
 
     def _context(self) -> Any:
         return contextlib.nullcontext()
@@ -503,6 +570,8 @@ class CudaProgram(ProgramRunner):
         self.graph_failure: str | None = None
         self._captured: _Captured | None = None  # the forward's recording
         self._captured_training: _Captured | None = None  # a training step's
+        self._captured_forward: _Captured | None = None  # a training program's forward phase
+        self._captured_backward: _Captured | None = None  # and its backward phase
         self._stream = 0
 
     def resource_problems(self) -> list[str]:
@@ -544,12 +613,50 @@ class CudaProgram(ProgramRunner):
             lambda inputs: self._run_training_launches(inputs[0], params, inputs[1]))
         return result
 
+    def _execute_forward(self, x: torch.Tensor, params: Mapping[str, torch.Tensor],
+                         fill: float | None = None) -> tuple[torch.Tensor, Saved]:
+        """The forward phase: recorded as a graph of its own, replayed like a run; what it saves is copied
+        out of the graph's memory (the caller holds it until the backward)."""
+        if fill is not None or not self.graphs:
+            return self._launches(super()._execute_forward, x, params, fill)
+        self._captured_forward, result = self._replayed(
+            self._captured_forward, (x,), _graph_key(x, params),
+            lambda inputs: self._launches(super(CudaProgram, self)._execute_forward, inputs[0], params))
+        return result
+
+    def _execute_backward(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], saved: Saved,
+                          dout: torch.Tensor, fill: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The backward phase: recorded as a graph of its own whose inputs are ``x``, ``dout`` and the saved
+        values (copied in before each replay: every forward's saved tensors are others)."""
+        kp = self.kp
+        if fill is not None or not self.graphs:
+            return self._launches(super()._execute_backward, x, params, saved, dout, fill)
+        buffers = [saved.buffers[b] for b in kp.saved]
+        derived = [saved.params[q] for q in kp.saved_params]
+        inputs = (x, dout, *buffers, *derived)
+        nb = len(buffers)
+
+        def run(inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            static = Saved(dict(zip(kp.saved, inputs[2:2 + nb])), dict(zip(kp.saved_params, inputs[2 + nb:])))
+            return self._launches(super(CudaProgram, self)._execute_backward, inputs[0], params, static, inputs[1])
+
+        key = _graph_key(x, params) + tuple(tuple(t.shape) for t in inputs[1:])
+        self._captured_backward, result = self._replayed(self._captured_backward, inputs, key, run, node_inputs=2)
+        return result
+
+    def _launches(self, phase: Callable[..., Any], *args: Any) -> Any:
+        """``phase(*args)`` launch by launch on torch's current stream."""
+        self._stream = torch.cuda.current_stream(self.device).cuda_stream
+        return phase(*args)
+
     def _replayed(self, captured: _Captured | None, inputs: tuple[torch.Tensor, ...], key: tuple[Any, ...],
-                  run: Callable[[tuple[torch.Tensor, ...]], Any]) -> tuple[_Captured | None, Any]:
+                  run: Callable[[tuple[torch.Tensor, ...]], Any], node_inputs: int | None = None
+                  ) -> tuple[_Captured | None, Any]:
         """``run(inputs)`` through ``captured``, recorded first when there is none or ``key`` changed; the
-        recording to keep and the result. When recording fails, the launches run one by one."""
+        recording to keep and the result. When recording fails, the launches run one by one. The first
+        ``node_inputs`` inputs (all by default) are node rows, the others are copied in their own shape."""
         if captured is None or captured.key != key:
-            captured = self._capture(inputs, run, key)
+            captured = self._capture(inputs, run, key, len(inputs) if node_inputs is None else node_inputs)
             if captured is None:
                 return None, run(inputs)
         return captured, self._replay(captured, inputs)
@@ -578,11 +685,12 @@ class CudaProgram(ProgramRunner):
         return super()._execute_training(x, params, dout, fill)
 
     def _capture(self, inputs: tuple[torch.Tensor, ...], run: Callable[[tuple[torch.Tensor, ...]], Any],
-                 key: tuple[Any, ...]) -> _Captured | None:
-        """``run`` recorded on input buffers of its own (copies of ``inputs``, node rows); None when recording fails."""
+                 key: tuple[Any, ...], node_inputs: int) -> _Captured | None:
+        """``run`` recorded on input buffers of its own (copies of ``inputs``: the first ``node_inputs`` as
+        node rows); None when recording fails."""
         n = self.rows["node"]
-        static = tuple(torch.empty((n, t.numel() // max(n, 1)), device=self.device, dtype=KERNEL_DTYPE)
-                       for t in inputs)
+        static = tuple(torch.empty((n, t.numel() // max(n, 1)) if i < node_inputs else tuple(t.shape),
+                                   device=self.device, dtype=KERNEL_DTYPE) for i, t in enumerate(inputs))
         for buffer, t in zip(static, inputs):
             buffer.copy_(t.reshape(buffer.shape))
         try:
@@ -659,11 +767,14 @@ def _graph_key(x: torch.Tensor, params: Mapping[str, torch.Tensor]) -> tuple[Any
 
 
 def _cloned(outputs: Any) -> Any:
-    """A copy of a run's outputs (a tensor, or a :data:`TrainingResult`) out of a recorded graph's memory."""
+    """A copy of a run's outputs (tensors, in tuples, dicts or a :class:`Saved`) out of a recorded graph's memory."""
     if isinstance(outputs, torch.Tensor):
         return outputs.clone()
-    out, dx, grads = outputs
-    return out.clone(), dx.clone(), {name: g.clone() for name, g in grads.items()}
+    if isinstance(outputs, Saved):
+        return Saved(_cloned(outputs.buffers), _cloned(outputs.params))
+    if isinstance(outputs, dict):
+        return {name: _cloned(t) for name, t in outputs.items()}
+    return tuple(_cloned(t) for t in outputs)
 
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:
