@@ -602,9 +602,12 @@ def test_emulated_forward_program_runs_as_before() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # hgt has 960 forward IR configurations: about 0.4 s each on the emulator, more when cold
 @pytest.mark.parametrize("model", sorted(MODELS))
 def test_every_ir_configuration_on_the_emulator(model: str, errors: _Errors) -> None:
-    """Every IR configuration's training program at the default schedule, on the edge-case graph."""
+    """Every IR configuration's training program at the default schedule, on the edge-case graph: every
+    combination of the forward's IR knobs, each with one ``autodiff.save`` in turn (all three tripled the
+    run; each value meets every other knob's values, and the phase tests take each on every model)."""
     from rgtune.codegen.cuda.emulate import EmulatedProgram
 
     _needs_cxx()
@@ -612,7 +615,7 @@ def test_every_ir_configuration_on_the_emulator(model: str, errors: _Errors) -> 
     space = _space(model, g, (12, 12))
     tol = tolerance(g)
     count = 0
-    for cfg in space.ir_configs():
+    for cfg in _save_in_turn(space):
         point = _valid_point(space, cfg)
         kp = point.kernels
         x, params, dout = _inputs(kp, g, 12, 12)
@@ -620,7 +623,16 @@ def test_every_ir_configuration_on_the_emulator(model: str, errors: _Errors) -> 
         result = _phased(EmulatedProgram(kp, generate(kp, point.config).units, g), x, params, dout)
         errors.add(model, _compare(result, ref, f"{model} with {point.config}", tol), tol)
         count += 1
-    assert count == len(list(space.ir_configs()))
+    assert count * len(space.knob("autodiff.save").choices) == len(list(space.ir_configs()))
+
+
+def _save_in_turn(space: SearchSpace) -> list[dict[str, Any]]:
+    """Every IR configuration of the forward's knobs, the n-th with the n-th ``autodiff.save`` value (cyclically)."""
+    saves = space.knob("autodiff.save").choices
+    forward: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for cfg in space.ir_configs():
+        forward.setdefault(tuple(sorted((k, v) for k, v in cfg.items() if k != "autodiff.save")), cfg)
+    return [{**cfg, "autodiff.save": saves[i % len(saves)]} for i, cfg in enumerate(forward.values())]
 
 
 @pytest.mark.slow

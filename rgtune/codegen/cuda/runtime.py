@@ -13,11 +13,15 @@ shared memory), and runs the program on torch CUDA tensors without copies: point
 current stream. Every launch's grid and fixed arguments are bound once (:meth:`ProgramRunner._plan`),
 and by default the whole program is recorded as a CUDA graph on its first run and replayed.
 
-Training programs (:attr:`KernelProgram.is_training`): :meth:`ProgramRunner.run_training` also
-binds the output's gradient (``dout``, a second input) and returns the input's gradient and every
-gradient param (fresh zeroed tensors of the param's full shape per call, which the weight-gradient
-kernels add into or overwrite); :meth:`ProgramRunner.run` of a training program runs its forward
-kernels only. A training step is recorded as a graph of its own.
+Training programs (:attr:`KernelProgram.is_training`) run in two phases, as a layer in a model trains:
+:meth:`ProgramRunner.run_forward` runs the forward kernels and returns the output and a
+:class:`~rgtune.codegen.base.Saved` (fresh tensors: the buffers the backward reads and the weights the
+forward folded); :meth:`ProgramRunner.run_backward` binds them with the output's gradient (``dout``)
+and runs the backward kernels into fresh zeroed gradient params of the params' full shapes (which the
+weight-gradient kernels add into or overwrite); a saved buffer the backward writes is copied first,
+so the caller's stays as the forward left it. :meth:`ProgramRunner.run_training` runs both in one
+go; :meth:`ProgramRunner.run` of a training program runs its forward kernels only. On a GPU each
+phase (and a whole step) is recorded as a CUDA graph of its own.
 
 Dtypes: the kernels read and write float32 (:data:`KERNEL_DTYPE`). A run casts ``x`` and the
 params to float32 on the program's device (a copy only when they are not already), allocates
@@ -530,8 +534,8 @@ class _Captured:
 
     key: tuple[Any, ...]
     graph: Any  # torch.cuda.CUDAGraph
-    inputs: tuple[torch.Tensor, ...]  # x (and a training step's dout), copied in before each replay
-    outputs: Any  # what a run returns, in the graph's memory: the output, or a TrainingResult
+    inputs: tuple[torch.Tensor, ...]  # x (a backward's dout and saved values too), copied in before each replay
+    outputs: Any  # what a run returns, in the graph's memory: the output, a TrainingResult, a phase's
     stream: Any = None  # the torch.cuda.Stream of the last replay
 
 
