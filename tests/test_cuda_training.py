@@ -220,6 +220,7 @@ def test_every_ir_configuration_compiles(model: str, graph, ledger: _Ledger) -> 
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # 200 schedules' new units, each for sm_80 and sm_90: over 600 s on a shared 2-core machine
 @pytest.mark.parametrize("model", sorted(MODELS))
 def test_random_training_schedules_compile(model: str, graph, ledger: _Ledger) -> None:
     space = _space(model, graph)
