@@ -255,26 +255,46 @@ def _dims(model: str, heads: int | None = None, dims: tuple[int, int] = DIMS) ->
 
 #: shards of a model's IR configurations (one test each: a test stays within the suite's per-test timeout)
 SHARDS = {"rgcn": 1, "rgat": 2, "hgt": 6}
+#: the default run's sample: this many IR configurations per model, spread over the shuffled order
+SAMPLE = 24
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("model,shard", [(m, i) for m in sorted(MODELS) for i in range(SHARDS[m])])
-def test_every_ir_configuration_matches_reference(model: str, shard: int, backend: CpuBackend, aifb: HeteroGraph,
-                                                  edge_graph: HeteroGraph, one_type: HeteroGraph) -> None:
-    """Every IR configuration (``autodiff.save`` included) once over the model's shards, on one of the three graphs in turn, in a
-    shuffled order (the configurations come ordered by their knobs: in that order a graph would see one
-    value of the fastest-varying knob alone)."""
+def _matrix(model: str, aifb: HeteroGraph, edge_graph: HeteroGraph, one_type: HeteroGraph) -> list:
+    """Every IR configuration once, on one of the three graphs in turn, in a shuffled order (the
+    configurations come ordered by their knobs: in that order a graph would see one value of the
+    fastest-varying knob alone)."""
     graphs = [workload(model, _dims(model), g) for g in (aifb, edge_graph, one_type)]
     cfgs = list(graphs[0].space.ir_configs())
     random.Random(0).shuffle(cfgs)
-    cases = [(model, w, runnable(w.space, cfg)) for i, cfg in enumerate(cfgs) for w in [graphs[i % 3]]]
+    return [(model, w, runnable(w.space, cfg)) for i, cfg in enumerate(cfgs) for w in [graphs[i % 3]]]
+
+
+@pytest.mark.slow
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("model,shard", [(m, i) for m in sorted(MODELS) for i in range(SHARDS[m])])
+def test_every_ir_configuration_matches_reference(model: str, shard: int, backend: CpuBackend, aifb: HeteroGraph,
+                                                  edge_graph: HeteroGraph, one_type: HeteroGraph) -> None:
+    """Every IR configuration (``autodiff.save`` included) once over the model's shards (see :func:`_matrix`)."""
+    cases = _matrix(model, aifb, edge_graph, one_type)
     # this shard's share: every SHARDS[model]-th triple of the shuffled order (a triple: one case per graph)
     cases = [c for j, c in enumerate(cases) if (j // 3) % SHARDS[model] == shard]
-    for w in graphs:
-        mine = [c for _, cw, c in cases if cw is w]
-        assert {c["autodiff.save"] for c in mine} == {"all", "nodes", "input"}, w.graph.name
+    for g in (aifb, edge_graph, one_type):
+        mine = [c for _, cw, c in cases if cw.graph is g]
+        assert {c["autodiff.save"] for c in mine} == {"all", "nodes", "input"}, g.name
     stats = verify(backend, cases)
     assert stats["programs"] >= len(cases) // 6  # configurations differ: most are programs of their own
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_a_sample_of_ir_configurations_matches_reference(model: str, backend: CpuBackend, aifb: HeteroGraph,
+                                                         edge_graph: HeteroGraph, one_type: HeteroGraph) -> None:
+    """:data:`SAMPLE` IR configurations of the shuffled matrix, spread evenly (the exhaustive test
+    above takes all of them)."""
+    cases = _matrix(model, aifb, edge_graph, one_type)
+    cases = cases[::max(1, len(cases) // SAMPLE)]
+    assert {c["autodiff.save"] for _, _, c in cases} == {"all", "nodes", "input"}
+    verify(backend, cases)
 
 
 @pytest.mark.slow
@@ -292,17 +312,20 @@ def test_four_heads_match_reference(model: str, backend: CpuBackend, edge_graph:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", sorted(MODELS))
-def test_random_training_schedules_match_reference(model: str, backend: CpuBackend, synthetic: HeteroGraph,
-                                                   aifb: HeteroGraph) -> None:
-    """200 random training schedules (IR and schedule knobs) on a synthetic graph, the first 4 on AIFB too."""
+@pytest.mark.parametrize("model,count", [(m, n) if n == 20 else pytest.param(m, n, marks=pytest.mark.exhaustive)
+                                         for m in sorted(MODELS) for n in (20, 200)])
+def test_random_training_schedules_match_reference(model: str, count: int, backend: CpuBackend,
+                                                   synthetic: HeteroGraph, aifb: HeteroGraph) -> None:
+    """``count`` random training schedules (IR and schedule knobs) on a synthetic graph, the first 4 on
+    AIFB too (200: exhaustive; the default run takes the first 20 of the same draws)."""
     w = workload(model, _dims(model), synthetic)
     rng = random.Random(2024)
-    configs = [w.space.sample(rng) for _ in range(200)]
+    configs = [w.space.sample(rng) for _ in range(count)]
     cases = [(model, w, c) for c in configs] + [(model, workload(model, _dims(model), aifb), c) for c in configs[:4]]
     verify(backend, cases)
-    for knob in BACKWARD_KNOBS:  # the random draws reach every value of the backward templates' knobs
-        assert {c[knob] for c in configs} == set(CPU_SCHEDULE.knobs()[knob].choices), knob
+    if count >= 200:
+        for knob in BACKWARD_KNOBS:  # the random draws reach every value of the backward templates' knobs
+            assert {c[knob] for c in configs} == set(CPU_SCHEDULE.knobs()[knob].choices), knob
 
 
 def test_small_graph_quick(backend: CpuBackend) -> None:
