@@ -10,8 +10,10 @@ call's tensors (``data_ptr()``, no copies) and calls the kernels in order.
 Threads: every kernel runs with ``torch.get_num_threads()`` OpenMP threads (read per call;
 torch and the kernels share one libgomp, torch's).
 
-Intermediate buffers are allocated on the first call and reused (zeroed when the program
-says so); the output is a fresh tensor every call, so outputs of two calls never alias. Every
+Intermediate buffers live in a workspace allocated on the first call and reused: buffers whose
+live intervals do not overlap share memory (:mod:`rgtune.codegen.buffer_plan`; a zeroed one is
+zeroed just before its first kernel); the output is a fresh tensor every call, so outputs of two
+calls never alias. Every
 buffer is allocated as :data:`KERNEL_DTYPE` (float32), never in torch's default dtype: the
 kernels write float32 whatever ``torch.set_default_dtype`` says. Inputs and params must be
 float32 already; any other dtype is a ``TypeError`` naming the tensor (no silent cast).
@@ -30,8 +32,9 @@ params the forward folded (``kp.saved_params``), each allocated for the call (ne
 caller holds them until the backward, and several forwards may be in flight before their backwards).
 :meth:`CpuRuntime.run_backward` takes them, the output's gradient ``dout`` (float32, checked like
 ``x``) and returns the input's gradient and every gradient param (``kp.param_grads``), each a fresh
-tensor of the param's full shape. Buffers the program zeroes are zeroed at the start of each phase
-(the saved ones excepted). A gradient param is written whole by the first kernel that writes it
+tensor of the param's full shape. Buffers the program zeroes are zeroed before their first kernel
+(the saved ones excepted). The two phases share one planned workspace: a forward's dead buffers and
+a backward's never hold values at once. A gradient param is written whole by the first kernel that writes it
 (zeros for a type without rows) and added to by the next ones (``accumulate``: a weight used twice);
 one whose first writer accumulates starts at zero. :meth:`CpuRuntime.run_training` is the two phases
 in a row; :meth:`CpuRuntime.run` of a training program runs its forward kernels alone. A scatter with
@@ -61,6 +64,7 @@ import numpy as np
 import torch
 
 from rgtune.codegen.base import Saved, TrainingResult
+from rgtune.codegen.buffer_plan import live_intervals, plan_slots
 from rgtune.codegen.cpu.generate import GeneratedProgram, KernelSource
 from rgtune.codegen.cpu.rows import GRAPH_CONSTANTS, INDEX_ARRAYS
 from rgtune.codegen.cpu.schedule import CPU_SCHEDULE
@@ -149,6 +153,7 @@ class CpuRuntime:
         self.keep: list[torch.Tensor] = []  # graph-side arrays the contexts point at
         self.blas: dict[str, _BlasGemm | _BlasWeightGrad] = {}
         self.scratch_shapes: dict[str, tuple[int, ...]] = {}
+        self._scratch_of: dict[str, str] = {}  # scratch -> the kernel that uses it
         derived = {k.out for k in kp.kernels if isinstance(k, WeightKernel)} | set(kp.param_grads.values())
         self.param_shapes = {n: param_full_shape(kp, n, self.a) for n in kp.param_shapes if n not in derived}
         #: gradient param -> (full shape, whether it starts at zero: its first writer accumulates)
@@ -159,8 +164,50 @@ class CpuRuntime:
             if isinstance(k, WeightGradKernel) and k.name not in self.bound:
                 self.blas[k.name] = self._blas_weightgrad(k)
         self.steps = self._steps()
-        self.workspace: dict[str, torch.Tensor] = {}
+        self._plan_workspace()
+        self.workspace: dict[str, torch.Tensor] = {}  # planned name -> its view of a slot (first call)
         self._lock = threading.Lock()  # one call at a time: calls share the workspace and the contexts
+
+    def _plan_workspace(self) -> None:
+        """Which intermediate buffers and scratch arrays share memory (:mod:`rgtune.codegen.buffer_plan`):
+        all but the caller's (input, ``dout``, output, input gradient) and a training program's saved
+        buffers (fresh per call). A zeroed buffer is zeroed just before the kernel that first touches
+        it, since its slot may hold an earlier buffer's values until then."""
+        kp, a = self.kp, self.a
+        own = {kp.input, kp.dout, kp.output, kp.input_grad, *kp.saved}
+        names = [n for n in kp.buffers if n not in own]
+        self._shapes = {n: (a.rows(kp.buffers[n].domain), kp.buffers[n].width) for n in names}
+        self._shapes.update(self.scratch_shapes)
+        intervals = live_intervals(kp.kernels, names)
+        index = {k.name: i for i, k in enumerate(kp.kernels)}
+        intervals.update({n: (index[k], index[k]) for n, k in self._scratch_of.items()})
+        for j, n in enumerate(n for n in names if n not in intervals):  # touched by no kernel: a slot each
+            intervals[n] = (len(kp.kernels) + j, len(kp.kernels) + j)
+        sizes = {n: int(np.prod(self._shapes[n])) for n in intervals}
+        self._slot_of, self._slot_sizes = plan_slots(intervals, sizes)
+        self._zero_at: dict[int, list[str]] = {}
+        for n in sorted(kp.zero_init & set(names)):
+            self._zero_at.setdefault(intervals[n][0], []).append(n)
+
+    @property
+    def workspace_bytes(self) -> int:
+        """The memory of the planned workspace (the slots), held from the first call on."""
+        return sum(self._slot_sizes) * torch.tensor([], dtype=KERNEL_DTYPE).element_size()
+
+    def _materialize_workspace(self) -> None:
+        if self.workspace or not self._slot_of:
+            return
+        slots = [_kernel_buffer((size,)) for size in self._slot_sizes]
+        self.workspace = {n: slots[s][:int(np.prod(self._shapes[n]))].view(self._shapes[n])
+                          for n, s in self._slot_of.items()}
+
+    def _run_steps(self, lo: int, hi: int, bufs: dict[str, torch.Tensor], params: dict[str, torch.Tensor]) -> None:
+        """Kernels ``lo:hi`` in order, zeroing each planned zeroed buffer at its first kernel."""
+        for i in range(lo, hi):
+            for name in self._zero_at.get(i, ()):
+                if name in self.workspace and bufs.get(name) is self.workspace[name]:
+                    bufs[name].zero_()
+            self.steps[i](bufs, params)
 
     # ------------------------------------------------------------------ binding
     def _pointer(self, t: torch.Tensor | None) -> int:
@@ -202,6 +249,7 @@ class CpuRuntime:
             for part in ("max", "sum"):
                 b.scratch[f"traversal_{part}"] = f"{k.name}_{part}"
                 self.scratch_shapes[f"{k.name}_{part}"] = (a.num_nodes * w,)
+                self._scratch_of[f"{k.name}_{part}"] = k.name
         return b
 
     def _bind_gemm(self, k: GemmKernel, b: _Bound) -> None:
@@ -227,6 +275,7 @@ class CpuRuntime:
         b.set("gemm_inplace", int(inplace))
         if not inplace:
             self.scratch_shapes[f"{k.name}_staged"] = (n, nout)
+            self._scratch_of[f"{k.name}_staged"] = k.name
 
     def _bind_scatter(self, k: ScatterKernel, b: _Bound) -> None:
         """``owner``: the rows grouped by target (a permutation and the targets' offsets into it)."""
@@ -269,6 +318,7 @@ class CpuRuntime:
             b.scratch["weightgrad_partial"] = f"{k.name}_partial"
             wsize = WeightGradShape.of(k, self.kp).wsize
             self.scratch_shapes[f"{k.name}_partial"] = ((groups.numel() - 1) * wsize,)
+            self._scratch_of[f"{k.name}_partial"] = k.name
 
     def _blas_weightgrad(self, k: WeightGradKernel) -> _BlasWeightGrad:
         """The per-type segments of a BLAS weight gradient (cached per graph) and what it gathers."""
@@ -425,10 +475,9 @@ class CpuRuntime:
         with self._lock, torch.no_grad():
             x = self._check_input(x)
             p = self._check_params(params)
-            bufs = self._buffers(x)
-            steps = self.steps if self.kp.forward_kernels is None else self.steps[:self.kp.forward_kernels]
-            for step in steps:
-                step(bufs, p)
+            bufs = self._buffers(x, fresh=set(self.kp.saved))
+            end = len(self.steps) if self.kp.forward_kernels is None else self.kp.forward_kernels
+            self._run_steps(0, end, bufs, p)
             return bufs[self.kp.output].view(self.a.num_nodes, -1)
 
     def run_training(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], dout: torch.Tensor) -> TrainingResult:
@@ -448,8 +497,7 @@ class CpuRuntime:
             x = self._check_input(x)
             p = self._check_params(params)
             bufs = self._buffers(x, fresh=set(kp.saved))
-            for step in self.steps[:kp.forward_kernels]:
-                step(bufs, p)
+            self._run_steps(0, kp.forward_kernels, bufs, p)  # type: ignore[arg-type]
             saved = Saved({b: bufs[b] for b in kp.saved}, {q: p[q] for q in kp.saved_params})
             return bufs[kp.output].view(self.a.num_nodes, -1), saved
 
@@ -468,8 +516,7 @@ class CpuRuntime:
             for g, (shape, zero) in self.grad_shapes.items():
                 p[g] = _kernel_buffer(shape, zero)  # fresh: the caller keeps the gradients
             bufs = self._buffers(x, dout, given)
-            for step in self.steps[kp.forward_kernels:]:
-                step(bufs, p)
+            self._run_steps(kp.forward_kernels, len(self.steps), bufs, p)  # type: ignore[arg-type]
             grads = {name: p[g] for name, g in kp.param_grads.items()}
             return bufs[kp.input_grad].view(self.a.num_nodes, -1), grads  # type: ignore[index]
 
@@ -516,28 +563,21 @@ class CpuRuntime:
                  fresh: set[str] | frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
         """This call's buffers: the input, ``dout``, the ``given`` (a backward's saved ones), and the rest:
         the output, the input's gradient and the ``fresh`` ones (a forward's saved ones) allocated for
-        the call, the others from the workspace; zeroed where the program says so."""
+        the call (zeroed where the program says so), the others views of the planned workspace (zeroed
+        at their first kernel: :meth:`_run_steps`)."""
         kp, a = self.kp, self.a
+        self._materialize_workspace()
         bufs = {kp.input: x, **(given or {})}
         if kp.dout is not None and dout is not None:
             bufs[kp.dout] = dout
         for name, b in kp.buffers.items():
             if name in bufs:
                 continue
-            shape = (a.rows(b.domain), b.width)
-            zero = name in kp.zero_init
-            if name in (kp.output, kp.input_grad) or name in fresh:  # the caller's: never a workspace alias
-                bufs[name] = _kernel_buffer(shape, zero)
+            if name in self.workspace and name not in fresh:
+                bufs[name] = self.workspace[name]
                 continue
-            t = self.workspace.get(name)
-            if t is None or tuple(t.shape) != shape:
-                t = self.workspace[name] = _kernel_buffer(shape)
-            if zero:
-                t.zero_()
-            bufs[name] = t
-        for name, shape in self.scratch_shapes.items():
-            if name not in self.workspace:
-                self.workspace[name] = _kernel_buffer(shape)
+            # the caller's (output, input gradient, saved ones): never a workspace alias
+            bufs[name] = _kernel_buffer((a.rows(b.domain), b.width), name in kp.zero_init)
         return bufs
 
 
