@@ -221,12 +221,15 @@ def test_every_ir_configuration_compiles(model: str, graph, ledger: _Ledger) -> 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # 200 schedules' new units, each for sm_80 and sm_90: over 600 s on a shared 2-core machine
-@pytest.mark.parametrize("model", sorted(MODELS))
-def test_random_training_schedules_compile(model: str, graph, ledger: _Ledger) -> None:
+@pytest.mark.parametrize("model,count", [(m, 20) if full is False else pytest.param(m, RANDOM_SCHEDULES,
+                                                                                    marks=pytest.mark.exhaustive)
+                                         for m in sorted(MODELS) for full in (False, True)])
+def test_random_training_schedules_compile(model: str, count: int, graph, ledger: _Ledger) -> None:
+    """``count`` random training schedules compile (the default run: the first 20 of the same draws)."""
     space = _space(model, graph)
     rng = random.Random(f"cuda-train-{model}")
     programs = []
-    for _ in range(RANDOM_SCHEDULES):
+    for _ in range(count):
         cfg = space.sample(rng)
         programs.append(generate(space.compile(cfg).kernels, cfg))
     problems = ledger.compile(f"{model} random", programs)
@@ -604,11 +607,13 @@ def test_emulated_forward_program_runs_as_before() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # hgt has 960 forward IR configurations: about 0.4 s each on the emulator, more when cold
-@pytest.mark.parametrize("model", sorted(MODELS))
-def test_every_ir_configuration_on_the_emulator(model: str, errors: _Errors) -> None:
-    """Every IR configuration's training program at the default schedule, on the edge-case graph: every
-    combination of the forward's IR knobs, each with one ``autodiff.save`` in turn (all three tripled the
-    run; each value meets every other knob's values, and the phase tests take each on every model)."""
+@pytest.mark.parametrize("model,every", [(m, 1) if m == "rgcn" else (m, 13) for m in sorted(MODELS)]
+                         + [pytest.param(m, 1, marks=pytest.mark.exhaustive) for m in ("hgt", "rgat")])
+def test_every_ir_configuration_on_the_emulator(model: str, every: int, errors: _Errors) -> None:
+    """Every ``every``-th IR configuration's training program at the default schedule, on the edge-case
+    graph: combinations of the forward's IR knobs, each with one ``autodiff.save`` in turn (all three
+    tripled the run; each value meets every other knob's values, and the phase tests take each on every
+    model). The default run takes every 13th of RGAT's and HGT's; the exhaustive run all."""
     from rgtune.codegen.cuda.emulate import EmulatedProgram
 
     _needs_cxx()
@@ -616,7 +621,7 @@ def test_every_ir_configuration_on_the_emulator(model: str, errors: _Errors) -> 
     space = _space(model, g, (12, 12))
     tol = tolerance(g)
     count = 0
-    for cfg in _save_in_turn(space):
+    for cfg in _save_in_turn(space)[::every]:
         point = _valid_point(space, cfg)
         kp = point.kernels
         x, params, dout = _inputs(kp, g, 12, 12)
@@ -624,7 +629,8 @@ def test_every_ir_configuration_on_the_emulator(model: str, errors: _Errors) -> 
         result = _phased(EmulatedProgram(kp, generate(kp, point.config).units, g), x, params, dout)
         errors.add(model, _compare(result, ref, f"{model} with {point.config}", tol), tol)
         count += 1
-    assert count * len(space.knob("autodiff.save").choices) == len(list(space.ir_configs()))
+    forward_configs = len(list(space.ir_configs())) // len(space.knob("autodiff.save").choices)
+    assert count == len(range(0, forward_configs, every))
 
 
 def _save_in_turn(space: SearchSpace) -> list[dict[str, Any]]:
