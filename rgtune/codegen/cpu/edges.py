@@ -297,23 +297,7 @@ def _softmax_aggregate_dst(f: CFunction, st: SoftmaxAggregate, kp: KernelProgram
 
 
 def _aggregate_edge(f: CFunction, st: AggregateStage, kp: KernelProgram, chunk: int) -> None:
-    ob = kp.buffers[st.out]
-    out, ne = f.use(st.out, writes=True), f.use("num_edges")
-    B = f.body
-    B.line(f"#pragma omp parallel for schedule(dynamic, {chunk}) num_threads(c->num_threads)")
-    with B.block(f"for (int64_t e = 0; e < {ne}; ++e)"):
-        b = _Body(f, kp, "edge", "e")
-        tgt = b.rows.var(st.out_via)
-        at = _row_of(out, ob.heads, ob.dim, tgt)
-        with b.lines.block(f"for (int h = 0; h < {ob.heads}; ++h)"):
-            d = "d" if ob.dim > 1 else "0"
-            value = b.em.element(st.message, "h", d)
-            b.lines.extend(b.em.take_statements())
-            with b.lines.block(f"for (int d = 0; d < {ob.dim}; ++d)"):
-                b.lines.line(f"const float val = {value};")
-                b.lines.line("#pragma omp atomic")
-                b.lines.line(f"{at('h', d)} += val;")
-        b.flush(B, [st.message], prefetch=True)
+    _atomic_rows(f, kp, st.out, "edge", "e", "num_edges", st.out_via, st.message, chunk, prefetch=True)
 
 
 def _softmax_edge(f: CFunction, name: str, st: EdgeSoftmaxStage, kp: KernelProgram, chunk: int) -> None:
@@ -401,19 +385,28 @@ def _permuted_prefetch(f: CFunction, kp: KernelProgram, message: Expr, perm: str
 
 def _scatter_atomic(f: CFunction, k: ScatterKernel, kp: KernelProgram, chunk: int) -> None:
     """Rows in parallel in their order; each element added atomically (two rows may share a target)."""
-    ob = kp.buffers[k.out]
-    out, n = f.use(k.out, writes=True), f.use(ROW_COUNTS[k.rows])
+    # the prefetch reads edge index arrays: only edge rows have them
+    _atomic_rows(f, kp, k.out, k.rows, "r", ROW_COUNTS[k.rows], k.out_via, k.message, chunk,
+                 prefetch=k.rows == "edge")
+
+
+def _atomic_rows(f: CFunction, kp: KernelProgram, out_name: str, rows: str, var: str, count_field: str, via: str,
+                 message: Expr, chunk: int, prefetch: bool) -> None:
+    """``out[via(r)] += message(r)`` over ``rows`` in parallel in their order, each element added
+    atomically (two rows may share a target): an aggregation over edges, a scatter into sources."""
+    ob = kp.buffers[out_name]
+    out, count = f.use(out_name, writes=True), f.use(count_field)  # a context field's place: its first use
     B = f.body
     B.line(f"#pragma omp parallel for schedule(dynamic, {chunk}) num_threads(c->num_threads)")
-    with B.block(f"for (int64_t r = 0; r < {n}; ++r)"):
-        b = _Body(f, kp, k.rows, "r")
-        at = _row_of(out, ob.heads, ob.dim, b.rows.var(k.out_via))
+    with B.block(f"for (int64_t {var} = 0; {var} < {count}; ++{var})"):
+        b = _Body(f, kp, rows, var)
+        at = _row_of(out, ob.heads, ob.dim, b.rows.var(via))
         with b.lines.block(f"for (int h = 0; h < {ob.heads}; ++h)"):
             d = "d" if ob.dim > 1 else "0"
-            value = b.em.element(k.message, "h", d)
+            value = b.em.element(message, "h", d)
             b.lines.extend(b.em.take_statements())
             with b.lines.block(f"for (int d = 0; d < {ob.dim}; ++d)"):
                 b.lines.line(f"const float val = {value};")
                 b.lines.line("#pragma omp atomic")
                 b.lines.line(f"{at('h', d)} += val;")
-        b.flush(B, [k.message], prefetch=k.rows == "edge")  # the prefetch reads edge index arrays
+        b.flush(B, [message], prefetch=prefetch)
