@@ -33,3 +33,14 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     if _session_cache is not None:
         shutil.rmtree(_session_cache, ignore_errors=True)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Exhaustive matrices run only when asked for (``RGTUNE_EXHAUSTIVE=1``): the default run, CI's,
+    takes their samples."""
+    if os.environ.get("RGTUNE_EXHAUSTIVE") == "1":
+        return
+    skip = pytest.mark.skip(reason="exhaustive matrix: set RGTUNE_EXHAUSTIVE=1 to run it")
+    for item in items:
+        if item.get_closest_marker("exhaustive") is not None:
+            item.add_marker(skip)

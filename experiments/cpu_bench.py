@@ -1,11 +1,15 @@
-"""The CPU-backend benchmark: tune each layer (>= 100 measured points), then time it side by side.
+"""The CPU-backend benchmark: tune each layer (>= 100 measured points per mode), then time it side by side.
 
-For every model and dataset: ``tune --trials N --backend cpu --cost-model off`` (TPE alone, every
-point verified against the float64 reference), then ``rgtune bench`` in a fresh process (rgtune's
-best schedule, its torch lowering, the reference layer, PyG and DGL on the same graph, sizes,
-weights, input and threads; its row goes to BENCHMARKS.md, every repeat's time to ``--json``).
-Then per row the forward speedup over the faster of PyG and DGL, and the geometric mean over rows
-(``--summary-only``: from the JSON lines of earlier runs).
+For every model and dataset and each mode (``inference``: the forward; ``training``: one training
+step, forward then backward to the input and every parameter): ``tune --mode M --trials N
+--backend cpu --cost-model off`` (TPE alone, every point verified against the float64 reference:
+the output, and in training mode every gradient), then ``rgtune bench --memory`` in a fresh process
+(rgtune's best inference schedule for the forward and best training schedule for the training
+step, its torch lowering, the reference layer, PyG and DGL on the same graph, sizes, weights, input
+and threads, and each one's peak memory in its own process; the row goes to BENCHMARKS.md, every
+repeat's time to ``--json``). Then per row rgtune's speedup over the faster of PyG and DGL, forward
+and training step, and their geometric means (``--summary-only``: from the JSON lines of earlier
+runs).
 
 Examples::
 
@@ -25,47 +29,62 @@ from typing import Any, Sequence
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BASELINES = ("pyg", "dgl")
+#: bench's mode -> its column in the JSON lines
+COLUMNS = {"inference": "fwd", "training": "fwd+bwd"}
 
 
 def tune_and_bench(args: argparse.Namespace, model: str, dataset: str) -> None:
-    common = ["--model", model, "--dataset", dataset, *(["--data-dir", args.data_dir] if args.data_dir else [])]
-    for cmd in (["tune", *common, "--trials", str(args.trials), "--backend", "cpu", "--db", args.db, "--cost-model",
-                 "off", "--seed", str(args.seed), "--hidden", str(args.hidden), "--quiet"],
-                ["bench", *common, "--backend", "cpu", "--db", args.db, "--threads", str(args.threads), "--repeats",
-                 str(args.repeats), "--warmup", str(args.warmup), "--hidden", str(args.hidden), "--json",
-                 str(args.json), *(["--no-write"] if args.no_write else [])]):
+    common = ["--model", model, "--dataset", dataset, *(["--data-dir", args.data_dir] if args.data_dir else []),
+              "--hidden", str(args.hidden)]
+    cmds = [["tune", *common, "--mode", mode, "--trials", str(args.trials), "--backend", "cpu", "--db", args.db,
+             "--cost-model", "off", "--seed", str(args.seed), "--quiet"] for mode in args.modes.split(",")]
+    cmds.append(["bench", *common, "--backend", "cpu", "--db", args.db, "--threads", str(args.threads), "--repeats",
+                 str(args.repeats), "--warmup", str(args.warmup), "--json", str(args.json),
+                 *([] if args.no_memory else ["--memory"]), *(["--no-write"] if args.no_write else [])])
+    for cmd in cmds:
         print("$ " + " ".join(cmd), flush=True)
         subprocess.run([sys.executable, "-m", "rgtune.cli", *cmd], check=True)
 
 
+def _speedup(ms: dict[str, dict[str, float | None]], column: str) -> tuple[float | None, str | None]:
+    ours = ms.get("rgtune", {}).get(column)
+    base = {b: ms[b][column] for b in BASELINES if b in ms and ms[b].get(column) is not None}
+    faster = min(base, key=base.get) if base else None  # type: ignore[arg-type]
+    return ((base[faster] / ours) if faster and ours else None), faster
+
+
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The latest run per (model, dataset, sizes, threads): rgtune's forward vs the faster baseline."""
+    """The latest run per (model, dataset, sizes, threads): rgtune vs the faster baseline, per column."""
     latest = {(r["model"], r["dataset"], r["in_dim"], r["out_dim"], r["heads"], r["threads"]): r for r in rows}
     out = []
     for r in (latest[key] for key in sorted(latest)):
         ms = {k: v["median_ms"] for k, v in r["impls"].items()}
-        ours = ms.get("rgtune", {}).get("fwd")
-        base = {b: ms[b]["fwd"] for b in BASELINES if b in ms and ms[b]["fwd"] is not None}
-        faster = min(base, key=base.get) if base else None
-        out.append({"model": r["model"], "dataset": r["dataset"], "threads": r["threads"], "schedule": r["schedule"],
-                    "rgtune_fwd_ms": ours, **{f"{b}_fwd_ms": base.get(b) for b in BASELINES},
-                    "faster_baseline": faster, "speedup_fwd": (base[faster] / ours) if faster and ours else None,
-                    "rgtune_fwdbwd_ms": ms.get("rgtune", {}).get("fwd+bwd"),
-                    "best_baseline_fwdbwd_ms": min((ms[b]["fwd+bwd"] for b in BASELINES
-                                                    if b in ms and ms[b]["fwd+bwd"] is not None), default=None)})
+        row: dict[str, Any] = {"model": r["model"], "dataset": r["dataset"], "threads": r["threads"],
+                               "schedule": r["schedule"]}
+        for column in COLUMNS.values():
+            speedup, faster = _speedup(ms, column)
+            row[column] = {"rgtune_ms": ms.get("rgtune", {}).get(column),
+                           **{f"{b}_ms": ms.get(b, {}).get(column) for b in BASELINES},
+                           "faster_baseline": faster, "speedup": speedup}
+        row["peak_mb"] = {k: v.get("peak_mb", {}).get("fwd+bwd") for k, v in r["impls"].items()}
+        out.append(row)
     return out
 
 
 def print_summary(summary: list[dict[str, Any]]) -> None:
     f = lambda v: "-" if v is None else f"{v:.3g}"  # noqa: E731
-    print("\n| model | dataset | threads | rgtune fwd ms | PyG fwd ms | DGL fwd ms | speedup vs faster |\n"
-          "|---|---|---|---|---|---|---|")
-    for s in summary:
-        print(f"| {s['model']} | {s['dataset']} | {s['threads']} | {f(s['rgtune_fwd_ms'])} | {f(s['pyg_fwd_ms'])} | "
-              f"{f(s['dgl_fwd_ms'])} | {f(s['speedup_fwd'])}x ({s['faster_baseline']}) |")
-    speedups = [s["speedup_fwd"] for s in summary if s["speedup_fwd"]]
-    geomean = math.exp(sum(map(math.log, speedups)) / len(speedups)) if speedups else math.nan
-    print(f"\ngeomean forward speedup over the faster of PyG and DGL: {geomean:.2f}x over {len(speedups)} rows")
+    for column in COLUMNS.values():
+        print(f"\n{column}:\n| model | dataset | threads | rgtune ms | PyG ms | DGL ms | speedup vs faster | "
+              "training-step peak MB: rgtune / PyG / DGL |\n|---|---|---|---|---|---|---|---|")
+        for s in summary:
+            c, peak = s[column], s["peak_mb"]
+            print(f"| {s['model']} | {s['dataset']} | {s['threads']} | {f(c['rgtune_ms'])} | {f(c['pyg_ms'])} | "
+                  f"{f(c['dgl_ms'])} | {f(c['speedup'])}x ({c['faster_baseline']}) | "
+                  f"{' / '.join(f(peak.get(k)) for k in ('rgtune', 'pyg', 'dgl'))} |")
+        speedups = [s[column]["speedup"] for s in summary if s[column]["speedup"]]
+        geomean = math.exp(sum(map(math.log, speedups)) / len(speedups)) if speedups else math.nan
+        print(f"\ngeomean {column} speedup over the faster of PyG and DGL: {geomean:.2f}x over {len(speedups)} rows; "
+              f"lowest {min(speedups, default=math.nan):.2f}x")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -76,6 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--db", default="sqlite:///bench.db", help="trial database URL (default sqlite:///bench.db)")
     p.add_argument("--data-dir", default=None, help="dataset root (default $RGTUNE_DATA_DIR)")
     p.add_argument("--trials", type=int, default=100, help="measured trials per search (default 100)")
+    p.add_argument("--modes", default="inference,training", help="modes tuned (default inference,training)")
+    p.add_argument("--no-memory", action="store_true", help="bench without the peak-memory processes")
     p.add_argument("--hidden", type=int, default=64, help="feature size in = out (default 64)")
     p.add_argument("--threads", type=int, default=2, help="threads for every implementation (default 2)")
     p.add_argument("--repeats", type=int, default=7, help="timed rounds (default 7)")

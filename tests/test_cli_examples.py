@@ -3,7 +3,7 @@
 The examples are collected, not copied: the fenced ``bash`` blocks of README.md, the commands and
 ``tune`` flags in docs/tuner.md's inline code, and the examples of ``rgtune --help`` and of each
 command's ``--help``. Each runs in one folder whose ``results.db`` holds what the README's
-training example tunes (rgcn, hidden 16) and the tune example's workload (hgt), as written
+training example tunes (rgcn, hidden 16, training mode) and the tune example's workload (hgt), as written
 except ``--trials``, which is 1 (and ``--confirm 0``): the flags are the documented ones, the
 budget is not. Parsed only, with the command's own parser: ``bench`` (times PyG and DGL, writes
 BENCHMARKS.md), anything on a GPU backend or a PostgreSQL server when there is none, and the
@@ -150,10 +150,11 @@ _RAN: set[tuple[str, ...]] = set()
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A folder whose results.db has a trial of the README's training workload and of the tune example's."""
+    """A folder whose results.db has a trial of the README's training workload (in training mode) and of
+    the tune example's."""
     folder = tmp_path_factory.mktemp("examples")
     with _cwd(folder):
-        for workload in (["--model", "rgcn", "--dataset", "aifb", "--hidden", "16"], WORKLOAD):
+        for workload in (["--model", "rgcn", "--dataset", "aifb", "--hidden", "16", "--mode", "training"], WORKLOAD):
             args = shrunk(["tune", *workload])
             assert main(args) == 0
             _RAN.add(tuple(args))
@@ -164,7 +165,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 def test_the_collection_finds_the_documented_examples() -> None:
     shown = {shlex.join(a) for a in documented()}
     for expected in ("tune --model hgt --dataset aifb", "rgtune datasets", "scripts/test",
-                     "rgtune export --model rgcn --dataset aifb --hidden 16 -o tuned_rgcn/",
+                     "rgtune export --model rgcn --dataset aifb --hidden 16 --mode training -o tuned_rgcn/",
                      "rgtune show --model rgat --dataset aifb --set compact.src=pair --set fusion.softmax=full --source",
                      "rgtune export --model hgt --dataset aifb -o tuned_hgt/",
                      "rgtune costmodel --eval --db sqlite:///results.db --holdout aifb",

@@ -390,3 +390,23 @@ def test_bench_prints_a_table_and_replaces_its_rows(tmp_path, capsys):
     rows = [ln for ln in text.splitlines() if ln.startswith("| rgcn |") or ln.startswith("| hgt |")]
     assert len(rows) == 4  # one main and one environment row per (model, dataset, sizes, backend)
     assert "`rgtune bench --model hgt" in text
+
+
+def test_bench_keeps_rows_written_before_the_memory_column(tmp_path):
+    from rgtune.bench.report import _MAIN_HEADER, _MAIN_HEADER_V1, BEGIN, END, _md_row, write_benchmarks
+    from rgtune.bench.layers import BenchResult, Impl
+    md = tmp_path / "BENCHMARKS.md"
+    old_row = ["hgt", "aifb", "64→64", "cuda", "trial 3", "1 / 2 / 3 / 4 / –", "5 / 6 / 7 / 8 / –", "16", "2026-11-24"]
+    md.write_text(f"intro\n\n{BEGIN}\n{_md_row(_MAIN_HEADER_V1)}\n|---|\n{_md_row(old_row)}\n{END}\n")
+    impl = Impl("rgtune", "rgtune tuned", None)
+    impl.times = {"fwd": [1e-3], "fwd+bwd": [2e-3]}
+    impl.peak_mb = {"fwd": 10.0, "fwd+bwd": 20.0}
+    res = BenchResult("rgcn", "aifb", 64, 64, 1, "cpu", "default", 2, 1, [impl], {"cpu": "x", "cores": 2, "threads": 2},
+                      {}, "rgtune bench", "2026-11-26")
+    write_benchmarks(md, res)
+    lines = md.read_text().splitlines()
+    assert _md_row(_MAIN_HEADER) in lines and _md_row(_MAIN_HEADER_V1) not in lines
+    old = next(ln for ln in lines if ln.startswith("| hgt | aifb |"))
+    assert old == _md_row(old_row[:7] + ["– / – / – / – / –"] + old_row[7:])  # kept, memory not measured
+    new = next(ln for ln in lines if ln.startswith("| rgcn | aifb |"))
+    assert "| 20 / – / – / – / – |" in new

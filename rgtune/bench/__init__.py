@@ -3,6 +3,7 @@
 * :mod:`.layers`: :func:`bench`, the implementations with copied weights, their checks and the
   interleaved timing;
 * :mod:`.baselines`: PyG's and DGL's layers with rgtune's weights, and where their math differs;
+* :mod:`.memory`: an implementation's peak memory (and step times) in a process of its own;
 * :mod:`.report`: the console table, the generated BENCHMARKS.md section, one JSON line per run.
 
 ``rgtune bench`` (:mod:`rgtune.cli.bench`) is the command line.

@@ -4,11 +4,16 @@ Every implementation gets the same graph, sizes, weights (copied; see :mod:`.bas
 where a library's math differs), input, thread count and device. Warm-up, then ``repeats``
 rounds; each round times every implementation once, in a rotating order, so that drift of a
 noisy machine spreads over all of them; the median is reported. Forward runs without autograd
-(inference); forward+backward computes the parameter gradients of ``sum(out * g)``.
+(inference); forward+backward is one training step of the layer without the optimizer (Hector's
+protocol): the forward, then the backward of ``sum(out * g)`` to the input and every parameter.
+``memory=True`` also measures each implementation's peak memory in its own process
+(:mod:`.memory`).
 
 Implementations:
 
-* ``rgtune``: :func:`rgtune.runtime.load_tuned` (generated forward kernels; torch backward);
+* ``rgtune``: :func:`rgtune.runtime.load_tuned`: the forward with the best inference schedule,
+  forward+backward with the best training schedule (``mode="training"``: generated backward
+  kernels on the buffers its forward saved, where the backend builds them);
 * ``lowering``: rgtune's torch executor of the kernel IR (default schedule, float32, autograd);
 * ``torch``: the reference layer of :mod:`rgtune.models` (float32);
 * ``pyg``, ``dgl``: the libraries' layers.
@@ -35,7 +40,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -47,19 +52,33 @@ MODES = ("fwd", "fwd+bwd")
 
 
 # ---------------------------------------------------------------------- implementations
+Layer = Callable[[Tensor], Tensor]
+
+
 @dataclass
 class Impl:
-    """One implementation under test: a forward closure, its parameters, its check."""
+    """One implementation under test: ``forward(x)``, its parameters, its check; ``train`` and
+    ``train_params`` where a training step runs another module (rgtune's training schedule)."""
 
     key: str
     name: str
-    forward: Callable[[], Tensor] | None
+    forward: Layer | None
     params: list[Tensor] = field(default_factory=list)
+    train: Layer | None = None
+    train_params: list[Tensor] | None = None
     error: float | None = None  # max |out - expected| / max |expected|
     math: str = "same math"
     problem: str | None = None  # why it could not run
     rows: Tensor | None = None
     times: dict[str, list[float]] = field(default_factory=lambda: {m: [] for m in MODES})
+    peak_mb: dict[str, float | None] = field(default_factory=dict)  # mode -> peak MB (:mod:`.memory`)
+
+    def step(self, mode: str) -> tuple[Layer, list[Tensor]]:
+        """What runs in ``mode``: the module's forward and the parameters it trains."""
+        if mode != "fwd" and self.train is not None:
+            return self.train, self.train_params if self.train_params is not None else self.params
+        assert self.forward is not None
+        return self.forward, self.params
 
     def median_ms(self, mode: str) -> float | None:
         t = self.times[mode]
@@ -96,13 +115,12 @@ def _rel_err(out: Tensor, expected: Tensor) -> float:
 
 
 def build_impls(model: str, graph: Any, in_dim: int, out_dim: int, heads: int, backend: Any, db: Any,
-                impls: Sequence[str], seed: int = 0) -> tuple[list[Impl], Tensor, str]:
-    """Every implementation with the same weights and input; also the input and the schedule's name."""
-    from rgtune.codegen.reference import ReferenceExecutor
-    from rgtune.ir.models import build_model
+                impls: Sequence[str], seed: int = 0, check: bool = True,
+                config: Mapping[str, Any] | None = None) -> tuple[list[Impl], Tensor, str]:
+    """Every implementation with the same weights and input; also the input and rgtune's schedules
+    (a label). ``check=False`` leaves the float64 checks out (:mod:`.memory` measures without them);
+    ``config``: rgtune runs this schedule (both modes) instead of the database's."""
     from rgtune.models import HGT, RGAT, RGCN
-    from rgtune.runtime import load_tuned
-    from rgtune.search_spaces import SearchSpace
 
     device = torch.device("cuda" if backend.target == "cuda" else "cpu")
     torch.manual_seed(seed)
@@ -112,61 +130,112 @@ def build_impls(model: str, graph: Any, in_dim: int, out_dim: int, heads: int, b
     if model == "rgat":
         tie_rgat_attention(ref)  # PyG's RGATConv shares attention across relations
     x = torch.randn(graph.num_nodes(), in_dim, generator=torch.Generator().manual_seed(seed + 1)).to(device)
-    ref64 = cls(graph, in_dim, out_dim, **kwargs).double()
-    ref64.load_state_dict({k: v.double().cpu() for k, v in ref.state_dict().items()})
-    with torch.no_grad():
-        expected = ref64(x.double().cpu())
+    expected = None
+    if check:
+        ref64 = cls(graph, in_dim, out_dim, **kwargs).double()
+        ref64.load_state_dict({k: v.double().cpu() for k, v in ref.state_dict().items()})
+        with torch.no_grad():
+            expected = ref64(x.double().cpu())
 
     out: list[Impl] = []
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        tuned = load_tuned(model, graph, in_dim, out_dim, heads, db=db, backend=backend).to(device)
-    for w in caught:
-        print(f"bench: warning: {w.message}", file=sys.stderr)
-    tuned.load_state_dict(ref.state_dict())
-    prov = tuned.provenance
-    schedule = f"trial {prov['trial_id']}" if prov.get("trial_id") is not None else str(prov.get("source"))
+    schedule = "not run"
     if "rgtune" in impls:
-        out.append(Impl("rgtune", f"rgtune tuned ({tuned.backend}, {schedule})", lambda: tuned(x),
-                        list(tuned.parameters())))
+        impl, schedule = _rgtune_impl(model, graph, in_dim, out_dim, heads, backend, db, ref, config)
+        out.append(impl)
     if "lowering" in impls:
-        space = SearchSpace(build_model(model, in_dim, out_dim, heads), graph, "cpu")
-        executor = ReferenceExecutor(space.compile(space.default()).kernels, graph, device)
-        low = cls(graph, in_dim, out_dim, **kwargs).to(device)
-        low.load_state_dict(ref.state_dict())
-        names = [n for n in executor.kp.param_shapes if n in dict(low.named_parameters())]
-        params = dict(low.named_parameters())
-        out.append(Impl("lowering", "rgtune torch lowering (default schedule)",
-                        lambda: executor.run(x, {n: params[n] for n in names}), list(low.parameters())))
+        out.append(_lowering_impl(model, graph, in_dim, out_dim, heads, cls(graph, in_dim, out_dim, **kwargs), ref))
     if "torch" in impls:
         plain = cls(graph, in_dim, out_dim, **kwargs).to(device)
         plain.load_state_dict(ref.state_dict())
-        out.append(Impl("torch", f"rgtune.models.{cls.__name__} (torch)", lambda: plain(x), list(plain.parameters())))
+        out.append(Impl("torch", f"rgtune.models.{cls.__name__} (torch)", plain, list(plain.parameters())))
     for impl in out:
-        impl.error = _check(impl, expected)
+        impl.error = _check(impl, x, expected) if expected is not None else None
     for lib in ("pyg", "dgl"):
         if lib in impls:
-            out.append(_library_impl(lib, model, ref, x))
+            out.append(_library_impl(lib, model, ref, x, check))
     return out, x, schedule
 
 
-def _check(impl: Impl, expected: Tensor) -> float | None:
+def _rgtune_impl(model: str, graph: Any, in_dim: int, out_dim: int, heads: int, backend: Any, db: Any,
+                 ref: torch.nn.Module, config: Mapping[str, Any] | None = None) -> tuple[Impl, str]:
+    """The tuned layer: the best inference schedule for the forward, the best training schedule for
+    the training step (each a :func:`~rgtune.runtime.load_tuned` layer with ``ref``'s weights), or
+    ``config`` for both."""
+    from rgtune.runtime import load_tuned, tuned_layer
+
+    device = next(ref.parameters()).device
+    layers = {}
+    for mode in ("inference", "training"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if config is not None:
+                layers[mode] = tuned_layer(model, graph, in_dim, out_dim, heads, config=config, backend=backend,
+                                           mode=mode).to(device)
+            else:
+                layers[mode] = load_tuned(model, graph, in_dim, out_dim, heads, db=db, backend=backend,
+                                          mode=mode).to(device)
+        for w in caught:
+            print(f"bench: warning: {w.message}", file=sys.stderr)
+        layers[mode].load_state_dict(ref.state_dict())
+    fwd, train = layers["inference"], layers["training"]
+    schedule = f"{_trial(fwd)}; training {_trial(train)}, {_saved_label(train)}"
+    impl = Impl("rgtune", f"rgtune tuned ({fwd.backend}, {_trial(fwd)})", fwd, list(fwd.parameters()),
+                train=train, train_params=list(train.parameters()))
+    return impl, schedule
+
+
+def _trial(layer: Any) -> str:
+    prov = layer.provenance
+    return f"trial {prov['trial_id']}" if prov.get("trial_id") is not None else str(prov.get("source"))
+
+
+def _saved_label(layer: Any) -> str:
+    """What the training schedule trades: which forward values it saves (``autodiff.save``) and the
+    bytes its forward hands to its backward, or that the backward is the torch lowering's."""
+    from rgtune.ir.counts import count
+
+    if layer.backward_kind == "torch":
+        return f"backward by the torch lowering ({layer.backend} builds no backward kernels)"
+    save = layer.training_config.get("autodiff.save", "all")
+    saved_mb = count(layer.kernels, layer.graph)["saved_bytes"] / 1e6
+    return f"save={save} ({saved_mb:.3g} MB saved), backward {layer.backward_kind}"
+
+
+def _lowering_impl(model: str, graph: Any, in_dim: int, out_dim: int, heads: int, low: torch.nn.Module,
+                   ref: torch.nn.Module) -> Impl:
+    from rgtune.codegen.reference import ReferenceExecutor
+    from rgtune.ir.models import build_model
+    from rgtune.search_spaces import SearchSpace
+
+    device = next(ref.parameters()).device
+    space = SearchSpace(build_model(model, in_dim, out_dim, heads), graph, "cpu")
+    executor = ReferenceExecutor(space.compile(space.default()).kernels, graph, device)
+    low = low.to(device)
+    low.load_state_dict(ref.state_dict())
+    params = dict(low.named_parameters())
+    names = [n for n in executor.kp.param_shapes if n in params]
+    return Impl("lowering", "rgtune torch lowering (default schedule)",
+                lambda x: executor.run(x, {n: params[n] for n in names}), list(low.parameters()))
+
+
+def _check(impl: Impl, x: Tensor, expected: Tensor) -> float | None:
     try:
         with torch.no_grad():
-            return _rel_err(impl.forward(), expected)  # type: ignore[misc]
+            return _rel_err(impl.forward(x), expected)  # type: ignore[misc]
     except Exception as e:  # noqa: BLE001 - reported in the table, the others still run
         impl.problem, impl.forward = f"{type(e).__name__}: {e}", None
         return None
 
 
-def _library_impl(lib: str, model: str, ref: Any, x: Tensor) -> Impl:
+def _library_impl(lib: str, model: str, ref: Any, x: Tensor, check: bool = True) -> Impl:
     label = {"pyg": "PyG", "dgl": "DGL"}[lib]
     try:
         b = BUILDERS[lib][model](ref)
     except Exception as e:  # noqa: BLE001 - a missing or broken library is a row, not a crash
         return Impl(lib, label, None, problem=f"{type(e).__name__}: {str(e).splitlines()[0][:120]}")
-    impl = Impl(lib, b.name, lambda: b.run(x), list(b.module.parameters()), math=b.note, rows=b.rows)
-    impl.error = _check(impl, b.expected(x.double().cpu()))
+    impl = Impl(lib, b.name, b.run, list(b.module.parameters()), math=b.note, rows=b.rows)
+    if check:
+        impl.error = _check(impl, x, b.expected(x.double().cpu()))
     return impl
 
 
@@ -176,41 +245,50 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _once(impl: Impl, mode: str, grad: Tensor, device: torch.device) -> float:
-    assert impl.forward is not None
-    for p in impl.params:
+def run_once(impl: Impl, mode: str, x: Tensor, grad: Tensor) -> None:
+    """One forward (``fwd``, no autograd) or one training step without the optimizer (``fwd+bwd``:
+    the gradients of ``sum(out * grad)`` w.r.t. ``x`` and every parameter)."""
+    fn, params = impl.step(mode)
+    for p in params:
         p.grad = None
-    _sync(device)
     if mode == "fwd":
-        t0 = time.perf_counter()
         with torch.no_grad():
-            impl.forward()
-        _sync(device)
-        return time.perf_counter() - t0
+            fn(x)
+        return
+    xg = x.detach().requires_grad_()
     g = grad if impl.rows is None else grad[impl.rows.to(grad.device)]
+    fn(xg).backward(g)
+
+
+def _once(impl: Impl, mode: str, x: Tensor, grad: Tensor) -> float:
+    _sync(x.device)
     t0 = time.perf_counter()
-    impl.forward().backward(g)
-    _sync(device)
+    run_once(impl, mode, x, grad)
+    _sync(x.device)
     return time.perf_counter() - t0
 
 
-def time_impls(impls: list[Impl], out_dim: int, num_nodes: int, repeats: int, warmup: int,
-               device: torch.device) -> None:
+def upstream_grad(num_nodes: int, out_dim: int, device: torch.device) -> Tensor:
+    """The output's gradient every implementation's training step gets (fixed seed)."""
+    return torch.randn(num_nodes, out_dim, generator=torch.Generator().manual_seed(7)).to(device)
+
+
+def time_impls(impls: list[Impl], x: Tensor, out_dim: int, repeats: int, warmup: int) -> None:
     """Fill ``impl.times``: warm-up, then ``repeats`` interleaved rounds with a rotating order."""
-    grad = torch.randn(num_nodes, out_dim, generator=torch.Generator().manual_seed(7)).to(device)
+    grad = upstream_grad(x.shape[0], out_dim, x.device)
     runnable = [i for i in impls if i.forward is not None]
     for mode in MODES:
         for impl in list(runnable):
             try:
                 for _ in range(warmup):
-                    _once(impl, mode, grad, device)
+                    _once(impl, mode, x, grad)
             except Exception as e:  # noqa: BLE001
                 impl.problem = f"{mode}: {type(e).__name__}: {e}"
                 runnable.remove(impl)
         for r in range(repeats):
             order = runnable[r % len(runnable):] + runnable[:r % len(runnable)] if runnable else []
             for impl in order:
-                impl.times[mode].append(_once(impl, mode, grad, device))
+                impl.times[mode].append(_once(impl, mode, x, grad))
 
 
 # ---------------------------------------------------------------------- environment
@@ -243,9 +321,11 @@ def versions() -> dict[str, str]:
 def bench(model: str, dataset: str, *, in_dim: int = 64, out_dim: int = 64, heads: int = 1, backend: str = "auto",
           db: str | None = "results.db", impls: Sequence[str] = IMPLS, repeats: int = 20, warmup: int = 3,
           threads: int | None = None, seed: int = 0, tune_trials: int = 0, data_dir: str | None = None,
-          command: str = "") -> BenchResult:
+          memory: bool = False, command: str = "") -> BenchResult:
     """Time one layer side by side (see the module docstring); ``tune_trials`` > 0 tunes that many trials
-    first when this device has no record of the workload (``db=None``: no database, the default schedule).
+    first, per mode (inference, training), when this device has no record of the workload in that
+    mode (``db=None``: no database, the default schedules). ``memory``: also each implementation's
+    peak memory per mode, each in its own process (:func:`rgtune.bench.memory.peak_memory`).
     ``command`` is recorded with the result."""
     from rgtune.data import load_dataset
     from rgtune.runtime._lookup import resolve_backend
@@ -263,23 +343,34 @@ def bench(model: str, dataset: str, *, in_dim: int = 64, out_dim: int = 64, head
     graph = load_dataset(dataset, root=data_dir)
     be = resolve_backend(backend)
     if tune_trials > 0 and db is not None:
-        sel = select_schedule(model, graph, in_dim, out_dim, heads, db, be)
-        if sel.missing is not None or not sel.provenance.get("same_device", False):
-            _tune(model, dataset, in_dim, out_dim, heads, be.name, db, tune_trials, seed, data_dir)
+        for mode in ("inference", "training"):
+            sel = select_schedule(model, graph, in_dim, out_dim, heads, db, be, mode=mode)
+            if sel.missing is not None or not sel.provenance.get("same_device", False):
+                _tune(model, dataset, in_dim, out_dim, heads, be.name, db, tune_trials, seed, data_dir, mode)
     built, x, schedule = build_impls(model, graph, in_dim, out_dim, heads, be, db, impls, seed)
-    time_impls(built, out_dim, graph.num_nodes(), repeats, warmup, x.device)
+    time_impls(built, x, out_dim, repeats, warmup)
+    if memory:
+        from rgtune.bench.memory import peak_memory
+
+        for impl in built:
+            if impl.forward is None:
+                continue
+            for mode in MODES:
+                impl.peak_mb[mode] = peak_memory(model, dataset, impl.key, mode, in_dim=in_dim, out_dim=out_dim,
+                                                 heads=heads, backend=be.name, db=db, seed=seed, threads=threads,
+                                                 data_dir=data_dir)
     return BenchResult(model, graph.name, in_dim, out_dim, heads, be.name, schedule, threads, repeats, built,
                        machine_info(threads), versions(), command, datetime.now(UTC).strftime("%Y-%m-%d"))
 
 
 def _tune(model: str, dataset: str, in_dim: int, out_dim: int, heads: int, backend: str, db: str, trials: int,
-          seed: int, data_dir: str | None) -> None:
+          seed: int, data_dir: str | None, mode: str) -> None:
     from rgtune.db import TrialDatabase
     from rgtune.tuner.measure import Workload
     from rgtune.tuner.study import TuneOptions, Tuner
 
-    print(f"bench: tuning {model} on {dataset} ({trials} trials, backend {backend}) ...", file=sys.stderr)
-    s = Tuner(Workload(model, dataset, in_dim, out_dim, heads, backend, data_dir),
+    print(f"bench: tuning {model} on {dataset} for {mode} ({trials} trials, backend {backend}) ...", file=sys.stderr)
+    s = Tuner(Workload(model, dataset, in_dim, out_dim, heads, backend, data_dir, mode=mode),
               TrialDatabase(db), TuneOptions(trials=trials, seed=seed, progress=False)).run()
     best = f"{s.best_ms:.4g} ms" if s.best_ms is not None else "none"
     print(f"bench: tuned {s.trials_run} trials, best {best}", file=sys.stderr)

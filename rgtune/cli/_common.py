@@ -76,6 +76,13 @@ def add_layer_args(p: argparse.ArgumentParser, dataset_help: str) -> None:
                                                      "reference")
 
 
+def add_mode_arg(p: argparse.ArgumentParser, what: str) -> None:
+    """``--mode inference|training``: which of a workload's schedules (a forward's, or a training step's)."""
+    p.add_argument("--mode", default="inference", choices=("inference", "training"),
+                   help=f"{what}: inference (the forward alone, default) or training (one training step: the forward, "
+                        "then the gradients of the input and of every parameter)")
+
+
 def parse_sets(items: Sequence[str]) -> dict[str, str]:
     """``--set knob=value`` items as a dict (values are strings; the search space converts them)."""
     out = {}

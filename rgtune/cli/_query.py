@@ -18,6 +18,8 @@ def add_query_parser(sub: argparse._SubParsersAction, name: str, about: str,
     p.add_argument("--backend", help="filter by backend")
     p.add_argument("--hidden", type=positive_int, help="filter by feature size")
     p.add_argument("--heads", type=positive_int, help="filter by heads")
+    p.add_argument("--mode", choices=("inference", "training"),
+                   help="filter by mode: inference (a forward's schedules) or training (a training step's)")
     p.add_argument("--db", default=None, help="SQLAlchemy URL (default sqlite:///results.db)")
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print JSON")
@@ -29,7 +31,7 @@ def add_query_parser(sub: argparse._SubParsersAction, name: str, about: str,
 def filters(args: argparse.Namespace) -> dict[str, Any]:
     """The workload filters given on the command line, as :meth:`TrialDatabase.history` takes them."""
     f = {}
-    for key in ("model", "dataset", "backend", "heads"):
+    for key in ("model", "dataset", "backend", "heads", "mode"):
         if getattr(args, key, None) is not None:
             f[key] = getattr(args, key)
     if getattr(args, "hidden", None) is not None:

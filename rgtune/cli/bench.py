@@ -24,18 +24,23 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="rgtune bench",
         description="Time one layer side by side: rgtune's tuned kernels, its torch lowering, the torch reference "
-                    "layer, PyG and DGL (same graph, sizes, weights, threads); print a table and write a row to "
+                    "layer, PyG and DGL (same graph, sizes, weights, threads): the forward, and a training step "
+                    "(forward, then backward to the input and every parameter); print a table and write a row to "
                     "BENCHMARKS.md.",
         epilog="Example: rgtune bench --model rgcn --dataset aifb --tune-trials 30")
     add_layer_args(p, "aifb, mutag, ..., or synthetic:<spec>")
     p.add_argument("--db", default="results.db", help="trial database (default results.db)")
     p.add_argument("--tune-trials", type=int, default=0, metavar="N",
-                   help="tune N trials first when this device has no record for the workload (default 0: don't)")
+                   help="tune N trials per mode (inference, training) first when this device has no record of "
+                        "the workload in that mode (default 0: don't)")
     p.add_argument("--threads", type=int, default=None, help="torch/OpenMP threads (default: torch's)")
     p.add_argument("--repeats", type=int, default=20, help="timed rounds (default 20)")
     p.add_argument("--warmup", type=int, default=3, help="untimed runs per implementation and mode (default 3)")
     p.add_argument("--impls", default=",".join(IMPLS), help=f"comma-separated subset of {','.join(IMPLS)}")
     p.add_argument("--seed", type=int, default=0, help="seed of weights and input")
+    p.add_argument("--memory", action="store_true",
+                   help="also measure each implementation's peak memory (forward, training step), each in its "
+                        "own process (slower: a process per implementation and mode)")
     p.add_argument("--output", default="BENCHMARKS.md", help="the markdown file to update (default BENCHMARKS.md)")
     p.add_argument("--no-write", action="store_true", help="print only")
     p.add_argument("--json", default=None, metavar="PATH",
@@ -59,11 +64,11 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
         res = bench(args.model, args.dataset, in_dim=args.in_dim or args.hidden, out_dim=args.out_dim or args.hidden,
                     heads=args.heads, backend=args.backend, db=args.db, impls=impls, repeats=args.repeats,
                     warmup=args.warmup, threads=args.threads, seed=args.seed, tune_trials=args.tune_trials,
-                    data_dir=args.data_dir, command="rgtune bench " + shlex.join(_portable(argv)))
+                    data_dir=args.data_dir, memory=args.memory, command="rgtune bench " + shlex.join(_portable(argv)))
     except Exception as e:  # noqa: BLE001 - one line, as every rgtune command
         if os.environ.get("RGTUNE_DEBUG"):
             raise
-        print(f"rgtune bench: error: {type(e).__name__}: {str(e).strip().splitlines()[0]}", file=sys.stderr)
+        print(f"rgtune bench: error: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}", file=sys.stderr)
         return 1
     print(format_table(res))
     if args.json:

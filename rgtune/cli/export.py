@@ -8,7 +8,7 @@ import sys
 import warnings
 from typing import Sequence
 
-from rgtune.cli._common import CLIError, add_layer_args, open_query_db
+from rgtune.cli._common import CLIError, add_layer_args, add_mode_arg, open_query_db
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -24,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "without the database.",
         epilog="Example: rgtune export --model hgt --dataset aifb -o tuned_hgt/")
     add_layer_args(p, "the dataset the schedule was tuned on (aifb, synthetic:...)")
+    add_mode_arg(p, "which schedule to export")
     p.add_argument("--db", default=None, help="SQLAlchemy URL or .db path (default sqlite:///results.db)")
     p.add_argument("-o", "--output", required=True, help="the folder to write (must not exist, or be empty)")
     p.add_argument("--allow-default", action="store_true", help="export the default schedule when none is recorded")
@@ -48,7 +49,8 @@ def export_main(argv: Sequence[str] | None = None) -> int:
             try:
                 out = export(args.output, args.model, args.dataset, in_dim, out_dim, args.heads,
                              db=database if database is not None else args.db or "results.db", backend=args.backend,
-                             data_dir=args.data_dir, allow_default=args.allow_default, overwrite=args.force)
+                             data_dir=args.data_dir, mode=args.mode, allow_default=args.allow_default,
+                             overwrite=args.force)
             finally:
                 if database is not None:
                     database.close()
@@ -62,6 +64,7 @@ def export_main(argv: Sequence[str] | None = None) -> int:
     s = read_export_json(out / SCHEDULE_FILE)
     prov = read_export_json(out / PROVENANCE_FILE)
     what = f"trial {prov['trial_id']} ({prov['median_ms']:.4g} ms)" if prov["schedule"] == "database" else "default schedule"
-    print(f"exported {s['model']} on {s['graph']['name']} ({what}, backend {s['backend']}) to {out}")
+    mode = "" if s.get("mode", "inference") == "inference" else f", {s['mode']}"
+    print(f"exported {s['model']} on {s['graph']['name']} ({what}, backend {s['backend']}{mode}) to {out}")
     print(f"load it with: rgtune.runtime.load_exported({str(out)!r}, graph)")
     return 0

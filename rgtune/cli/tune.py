@@ -9,8 +9,8 @@ import argparse
 import sys
 from typing import Any
 
-from rgtune.cli._common import (CLIError, add_workload_args, load_graph, open_db, positive_int, positive_seconds,
-                                resolve_backend)
+from rgtune.cli._common import (CLIError, add_mode_arg, add_workload_args, load_graph, open_db, positive_int,
+                                positive_seconds, resolve_backend)
 from rgtune.tuner.measure import TIMINGS
 
 #: ``tune --cost-model-policy`` unless given (BENCHMARKS.md, "Learned cost model", has how they compare)
@@ -28,6 +28,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                "the rank policy, the candidates of a pool that are not picked are not trials at all.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_workload_args(p)
+    add_mode_arg(p, "what is tuned")
     p.add_argument("--trials", type=positive_int, default=None,
                    help="trials to run now (default 50 unless --time-budget is given)")
     p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS", help="start no trial after this long")
@@ -107,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     db = open_db(args.db)
     trials = args.trials if args.trials is not None else (None if args.time_budget else 50)
     workload = Workload(args.model, args.dataset, args.hidden, args.hidden, args.heads, backend,
-                        args.data_dir)
+                        args.data_dir, args.mode)
     options = TuneOptions(trials=trials, time_budget=args.time_budget, sampler=args.sampler, seed=args.seed,
                           fresh=args.fresh, progress=not args.quiet and sys.stderr.isatty(),
                           measure=MeasureOptions(timeout=args.trial_timeout, timing=args.timing),
@@ -116,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
                           reverify_inputs=args.reverify)
     print(f"tuning {args.model} on {graph.name} ({graph.num_nodes():,} nodes, {graph.num_edges():,} edges, "
           f"{graph.num_rels} relations), hidden={args.hidden}, heads={args.heads}, backend={backend}, "
-          f"db={db.name}", file=sys.stderr)
+          f"{'' if args.mode == 'inference' else 'mode=training (forward + backward), '}db={db.name}", file=sys.stderr)
     tuner = Tuner(workload, db, options)
     summary = tuner.run()
     _print_summary(summary)

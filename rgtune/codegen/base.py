@@ -41,9 +41,45 @@ class CompileError(BackendError):
         self.log = log
 
 
+#: what a training program's run returns: the output, the input's gradient, and param -> its gradient
+#: (a derived param's too: its sources' come through the fold, see :mod:`rgtune.ir.autodiff`)
+TrainingResult = tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]
+
+
+@dataclass
+class Saved:
+    """What a training program's forward phase hands to its backward phase: the buffers the backward
+    reads (:attr:`KernelProgram.saved`, fresh tensors owned by the caller, never a workspace) and the
+    derived params the forward folded (:attr:`KernelProgram.saved_params`)."""
+
+    buffers: dict[str, torch.Tensor]
+    params: dict[str, torch.Tensor]
+
+    @property
+    def nbytes(self) -> int:
+        """The memory held from the forward to the backward (each tensor once)."""
+        seen: dict[int, int] = {}
+        for t in (*self.buffers.values(), *self.params.values()):
+            seen[id(t)] = t.numel() * t.element_size()
+        return sum(seen.values())
+
+
+#: a training program's forward phase: ``(output, what the backward reads)``
+ForwardPhase = Callable[[torch.Tensor, Mapping[str, torch.Tensor]], tuple[torch.Tensor, Saved]]
+#: a training program's backward phase ``(x, params, saved, dout) -> (input gradient, {param: gradient})``
+BackwardPhase = Callable[[torch.Tensor, Mapping[str, torch.Tensor], Saved, torch.Tensor],
+                         tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+
 @dataclass
 class BuiltProgram:
-    """A kernel program compiled for one graph and schedule."""
+    """A kernel program compiled for one graph and schedule.
+
+    ``run_fn(x, params)`` computes the output. A training program (:attr:`KernelProgram.is_training`)
+    runs in two phases, as a layer in a model trains: ``forward_fn(x, params) -> (output, saved)``
+    (its forward kernels), later ``backward_fn(x, params, saved, dout) -> (input gradient, gradients)``
+    (its backward kernels, reading the saved buffers). ``train_fn(x, params, dout)`` is one whole step
+    (:data:`TrainingResult`); when a backend gives only that, :meth:`run_training` uses it."""
 
     backend: str
     sources: dict[str, str]  # file name -> generated source text
@@ -51,6 +87,9 @@ class BuiltProgram:
     cache_hit: bool
     run_fn: Callable[[torch.Tensor, Mapping[str, torch.Tensor]], torch.Tensor]
     info: dict[str, Any] = field(default_factory=dict)
+    train_fn: Callable[[torch.Tensor, Mapping[str, torch.Tensor], torch.Tensor], TrainingResult] | None = None
+    forward_fn: ForwardPhase | None = None
+    backward_fn: BackwardPhase | None = None
 
     @property
     def source_hash(self) -> str:
@@ -63,6 +102,36 @@ class BuiltProgram:
         """The layer's output for input ``x`` (global node order) and learnable ``params``."""
         return self.run_fn(x, params)
 
+    @property
+    def phased(self) -> bool:
+        """Whether the training program's forward and backward run apart (:meth:`run_forward`)."""
+        return self.forward_fn is not None and self.backward_fn is not None
+
+    def run_training(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], dout: torch.Tensor) -> TrainingResult:
+        """A training program's output and gradients for the output's gradient ``dout``: one step,
+        the two phases one after the other where the backend runs them apart."""
+        if self.phased:
+            out, saved = self.run_forward(x, params)
+            dx, grads = self.run_backward(x, params, saved, dout)
+            return out, dx, grads
+        if self.train_fn is None:
+            raise BackendError(f"this {self.backend} program computes no gradients (build a training program)")
+        return self.train_fn(x, params, dout)
+
+    def run_forward(self, x: torch.Tensor, params: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, Saved]:
+        """A training program's forward phase: the output and what the backward phase reads."""
+        if self.forward_fn is None:
+            raise BackendError(f"this {self.backend} program has no separate forward phase (a training program's)")
+        return self.forward_fn(x, params)
+
+    def run_backward(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], saved: Saved,
+                     dout: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """A training program's backward phase: the input's gradient and every param's (derived ones
+        included), from the forward phase's ``saved`` and the output's gradient ``dout``."""
+        if self.backward_fn is None:
+            raise BackendError(f"this {self.backend} program has no separate backward phase (a training program's)")
+        return self.backward_fn(x, params, saved, dout)
+
 
 class Backend(ABC):
     """A code generator + compiler + runner for one kind of device."""
@@ -70,6 +139,8 @@ class Backend(ABC):
     name: ClassVar[str]
     #: the target whose schedule knobs this backend runs (:func:`rgtune.codegen.schedule.target_schedule`)
     target: ClassVar[str]
+    #: whether :meth:`build` takes training programs (:attr:`KernelProgram.is_training`)
+    trains: ClassVar[bool] = False
 
     @classmethod
     def available(cls) -> tuple[bool, str]:
@@ -93,12 +164,17 @@ class ReferenceBackend(Backend):
 
     name = "reference"
     target = "cpu"
+    trains = True
 
     def build(self, kp: KernelProgram, graph: HeteroGraph, schedule: Mapping[str, Any]) -> BuiltProgram:
         from rgtune.codegen.reference import ReferenceExecutor
 
         ex = ReferenceExecutor(kp, graph)
-        return BuiltProgram(self.name, {"kernels.txt": kp.describe()}, 0.0, True, ex.run)
+        training = kp.is_training
+        return BuiltProgram(self.name, {"kernels.txt": kp.describe()}, 0.0, True, ex.run,
+                            train_fn=ex.run_training if training else None,
+                            forward_fn=ex.run_forward if training else None,
+                            backward_fn=ex.run_backward if training else None)
 
     def device_info(self) -> dict[str, Any]:
         import platform

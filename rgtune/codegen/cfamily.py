@@ -27,8 +27,8 @@ from __future__ import annotations
 import math
 from typing import Callable, Mapping
 
-from rgtune.ir.kernels import (Acc, BinaryE, ConcatE, Expr, GatedE, GraphLoad, InnerE, Load, ParamLoad, ScaleE,
-                               UnaryE)
+from rgtune.ir.kernels import (Acc, BinaryE, ConcatE, Expr, GatedE, GraphLoad, InnerE, Load, ParamLoad, ReduceE,
+                               ScaleE, UnaryE)
 
 Shape = tuple[int, ...]
 
@@ -153,14 +153,9 @@ class CEmitter:
             return f"({self.element(e.a, hh, dd)} {sym} {self.element(e.b, hh, dd)})"
         if isinstance(e, UnaryE):
             x = self.element(e.x, hh, dd)
-            return {
-                "leaky_relu": f"rg_leaky_relu({x}, {c_float(e.alpha)})",
-                "gelu": f"rg_gelu({x})",
-                "exp": f"expf({x})",
-                "sigmoid": f"rg_sigmoid({x})",
-                "relu": f"rg_relu({x})",
-                "neg": f"(-{x})",
-            }[e.op]
+            return _unary(e.op, x, e.alpha)
+        if isinstance(e, ReduceE):
+            return self._reduce(e, hh, dd)
         if isinstance(e, ScaleE):
             return f"({self.element(e.x, hh, dd)} * {c_float(e.scale)})"
         if isinstance(e, GatedE):
@@ -173,9 +168,45 @@ class CEmitter:
                     f"{self.element(e.b, hh, f'(({dd}) - {da})')})")
         raise TypeError(f"no C form for {type(e).__name__}")
 
+    def _reduce(self, e: ReduceE, h: str, d: str) -> str:
+        """A sum over the features (a loop into a temporary, before the ``d`` loop: it does not depend on
+        ``d``) or over the heads (spelled out: a layer has a few)."""
+        if e.over == "heads":
+            return "(" + " + ".join(self.element(e.x, str(i), d) for i in range(e.x.heads)) + ")"
+        t, k = self._temp("t"), self._temp("k")
+        x = self.element(e.x, h, k)
+        self._stmts.append(f"float {t} = 0.0f;")
+        if self.simd_reductions:
+            self._stmts.append(f"#pragma omp simd reduction(+:{t})")
+        self._stmts.append(f"for (int {k} = 0; {k} < {e.x.dim}; ++{k}) {t} += {x};")
+        return t
+
     @staticmethod
     def _offset(row: str, heads: int, dim: int, h: str, d: str) -> str:
         return f"(long)({row}) * {heads * dim} + {_flat(heads, dim, h, d)}"
+
+
+def _unary(op: str, x: str, alpha: float) -> str:
+    """The C of an elementwise op of the C expression ``x``. The derivatives (a training program's) are
+    written out here rather than as helper functions, so that the forward kernels' sources (the helpers
+    are part of every source) stay as they were; ``x`` repeats, and the compiler computes it once."""
+    forms = {
+        "leaky_relu": f"rg_leaky_relu({x}, {c_float(alpha)})",
+        "gelu": f"rg_gelu({x})",
+        "exp": f"expf({x})",
+        "sigmoid": f"rg_sigmoid({x})",
+        "relu": f"rg_relu({x})",
+        "neg": f"(-{x})",
+        "leaky_relu_grad": f"(({x}) > 0.0f ? 1.0f : {c_float(alpha)})",
+        "relu_grad": f"(({x}) > 0.0f ? 1.0f : 0.0f)",
+        "sigmoid_grad": f"(rg_sigmoid({x}) * (1.0f - rg_sigmoid({x})))",
+        # d/dx x Phi(x) = Phi(x) + x phi(x)
+        "gelu_grad": (f"(0.5f * (1.0f + erff(({x}) * 0.70710678118654752f)) + "
+                      f"({x}) * 0.39894228040143268f * expf(-0.5f * ({x}) * ({x})))"),
+    }
+    if op not in forms:
+        raise TypeError(f"no C form for the unary op {op!r}")
+    return forms[op]
 
 
 def _flat(heads: int, dim: int, h: str, d: str) -> str:

@@ -25,17 +25,19 @@ Example:
 from __future__ import annotations
 
 import copy
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import torch
-import torch.nn.functional as F
 
+from rgtune.codegen.base import Saved
 from rgtune.data.graph import HeteroGraph
 from rgtune.codegen.weights import fold_weights
 from rgtune.ir.bind import GraphArrays, concrete_device, graph_arrays, row_types
-from rgtune.ir.kernels import (Acc, AggregateStage, BinaryE, ConcatE, EdgeSoftmaxStage, EdgeStore, Expr, GatedE,
-                               GemmKernel, GraphLoad, InnerE, KernelProgram, Load, MapKernel, ParamLoad, ScaleE,
-                               SoftmaxAggregate, TraversalKernel, UnaryE, WeightKernel)
+from rgtune.ir.interpret import unary
+from rgtune.ir.kernels import (Acc, AggregateStage, BinaryE, ConcatE, EdgeSoftmaxStage, EdgeStore, Expr, GatedE, Kernel,
+                               GemmKernel, GraphLoad, InnerE, KernelProgram, Load, MapKernel, ParamLoad, ReduceE,
+                               ScaleE, ScatterKernel, SoftmaxAggregate, TraversalKernel, UnaryE, WeightGradKernel,
+                               WeightKernel)
 
 
 def param_full_shape(kp: KernelProgram, name: str, arrays: GraphArrays) -> tuple[int, ...]:
@@ -50,7 +52,7 @@ def init_params(kp: KernelProgram, graph: HeteroGraph, dtype: torch.dtype = torc
     """Random values for the learnable params of ``kp`` (for tests and benchmarks)."""
     arrays = graph_arrays(graph, kp.layout, kp.index_bits)
     gen = torch.Generator().manual_seed(seed)
-    derived = {k.out for k in kp.kernels if isinstance(k, WeightKernel)}
+    derived = {k.out for k in kp.kernels if isinstance(k, WeightKernel)} | set(kp.param_grads.values())
     out = {}
     for name in kp.param_shapes:
         if name in derived:
@@ -101,15 +103,61 @@ class ReferenceExecutor:
         # this run's buffers live in a shallow copy: concurrent runs never see each other's
         return copy.copy(self)._run(x, params)
 
+    def run_training(self, x: torch.Tensor, params: Mapping[str, torch.Tensor],
+                     dout: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """A training program's ``(output, input gradient, {param: gradient})`` for the output's gradient ``dout``.
+        A derived param's gradient is among them (its sources get theirs through the fold: see
+        :mod:`rgtune.ir.autodiff`). The two phases one after the other (:meth:`run_forward`)."""
+        out, saved = self.run_forward(x, params)
+        dx, grads = self.run_backward(x, params, saved, dout)
+        return out, dx, grads
+
+    def run_forward(self, x: torch.Tensor, params: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, Saved]:
+        """A training program's forward phase: the output, and the buffers and derived params its
+        backward reads (:attr:`KernelProgram.saved`)."""
+        kp = self._training()
+        run = copy.copy(self)
+        run._start(x, params, None, {})
+        out = run._kernels(kp.kernels[:kp.forward_kernels])
+        return out, Saved({b: run.bufs[b] for b in kp.saved}, {p: run.params[p] for p in kp.saved_params})
+
+    def run_backward(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], saved: Saved,
+                     dout: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """A training program's backward phase: the input's gradient and ``{param: gradient}``."""
+        kp, a = self._training(), self.a
+        run = copy.copy(self)
+        run._start(x, {**params, **saved.params}, dout, saved.buffers)
+        run._kernels(kp.kernels[kp.forward_kernels:])
+        grads = {p: run.params[g] for p, g in kp.param_grads.items()}
+        return run.bufs[kp.input_grad].reshape(a.num_nodes, -1), grads  # type: ignore[index]
+
+    def _training(self) -> KernelProgram:
+        if not self.kp.is_training:
+            raise ValueError(f"kernel program {self.kp.name} computes no gradients (lower an adjoint program)")
+        return self.kp
+
     def _run(self, x: torch.Tensor, params: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        self._start(x, params, None, {})
+        return self._kernels(self.kp.kernels)
+
+    def _start(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], dout: torch.Tensor | None,
+               given: Mapping[str, torch.Tensor]) -> None:
+        """This run's buffers: the input, ``dout``, the ``given`` (saved) ones, the zeroed ones."""
         kp, a = self.kp, self.a
         self.dtype = x.dtype
         self.params = dict(params)
-        self.bufs: dict[str, torch.Tensor] = {kp.input: x.reshape(a.num_nodes, 1, -1)}
-        for name in kp.zero_init:
+        self.bufs: dict[str, torch.Tensor] = {kp.input: x.reshape(a.num_nodes, 1, -1), **given}
+        if dout is not None:
+            b = kp.buffers[kp.dout]  # type: ignore[index]
+            self.bufs[kp.dout] = dout.reshape(a.num_nodes, b.heads, b.dim)  # type: ignore[index]
+        for name in kp.zero_init - set(given):
             b = kp.buffers[name]
             self.bufs[name] = x.new_zeros(a.rows(b.domain), b.heads, b.dim)
-        for k in kp.kernels:
+
+    def _kernels(self, kernels: Sequence[Kernel]) -> torch.Tensor:
+        """Run ``kernels`` in order; the output buffer (as far as they computed it)."""
+        a = self.a
+        for k in kernels:
             if isinstance(k, WeightKernel):
                 self.params[k.out] = fold_weights(k, self.params, self.a, self.kp.param_shapes)
             elif isinstance(k, GemmKernel):
@@ -118,10 +166,15 @@ class ReferenceExecutor:
                 self._traversal(k)
             elif isinstance(k, MapKernel):
                 self.bufs[k.out] = self.eval(k.value, k.rows, a.rows(k.rows))
+            elif isinstance(k, ScatterKernel):
+                msg = self.eval(k.message, k.rows, a.rows(k.rows))
+                self.bufs[k.out] = self.bufs[k.out].index_add(0, self._index(k.rows, k.out_via), msg)
+            elif isinstance(k, WeightGradKernel):
+                self._weight_grad(k)
             else:  # pragma: no cover
                 raise TypeError(f"no reference execution for {type(k).__name__}")
-        out = self.bufs[kp.output]
-        return out.reshape(a.num_nodes, -1)
+        out = self.bufs.get(self.kp.output)
+        return out.reshape(a.num_nodes, -1) if out is not None else None  # type: ignore[return-value]
 
     # ---------------------------------------------------------------- gemm
     def _segments(self, rows: str, by: str, end: str | None) -> tuple[torch.Tensor | None, list[tuple[int, int, int]]]:
@@ -175,6 +228,32 @@ class ReferenceExecutor:
             self.bufs[k.out] = self.bufs[k.out].index_add(0, target, y)
         else:
             self.bufs[k.out] = y
+
+    def _weight_grad(self, k: WeightGradKernel) -> None:
+        a = self.a
+        n = a.rows(k.rows)
+        dy = self.bufs[k.dy].reshape(n, k.out_heads, k.out_dim)
+        x = None
+        if k.x is not None:
+            x = self.bufs[k.x] if k.x_via == "row" else self.bufs[k.x][self._index(k.rows, k.x_via)]
+            x = x.reshape(n, k.in_heads, k.in_dim) if k.per_head else x.reshape(n, k.in_heads * k.in_dim)
+        slice_shape = self.kp.param_shapes[k.param]
+        count = 1 if k.by == "none" else {"ntype": a.num_ntypes, "rel": a.num_rels}[k.by]
+        grad = dy.new_zeros(count, *slice_shape)
+        perm, segments = self._segments(k.rows, k.by, k.weight_end)
+        dys = dy if perm is None else dy[perm]
+        xs = x if x is None or perm is None else x[perm]
+        for t, start, stop in segments:
+            d = dys[start:stop]
+            if xs is None:
+                g = d.sum(0)
+            elif k.per_head:  # (n, H, I) x (n, H, O) -> (H, I, O)
+                g = torch.einsum("nhi,nho->hio", xs[start:stop], d)
+            else:
+                g = xs[start:stop].T @ d.reshape(d.shape[0], -1)
+            grad[t] = g.reshape(slice_shape)
+        grad = grad.reshape(slice_shape) if k.by == "none" else grad
+        self.params[k.grad] = self.params[k.grad] + grad if k.accumulate else grad
 
     @staticmethod
     def _matmul(x: torch.Tensor, w: torch.Tensor, per_head: bool) -> torch.Tensor:
@@ -252,15 +331,9 @@ class ReferenceExecutor:
             l, r = ev(e.a), ev(e.b)
             return l + r if e.op == "add" else l - r if e.op == "sub" else l * r
         if isinstance(e, UnaryE):
-            v = ev(e.x)
-            return {
-                "leaky_relu": lambda: F.leaky_relu(v, e.alpha),
-                "gelu": lambda: F.gelu(v),
-                "exp": lambda: torch.exp(v),
-                "sigmoid": lambda: torch.sigmoid(v),
-                "relu": lambda: torch.relu(v),
-                "neg": lambda: -v,
-            }[e.op]()
+            return unary(e.op, ev(e.x), e.alpha)
+        if isinstance(e, ReduceE):
+            return ev(e.x).sum(1 if e.over == "heads" else 2, keepdim=True)
         if isinstance(e, ScaleE):
             return ev(e.x) * e.scale
         if isinstance(e, GatedE):

@@ -47,6 +47,8 @@ __all__ = ["WorkloadContext", "FeatureEncoder", "COUNT_KEYS", "graph_features"]
 #: the scalar entries of :func:`rgtune.ir.counts.count` that become features (the others were
 #: tried and ranked held-out graphs no better: BENCHMARKS.md, "What did not work")
 COUNT_KEYS = ("flops", "bytes_min", "bytes_gathered", "kernels", "atomics", "gemm_rows_total", "weight_flops")
+#: the counts only a training program has (its rows only: an inference row's features stay as they were)
+TRAINING_COUNT_KEYS = ("saved_bytes", "backward_kernels")
 
 #: graph statistics used as they are (ratios, coefficients of variation) or log-scaled (sizes)
 _STAT_PLAIN = ("in_degree_cv", "out_degree_cv", "src_pair_ratio", "dst_pair_ratio", "edges_per_relation_cv",
@@ -96,7 +98,8 @@ def _knob_features(config: Mapping[str, Any]) -> dict[str, float]:
 def _count_features(c: Mapping[str, Any], base: Mapping[str, Any] | None, num_edges: float) -> dict[str, float]:
     out: dict[str, float] = {}
     e = max(float(num_edges), 1.0)
-    for k in COUNT_KEYS:
+    keys = COUNT_KEYS + (TRAINING_COUNT_KEYS if c.get("backward_kernels") else ())
+    for k in keys:
         v = float(c[k])
         out[f"num:log_{k}"] = _log(v)
         out[f"num:per_edge_{k}"] = _log(v / e)
@@ -125,6 +128,7 @@ class WorkloadContext:
     stats: dict[str, Any]
     graph: "HeteroGraph | None" = None
     target: str = "cpu"
+    mode: str = "inference"  # "training": a point is the training program (forward and backward kernels)
     _space: "SearchSpace | None" = field(default=None, repr=False)
     _base_counts: dict[str, Any] | None = field(default=None, repr=False)
     _fixed: dict[str, float] | None = field(default=None, repr=False)
@@ -144,7 +148,7 @@ class WorkloadContext:
             from rgtune.search_spaces import SearchSpace
 
             self._space = SearchSpace(build_model(self.model, self.in_dim, self.out_dim, self.heads), self.graph,
-                                      self.target)
+                                      self.target, mode=self.mode)
         return self._space
 
     def _compiled(self, config: Mapping[str, Any], kernels: "KernelProgram | None") -> "KernelProgram | None":
@@ -175,6 +179,7 @@ class WorkloadContext:
                 # per-edge work of a dense message: what the counts scale with
                 "num:size:log_edge_work": _log(float(self.stats.get("num_edges") or 0) * self.in_dim * self.out_dim),
                 f"is:model={self.model}": 1.0, f"is:backend={self.backend}": 1.0, f"is:device={self.device}": 1.0,
+                f"is:mode={self.mode}": 1.0,
             })
             self._fixed = fixed
         return self._fixed

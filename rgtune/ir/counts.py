@@ -25,6 +25,13 @@ and bytes count the rows themselves, so without these a model cannot tell how a 
 fits one graph's relation sizes fares on another's. (The CPU's race-free accumulation splits
 tiles further at owner-block boundaries, which depend on the thread count: not counted.)
 
+A training program (:mod:`rgtune.ir.autodiff`) counts its backward's kernels like the forward's:
+a scatter into sources as a traversal whose every write is an atomic add unless the schedule
+groups edges by source (``scatter.mapping``), a weight gradient as its GEMM (the same FLOPs; the
+gradient written once per type). ``saved_bytes`` is the memory the forward hands to the backward
+(:attr:`KernelProgram.saved`: what ``autodiff.save`` trades against recomputation) and
+``backward_kernels`` how many of the kernels are the backward's.
+
 Two byte counts: ``bytes_min`` reads every buffer, weight and index array a kernel touches
 once and writes its outputs once (the floor a perfect cache would reach: the roofline's
 minimum bytes), ``bytes_gathered`` counts a gathered row every time a row reads it (what a
@@ -48,8 +55,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 import numpy as np
 
 from rgtune.ir.bind import GraphArrays, graph_arrays, row_types
-from rgtune.ir.kernels import (AggregateStage, EdgeStore, GemmKernel, KernelProgram, MapKernel,
-                               SoftmaxAggregate, TraversalKernel, WeightKernel, expr_loads)
+from rgtune.ir.kernels import (AggregateStage, EdgeStore, GemmKernel, KernelProgram, MapKernel, ScatterKernel,
+                               SoftmaxAggregate, TraversalKernel, WeightGradKernel, WeightKernel, expr_loads)
 
 if TYPE_CHECKING:
     from rgtune.data.graph import HeteroGraph
@@ -125,6 +132,30 @@ def count(kp: KernelProgram, graph: "HeteroGraph", schedule: Mapping[str, Any] |
             mapping = schedule.get("traversal.mapping", "dst_parallel")
             if isinstance(st, (AggregateStage, SoftmaxAggregate)) and mapping == "edge_parallel":
                 atomics += e * width[st.out]
+        elif isinstance(k, ScatterKernel):
+            n = rows[k.rows]
+            flops += n * k.flops_per_edge()
+            loads = expr_loads(k.message)
+            out = rows[kp.buffers[k.out].domain] * width[k.out] * FLOAT_BYTES
+            index = n * idx_bytes * (1 + len({via for _, via in loads if via != "row"}))
+            bytes_min += sum(rows[kp.buffers[b].domain] * width[b] for b, _ in loads) * FLOAT_BYTES + out + index
+            bytes_gathered += sum(n * width[b] for b, _ in loads) * FLOAT_BYTES + out + index
+            if schedule.get("scatter.mapping", "atomic") == "atomic":
+                atomics += n * width[k.out]
+            if k.rows == "edge":
+                probes += lookups([k.out_via, *(via for _, via in loads)])
+        elif isinstance(k, WeightGradKernel):
+            n = rows[k.rows]
+            flops += n * k.flops_per_row()
+            grad_bytes = num_types[k.by] * _param_elems(kp, k.param) * FLOAT_BYTES
+            dy_bytes = n * width[k.dy] * FLOAT_BYTES
+            in_row = k.in_heads * k.in_dim * FLOAT_BYTES if k.x is not None else 0
+            src_rows = n if k.x_via == "row" else rows[kp.buffers[k.x].domain] if k.x is not None else 0
+            index = 0 if k.x is None or k.x_via == "row" else n * idx_bytes
+            bytes_min += min(src_rows, n) * in_row + dy_bytes + grad_bytes + index
+            bytes_gathered += n * in_row + dy_bytes + grad_bytes + index
+            if k.rows == "edge" and k.x is not None:
+                probes += lookups([k.x_via])
         elif isinstance(k, MapKernel):
             n = rows[k.rows]
             flops += n * k.value.flops()
@@ -134,7 +165,10 @@ def count(kp: KernelProgram, graph: "HeteroGraph", schedule: Mapping[str, Any] |
             bytes_gathered += moved
             if k.rows == "edge":
                 probes += lookups(via for _, via in loads)
+    saved = sum(rows[kp.buffers[b].domain] * width[b] for b in kp.saved) * FLOAT_BYTES
+    backward = len(kp.kernels) - (kp.forward_kernels if kp.is_training else len(kp.kernels))
     return {"flops": int(flops), "bytes_min": int(bytes_min), "bytes_gathered": int(bytes_gathered),
+            "saved_bytes": int(saved), "backward_kernels": int(backward),
             "kernels": launches, "atomics": int(atomics), "gemm_rows": gemm_rows,
             "gemm_rows_total": int(sum(gemm_rows.values())), "weight_flops": int(weight_flops),
             "weight_folds": folds, "index_probes": int(probes), "gemm_tiles": int(tiles),

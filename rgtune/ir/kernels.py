@@ -17,6 +17,14 @@ generator (:mod:`rgtune.codegen.schedule`):
 * :class:`MapKernel`: an elementwise expression over the rows of one domain.
 * :class:`WeightKernel`: a weight derived by associativity (runs once per call on weights).
 
+A training program (:mod:`rgtune.ir.autodiff`) adds two templates:
+
+* :class:`ScatterKernel`: one walk over the edges accumulating into their *sources* (or source
+  pairs): the adjoint of gathering sources. Edges of one source are spread over the layout, so the
+  schedule decides how writes of one source never race (atomics, or edges grouped by source).
+* :class:`WeightGradKernel`: a segment GEMM whose rows are *reduced*: per type, ``x^T dy`` summed
+  over the type's rows (a weight's gradient), or ``dy`` summed (a bias's or a param's).
+
 Per-row computations are :class:`Expr` trees whose leaves load buffers or params *via* an
 index relative to the kernel's row: ``row`` (same domain), ``src``/``dst`` (an edge's end
 node), ``src_pair``/``dst_pair`` (an edge's unique pair), ``pair_node`` (a pair's node);
@@ -29,7 +37,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from rgtune.ir.program import NODE
+from rgtune.ir.program import EDGE, NODE
 
 # ---------------------------------------------------------------------------- buffers
 
@@ -124,7 +132,7 @@ class UnaryE(Expr):
     alpha: float = 0.0
 
     def _own_flops(self) -> int:
-        return self.heads * self.dim * (8 if self.op in ("gelu", "exp", "sigmoid") else 1)
+        return self.heads * self.dim * (8 if self.op in ("gelu", "exp", "sigmoid", "gelu_grad", "sigmoid_grad") else 1)
 
 
 @dataclass(frozen=True)
@@ -154,6 +162,17 @@ class ConcatE(Expr):
     b: Expr
 
 
+@dataclass(frozen=True)
+class ReduceE(Expr):
+    """``x`` summed over its heads (``over="heads"``) or its features (``"dim"``)."""
+
+    x: Expr
+    over: str
+
+    def _own_flops(self) -> int:
+        return self.x.heads * self.x.dim
+
+
 def expr_str(e: Expr) -> str:
     """A compact text form of an expression, e.g. ``inner(load(k@src_pair), load(q@dst))``."""
     if isinstance(e, Load):
@@ -170,13 +189,15 @@ def expr_str(e: Expr) -> str:
         sym = {"add": "+", "sub": "-", "mul": "*"}[e.op]
         return f"({expr_str(e.a)} {sym} {expr_str(e.b)})"
     if isinstance(e, UnaryE):
-        return f"{e.op}({expr_str(e.x)}{', ' + str(e.alpha) if e.op == 'leaky_relu' else ''})"
+        return f"{e.op}({expr_str(e.x)}{', ' + str(e.alpha) if e.op.startswith('leaky_relu') else ''})"
     if isinstance(e, ScaleE):
         return f"{expr_str(e.x)} * {e.scale:.6g}"
     if isinstance(e, GatedE):
         return f"gated({expr_str(e.gate)}, {expr_str(e.h)}, {expr_str(e.x)})"
     if isinstance(e, ConcatE):
         return f"concat({expr_str(e.a)}, {expr_str(e.b)})"
+    if isinstance(e, ReduceE):
+        return f"sum_{e.over}({expr_str(e.x)})"
     raise TypeError(type(e))
 
 
@@ -389,7 +410,74 @@ class WeightKernel(Kernel):
         return f"weights {self.out} := fold_{self.mode}({self.a}{', ' + self.b if self.b else ''}{', end=' + self.end if self.end else ''})"
 
 
-TEMPLATES: tuple[type[Kernel], ...] = (GemmKernel, TraversalKernel, MapKernel)
+@dataclass
+class ScatterKernel(Kernel):
+    """``out[src(e) or src_pair(e)] += message(e)`` for every edge ``e`` (the layout's order); or, over the rows of
+    a pair domain (``rows``), ``out[pair_node(p)] += message(p)``: pairs of several relations share a node."""
+
+    out: str = ""
+    out_via: str = "src"  # "src" (a node) or "src_pair" for edge rows; "pair_node" for pair rows
+    message: Expr = field(default_factory=lambda: Acc(1, 1))
+    layout: str = "csr_dst"
+    rows: str = EDGE
+
+    def reads(self) -> set[str]:
+        return {b for b, _ in expr_loads(self.message)}
+
+    def writes(self) -> set[str]:
+        return {self.out}
+
+    def flops_per_edge(self) -> int:
+        return self.message.flops() + self.message.heads * self.message.dim
+
+    def describe(self) -> str:
+        over = f"edges ({self.layout})" if self.rows == EDGE else f"{self.rows} rows"
+        return f"scatter {self.name} over {over}: {self.out}[{self.out_via}] += {expr_str(self.message)}"
+
+
+@dataclass
+class WeightGradKernel(Kernel):
+    """``grad[type] (+)= sum_r x[in_index(r)]^T dy[r]`` over the rows ``r`` of each type (``x`` None: ``sum_r dy[r]``).
+
+    ``rows``, ``x_via``, ``by``, ``weight_end`` and ``per_head`` are those of the :class:`GemmKernel` whose
+    weight ``param`` is (``dy`` is that GEMM's output gradient, read per row); ``grad`` is the gradient param
+    written, one slice per type, zeroed first unless ``accumulate`` (a param used twice adds up).
+    """
+
+    rows: str = NODE
+    x: str | None = None
+    x_via: str = "row"
+    dy: str = ""
+    grad: str = ""
+    param: str = ""
+    by: str = "none"
+    weight_end: str | None = None
+    per_head: bool = False
+    in_heads: int = 1
+    in_dim: int = 0
+    out_heads: int = 1
+    out_dim: int = 0
+    accumulate: bool = False
+
+    def reads(self) -> set[str]:
+        return {self.dy} | ({self.x} if self.x else set())
+
+    def writes(self) -> set[str]:
+        return set()
+
+    def flops_per_row(self) -> int:
+        k = self.in_dim if self.per_head else self.in_heads * self.in_dim
+        return 2 * k * self.out_heads * self.out_dim if self.x else self.out_heads * self.out_dim
+
+    def describe(self) -> str:
+        src = "1" if self.x is None else (self.x if self.x_via == "row" else f"{self.x}@{self.x_via}")
+        by = self.by if self.by != "ntype" or not self.weight_end else self.weight_end + "_ntype"
+        op = "+=" if self.accumulate else "="
+        return (f"weight_grad {self.name} over {self.rows} rows: {self.grad}[{by}] {op} sum {src}^T {self.dy}"
+                f"{' per_head' if self.per_head else ''}  [{self.in_heads}x{self.in_dim} -> {self.out_heads}x{self.out_dim}]")
+
+
+TEMPLATES: tuple[type[Kernel], ...] = (GemmKernel, TraversalKernel, MapKernel, ScatterKernel, WeightGradKernel)
 
 
 # ----------------------------------------------------------------------- programs
@@ -414,14 +502,48 @@ class KernelProgram:
     index_bits: int = 64
     pair_index: str = "direct"
     zero_init: set[str] = field(default_factory=set)
+    #: a training program's: the output's gradient (a second input buffer), the input's gradient (a buffer),
+    #: param -> its gradient param (written by weight-gradient kernels), and how many kernels are the forward's
+    dout: str | None = None
+    input_grad: str | None = None
+    param_grads: dict[str, str] = field(default_factory=dict)
+    forward_kernels: int | None = None
+
+    @property
+    def is_training(self) -> bool:
+        return self.dout is not None
+
+    @property
+    def saved(self) -> tuple[str, ...]:
+        """A training program's buffers that its forward writes and its backward reads (the input
+        excluded: the caller keeps it): what the forward hands to the backward, held in between."""
+        if not self.is_training:
+            return ()
+        forward, backward = self.kernels[:self.forward_kernels], self.kernels[self.forward_kernels:]
+        written = set().union(*(k.writes() for k in forward))
+        read = set().union(*(k.reads() for k in backward))
+        return tuple(sorted((written & read) - {self.input}))
+
+    @property
+    def saved_params(self) -> tuple[str, ...]:
+        """A training program's derived params folded by its forward (the backward reads them too:
+        they are handed over rather than folded twice)."""
+        if not self.is_training:
+            return ()
+        return tuple(k.out for k in self.kernels[:self.forward_kernels] if isinstance(k, WeightKernel))
 
     def describe(self) -> str:
         lines = [f"kernels {self.name}: layout={self.layout} index_bits={self.index_bits} pair_index={self.pair_index}"]
         for b in self.buffers.values():
             lines.append(f"  buffer {b.name}: {b.domain}[{b.heads}x{b.dim}]{' (zeroed)' if b.name in self.zero_init else ''}")
-        for k in self.kernels:
+        for i, k in enumerate(self.kernels):
+            if i == self.forward_kernels:
+                lines.append("  # backward")
             lines.append("  " + k.describe().replace("\n", "\n  "))
         lines.append(f"  output {self.output}")
+        if self.is_training:
+            grads = ", ".join(f"{p}: {g}" for p, g in self.param_grads.items())
+            lines.append(f"  gradients: input {self.input_grad}; {grads}")
         return "\n".join(lines)
 
 

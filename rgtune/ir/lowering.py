@@ -10,6 +10,12 @@ Kernels come out in program order: one GEMM per typed linear (gathers fused into
 index, epilogues into its output loop, a following pair -> node sum into an accumulating
 store), one traversal per edge-materialized value, softmax or aggregation, one map per
 other materialized node or pair value, one weight kernel per derived weight.
+
+A training program (:func:`rgtune.ir.autodiff.adjoint`) lowers the same way, plus: an aggregation
+into sources (or source pairs) becomes a :class:`ScatterKernel`, a weight gradient a
+:class:`WeightGradKernel` (its ``dy`` materialized, its ``x`` read like a GEMM's input), and the
+kernel program records the output's gradient (an input buffer), the input's gradient (a buffer),
+the gradient params and where the forward's kernels end.
 """
 
 from __future__ import annotations
@@ -17,11 +23,12 @@ from __future__ import annotations
 from rgtune.ir.fusion_plan import plan_epilogues
 from rgtune.ir.kernels import (Acc, AggregateStage, BinaryE, Buffer, ConcatE, EdgeSoftmaxStage, EdgeStore, Expr,
                                GatedE, GemmKernel, GraphLoad, InnerE, KernelProgram, Load, MapKernel, ParamLoad,
-                               ScaleE, SoftmaxAggregate, TraversalKernel, UnaryE, WeightKernel)
+                               ReduceE, ScaleE, ScatterKernel, SoftmaxAggregate, TraversalKernel, UnaryE,
+                               WeightGradKernel, WeightKernel)
 from rgtune.ir.passes.fusion import softmax_aggregations
 from rgtune.ir.program import (DST_PAIR, EDGE, NODE, SRC_PAIR, Aggregate, Binary, Concat, EdgeSoftmax, Expand,
-                               FoldWeights, Gather, GatedResidual, GatherPair, GraphConst, Inner, IRError, Op,
-                               ParamRead, Program, Scale, TypedLinear, Unary, Value)
+                               FoldWeights, Gather, GatedResidual, GatherPair, GraphConst, Inner, IRError,
+                               ParamRead, Program, ReduceSum, Scale, TypedLinear, Unary, Value, WeightGrad)
 
 
 class LoweringError(IRError):
@@ -53,7 +60,9 @@ class _Lowering:
     # ------------------------------------------------------------------ planning
     def _plan(self) -> None:
         p, prod = self.p, self.prod
-        m = {p.x.name, p.output.name}
+        m = {p.x.name, p.output.name, *(v.name for v in p.inputs)}
+        if p.input_grad is not None:
+            m.add(p.input_grad.name)
         for op in p.ops:
             if isinstance(op, (TypedLinear, Aggregate)):
                 m.add(op.out.name)
@@ -68,14 +77,20 @@ class _Lowering:
                     self.fused_softmax[pattern_aggs[0]] = op
                 if self.softmax_fusion in ("none", "aggregate"):
                     m.add(op.x.name)
-            if isinstance(op, Aggregate) and op.x.domain == DST_PAIR:
+            if isinstance(op, Aggregate) and op.x.domain in (SRC_PAIR, DST_PAIR):
                 lin = prod.get(op.x.name)
-                if not isinstance(lin, TypedLinear) or len(self.users[op.x.name]) != 1:
+                if isinstance(lin, TypedLinear) and len(self.users[op.x.name]) == 1:
+                    self.accumulate_into[lin.out.name] = op.out  # the GEMM stores into the pairs' nodes
+                elif not p.is_training:
                     raise LoweringError(f"{op}: a pair -> node sum must directly follow a typed linear")
-                self.accumulate_into[lin.out.name] = op.out
         # a GEMM's input is a buffer (or a gathered buffer); so is anything gathered
         for op in p.ops:
-            if isinstance(op, TypedLinear):
+            if isinstance(op, WeightGrad):
+                m.add(op.dy.name)
+                if op.x is not None:
+                    src = prod.get(op.x.name)
+                    m.add(src.x.name if isinstance(src, (Gather, GatherPair)) else op.x.name)
+            elif isinstance(op, TypedLinear):
                 src = prod.get(op.x.name)
                 if isinstance(src, (Gather, GatherPair)):
                     m.add(src.x.name)
@@ -138,6 +153,8 @@ class _Lowering:
             return UnaryE(h, d, op.op, e(op.x), op.alpha)
         if isinstance(op, Scale):
             return ScaleE(h, d, e(op.x), op.scale)
+        if isinstance(op, ReduceSum):
+            return ReduceE(h, d, e(op.x), op.over)
         if isinstance(op, Concat):
             return ConcatE(h, d, e(op.a), e(op.b))
         if isinstance(op, GatedResidual):
@@ -183,9 +200,16 @@ class _Lowering:
             names[base] = names.get(base, 0) + 1
             return f"{base}{names[base]}"
 
-        for op in self.p.ops:
+        forward_ops = self.p.annotations.get("forward_ops")
+        forward_kernels = None
+        for i, op in enumerate(self.p.ops):
+            if i == forward_ops:
+                forward_kernels = len(kernels)
             if isinstance(op, FoldWeights):
                 kernels.append(WeightKernel(kname("fold"), op.out_param, op.mode, op.a, op.b, op.end))
+                continue
+            if isinstance(op, WeightGrad):
+                kernels.append(self._weight_grad(op, kname("weight_grad")))
                 continue
             name = op.out.name
             if name not in self.materialized or name == self.p.x.name:
@@ -195,9 +219,18 @@ class _Lowering:
                 if name in self.accumulate_into:
                     zero_init.add(self.buf_name(self.accumulate_into[name]))
             elif isinstance(op, Aggregate):
-                if op.x.domain == DST_PAIR:
-                    continue  # accumulated by the GEMM that produced op.x
-                kernels.append(self._aggregate(op, kname("aggregate")))
+                accumulated = any(v.name == name for v in self.accumulate_into.values())
+                if accumulated:
+                    continue  # by the GEMM that produced op.x
+                if op.x.domain in (SRC_PAIR, DST_PAIR):  # pairs into their nodes (a training program's)
+                    kernels.append(ScatterKernel(kname("scatter"), self.buf_name(op.out), "pair_node",
+                                                 self.expr(op.x, op.x.domain), self.layout, rows=op.x.domain))
+                elif op.side == "src":
+                    kernels.append(ScatterKernel(kname("scatter"), self.buf_name(op.out),
+                                                 "src" if op.to == NODE else "src_pair", self.expr(op.x, EDGE),
+                                                 self.layout))
+                else:
+                    kernels.append(self._aggregate(op, kname("aggregate")))
                 zero_init.add(self.buf_name(op.out))
             elif name in self.epilogue_roots:
                 continue  # written by its GEMM's epilogue
@@ -224,18 +257,14 @@ class _Lowering:
             index_bits=self.index_bits,
             pair_index=self.pair_index,
             zero_init=zero_init,
+            dout=self.buf_name(self.p.inputs[0]) if self.p.inputs else None,
+            input_grad=self.buf_name(self.p.input_grad) if self.p.input_grad is not None else None,
+            param_grads=dict(self.p.param_grads),
+            forward_kernels=forward_kernels,
         )
 
     def _gemm(self, op: TypedLinear, name: str) -> GemmKernel:
-        src = self.prod.get(op.x.name)
-        if op.x.name in self.stored:
-            x, x_via, xin = op.x, "row", op.x
-        elif isinstance(src, Gather):
-            x, x_via, xin = src.x, src.end, op.x
-        elif isinstance(src, GatherPair):
-            x, x_via, xin = src.x, "pair_node", op.x
-        else:  # pragma: no cover - planning materializes GEMM inputs
-            raise LoweringError(f"{op}: input is neither a buffer nor a gathered buffer")
+        (x, x_via), xin = self._gathered(op.x), op.x
         out, out_via, accumulate = None, "row", False
         if op.out.name in self.accumulate_into:
             out, out_via, accumulate = self.buf_name(self.accumulate_into[op.out.name]), "pair_node", True
@@ -248,6 +277,26 @@ class _Lowering:
             name, rows=op.out.domain, x=self.buf_name(x), x_via=x_via, weight=op.weight, bias=op.bias, by=op.by,
             weight_end=op.end, per_head=op.per_head, in_heads=xin.heads, in_dim=xin.dim, out_heads=op.out.heads,
             out_dim=op.out.dim, out=out, out_via=out_via, accumulate=accumulate, epilogue=epilogue)
+
+    def _gathered(self, x: Value) -> tuple[Value, str]:
+        """A GEMM's input as ``(buffer value, via)``: the value itself, or what a gather reads."""
+        src = self.prod.get(x.name)
+        if x.name in self.stored:
+            return x, "row"
+        if isinstance(src, Gather):
+            return src.x, src.end
+        if isinstance(src, GatherPair):
+            return src.x, "pair_node"
+        raise LoweringError(f"{x.name} is neither a buffer nor a gathered buffer")  # pragma: no cover
+
+    def _weight_grad(self, op: WeightGrad, name: str) -> WeightGradKernel:
+        x, x_via = self._gathered(op.x) if op.x is not None else (None, "row")
+        dy = op.dy
+        return WeightGradKernel(
+            name, rows=dy.domain, x=self.buf_name(x) if x is not None else None, x_via=x_via, dy=self.buf_name(dy),
+            grad=op.out_param, param=op.param, by=op.by, weight_end=op.end, per_head=op.per_head,
+            in_heads=op.x.heads if op.x is not None else 1, in_dim=op.x.dim if op.x is not None else 1,
+            out_heads=dy.heads, out_dim=dy.dim, accumulate=op.accumulate)
 
     def _aggregate(self, op: Aggregate, name: str) -> TraversalKernel:
         out_via = "dst" if op.to == NODE else "dst_pair"

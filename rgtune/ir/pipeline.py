@@ -116,9 +116,15 @@ def apply_passes(program: Program, config: Mapping[str, Any], graph: "HeteroGrap
 
 
 def compile_program(program: Program, config: Mapping[str, Any] | None = None,
-                    graph: "HeteroGraph | None" = None, strict: bool = True) -> Compiled:
-    """Apply the passes with ``config`` (IR knobs; others ignored unless ``strict``) and lower."""
+                    graph: "HeteroGraph | None" = None, strict: bool = True, training: bool = False) -> Compiled:
+    """Apply the passes with ``config`` (IR knobs; others ignored unless ``strict``) and lower; with
+    ``training``, lower the adjoint of the program after the passes (:func:`rgtune.ir.autodiff.adjoint`;
+    its knob ``autodiff.save`` joins the IR knobs)."""
     knobs = discover_knobs(program, graph)
+    if training:
+        from rgtune.ir.autodiff import training_knobs
+
+        knobs = knobs + training_knobs(program)
     ir_names = {k.name for k in knobs}
     ir_config = {k: v for k, v in (config or {}).items() if k in ir_names or (strict and "." in k and
                                                                                k.split(".")[0] in _pass_names())}
@@ -127,6 +133,10 @@ def compile_program(program: Program, config: Mapping[str, Any] | None = None,
     if problems:
         raise KnobError("; ".join(problems))
     after = apply_passes(program, full, graph)
+    if training:
+        from rgtune.ir.autodiff import adjoint
+
+        after = adjoint(after, config=full)
     return Compiled(full, after, lower(after))
 
 

@@ -39,6 +39,8 @@ PAIR_OF_SIDE = {"src": SRC_PAIR, "dst": DST_PAIR}
 ParamBy = Literal["ntype", "rel", "none"]
 
 UNARY_OPS = ("leaky_relu", "gelu", "exp", "sigmoid", "relu", "neg")
+#: the derivatives of the unary ops, written as unary ops of the same input (the adjoint uses them)
+UNARY_GRAD_OPS = ("leaky_relu_grad", "gelu_grad", "sigmoid_grad", "relu_grad")
 BINARY_OPS = ("add", "sub", "mul")
 
 
@@ -59,9 +61,12 @@ class Param:
     by: ParamBy
     shape: tuple[int, ...]
     derived: bool = False
+    #: the gradient of this param (an adjoint program's output; see :mod:`rgtune.ir.autodiff`)
+    grad_of: str | None = None
 
     def __str__(self) -> str:
-        return f"{'derived ' if self.derived else ''}param {self.name}: {self.by}[{'x'.join(map(str, self.shape))}]"
+        kind = "derived " if self.derived else f"grad({self.grad_of}) " if self.grad_of else ""
+        return f"{kind}param {self.name}: {self.by}[{'x'.join(map(str, self.shape))}]"
 
 
 @dataclass(frozen=True)
@@ -229,11 +234,27 @@ class EdgeSoftmax(Op):
 
 @dataclass(frozen=True)
 class Aggregate(Op):
-    """Sum (or mean) rows into their destination: edge -> node, edge -> dst_pair, dst_pair -> node."""
+    """Sum (or mean) rows into the node or pair they belong to on one ``end`` of the edge (None: the
+    destination): edge -> node, edge -> pair of that end, pair -> its node. The source side is what
+    a gather of sources turns into in the adjoint (:mod:`rgtune.ir.autodiff`)."""
 
     x: Value
     to: str
     reduce: Literal["sum", "mean"] = "sum"
+    end: Literal["src", "dst"] | None = None
+
+    @property
+    def side(self) -> str:
+        return self.end or "dst"
+
+
+@dataclass(frozen=True)
+class ReduceSum(Op):
+    """Sum over the heads (``over="heads"``: ``(H, D) -> (1, D)``) or the features (``"dim"``: ``(H, D) -> (H, 1)``);
+    the adjoint of a broadcast."""
+
+    x: Value
+    over: Literal["heads", "dim"]
 
 
 @dataclass(frozen=True)
@@ -283,6 +304,36 @@ class FoldWeights(Op):
         return f"{self.out_param} := fold_{self.mode}({self.a}{b}{extra})"
 
 
+@dataclass(frozen=True)
+class WeightGrad(Op):
+    """The gradient of a param: per type, the sum over the rows of that type of ``x^T dy`` (a weight), or of
+    ``dy`` (``x`` None: a bias, an attention vector, a gate). ``accumulate`` adds to the gradient's earlier
+    contributions (a param used twice). Like :class:`FoldWeights` it defines a param (``out_param``, whose
+    :attr:`Param.grad_of` is ``param``); ``out`` is a dummy value."""
+
+    out_param: str
+    param: str
+    x: Value | None
+    dy: Value
+    by: ParamBy
+    per_head: bool = False
+    end: Literal["src", "dst"] | None = None
+    accumulate: bool = False
+
+    def params(self) -> tuple[str, ...]:
+        return (self.param,)
+
+    def __str__(self) -> str:
+        x = self.x.name if self.x is not None else "1"
+        flags = "".join((", per_head" if self.per_head else "", f", end={self.end}" if self.end else "",
+                         ", +=" if self.accumulate else ""))
+        return f"{self.out_param} := weight_grad({x}, {self.dy.name}, by={self.by}{flags})"
+
+
+#: ops that define a param instead of a value
+PARAM_OPS = (FoldWeights, WeightGrad)
+
+
 _OPNAMES: dict[type, str] = {
     Gather: "gather",
     GatherPair: "gather_pair",
@@ -296,6 +347,8 @@ _OPNAMES: dict[type, str] = {
     Scale: "scale",
     EdgeSoftmax: "edge_softmax",
     Aggregate: "aggregate",
+    ReduceSum: "reduce_sum",
+    WeightGrad: "weight_grad",
     Concat: "concat",
     GatedResidual: "gated_residual",
     FoldWeights: "fold",
@@ -309,6 +362,11 @@ class Program:
 
     ``annotations`` carry pass decisions that lowering reads (fusion choices, layout); they
     never change the program's meaning.
+
+    A training program (:func:`rgtune.ir.autodiff.adjoint`) also reads the output's gradient
+    (``inputs``: ``(dout,)``) and defines the input's gradient (``input_grad``) and, for every
+    param, its gradient param (``param_grads``: param -> the grad param a :class:`WeightGrad`
+    defines).
     """
 
     name: str
@@ -318,19 +376,23 @@ class Program:
     output: Value
     heads: int = 1
     annotations: dict[str, Any] = field(default_factory=dict)
+    inputs: tuple[Value, ...] = ()
+    input_grad: Value | None = None
+    param_grads: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.validate()
 
     def copy(self, **changes: Any) -> "Program":
         kw = dict(name=self.name, x=self.x, params=dict(self.params), ops=list(self.ops), output=self.output,
-                  heads=self.heads, annotations=dict(self.annotations))
+                  heads=self.heads, annotations=dict(self.annotations), inputs=self.inputs,
+                  input_grad=self.input_grad, param_grads=dict(self.param_grads))
         kw.update(changes)
         return Program(**kw)
 
     # -- queries ---------------------------------------------------------------
     def producers(self) -> dict[str, Op]:
-        return {op.out.name: op for op in self.ops if not isinstance(op, FoldWeights)}
+        return {op.out.name: op for op in self.ops if not isinstance(op, PARAM_OPS)}
 
     def users(self) -> dict[str, list[Op]]:
         users: dict[str, list[Op]] = {}
@@ -341,8 +403,9 @@ class Program:
 
     def values(self) -> Iterator[Value]:
         yield self.x
+        yield from self.inputs
         for op in self.ops:
-            if not isinstance(op, FoldWeights):
+            if not isinstance(op, PARAM_OPS):
                 yield op.out
 
     @property
@@ -354,12 +417,17 @@ class Program:
         return self.output.heads * self.output.dim
 
     def state_params(self) -> dict[str, Param]:
-        """The learnable params (the layer's state_dict), without derived ones."""
-        return {k: p for k, p in self.params.items() if not p.derived}
+        """The learnable params (the layer's state_dict), without derived ones and gradients."""
+        return {k: p for k, p in self.params.items() if not p.derived and p.grad_of is None}
+
+    @property
+    def is_training(self) -> bool:
+        """Whether this program also computes gradients (see :mod:`rgtune.ir.autodiff`)."""
+        return self.input_grad is not None or bool(self.param_grads)
 
     # -- checks ------------------------------------------------------------------
     def validate(self) -> None:
-        defined = {self.x.name}
+        defined = {self.x.name, *(v.name for v in self.inputs)}
         for op in self.ops:
             for v in op.inputs():
                 if v.name not in defined:
@@ -367,24 +435,32 @@ class Program:
             for p in op.params():
                 if p not in self.params:
                     raise IRError(f"{op}: unknown param {p!r}; params are {sorted(self.params)}")
-            if isinstance(op, FoldWeights):
+            if isinstance(op, PARAM_OPS):
                 if op.out_param not in self.params:
-                    raise IRError(f"{op}: derived param {op.out_param!r} is not declared")
+                    raise IRError(f"{op}: the param it defines, {op.out_param!r}, is not declared")
                 continue
             if op.out.name in defined:
                 raise IRError(f"value {op.out.name} is defined twice")
             defined.add(op.out.name)
-        if self.output.name not in defined:
-            raise IRError(f"output {self.output.name} is never defined")
+        for v in (self.output, self.input_grad):
+            if v is not None and v.name not in defined:
+                raise IRError(f"output {v.name} is never defined")
+        defining = {op.out_param for op in self.ops if isinstance(op, WeightGrad)}
+        for param, grad in self.param_grads.items():
+            if grad not in defining:
+                raise IRError(f"the gradient {grad!r} of {param!r} is never computed")
 
     # -- text ------------------------------------------------------------------
     def __str__(self) -> str:
-        lines = [f"program {self.name}({self.x.name}: {self.x.domain}[{self.x.heads}x{self.x.dim}])"]
+        args = ", ".join(f"{v.name}: {v.domain}[{v.heads}x{v.dim}]" for v in (self.x, *self.inputs))
+        lines = [f"program {self.name}({args})"]
         lines += [f"  {p}" for p in self.params.values()]
         for k, v in sorted(self.annotations.items()):
             lines.append(f"  @{k} = {v}")
         lines += [f"  {op}" for op in self.ops]
-        lines.append(f"  return {self.output.name}")
+        grads = ([f"d{self.x.name}={self.input_grad.name}"] if self.input_grad is not None else []) + \
+            [f"d{p}={g}" for p, g in self.param_grads.items()]
+        lines.append(f"  return {self.output.name}" + (f"; {', '.join(grads)}" if grads else ""))
         return "\n".join(lines)
 
 

@@ -92,21 +92,26 @@ def is_dataset_name(name: str) -> bool:
 
 
 def tune_command(model: str, dataset: str, in_dim: int, out_dim: int, heads: int, backend: str,
-                 db: str | None) -> str:
+                 db: str | None, mode: str = "inference") -> str:
     """The command that records a schedule for this workload.
 
     ``tune`` has one ``--hidden`` for both sizes; for ``in_dim != out_dim`` it is the Python call.
+
+    Example:
+        >>> print(tune_command("hgt", "aifb", 64, 64, 2, "cpu", None, mode="training"))
+        tune --model hgt --dataset aifb --hidden 64 --heads 2 --backend cpu --mode training
     """
     if in_dim == out_dim:
         parts = ["tune", "--model", model, "--dataset", dataset, "--hidden", str(in_dim)]
         if heads != 1:
             parts += ["--heads", str(heads)]
-        parts += ["--backend", backend] + (["--db", db] if db else [])
+        parts += ["--backend", backend] + (["--mode", mode] if mode != "inference" else []) + (["--db", db] if db else [])
         return shlex.join(parts)
     q = json.dumps  # double-quoted Python string literals: the shell quoting stays readable
     code = ("from rgtune.db import TrialDatabase; from rgtune.tuner.measure import Workload; "
             "from rgtune.tuner.study import TuneOptions, Tuner; "
-            f"print(Tuner(Workload({q(model)}, {q(dataset)}, {in_dim}, {out_dim}, {heads}, {q(backend)}), "
+            f"print(Tuner(Workload({q(model)}, {q(dataset)}, {in_dim}, {out_dim}, {heads}, {q(backend)}"
+            f"{', mode=' + q(mode) if mode != 'inference' else ''}), "
             f"TrialDatabase({q(db or 'results.db')}), TuneOptions(trials=50)).run())")
     return shlex.join(["python", "-c", code])
 
@@ -152,7 +157,7 @@ class Found:
 
     def provenance(self, db: "TrialDatabase") -> dict[str, Any]:
         t, w = self.trial, self.workload
-        return {"source": "database", "db": db.name, "trial_id": t.id, "median_ms": t.median_ms,
+        return {"source": "database", "db": db.name, "trial_id": t.id, "mode": w.mode, "median_ms": t.median_ms,
                 "device": t.device, "device_fingerprint": w.device_fingerprint, "backend": t.backend,
                 "dataset": w.dataset, "graph_hash": w.graph_hash, "rgtune_version": t.rgtune_version,
                 "schedule_hash": t.schedule_hash, "source_hash": t.source_hash,
@@ -160,11 +165,12 @@ class Found:
 
 
 def find_best(db: "TrialDatabase", model: str, graph: HeteroGraph, in_dim: int, out_dim: int, heads: int,
-              backend: Backend) -> Found | None:
-    """The best ``ok`` trial of this workload: this graph (by content hash) on this device first;
-    else this graph on another device; else a graph of the same name (other content)."""
+              backend: Backend, mode: str = "inference") -> Found | None:
+    """The best ``ok`` trial of this workload (``mode``: ``"inference"`` or ``"training"``): this graph
+    (by content hash) on this device first; else this graph on another device; else a graph of the
+    same name (other content)."""
     sizes = {"model": model, "in_dim": in_dim, "out_dim": out_dim, "heads": heads, "backend": backend.name,
-             "mode": "inference"}
+             "mode": mode}
     mine = fingerprint(backend)
     for same_graph, key in ((True, {"graph_hash": graph.content_hash}), (False, {"dataset": graph.name})):
         candidates = [w for w in db.workloads(**sizes, **key) if w.num_ok and w.best_ms is not None]  # type: ignore[arg-type]

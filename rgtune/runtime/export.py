@@ -3,8 +3,9 @@
 The folder (format ``rgtune-export`` version 1)::
 
     README.txt           how to load it
-    schedule.json        model, sizes, backend, the knob config (the kernel IR is rebuilt from it
-                         through SearchSpace), the graph's schema and content hash, source hashes
+    schedule.json        model, sizes, backend, mode (inference or training), the knob config (the
+                         kernel IR is rebuilt from it through SearchSpace), the graph's schema and
+                         content hash, source hashes
     provenance.json      trial id, median time, device info and fingerprint, rgtune/torch versions,
                          database, export date (UTC)
     kernel_program.txt   the kernel IR of the schedule, for reading
@@ -87,6 +88,7 @@ def export(
     backend: str | Backend = "auto",
     *,
     data_dir: str | Path | None = None,
+    mode: str = "inference",
     allow_default: bool = False,
     overwrite: bool = False,
 ) -> Path:
@@ -94,9 +96,10 @@ def export(
 
     Without a record this is :class:`NoTunedScheduleError` (naming the ``tune`` command), unless
     ``allow_default``, which exports the default schedule. ``out_dir`` must not exist, be empty,
-    or (with ``overwrite``) be an earlier export. Returns the folder.
+    or (with ``overwrite``) be an earlier export. ``mode="training"`` exports the best training
+    schedule (the layer then builds its training program at once). Returns the folder.
     """
-    sel = select_schedule(model, graph, in_dim, out_dim, heads, db, backend, data_dir=data_dir)
+    sel = select_schedule(model, graph, in_dim, out_dim, heads, db, backend, mode=mode, data_dir=data_dir)
     if sel.missing is not None and not allow_default:
         raise NoTunedScheduleError(f"{sel.missing}; or pass allow_default=True (--allow-default) to export "
                                    f"the default schedule")
@@ -118,7 +121,7 @@ def export_layer(layer: TunedLayer, out_dir: str | Path, *, overwrite: bool = Fa
     schedule = {
         "format": EXPORT_FORMAT, "format_version": FORMAT_VERSION,
         "model": layer.model, "in_dim": layer.in_dim, "out_dim": layer.out_dim, "heads": layer.heads,
-        "backend": be.name, "target": be.target, "config": layer.config,
+        "backend": be.name, "target": be.target, "mode": layer.mode, "config": layer.config,
         "source_hash": layer.source_hash,
         "sources": {name: {"path": f"{_SOURCES}/{name}", "sha256": _sha256(text)} for name, text in sources.items()},
         "graph": graph_signature(layer.graph),
@@ -292,9 +295,9 @@ def load_exported(
     g = resolve_graph(graph, data_dir)
     _check_graph(folder, s["graph"], g)
     be = _backend_for(s["backend"], backend)
-    config = dict(s["config"])
+    config, mode = dict(s["config"]), s.get("mode", "inference")  # exports before training had no mode
     if be.target != s["target"]:
-        space = SearchSpace(build_model(model, s["in_dim"], s["out_dim"], s["heads"]), g, be.target)
+        space = SearchSpace(build_model(model, s["in_dim"], s["out_dim"], s["heads"]), g, be.target, mode=mode)
         ir = {k.name for k in space.ir_knobs}
         config = {k: v for k, v in config.items() if k in ir}
         warn(f"{folder}: tuned for the {s['target']} target ({s['backend']} backend), loading on {be.name} "
@@ -306,7 +309,7 @@ def load_exported(
              f"hardware, compiler or threads); it computes the same numbers, but may not be the fastest here")
     provenance = {**p, "source": "export", "path": str(folder)}
     layer = tuned_layer(model, g, s["in_dim"], s["out_dim"], s["heads"], config=config, backend=be,
-                        provenance=provenance, device="cuda" if be.target == "cuda" else None)
+                        provenance=provenance, mode=mode, device="cuda" if be.target == "cuda" else None)
     if be.name == s["backend"] and layer.source_hash != s["source_hash"]:
         warn(f"{folder}: the regenerated kernel sources differ from the exported ones (hash {layer.source_hash}, "
              f"exported {s['source_hash']}; exported by rgtune {p.get('rgtune_version')}, this is "

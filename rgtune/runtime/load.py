@@ -22,9 +22,10 @@ from typing import TYPE_CHECKING, Any
 from rgtune.codegen.base import Backend
 from rgtune.data import HeteroGraph
 from rgtune.ir.passes import KnobError
-from rgtune.runtime._lookup import (check_model, find_best, is_dataset_name, open_db, resolve_backend, resolve_graph,
+from rgtune.runtime._lookup import (Found, check_model, find_best, is_dataset_name, open_db, resolve_backend, resolve_graph,
                                     shown_db, tune_command, warn)
 from rgtune.runtime.module import TunedLayer, tuned_layer
+from rgtune.search_spaces import MODES
 
 if TYPE_CHECKING:
     from rgtune.db import TrialDatabase
@@ -41,6 +42,7 @@ def load_tuned(
     db: "str | TrialDatabase | None" = "results.db",
     backend: str | Backend = "auto",
     *,
+    mode: str = "inference",
     data_dir: str | Path | None = None,
 ) -> TunedLayer:
     """A :class:`~rgtune.runtime.module.TunedLayer` running the best recorded schedule.
@@ -59,12 +61,16 @@ def load_tuned(
         db: a SQLAlchemy URL, a ``.db`` path, an open :class:`TrialDatabase`, or None (no
             lookup). A missing SQLite file is not created.
         backend: ``"auto"`` (CUDA if usable, else ``cpu``, else ``reference``) or a backend name.
+        mode: ``"inference"`` (the schedule of the fastest forward) or ``"training"`` (of the
+            fastest training step: forward, then backward to the input and every param). Without
+            a training record, the best inference schedule with the backward's knobs at their
+            defaults, with a warning.
 
     Returns:
         A module with the reference layer's parameters, ``state_dict`` and call; its
         ``provenance`` says where the schedule came from.
     """
-    sel = select_schedule(model, graph, in_dim, out_dim, heads, db, backend, data_dir=data_dir)
+    sel = select_schedule(model, graph, in_dim, out_dim, heads, db, backend, mode=mode, data_dir=data_dir)
     for message in sel.warnings:
         warn(message)
     return sel.build()
@@ -84,6 +90,7 @@ class Selection:
     missing: str | None  # why there is no record (None: a record was found)
     hint: str  # "run `tune ...`"
     where: str  # the workload, in words
+    mode: str = "inference"
 
     def build(self) -> TunedLayer:
         """The layer; a recorded schedule that no longer compiles falls back to the default, with a warning."""
@@ -91,40 +98,64 @@ class Selection:
         device = "cuda" if be.target == "cuda" else None  # the layer lives where its kernels run
         try:
             return tuned_layer(m, g, i, o, h, config=self.config, backend=be, provenance=self.provenance,
-                               device=device)
+                               mode=self.mode, device=device)
         except (KnobError, ValueError) as e:
             if self.config is None:
                 raise
             # A schedule recorded by another rgtune version may name knobs this one no longer has.
             warn(f"{self.where}: the recorded schedule of trial {self.provenance.get('trial_id')} does not compile "
                  f"here ({e}); using the default schedule. To record a new one, {self.hint}")
-            return tuned_layer(m, g, i, o, h, backend=be, device=device,
+            return tuned_layer(m, g, i, o, h, backend=be, device=device, mode=self.mode,
                                provenance={"source": "default", "rejected_trial": self.provenance.get("trial_id")})
 
 
 def select_schedule(model: str, graph: HeteroGraph | str, in_dim: int, out_dim: int, heads: int,
-                    db: "str | TrialDatabase | None", backend: str | Backend, *,
+                    db: "str | TrialDatabase | None", backend: str | Backend, *, mode: str = "inference",
                     data_dir: str | Path | None = None) -> Selection:
     """Look the workload up (see :func:`load_tuned`) without building anything or warning."""
     model = check_model(model)
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; choose one of {list(MODES)}")
     g = resolve_graph(graph, data_dir)
     be = resolve_backend(backend)
     database = open_db(db)
     db_text = shown_db(db)
-    command = tune_command(model, g.name, in_dim, out_dim, heads, be.name, db_text)
+    command = tune_command(model, g.name, in_dim, out_dim, heads, be.name, db_text, mode)
     hint = f"run `{command}`" + ("" if is_dataset_name(g.name) else
                                  f" (the tuner loads graphs by dataset name; {g.name!r} is not one)")
+    kind = "" if mode == "inference" else "training "
     where = f"{model} on {g.name!r} (in_dim={in_dim}, out_dim={out_dim}, heads={heads}, backend={be.name})"
-    found = None if database is None else find_best(database, model, g, in_dim, out_dim, heads, be)
-    sel = Selection(model, g, (in_dim, out_dim, heads), be, None, {"source": "default"}, [], None, hint, where)
+    find = (lambda m: find_best(database, model, g, in_dim, out_dim, heads, be, m)) if database is not None else None
+    found = find(mode) if find is not None else None
+    sel = Selection(model, g, (in_dim, out_dim, heads), be, None, {"source": "default"}, [], None, hint, where, mode)
+    if found is None and mode == "training" and find is not None:
+        found = find("inference")
+        if found is not None:  # the tuned forward, the backward's knobs at their defaults
+            assert database is not None
+            sel.config, sel.provenance = dict(found.trial.knobs), {**found.provenance(database),
+                                                                    "backward": "default knobs"}
+            sel.missing = f"no tuned training schedule for {where} in {database.name}. To record one, {hint}"
+            sel.warnings.append(f"no tuned training schedule for {where}; using the best inference schedule "
+                                f"(trial {found.trial.id}) with the backward's knobs at their defaults. "
+                                f"To record one, {hint}")
+            _warn_fit(sel, found, g)
+            return sel
     if found is None:
         why = f"no database at {db_text}" if database is None and db is not None else \
             "no database given" if database is None else f"{database.name} has no verified trial"
-        sel.missing = f"no tuned schedule for {where}: {why}. To record one, {hint}"
-        sel.warnings.append(f"no tuned schedule for {where}: {why}; using the default schedule. To record one, {hint}")
+        sel.missing = f"no tuned {kind}schedule for {where}: {why}. To record one, {hint}"
+        sel.warnings.append(f"no tuned {kind}schedule for {where}: {why}; using the default schedule. "
+                            f"To record one, {hint}")
         return sel
     assert database is not None
     sel.config, sel.provenance = dict(found.trial.knobs), found.provenance(database)
+    _warn_fit(sel, found, g)
+    return sel
+
+
+def _warn_fit(sel: Selection, found: Found, g: HeteroGraph) -> None:
+    """Warn when the record is of another graph's content or of another device."""
+    where, hint = sel.where, sel.hint
     if not found.same_graph:
         sel.warnings.append(
             f"{where}: using trial {found.trial.id}, tuned on a graph named {g.name!r} with other content "
@@ -133,4 +164,3 @@ def select_schedule(model: str, graph: HeteroGraph | str, in_dim: int, out_dim: 
         sel.warnings.append(
             f"{where}: using trial {found.trial.id}, tuned on another device ({found.trial.device!r}, "
             f"a different device fingerprint: hardware, compiler or threads); to tune here, {hint}")
-    return sel

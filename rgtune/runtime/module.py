@@ -5,23 +5,32 @@ and so on): the same parameters, the same ``state_dict`` keys and shapes, the sa
 (``layer(x)`` with a tensor in global node order or a dict per node type, answered in the same
 form). Only ``_forward_flat`` differs.
 
-What is generated and what is torch:
+What runs where:
 
-* **forward**: the kernels the backend generated for the chosen schedule
-  (:meth:`BuiltProgram.run`; C/OpenMP on ``cpu``, CUDA C on ``cuda``, float32). Derived
-  weights of a reordered program (``W_k W_att`` ...) are folded with torch ops inside the
-  backend, once per call.
-* **backward**: torch. A custom :class:`torch.autograd.Function` saves the input and the
-  parameters; its backward re-runs the forward through the torch lowering of the *same*
-  kernel program (:class:`~rgtune.codegen.reference.ReferenceExecutor`, with autograd on)
-  and calls :func:`torch.autograd.grad`. Gradients are therefore those of the tuned program's
-  own math (compaction, reordering and all), computed by torch; nothing of the backward is
-  generated. The recomputation costs one torch forward per backward; no activation is kept
-  between forward and backward beyond the input and the parameters.
+* **forward without gradients** (``torch.no_grad()``, or nothing requires grad): the kernels of
+  the *inference program* (:meth:`BuiltProgram.run`; C/OpenMP on ``cpu``, CUDA C on ``cuda``,
+  float32). Derived weights of a reordered program (``W_k W_att`` ...) are folded with torch ops
+  inside the backend, once per call.
+* **forward with gradients**: the forward phase of the *training program* (the adjoint of the
+  program, :mod:`rgtune.ir.autodiff`, lowered and generated like the forward): it computes the
+  output and hands the buffers the backward reads (:attr:`KernelProgram.saved`: which ones is the
+  knob ``autodiff.save``) to a custom :class:`torch.autograd.Function`, which keeps them until the
+  backward, as autograd keeps its own activations.
+* **backward**: the training program's backward phase, generated kernels reading the saved
+  buffers and the output's gradient; they give the input's gradient and every param's. The
+  gradients of derived weights go back to the learnable ones through the folds (torch autograd
+  over the weights, not over the graph: :func:`rgtune.codegen.training.learnable_grads`). No
+  forward is recomputed, apart from what ``autodiff.save`` chooses to recompute.
 
-With the ``reference`` backend the forward is the same torch executor, in any float dtype:
-that is what :func:`torch.autograd.gradcheck` runs in float64. Second derivatives (double
-backward) are not supported. Under ``torch.no_grad()`` the forward is the kernels alone.
+The training program is built on the first forward that needs gradients (a layer made with
+``mode="training"`` builds it at once); :attr:`TunedLayer.backward_kind` says how the backend runs
+it. A backend that runs only whole training steps (no separate phases) runs the step in the
+backward; one that builds no training program at all falls back to autograd through the torch
+lowering of the inference program.
+
+With the ``reference`` backend both programs run in the torch executor, in any float dtype:
+that is what :func:`torch.autograd.gradcheck` runs in float64, checking the derived backward
+against finite differences. Second derivatives (double backward) are not supported.
 
 ``copy.deepcopy`` and ``torch.save`` of a tuned layer keep its schedule and rebuild the
 kernels for the copy (compiled code itself is not copied; the compile cache makes this cheap).
@@ -36,8 +45,9 @@ tensor and its dtype, before any kernel runs; nothing is cast behind the caller'
 Threads: one layer may be called from several threads at once. Its forward runs one call at a
 time (the kernels of a layer share one workspace, so each backend's runtime holds a lock per
 built program; a call already uses every core through OpenMP or the GPU, so running calls side
-by side would gain little); its backward, the torch lowering, keeps its buffers per call and
-runs concurrently. Results are the same as from calls made one after another.
+by side would gain little); what a forward saves for its backward is its own (fresh tensors), so
+several forwards may precede their backwards. Results are the same as from calls made one after
+another.
 
 Example:
     >>> import torch
@@ -51,26 +61,28 @@ Example:
     >>> x = torch.randn(30, 4)
     >>> bool(torch.allclose(layer(x), ref(x), atol=1e-5))
     True
-    >>> layer(x).sum().backward()                                # trains: torch backward
-    >>> layer.weight.grad.shape
-    torch.Size([3, 4, 8])
+    >>> layer(x).sum().backward()                                # trains: the generated backward
+    >>> layer.weight.grad.shape, layer.backward_kind
+    (torch.Size([3, 4, 8]), 'generated')
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any, ClassVar, Mapping, Sequence
 
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from rgtune.codegen.base import Backend, BuiltProgram, create
+from rgtune.codegen.base import Backend, BuiltProgram, Saved, create
 from rgtune.codegen.reference import ReferenceExecutor
+from rgtune.codegen.training import learnable_grads
 from rgtune.data.graph import HeteroGraph
 from rgtune.ir.kernels import KernelProgram, WeightKernel
 from rgtune.ir.models import build_model
 from rgtune.models import HGT, RGAT, RGCN, NodeInput, RelationalLayer
-from rgtune.search_spaces import SearchSpace
+from rgtune.search_spaces import MODES, Point, SearchSpace
 
 __all__ = ["GraphMismatchError", "TunedLayer", "TunedRGCN", "TunedRGAT", "TunedHGT", "TUNED_CLASSES", "tuned_layer"]
 
@@ -80,31 +92,89 @@ class GraphMismatchError(ValueError):
 
 
 class _Runner:
-    """The compiled forward and the torch backward of one tuned layer (what the Function calls)."""
+    """The built programs of one tuned layer and what the autograd Function calls.
 
-    def __init__(self, built: BuiltProgram, kp: KernelProgram, graph: HeteroGraph, names: Sequence[str]) -> None:
-        self.built = built
-        self.kp = kp
+    The inference program runs a forward that needs no gradient; the training program (built on
+    the first forward that does, unless the layer was made for training) runs its forward phase,
+    hands the saved buffers to the Function, and its backward phase runs the generated backward
+    kernels on them. A backend that builds training programs without separate phases
+    (:attr:`BuiltProgram.phased`) runs the whole step in the backward, recomputing the forward with
+    its kernels; one that cannot build them at all leaves the backward to the torch lowering.
+    """
+
+    def __init__(self, backend: Backend, graph: HeteroGraph, names: Sequence[str], points: Mapping[str, Point],
+                 eager: str) -> None:
+        self.backend = backend
         self.graph = graph
         self.names = tuple(names)
+        self._points = dict(points)
+        self._built: dict[str, tuple[KernelProgram, BuiltProgram]] = {}
+        self._lock = threading.Lock()
         self._executor: ReferenceExecutor | None = None
+        self.program(self.runs(eager))
 
-    def _executor_on(self, device: torch.device) -> ReferenceExecutor:
-        """The torch executor of the kernel program, its graph arrays on ``device`` (built on the
-        first backward, so inference never pays for it)."""
-        if self._executor is None:
-            self._executor = ReferenceExecutor(self.kp, self.graph, device)
-        self._executor = self._executor.to(device)
-        return self._executor
+    def runs(self, mode: str) -> str:
+        """The program that runs for ``mode``: the inference one for training on a backend that builds
+        no training programs (its backward is the torch lowering's)."""
+        return mode if mode == "inference" or self.backend.trains else "inference"
+
+    def program(self, mode: str) -> tuple[KernelProgram, BuiltProgram]:
+        """The kernel program of ``mode`` and its build (built on first use, once)."""
+        with self._lock:
+            if mode not in self._built:
+                point = self._points[mode]
+                self._built[mode] = (point.kernels, self.backend.build(point.kernels, self.graph, point.config))
+            return self._built[mode]
+
+    @property
+    def built(self) -> dict[str, tuple[KernelProgram, BuiltProgram]]:
+        return dict(self._built)
+
+    def backward_kind(self) -> str:
+        """How a backward runs: ``"generated"`` (the backward kernels on saved buffers), ``"recompute"``
+        (the whole training step in the backward) or ``"torch"`` (the torch lowering)."""
+        if not self.backend.trains:
+            return "torch"
+        kp, built = self.program("training")
+        return "generated" if built.phased else "recompute" if built.train_fn is not None else "torch"
 
     def forward(self, x: Tensor, params: Sequence[Tensor]) -> Tensor:
         with torch.no_grad():
-            return self.built.run(x, dict(zip(self.names, params)))
+            return self.program("inference")[1].run(x, dict(zip(self.names, params)))
 
-    def vjp(self, x: Tensor, params: Sequence[Tensor], grad_out: Tensor,
-            needs: Sequence[bool]) -> list[Tensor | None]:
-        """Gradients w.r.t. ``(x, *params)`` (None where not needed), through the torch lowering."""
-        ex = self._executor_on(x.device)
+    def forward_for_backward(self, x: Tensor, params: Sequence[Tensor]) -> tuple[Tensor, Saved | None]:
+        """The output and what the backward reads (None: the backward recomputes from ``x`` and the params)."""
+        if self.backward_kind() != "generated":
+            return self.forward(x, params), None
+        kp, built = self.program("training")
+        with torch.no_grad():
+            return built.run_forward(x, dict(zip(self.names, params)))
+
+    def backward(self, x: Tensor, params: Sequence[Tensor], saved: Saved | None, grad_out: Tensor,
+                 needs: Sequence[bool]) -> list[Tensor | None]:
+        """Gradients w.r.t. ``(x, *params)`` (None where not needed)."""
+        kind = self.backward_kind()
+        if kind == "torch":
+            return self._torch_vjp(x, params, grad_out, needs)
+        kp, built = self.program("training")
+        named = dict(zip(self.names, params))
+        with torch.no_grad():
+            if kind == "generated":
+                assert saved is not None
+                dx, grads = built.run_backward(x, named, saved, grad_out)
+            else:
+                _, dx, grads = built.run_training(x, named, grad_out)
+        grads = learnable_grads(kp, self.graph, named, grads)
+        return [g if n else None for g, n in zip((dx, *(grads.get(k) for k in self.names)), needs)]
+
+    def _torch_vjp(self, x: Tensor, params: Sequence[Tensor], grad_out: Tensor,
+                   needs: Sequence[bool]) -> list[Tensor | None]:
+        """Gradients through the torch lowering of the inference program, recomputing its forward (for
+        backends that build no training programs)."""
+        kp = self.program("inference")[0]
+        if self._executor is None or self._executor.kp is not kp:
+            self._executor = ReferenceExecutor(kp, self.graph, x.device)
+        ex = self._executor = self._executor.to(x.device)
         with torch.enable_grad():
             leaves = [t.detach().requires_grad_(bool(n)) for t, n in zip((x, *params), needs)]
             # the executor keeps no buffers between runs: no autograd graph outlives the call, and
@@ -116,19 +186,31 @@ class _Runner:
 
 
 class _KernelFunction(torch.autograd.Function):
-    """Forward: generated kernels. Backward: torch, recomputing the forward (see the module docstring)."""
+    """Forward: the training program's forward phase. Backward: its backward phase on what the forward
+    saved (see the module docstring)."""
 
     @staticmethod
     def forward(ctx: Any, runner: _Runner, x: Tensor, *params: Tensor) -> Tensor:  # type: ignore[override]
         ctx.runner = runner
-        ctx.save_for_backward(x, *params)
-        return runner.forward(x, params)
+        out, saved = runner.forward_for_backward(x, params)
+        ctx.num_params = len(params)
+        ctx.buffer_names = list(saved.buffers) if saved is not None else None
+        ctx.param_names = list(saved.params) if saved is not None else []
+        handed = [*saved.buffers.values(), *saved.params.values()] if saved is not None else []
+        # through save_for_backward: autograd frees them with the graph (or keeps them for retain_graph)
+        ctx.save_for_backward(x, *params, *handed)
+        return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        x, *params = ctx.saved_tensors
-        grads = ctx.runner.vjp(x, params, grad_out.contiguous(), ctx.needs_input_grad[1:])
+        x, *rest = ctx.saved_tensors
+        params, handed = rest[:ctx.num_params], rest[ctx.num_params:]
+        saved = None
+        if ctx.buffer_names is not None:
+            nb = len(ctx.buffer_names)
+            saved = Saved(dict(zip(ctx.buffer_names, handed[:nb])), dict(zip(ctx.param_names, handed[nb:])))
+        grads = ctx.runner.backward(x, params, saved, grad_out.contiguous(), ctx.needs_input_grad[1:])
         return (None, *grads)
 
 
@@ -148,6 +230,22 @@ def _default_param_dtype(backend: Backend) -> torch.dtype:
     return default if default in allowed else allowed[0]
 
 
+def _configs(spaces: Mapping[str, SearchSpace], given: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The inference and training configs of a layer given ``given``: the knobs of both spaces come
+    from it (a knob neither has is an error), the rest take their defaults."""
+    training = spaces["training"].resolve(given)  # the training space has every knob: unknown ones fail here
+    inference_knobs = {k.name for k in spaces["inference"].knobs}
+    inference = spaces["inference"].resolve({k: v for k, v in given.items() if k in inference_knobs})
+    return inference, training
+
+
+def _compiled(space: SearchSpace, config: Mapping[str, Any], who: str) -> Point:
+    point = space.compile(config)
+    if not point.valid:
+        raise ValueError(f"{who}: the {space.mode} schedule is invalid for this workload: " + "; ".join(point.problems))
+    return point
+
+
 class TunedLayer(RelationalLayer):
     """Base of :class:`TunedRGCN`, :class:`TunedRGAT` and :class:`TunedHGT` (see the module docstring).
 
@@ -155,11 +253,15 @@ class TunedLayer(RelationalLayer):
         graph: the graph the layer is bound to (and the kernels are built for).
         in_dim, out_dim, heads: sizes (``heads`` must be 1 for RGCN).
         config: the schedule, ``knob -> value`` (missing knobs take their defaults); ``None``:
-            the default schedule.
+            the default schedule. Knobs of the backward (``autodiff.save``, ``scatter.*``,
+            ``weightgrad.*``) shape the training program only.
         backend: a backend name (``"cpu"``, ``"cuda"``, ``"reference"``, ``"pkg.mod:Class"``) or a
             :class:`~rgtune.codegen.base.Backend`.
         provenance: where the schedule came from (kept as :attr:`provenance`; see
             :func:`rgtune.runtime.load_tuned`).
+        mode: what the schedule was tuned for: ``"inference"`` (the forward; the training program
+            is built on the first forward that needs gradients, with the backward's knobs at their
+            defaults) or ``"training"`` (the training step; its program is built at once).
         device, dtype: as for the reference layer (the ``cpu`` backend needs CPU float32).
             ``dtype=None``: torch's default dtype where the backend computes in it, else the
             backend's (float32 for ``cpu`` and ``cuda``, also under a float64 default dtype).
@@ -174,7 +276,10 @@ class TunedLayer(RelationalLayer):
     result equals that of the same calls made one after another.
 
     Attributes:
-        config: the full schedule in use; ``kernels``: its :class:`KernelProgram`;
+        mode: ``"inference"`` or ``"training"``; config: the full schedule of that mode;
+        inference_config / training_config: the schedules of the inference program (a forward
+        without gradients) and of the training program; kernels: the mode's :class:`KernelProgram`;
+        backward_kind: how a backward runs; schedule(): all of it as a dict;
         backend: the backend's name; ``sources`` / ``source_hash``: the generated code;
         provenance: a dict (``source`` is ``"database"``, ``"default"`` or ``"export"``, ...).
     """
@@ -191,6 +296,7 @@ class TunedLayer(RelationalLayer):
         config: Mapping[str, Any] | None = None,
         backend: str | Backend = "reference",
         provenance: Mapping[str, Any] | None = None,
+        mode: str = "inference",
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -205,16 +311,12 @@ class TunedLayer(RelationalLayer):
             super().__init__(graph, in_dim, out_dim, heads=heads, device=device, dtype=dtype)  # type: ignore[call-arg]
         self._backend = be
         self._backend_spec = backend if isinstance(backend, str) else self._backend.name  # for unpickling
-        space = SearchSpace(build_model(self.model, in_dim, out_dim, heads), graph, self._backend.target)
-        point = space.compile({**space.default(), **dict(config or {})})
-        if not point.valid:
-            raise ValueError(f"{type(self).__name__}: the schedule is invalid for this workload: " + "; ".join(point.problems))
-        self.config: dict[str, Any] = dict(point.config)
-        self.kernels: KernelProgram = point.kernels
+        if mode not in MODES:
+            raise ValueError(f"{type(self).__name__}: unknown mode {mode!r}; choose one of {list(MODES)}")
+        self.mode = mode
+        self.inference_config, self.training_config = _configs(self._spaces(), dict(config or {}))
         self.provenance: dict[str, Any] = dict(provenance or {"source": "explicit" if config else "default"})
-        self._param_names = self._kernel_param_names(point.kernels)
-        built = self._backend.build(point.kernels, graph, point.config)
-        self._runner = _Runner(built, point.kernels, graph, self._param_names)
+        self._start_runner()
 
     # ------------------------------------------------------------------ copies and pickles
     def __getstate__(self) -> dict[str, Any]:
@@ -228,8 +330,20 @@ class TunedLayer(RelationalLayer):
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         self._backend = create(self._backend_spec)
-        built = self._backend.build(self.kernels, self.graph, self.config)
-        self._runner = _Runner(built, self.kernels, self.graph, self._param_names)
+        self._start_runner()
+
+    def _spaces(self) -> dict[str, SearchSpace]:
+        program = build_model(self.model, self.in_dim, self.out_dim, self.heads)
+        return {m: SearchSpace(program, self.graph, self._backend.target, mode=m) for m in MODES}
+
+    def _start_runner(self) -> None:
+        """Compile both programs (a bad schedule fails here), build the one of the layer's mode now and
+        the other when first needed."""
+        spaces, name = self._spaces(), type(self).__name__
+        points = {"inference": _compiled(spaces["inference"], self.inference_config, name),
+                  "training": _compiled(spaces["training"], self.training_config, name)}
+        self._param_names = self._kernel_param_names(points["inference"].kernels)  # the learnable ones
+        self._runner = _Runner(self._backend, self.graph, self._param_names, points, eager=self.mode)
 
     # ------------------------------------------------------------------ what was built
     @property
@@ -237,13 +351,37 @@ class TunedLayer(RelationalLayer):
         return self._backend.name
 
     @property
+    def config(self) -> dict[str, Any]:
+        """The full schedule of the layer's mode (every knob of its search space)."""
+        return self.training_config if self.mode == "training" else self.inference_config
+
+    @property
+    def kernels(self) -> KernelProgram:
+        """The kernel program of the layer's mode (a training program's holds the forward's kernels; on
+        a backend that builds no training programs, the inference program)."""
+        return self._runner.program(self._runner.runs(self.mode))[0]
+
+    @property
     def sources(self) -> dict[str, str]:
-        """Generated source files, name -> text (the ``reference`` backend: the kernel IR as text)."""
-        return dict(self._runner.built.sources)
+        """Generated source files of the layer's mode, name -> text (``reference``: the kernel IR as text)."""
+        return dict(self._runner.program(self._runner.runs(self.mode))[1].sources)
 
     @property
     def source_hash(self) -> str:
-        return self._runner.built.source_hash
+        return self._runner.program(self._runner.runs(self.mode))[1].source_hash
+
+    @property
+    def backward_kind(self) -> str:
+        """How the layer's backward runs: ``"generated"`` (the training program's backward kernels on the
+        buffers its forward saved), ``"recompute"`` (the backend runs whole training steps only: the
+        step runs in the backward) or ``"torch"`` (the backend builds no training programs: the torch
+        lowering's autograd). Builds the training program if it is not built yet."""
+        return self._runner.backward_kind()
+
+    def schedule(self) -> dict[str, Any]:
+        """Which schedule the layer runs: its mode, both configs and where they came from."""
+        return {"mode": self.mode, "inference": dict(self.inference_config), "training": dict(self.training_config),
+                "provenance": dict(self.provenance)}
 
     def _kernel_param_names(self, kp: KernelProgram) -> list[str]:
         derived = {k.out for k in kp.kernels if isinstance(k, WeightKernel)}
@@ -302,12 +440,12 @@ class TunedLayer(RelationalLayer):
         params = [self._parameters[n] for n in self._param_names]
         if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params)):
             return _KernelFunction.apply(self._runner, x, *params)
-        return self._runner.forward(x, params)  # inference: no autograd bookkeeping at all
+        return self._runner.forward(x, params)  # no gradient: the inference program, nothing saved
 
     def extra_repr(self) -> str:
         src = self.provenance.get("source", "?")
         where = f"trial {self.provenance['trial_id']}" if self.provenance.get("trial_id") is not None else src
-        return f"{super().extra_repr()}, backend={self.backend!r}, schedule={where}"
+        return f"{super().extra_repr()}, backend={self.backend!r}, mode={self.mode!r}, schedule={where}"
 
 
 class TunedRGCN(TunedLayer, RGCN):

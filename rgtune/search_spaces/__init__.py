@@ -1,5 +1,5 @@
 """Search spaces: the IR's knobs and the backend's schedule parameters as one space per workload."""
 
-from rgtune.search_spaces.space import Point, SearchSpace
+from rgtune.search_spaces.space import MODES, Point, SearchSpace
 
-__all__ = ["Point", "SearchSpace"]
+__all__ = ["MODES", "Point", "SearchSpace"]

@@ -3,9 +3,12 @@
 Nothing here names a model or a knob: IR knobs are whatever the registered passes declare
 for the program (:func:`rgtune.ir.pipeline.discover_knobs`), schedule knobs whatever the
 target's backend declares for the kernel templates (``"gemm.tile_rows"``, see
-:mod:`rgtune.codegen.schedule`). A configuration is one flat
-dict ``knob -> value``; a point is *valid* when the passes' constraints and every lowered
-kernel's constraints hold.
+:mod:`rgtune.codegen.schedule`). A configuration is one flat dict ``knob -> value``; a point is
+*valid* when the passes' constraints and every lowered kernel's constraints hold.
+
+In ``mode="training"`` a point is the training program (the adjoint of the program after the
+passes, :mod:`rgtune.ir.autodiff`): the adjoint's knob (which forward values are saved) joins the
+IR knobs, the knobs of the backward's templates (scatter, weight gradient) the schedule knobs.
 
 Example:
     >>> from rgtune.data.synthetic import random_graph
@@ -31,6 +34,8 @@ from rgtune.ir.kernels import KernelProgram
 from rgtune.ir.passes import Knob, KnobError
 from rgtune.ir.pipeline import (Compiled, apply_passes, check_constraints, discover_constraints, discover_knobs,
                                 resolve_config)
+from rgtune.ir.autodiff import adjoint, training_knobs
+from rgtune.ir.kernels import ScatterKernel, WeightGradKernel, template_name
 from rgtune.ir.lowering import lower
 from rgtune.ir.program import IRError, Program
 
@@ -38,6 +43,12 @@ if TYPE_CHECKING:
     import optuna
 
     from rgtune.data.graph import HeteroGraph
+
+#: what a workload computes: the forward alone, or a training step (forward, then every gradient)
+MODES = ("inference", "training")
+#: the templates only a training program has (their knobs are left out of an inference space)
+TRAINING_TEMPLATES = frozenset(template_name(t) for t in (ScatterKernel, WeightGradKernel))
+
 
 @dataclass
 class Point:
@@ -60,7 +71,11 @@ class Point:
 class SearchSpace:
     """Knobs, defaults, sampling, constraint checks and Optuna suggestions for one workload."""
 
-    def __init__(self, program: Program, graph: "HeteroGraph | None", target: str = "cpu") -> None:
+    def __init__(self, program: Program, graph: "HeteroGraph | None", target: str = "cpu",
+                 mode: str = "inference") -> None:
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}; choose one of {list(MODES)}")
+        self.mode = mode
         self.schedule = target_schedule(target)  # an unknown target is an error that lists the known ones
         if graph is not None and graph.num_rels == 0:
             raise IRError(f"model {program.name!r} needs a graph with at least one edge type; "
@@ -68,10 +83,12 @@ class SearchSpace:
         self.program = program
         self.graph = graph
         self.target = target
-        self.ir_knobs: list[Knob] = discover_knobs(program, graph)
+        self.ir_knobs: list[Knob] = discover_knobs(program, graph) + (training_knobs(program) if mode == "training"
+                                                                      else [])
         self.constraints = discover_constraints(program, graph)
         self.schedule_knobs: list[Knob] = [Knob(name, p.choices, p.default, p.doc)
-                                            for name, p in self.schedule.knobs().items()]
+                                            for name, p in self.schedule.knobs().items()
+                                            if mode == "training" or name.split(".")[0] not in TRAINING_TEMPLATES]
 
     # ----------------------------------------------------------------- knobs
     @property
@@ -106,6 +123,8 @@ class SearchSpace:
         if problems:
             return Point(full, None, problems)
         after = apply_passes(self.program, full, self.graph)
+        if self.mode == "training":
+            after = adjoint(after, config=full)
         kp = lower(after)
         problems = self.schedule.check(kp, full)
         return Point(full, Compiled({k.name: full[k.name] for k in self.ir_knobs}, after, kp), problems)
@@ -205,7 +224,8 @@ class SearchSpace:
         return {k.name: CategoricalDistribution(list(k.choices)) for k in self.knobs}
 
     def describe(self) -> str:
-        lines = [f"search space ({self.target}): {len(self.knobs)} knobs, {self.size():,} points before constraints"]
+        mode = "" if self.mode == "inference" else f", {self.mode}"
+        lines = [f"search space ({self.target}{mode}): {len(self.knobs)} knobs, {self.size():,} points before constraints"]
         for k in self.knobs:
             cond = " (conditional)" if k.active_if else ""
             lines.append(f"  {k.name} in {list(k.choices)} default {k.default!r}{cond}: {k.doc}")

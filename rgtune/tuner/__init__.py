@@ -33,10 +33,11 @@ __all__ = ["tune", "Tuner", "TuneOptions", "TuneSummary", "Workload", "MeasureOp
 
 def tune(model: str, dataset: str, *, hidden: int = 64, heads: int = 1, trials: int | None = 50,
          db: str = "results.db", backend: str = "auto", data_dir: str | None = None, seed: int | None = None,
-         cost_model: bool = True, progress: bool = True, **options: Any) -> TuneSummary:
+         mode: str = "inference", cost_model: bool = True, progress: bool = True, **options: Any) -> TuneSummary:
     """Tune ``model`` on ``dataset`` as ``tune --model ... --dataset ...`` does, and return the summary.
 
-    ``backend="auto"`` is cuda where a GPU is usable, else cpu. ``cost_model``: the learned cost model
+    ``backend="auto"`` is cuda where a GPU is usable, else cpu. ``mode="training"`` tunes one training step
+    (forward, then the gradients of the input and every param) instead of the forward. ``cost_model``: the learned cost model
     steers the search with its default policy (it stays idle until the device's history is large
     enough). ``options`` are further :class:`TuneOptions` fields (``time_budget``, ``confirm_top``,
     ``recheck``, ``measure``, ...). The same call resumes the same study; every trial is recorded in ``db``.
@@ -49,7 +50,7 @@ def tune(model: str, dataset: str, *, hidden: int = 64, heads: int = 1, trials: 
 
         guide = CostModelGuide(policy=RankPolicy(seed=seed or 0), data_dir=data_dir)
     name = auto_backend() if backend == "auto" else backend
-    workload = Workload(model, dataset, hidden, hidden, heads, name, data_dir)
+    workload = Workload(model, dataset, hidden, hidden, heads, name, data_dir, mode)
     from rgtune.db import TrialDatabase
 
     with TrialDatabase(db) as database:

@@ -10,6 +10,11 @@ builds the search space and the float64 reference layer once, then serves trials
 3. time it: warm-up runs, then repeats until both a count and a minimum time are reached;
    the median is the trial's time (the backend synchronizes around each run on a GPU).
 
+A training workload (``Workload.mode == "training"``) measures one training step: the training
+program (:mod:`rgtune.ir.autodiff`) computes the output, then the gradients of the input and of
+every param for a random output gradient (:func:`rgtune.codegen.training.train_step`); each of them
+is verified against torch's autograd of the float64 reference layer, and the step is timed.
+
 On a GPU, steps 2 and 3 hold the device's cross-process lock (:mod:`rgtune.tuner.device_lock`):
 workers of several studies can share one GPU without timing each other's kernels; compiling and
 the float64 reference overlap. A trial that waited for the lock has ``info["device_wait_s"]``.
@@ -82,6 +87,7 @@ class Workload:
     heads: int
     backend: str
     data_dir: str | None = None
+    mode: str = "inference"  # or "training": one training step (forward, then every gradient)
 
 
 @dataclass(frozen=True)
@@ -140,7 +146,11 @@ class _Session:
         self.graph = load_dataset(workload.dataset, root=workload.data_dir)
         self.backend = create(workload.backend)
         self.space = SearchSpace(build_model(workload.model, workload.in_dim, workload.out_dim, workload.heads),
-                                 self.graph, self.backend.target)
+                                 self.graph, self.backend.target, mode=workload.mode)
+        self.training = workload.mode == "training"
+        if self.training and options.timing == "paired":
+            raise ValueError("paired timing alternates with the default schedule's forward; a training workload "
+                             "is timed plain")
         cls = {"rgcn": RGCN, "rgat": RGAT, "hgt": HGT}[workload.model]
         kwargs = {} if workload.model == "rgcn" else {"heads": workload.heads}
         self.reference = cls(self.graph, workload.in_dim, workload.out_dim, **kwargs).double()
@@ -191,10 +201,51 @@ class _Session:
             ref = self.reference(x)
         return x, params, ref
 
+    def case(self, seed: int) -> "_Case":
+        """The inputs of ``seed`` and what the float64 reference layer computes from them (with autograd for a
+        training workload: the gradients of a random output gradient ``dout``)."""
+        torch = self.torch
+        x, params, ref = self.inputs(seed)
+        if not self.training:
+            return _Case(x, params, None, {"output": ref})
+        gen = torch.Generator().manual_seed(seed * 7919 + 1)
+        dout = torch.randn(ref.shape, generator=gen, dtype=torch.float64)
+        with torch.enable_grad():
+            leaf = x.clone().requires_grad_(True)
+            names, tensors = zip(*self.reference.named_parameters())
+            out = self.reference(leaf)
+            grads = torch.autograd.grad(out, [leaf, *tensors], dout)
+        expected = {"output": out.detach(), "input gradient": grads[0]}
+        expected.update({f"gradient of {n}": g for n, g in zip(names, grads[1:])})
+        return _Case(x, params, dout, expected)
+
+    def _run_case(self, built: Any, kp: Any, dev: "_Case") -> dict[str, Any]:
+        """What the built program computes for ``dev`` (on the device), named as :meth:`case` names it."""
+        if not self.training:
+            return {"output": built.run(dev.x, dev.params)}
+        from rgtune.codegen.training import train_step
+
+        out, dx, grads = train_step(built, kp, self.graph, dev.x, dev.params, dev.dout)
+        return {"output": out, "input gradient": dx, **{f"gradient of {n}": g for n, g in grads.items()}}
+
+    def _error(self, got: Mapping[str, Any], case: "_Case") -> tuple[float, str]:
+        """The largest relative error ``max|a - b| / max|b|`` of the results, and which one it is."""
+        torch = self.torch
+        worst, which = 0.0, ""
+        for name, ref in case.expected.items():
+            a = got.get(name)
+            if a is None or tuple(a.shape) != tuple(ref.shape):
+                shape = None if a is None else tuple(a.shape)
+                return float("inf"), f"{name}: shape {shape} != {tuple(ref.shape)}"
+            a = a.detach().to("cpu", torch.float64)
+            err = float((a - ref).abs().max()) / (float(ref.abs().max()) or 1.0) if ref.numel() else 0.0
+            if not err <= worst:  # NaN wins too
+                worst, which = err, name
+        return worst, which
+
     def measure(self, config: Mapping[str, Any], seed: int) -> MeasureResult:
         from rgtune.codegen.base import CompileError
 
-        torch = self.torch
         point = self.space.compile(config)
         if not point.valid:
             return MeasureResult("invalid", error="; ".join(point.problems))
@@ -204,50 +255,45 @@ class _Session:
         except CompileError as e:
             return MeasureResult("compile_error", error=f"{e}\n{e.log}".strip())
         compile_s = time.perf_counter() - t0
-        x, params, ref = self.inputs(seed)  # on the host, outside the device's lock
+        case = self.case(seed)  # on the host, outside the device's lock
         with self._exclusive_device() as waited:
-            x32, p32 = self._to_device(x, params)
-            out = built.run(x32, p32)
+            dev = case.on(self.device, self.torch)
+            got = self._run_case(built, point.kernels, dev)
             self.backend.synchronize()
-            out = out.detach().to("cpu", torch.float64)
-            scale = float(ref.abs().max()) or 1.0
-            err = float((out - ref).abs().max()) / scale if out.shape == ref.shape else float("inf")
+            err, which = self._error(got, case)
             base = dict(compile_seconds=compile_s, max_error=err, source_hash=built.source_hash,
                         info={"cache_hit": built.cache_hit, **built.info})
             verified = err < self.o.tolerance  # also False for NaN
             if verified:
-                times, median = self._time(built, x32, p32, base["info"])
+                times, median = self._time(built, point.kernels, dev, base["info"])
         if waited():
             base["info"]["device_wait_s"] = waited()
         if not verified:
-            why = (f"output shape {tuple(out.shape)} != {tuple(ref.shape)}" if out.shape != ref.shape else
-                   f"relative error {err:.3g} exceeds the tolerance {self.o.tolerance:g}")
+            why = which if err == float("inf") else \
+                f"relative error {err:.3g} of the {which} exceeds the tolerance {self.o.tolerance:g}"
             return MeasureResult("wrong_result", error=why, **base)
         return MeasureResult("ok", median=median, times=times, **base)
 
     def reverify(self, config: Mapping[str, Any], seeds: Sequence[int], runs: int) -> MeasureResult:
         """Verify ``config`` again on the inputs of ``seeds``, each run ``runs`` times (no timing);
         ``wrong_result`` at the first output off the float64 reference."""
-        torch = self.torch
         point = self.space.compile(config)
         if not point.valid:
             return MeasureResult("invalid", error="; ".join(point.problems))
         built = self.backend.build(point.kernels, self.graph, point.config)
         worst = 0.0
         for seed in seeds:
-            x, params, ref = self.inputs(seed)
-            scale = float(ref.abs().max()) or 1.0
+            case = self.case(seed)
             with self._exclusive_device():
-                x32, p32 = self._to_device(x, params)
+                dev = case.on(self.device, self.torch)
                 for run in range(runs):
-                    out = built.run(x32, p32)
+                    got = self._run_case(built, point.kernels, dev)
                     self.backend.synchronize()
-                    out = out.detach().to("cpu", torch.float64)
-                    err = float((out - ref).abs().max()) / scale if out.shape == ref.shape else float("inf")
+                    err, which = self._error(got, case)
                     if not err < self.o.tolerance:
                         return MeasureResult("wrong_result", max_error=err, source_hash=built.source_hash,
-                                             error=f"relative error {err:.3g} exceeds the tolerance {self.o.tolerance:g} "
-                                                   f"on fresh input {seed} (run {run + 1} of {runs})",
+                                             error=f"relative error {err:.3g} of the {which} exceeds the tolerance "
+                                                   f"{self.o.tolerance:g} on fresh input {seed} (run {run + 1} of {runs})",
                                              info={"inputs": list(seeds), "runs": runs})
                     worst = max(worst, err)
         return MeasureResult("ok", max_error=worst, source_hash=built.source_hash,
@@ -265,9 +311,20 @@ class _Session:
         run(x, params)
         self.backend.synchronize()
 
-    def _time(self, built: Any, x: Any, params: dict[str, Any], info: dict[str, Any]) -> tuple[list[float], float]:
+    def _time(self, built: Any, kp: Any, dev: "_Case", info: dict[str, Any]) -> tuple[list[float], float]:
         """The candidate's runs (seconds) and the trial's time: their median, or paired with the reference
-        (then ``info`` gets the ratio, the scale and the reference's time now)."""
+        (then ``info`` gets the ratio, the scale and the reference's time now). A training workload's run is
+        one training step, timed on the host around a synchronization."""
+        x, params = dev.x, dev.params
+        if self.training:
+            from rgtune.codegen.training import train_step
+
+            def step() -> None:
+                train_step(built, kp, self.graph, x, params, dev.dout)
+                self.backend.synchronize()
+
+            times = _plain_times(step, self.o)
+            return times, statistics.median(times)
         timer = getattr(self.backend, "time_runs", None)
         if timer is not None:  # GPU backends time with events
             times = list(timer(built, x, params, self.o.warmup, self.o.repeats))
@@ -286,6 +343,21 @@ class _Session:
         info.update(timing="paired", vs_reference=ratio, reference_ms=scale_ms,
                     reference_now_ms=statistics.median(reference_times) * 1e3)
         return times, ratio * scale_ms / 1e3
+
+
+@dataclass
+class _Case:
+    """A trial's inputs (float64 on the host, or float32 on the device) and the reference's results by name."""
+
+    x: Any
+    params: dict[str, Any]
+    dout: Any
+    expected: dict[str, Any]
+
+    def on(self, device: str, torch: Any) -> "_Case":
+        f32 = torch.float32
+        move = lambda t: None if t is None else t.to(device=device, dtype=f32)  # noqa: E731
+        return _Case(move(self.x), {k: move(v) for k, v in self.params.items()}, move(self.dout), self.expected)
 
 
 def _plain_times(run: Callable[[], Any], options: MeasureOptions) -> list[float]:

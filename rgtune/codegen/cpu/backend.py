@@ -31,7 +31,7 @@ from rgtune.codegen.cpu.generate import GeneratedProgram, generate
 from rgtune.codegen.cpu.runtime import CpuRuntime
 from rgtune.data.graph import HeteroGraph
 from rgtune.codegen.cpu.schedule import CPU_SCHEDULE
-from rgtune.ir.kernels import GemmKernel, KernelProgram, WeightKernel
+from rgtune.ir.kernels import GemmKernel, KernelProgram, ScatterKernel, WeightGradKernel, WeightKernel
 
 
 class CpuBackend(Backend):
@@ -39,6 +39,7 @@ class CpuBackend(Backend):
 
     name = "cpu"
     target = "cpu"
+    trains = True  # training programs run in two phases (CpuRuntime.run_forward / run_backward)
 
     @classmethod
     def available(cls) -> tuple[bool, str]:
@@ -59,6 +60,7 @@ class CpuBackend(Backend):
         loaded = {s.kernel: lib.load() for s, lib in zip(gen.kernels, libs)}
         t1 = time.perf_counter()
         runtime = CpuRuntime(kp, graph, schedule, gen, loaded)
+        training = kp.is_training
         bind = time.perf_counter() - t1
         compiler = libs[0].compiler if libs else find_compiler()
         info = {
@@ -69,7 +71,10 @@ class CpuBackend(Backend):
             "threads": torch.get_num_threads(), "bind_seconds": bind, "acc_regs": gen.acc_regs,
             "owner_blocks": runtime.blocks, "placement": placement(kp, schedule),
         }
-        return BuiltProgram(self.name, gen.sources, t1 - t0, all(lib.cache_hit for lib in libs), runtime.run, info)
+        return BuiltProgram(self.name, gen.sources, t1 - t0, all(lib.cache_hit for lib in libs), runtime.run, info,
+                            train_fn=runtime.run_training if training else None,
+                            forward_fn=runtime.run_forward if training else None,
+                            backward_fn=runtime.run_backward if training else None)
 
     def device_info(self) -> dict[str, Any]:
         info: dict[str, Any] = {"backend": self.name, "device": _cpu_model(), "omp_threads": torch.get_num_threads(),
@@ -91,6 +96,10 @@ def placement(kp: KernelProgram, schedule: Mapping[str, Any]) -> dict[str, str]:
         elif isinstance(k, GemmKernel) and CPU_SCHEDULE.kernel_schedule(k, schedule)["impl"] == "blas":
             out[k.name] = "torch gather + per-segment matmul (BLAS); generated C bias/epilogue/store" + (
                 "; torch index_add_" if k.accumulate else "")
+        elif isinstance(k, WeightGradKernel) and CPU_SCHEDULE.kernel_schedule(k, schedule)["impl"] == "blas":
+            out[k.name] = "torch gather + per-type X^T @ DY (BLAS)" if k.x else "torch index_add_ of dy rows by type"
+        elif isinstance(k, ScatterKernel):
+            out[k.name] = f"generated C ({CPU_SCHEDULE.kernel_schedule(k, schedule)['mapping']})"
         else:
             out[k.name] = "generated C"
     return out

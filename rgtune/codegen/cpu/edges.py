@@ -1,4 +1,4 @@
-"""The traversal and map templates in C.
+"""The traversal, scatter and map templates in C.
 
 Traversals, by ``traversal.mapping``:
 
@@ -18,6 +18,18 @@ An edge store (no reduction) is a parallel loop over edges under either mapping.
 prefetch the rows that the edge ``PREFETCH`` positions ahead gathers (through ``src``,
 ``src_pair``, ...): random row gathers make them latency bound otherwise.
 Maps: ``schedule(static, map.chunk)`` over the rows of their domain.
+
+Scatters (a training program's: edges into their sources or source pairs, pairs into their nodes),
+by ``scatter.mapping``:
+
+* ``owner``: OpenMP ``schedule(dynamic, scatter.chunk)`` over the *targets*; the runtime groups the
+  rows by target once per graph (a permutation ``perm`` and offsets, like a CSR by source), so a
+  target's rows are one thread's: it sums them in a local row and adds it once. No atomics, any
+  layout; the rows are read through the permutation (their messages' gathered rows are prefetched
+  ``PREFETCH`` positions ahead).
+* ``atomic``: ``schedule(dynamic, scatter.chunk)`` over the rows in the layout's order, each
+  message added with ``#pragma omp atomic`` (a source's edges are spread over any layout that
+  groups edges by destination or relation, so two threads may add into one row).
 
 Example:
     >>> from rgtune.ir.kernels import Buffer, Load, MapKernel, UnaryE
@@ -45,7 +57,7 @@ from rgtune.codegen.cpu.cwriter import CFunction, Lines
 from rgtune.codegen.cpu.gemm import emit_assign
 from rgtune.codegen.cpu.rows import RowIndex, expr_names
 from rgtune.ir.kernels import (AggregateStage, EdgeSoftmaxStage, EdgeStore, Expr, KernelProgram, Load, MapKernel,
-                               SoftmaxAggregate, TraversalKernel)
+                               ScatterKernel, SoftmaxAggregate, TraversalKernel)
 
 PREFETCH = 8  # edges ahead whose gathered rows are prefetched
 ROW_COUNTS = {"node": "num_nodes", "edge": "num_edges", "src_pair": "num_src_pairs", "dst_pair": "num_dst_pairs"}
@@ -285,23 +297,7 @@ def _softmax_aggregate_dst(f: CFunction, st: SoftmaxAggregate, kp: KernelProgram
 
 
 def _aggregate_edge(f: CFunction, st: AggregateStage, kp: KernelProgram, chunk: int) -> None:
-    ob = kp.buffers[st.out]
-    out, ne = f.use(st.out, writes=True), f.use("num_edges")
-    B = f.body
-    B.line(f"#pragma omp parallel for schedule(dynamic, {chunk}) num_threads(c->num_threads)")
-    with B.block(f"for (int64_t e = 0; e < {ne}; ++e)"):
-        b = _Body(f, kp, "edge", "e")
-        tgt = b.rows.var(st.out_via)
-        at = _row_of(out, ob.heads, ob.dim, tgt)
-        with b.lines.block(f"for (int h = 0; h < {ob.heads}; ++h)"):
-            d = "d" if ob.dim > 1 else "0"
-            value = b.em.element(st.message, "h", d)
-            b.lines.extend(b.em.take_statements())
-            with b.lines.block(f"for (int d = 0; d < {ob.dim}; ++d)"):
-                b.lines.line(f"const float val = {value};")
-                b.lines.line("#pragma omp atomic")
-                b.lines.line(f"{at('h', d)} += val;")
-        b.flush(B, [st.message], prefetch=True)
+    _atomic_rows(f, kp, st.out, "edge", "e", "num_edges", st.out_via, st.message, chunk, prefetch=True)
 
 
 def _softmax_edge(f: CFunction, name: str, st: EdgeSoftmaxStage, kp: KernelProgram, chunk: int) -> None:
@@ -333,3 +329,84 @@ def _softmax_edge(f: CFunction, name: str, st: EdgeSoftmaxStage, kp: KernelProgr
         with B.block(f"for (int64_t e = 0; e < {ne}; ++e)"):
             B.line(f"const int64_t t = (int64_t){dst}[e] * {w};")
             B.line(f"for (int j = 0; j < {w}; ++j) {out}[e * {w} + j] /= {sm}[t + j];")
+
+
+# ------------------------------------------------------------------------ scatter
+
+
+def generate_scatter(k: ScatterKernel, s: Mapping[str, Any], kp: KernelProgram) -> CFunction:
+    """``out[target(r)] += message(r)`` over the rows ``r`` of ``k.rows`` (edges, or pairs into their nodes)."""
+    mapping, chunk = s["mapping"], int(s["chunk"])
+    f = CFunction(f"rg_{k.name}", f"{k.name} (scatter.mapping={mapping}, chunk={chunk}):\n{k.describe()}")
+    if mapping == "owner":
+        _scatter_owner(f, k, kp, chunk)
+    elif mapping == "atomic":
+        _scatter_atomic(f, k, kp, chunk)
+    else:
+        raise ValueError(f"{k.name}: unknown scatter.mapping {mapping!r}; choose owner or atomic")
+    return f
+
+
+def _scatter_owner(f: CFunction, k: ScatterKernel, kp: KernelProgram, chunk: int) -> None:
+    """Targets in parallel; target ``tn``'s rows are ``perm[offsets[tn]..offsets[tn + 1])`` (built per graph)."""
+    ob = kp.buffers[k.out]
+    w, out = ob.width, f.use(k.out, writes=True)
+    perm, offsets = f.use(f"{k.name}_perm"), f.use(f"{k.name}_offsets")
+    targets, rows = f.use(ROW_COUNTS[ob.domain]), f.use(ROW_COUNTS[k.rows])
+    B = f.body
+    B.line(f"#pragma omp parallel for schedule(dynamic, {chunk}) num_threads(c->num_threads)")
+    with B.block(f"for (int64_t tn = 0; tn < {targets}; ++tn)"):
+        B.line(f"const int64_t i0 = {offsets}[tn], i1 = {offsets}[tn + 1];")
+        B.line("if (i0 == i1) continue;")
+        B.line(f"float acc[{w}] = {{0}};  /* this target's sum: its rows are this thread's alone */")
+        with B.block("for (int64_t i = i0; i < i1; ++i)"):
+            B.line(f"const int64_t r = {perm}[i];")
+            b = _Body(f, kp, k.rows, "r", {k.out_via: "tn"})
+            emit_assign(b.lines, b.em, k.message, ob.heads, ob.dim, _row_of("acc", ob.heads, ob.dim, "0"), "+=")
+            B.extend(_permuted_prefetch(f, kp, k.message, perm, rows))
+            b.flush(B, [k.message])
+        B.line("#pragma omp simd")
+        B.line(f"for (int j = 0; j < {w}; ++j) {out}[tn * {w} + j] += acc[j];")
+
+
+def _permuted_prefetch(f: CFunction, kp: KernelProgram, message: Expr, perm: str, rows: str) -> list[str]:
+    """Prefetch the rows of the row ``PREFETCH`` positions ahead in the permutation that the message reads
+    at that row (its own buffers: the permutation makes them random reads)."""
+    bufs = list(dict.fromkeys(x.buffer for x in message.walk() if isinstance(x, Load) and x.via == "row"))
+    if not bufs:
+        return []
+    out = [f"if (i + {PREFETCH} < {rows}) {{", f"    const int64_t q_row = {perm}[i + {PREFETCH}];"]
+    for b in bufs:
+        width = kp.buffers[b].width
+        for line in range(0, min(width, 8 * 16), 16):
+            out.append(f"    __builtin_prefetch({b} + q_row * {width} + {line});")
+    return out + ["}"]
+
+
+def _scatter_atomic(f: CFunction, k: ScatterKernel, kp: KernelProgram, chunk: int) -> None:
+    """Rows in parallel in their order; each element added atomically (two rows may share a target)."""
+    # the prefetch reads edge index arrays: only edge rows have them
+    _atomic_rows(f, kp, k.out, k.rows, "r", ROW_COUNTS[k.rows], k.out_via, k.message, chunk,
+                 prefetch=k.rows == "edge")
+
+
+def _atomic_rows(f: CFunction, kp: KernelProgram, out_name: str, rows: str, var: str, count_field: str, via: str,
+                 message: Expr, chunk: int, prefetch: bool) -> None:
+    """``out[via(r)] += message(r)`` over ``rows`` in parallel in their order, each element added
+    atomically (two rows may share a target): an aggregation over edges, a scatter into sources."""
+    ob = kp.buffers[out_name]
+    out, count = f.use(out_name, writes=True), f.use(count_field)  # a context field's place: its first use
+    B = f.body
+    B.line(f"#pragma omp parallel for schedule(dynamic, {chunk}) num_threads(c->num_threads)")
+    with B.block(f"for (int64_t {var} = 0; {var} < {count}; ++{var})"):
+        b = _Body(f, kp, rows, var)
+        at = _row_of(out, ob.heads, ob.dim, b.rows.var(via))
+        with b.lines.block(f"for (int h = 0; h < {ob.heads}; ++h)"):
+            d = "d" if ob.dim > 1 else "0"
+            value = b.em.element(message, "h", d)
+            b.lines.extend(b.em.take_statements())
+            with b.lines.block(f"for (int d = 0; d < {ob.dim}; ++d)"):
+                b.lines.line(f"const float val = {value};")
+                b.lines.line("#pragma omp atomic")
+                b.lines.line(f"{at('h', d)} += val;")
+        b.flush(B, [message], prefetch=prefetch)

@@ -37,12 +37,13 @@ from typing import Any, Mapping
 
 from rgtune.codegen.cfamily import helper_functions
 from rgtune.codegen.cpu.cwriter import CFunction
-from rgtune.codegen.cpu.edges import generate_map, generate_traversal
+from rgtune.codegen.cpu.edges import generate_map, generate_scatter, generate_traversal
 from rgtune.codegen.cpu.gemm import VEC, generate_gemm
 from rgtune.codegen.cpu.rows import GRAPH_CONSTANTS, INDEX_ARRAYS
 from rgtune.codegen.cpu.schedule import CPU_SCHEDULE
+from rgtune.codegen.cpu.weightgrad import generate_weightgrad
 from rgtune.ir.kernels import (Buffer, Expr, GemmKernel, Kernel, KernelProgram, Load, MapKernel, ParamLoad,
-                               TraversalKernel, WeightKernel)
+                               ScatterKernel, TraversalKernel, WeightGradKernel, WeightKernel)
 
 SIZES = ("num_nodes", "num_edges", "num_src_pairs", "num_dst_pairs", "num_threads")
 ABI_VERSION = 1
@@ -89,8 +90,16 @@ def native_acc_regs() -> int:
 def generate(kp: KernelProgram, schedule: Mapping[str, Any], acc_regs: int | None = None) -> GeneratedProgram:
     """The C sources of ``kp`` under ``schedule`` (template parameters, ``"gemm.tile_rows" -> 32``)."""
     acc_regs = native_acc_regs() if acc_regs is None else acc_regs
-    out = [generate_kernel(k, kp, schedule, acc_regs) for k in kp.kernels if not isinstance(k, WeightKernel)]
+    out = [generate_kernel(k, kp, schedule, acc_regs) for k in kp.kernels if has_source(k, schedule)]
     return GeneratedProgram(out, _manifest(kp, schedule, out), acc_regs)
+
+
+def has_source(k: Kernel, schedule: Mapping[str, Any]) -> bool:
+    """Whether ``k`` has a C file: weight folds and BLAS weight gradients are torch's alone (a BLAS GEMM
+    has its generated finish step)."""
+    if isinstance(k, WeightKernel):
+        return False
+    return not (isinstance(k, WeightGradKernel) and CPU_SCHEDULE.kernel_schedule(k, schedule)["impl"] == "blas")
 
 
 def generate_kernel(k: Kernel, kp: KernelProgram, schedule: Mapping[str, Any], acc_regs: int) -> KernelSource:
@@ -103,6 +112,10 @@ def generate_kernel(k: Kernel, kp: KernelProgram, schedule: Mapping[str, Any], a
         fn = generate_traversal(ck, s, ckp)
     elif isinstance(ck, MapKernel):
         fn = generate_map(ck, s, ckp)
+    elif isinstance(ck, ScatterKernel):
+        fn = generate_scatter(ck, s, ckp)
+    elif isinstance(ck, WeightGradKernel):
+        fn = generate_weightgrad(ck, s, ckp, acc_regs)
     else:
         raise TypeError(f"the cpu backend has no template for {type(k).__name__}")
     types = field_types(ckp)
@@ -126,6 +139,12 @@ def field_types(kp: KernelProgram) -> dict[str, str]:
                       f"{k.name}_rows": "int64_t", f"{k.name}_inplace": "int64_t"})
         elif isinstance(k, TraversalKernel):
             t.update({f"{k.name}_max": "float*", f"{k.name}_sum": "float*"})
+        elif isinstance(k, ScatterKernel):
+            t.update({f"{k.name}_perm": "idx_t*", f"{k.name}_offsets": "int64_t*"})
+        elif isinstance(k, WeightGradKernel):
+            t.update({f"{k.name}_order": "idx_t*", f"{k.name}_chunks": "int64_t*", f"{k.name}_groups": "int64_t*",
+                      f"{k.name}_ngroups": "int64_t", f"{k.name}_type_groups": "int64_t*",
+                      f"{k.name}_ntypes": "int64_t", f"{k.name}_partial": "float*"})
     for name in t:
         if not name.replace("_", "a").isalnum() or name[0].isdigit():
             raise ValueError(f"name {name!r} is not a C identifier")
@@ -165,6 +184,12 @@ def canonical(k: Kernel, kp: KernelProgram) -> tuple[Kernel, KernelProgram, dict
     elif isinstance(k, MapKernel):
         note(buf_order, k.out)
         note_expr(k.value)
+    elif isinstance(k, ScatterKernel):
+        note(buf_order, k.out)
+        note_expr(k.message)
+    elif isinstance(k, WeightGradKernel):
+        note(buf_order, k.x, k.dy)
+        note(par_order, k.grad, k.param)  # the param only for its slice shape
     bmap = {b: f"b{i}" for i, b in enumerate(buf_order)}
     pmap = {p: f"p{i}" for i, p in enumerate(par_order)}
     name = k.template
@@ -180,9 +205,14 @@ def canonical(k: Kernel, kp: KernelProgram) -> tuple[Kernel, KernelProgram, dict
             if isinstance(v, Expr):
                 changes[f.name] = _rename(v, bmap, pmap)
         ck = dataclasses.replace(k, name=name, stage=dataclasses.replace(st, **changes))
-    else:
-        assert isinstance(k, MapKernel)
+    elif isinstance(k, MapKernel):
         ck = dataclasses.replace(k, name=name, out=bmap[k.out], value=_rename(k.value, bmap, pmap))
+    elif isinstance(k, ScatterKernel):
+        ck = dataclasses.replace(k, name=name, out=bmap[k.out], message=_rename(k.message, bmap, pmap))
+    else:
+        assert isinstance(k, WeightGradKernel), type(k)
+        ck = dataclasses.replace(k, name=name, x=bmap[k.x] if k.x else None, dy=bmap[k.dy], grad=pmap[k.grad],
+                                 param=pmap[k.param])
     buffers = {bmap[b]: Buffer(bmap[b], kp.buffers[b].domain, kp.buffers[b].heads, kp.buffers[b].dim) for b in buf_order}
     ckp = KernelProgram(
         name=name, buffers=buffers, kernels=[ck], input="", output="",
@@ -229,7 +259,9 @@ def _assemble(k: Kernel, kp: KernelProgram, s: Mapping[str, Any], fn: CFunction,
 
 
 def _manifest(kp: KernelProgram, schedule: Mapping[str, Any], sources: list[KernelSource]) -> str:
-    sched = {k: v for k, v in sorted(schedule.items()) if k.split(".")[0] in ("gemm", "traversal", "map")}
+    # a training program's backward templates join the forward's (a forward manifest stays as it was)
+    templates = ("gemm", "traversal", "map") + (("scatter", "weightgrad") if kp.is_training else ())
+    sched = {k: v for k, v in sorted(schedule.items()) if k.split(".")[0] in templates}
     lines = [f"program {kp.name}; schedule {json.dumps(sched)}", "", kp.describe(), "", "kernel files:"]
     for s in sources:
         names = ", ".join(f"{c}={o}" for c, o in {**s.buffers, **s.params}.items())
@@ -237,6 +269,8 @@ def _manifest(kp: KernelProgram, schedule: Mapping[str, Any], sources: list[Kern
     for k in kp.kernels:
         if isinstance(k, WeightKernel):
             lines.append(f"  {k.name}: torch (rgtune.codegen.weights.fold_weights)")
+        elif not has_source(k, schedule):
+            lines.append(f"  {k.name}: torch (weightgrad.impl=blas: per-type matmuls)")
     return "\n".join(lines) + "\n"
 
 

@@ -10,8 +10,10 @@ call's tensors (``data_ptr()``, no copies) and calls the kernels in order.
 Threads: every kernel runs with ``torch.get_num_threads()`` OpenMP threads (read per call;
 torch and the kernels share one libgomp, torch's).
 
-Intermediate buffers are allocated on the first call and reused (zeroed when the program
-says so); the output is a fresh tensor every call, so outputs of two calls never alias. Every
+Intermediate buffers live in a workspace allocated on the first call and reused: buffers whose
+live intervals do not overlap share memory (:mod:`rgtune.codegen.buffer_plan`; a zeroed one is
+zeroed just before its first kernel); the output is a fresh tensor every call, so outputs of two
+calls never alias. Every
 buffer is allocated as :data:`KERNEL_DTYPE` (float32), never in torch's default dtype: the
 kernels write float32 whatever ``torch.set_default_dtype`` says. Inputs and params must be
 float32 already; any other dtype is a ``TypeError`` naming the tensor (no silent cast).
@@ -23,6 +25,22 @@ already spreads its kernels over ``torch.get_num_threads()`` OpenMP threads; a l
 single-threaded caller next to nothing and keeps one workspace. Two runtimes (two layers) run in
 parallel: they share only read-only graph arrays.
 
+Training programs (:attr:`KernelProgram.is_training`) run in two phases, as a layer in a model
+trains: :meth:`CpuRuntime.run_forward` runs the forward kernels and returns the output and a
+:class:`~rgtune.codegen.base.Saved`: the buffers the backward reads (``kp.saved``) and the derived
+params the forward folded (``kp.saved_params``), each allocated for the call (never a workspace: the
+caller holds them until the backward, and several forwards may be in flight before their backwards).
+:meth:`CpuRuntime.run_backward` takes them, the output's gradient ``dout`` (float32, checked like
+``x``) and returns the input's gradient and every gradient param (``kp.param_grads``), each a fresh
+tensor of the param's full shape. Buffers the program zeroes are zeroed before their first kernel
+(the saved ones excepted). The two phases share one planned workspace: a forward's dead buffers and
+a backward's never hold values at once. A gradient param is written whole by the first kernel that writes it
+(zeros for a type without rows) and added to by the next ones (``accumulate``: a weight used twice);
+one whose first writer accumulates starts at zero. :meth:`CpuRuntime.run_training` is the two phases
+in a row; :meth:`CpuRuntime.run` of a training program runs its forward kernels alone. A scatter with
+``scatter.mapping = owner`` gets its rows grouped by target, a generated weight gradient its row
+chunks and groups (both built once per graph and cached like the GEMM tiles).
+
 What runs where:
 
 * generated C (OpenMP): every traversal and map; every GEMM with ``gemm.impl = generated``
@@ -30,7 +48,9 @@ What runs where:
 * torch: derived weights (``rgtune.codegen.weights.fold_weights``), and for ``gemm.impl =
   blas`` the gather (``index_select``), one matmul per type segment (MKL) and the scatter of
   an accumulating GEMM (``index_add_``); the bias, epilogue and row store of a BLAS GEMM run
-  in its generated ``_finish`` function.
+  in its generated ``_finish`` function. A weight gradient with ``weightgrad.impl = blas`` is
+  torch's alone: the gather, then ``X_t^T @ DY_t`` per type segment (a bias-like one: ``index_add_``
+  of the ``dy`` rows into their types).
 """
 
 from __future__ import annotations
@@ -43,14 +63,18 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
+from rgtune.codegen.base import Saved, TrainingResult
+from rgtune.codegen.buffer_plan import live_intervals, plan_slots
 from rgtune.codegen.cpu.generate import GeneratedProgram, KernelSource
 from rgtune.codegen.cpu.rows import GRAPH_CONSTANTS, INDEX_ARRAYS
 from rgtune.codegen.cpu.schedule import CPU_SCHEDULE
+from rgtune.codegen.cpu.weightgrad import WeightGradShape, weightgrad_tables
 from rgtune.codegen.reference import param_full_shape
 from rgtune.codegen.weights import fold_weights
 from rgtune.data.graph import HeteroGraph
 from rgtune.ir.bind import GraphArrays, graph_arrays, row_types
-from rgtune.ir.kernels import GemmKernel, KernelProgram, TraversalKernel, WeightKernel
+from rgtune.ir.kernels import (GemmKernel, KernelProgram, ScatterKernel, TraversalKernel, WeightGradKernel,
+                               WeightKernel)
 
 #: owner blocks per thread for accumulating GEMMs (more blocks: better balance, shorter segments)
 BLOCKS_PER_THREAD = 4
@@ -71,6 +95,18 @@ class _BlasGemm:
     finish: bool  # whether the generated finish kernel has work
     rows: int
     width: int
+
+
+@dataclass
+class _BlasWeightGrad:
+    """What a BLAS weight gradient needs per call: row segments per type, the gathers, the types."""
+
+    kernel: WeightGradKernel
+    segments: list[tuple[int, int, int]]  # (type, start, end) in the order
+    order: torch.Tensor | None  # dy row of each ordered row (None: rows in order already)
+    gather: torch.Tensor | None  # x row of each ordered row (None: the dy order)
+    types: torch.Tensor | None  # each dy row's type (a bias-like gradient's index_add_; None: one type)
+    num_types: int
 
 
 @dataclass
@@ -115,14 +151,63 @@ class CpuRuntime:
         self.schedule = dict(schedule)
         self.blocks = blocks or BLOCKS_PER_THREAD * max(1, torch.get_num_threads())
         self.keep: list[torch.Tensor] = []  # graph-side arrays the contexts point at
-        self.blas: dict[str, _BlasGemm] = {}
+        self.blas: dict[str, _BlasGemm | _BlasWeightGrad] = {}
         self.scratch_shapes: dict[str, tuple[int, ...]] = {}
-        derived = {k.out for k in kp.kernels if isinstance(k, WeightKernel)}
+        self._scratch_of: dict[str, str] = {}  # scratch -> the kernel that uses it
+        derived = {k.out for k in kp.kernels if isinstance(k, WeightKernel)} | set(kp.param_grads.values())
         self.param_shapes = {n: param_full_shape(kp, n, self.a) for n in kp.param_shapes if n not in derived}
+        #: gradient param -> (full shape, whether it starts at zero: its first writer accumulates)
+        self.grad_shapes = {g: (param_full_shape(kp, g, self.a), _first_write_accumulates(kp, g))
+                            for g in kp.param_grads.values()}
         self.bound = {src.kernel: self._bind(src, libs[src.kernel]) for src in gen.kernels}
+        for k in kp.kernels:
+            if isinstance(k, WeightGradKernel) and k.name not in self.bound:
+                self.blas[k.name] = self._blas_weightgrad(k)
         self.steps = self._steps()
-        self.workspace: dict[str, torch.Tensor] = {}
+        self._plan_workspace()
+        self.workspace: dict[str, torch.Tensor] = {}  # planned name -> its view of a slot (first call)
         self._lock = threading.Lock()  # one call at a time: calls share the workspace and the contexts
+
+    def _plan_workspace(self) -> None:
+        """Which intermediate buffers and scratch arrays share memory (:mod:`rgtune.codegen.buffer_plan`):
+        all but the caller's (input, ``dout``, output, input gradient) and a training program's saved
+        buffers (fresh per call). A zeroed buffer is zeroed just before the kernel that first touches
+        it, since its slot may hold an earlier buffer's values until then."""
+        kp, a = self.kp, self.a
+        own = {kp.input, kp.dout, kp.output, kp.input_grad, *kp.saved}
+        names = [n for n in kp.buffers if n not in own]
+        self._shapes = {n: (a.rows(kp.buffers[n].domain), kp.buffers[n].width) for n in names}
+        self._shapes.update(self.scratch_shapes)
+        intervals = live_intervals(kp.kernels, names)
+        index = {k.name: i for i, k in enumerate(kp.kernels)}
+        intervals.update({n: (index[k], index[k]) for n, k in self._scratch_of.items()})
+        for j, n in enumerate(n for n in names if n not in intervals):  # touched by no kernel: a slot each
+            intervals[n] = (len(kp.kernels) + j, len(kp.kernels) + j)
+        sizes = {n: int(np.prod(self._shapes[n])) for n in intervals}
+        self._slot_of, self._slot_sizes = plan_slots(intervals, sizes)
+        self._zero_at: dict[int, list[str]] = {}
+        for n in sorted(kp.zero_init & set(names)):
+            self._zero_at.setdefault(intervals[n][0], []).append(n)
+
+    @property
+    def workspace_bytes(self) -> int:
+        """The memory of the planned workspace (the slots), held from the first call on."""
+        return sum(self._slot_sizes) * torch.tensor([], dtype=KERNEL_DTYPE).element_size()
+
+    def _materialize_workspace(self) -> None:
+        if self.workspace or not self._slot_of:
+            return
+        slots = [_kernel_buffer((size,)) for size in self._slot_sizes]
+        self.workspace = {n: slots[s][:int(np.prod(self._shapes[n]))].view(self._shapes[n])
+                          for n, s in self._slot_of.items()}
+
+    def _run_steps(self, lo: int, hi: int, bufs: dict[str, torch.Tensor], params: dict[str, torch.Tensor]) -> None:
+        """Kernels ``lo:hi`` in order, zeroing each planned zeroed buffer at its first kernel."""
+        for i in range(lo, hi):
+            for name in self._zero_at.get(i, ()):
+                if name in self.workspace and bufs.get(name) is self.workspace[name]:
+                    bufs[name].zero_()
+            self.steps[i](bufs, params)
 
     # ------------------------------------------------------------------ binding
     def _pointer(self, t: torch.Tensor | None) -> int:
@@ -155,11 +240,16 @@ class CpuRuntime:
         k = next(k for k in self.kp.kernels if k.name == src.kernel)
         if isinstance(k, GemmKernel):
             self._bind_gemm(k, b)
+        elif isinstance(k, ScatterKernel):
+            self._bind_scatter(k, b)
+        elif isinstance(k, WeightGradKernel):
+            self._bind_weightgrad(k, b)
         elif isinstance(k, TraversalKernel) and "traversal_max" in b.names:
             w = self.kp.buffers[k.stage.out].width  # type: ignore[attr-defined]
             for part in ("max", "sum"):
                 b.scratch[f"traversal_{part}"] = f"{k.name}_{part}"
                 self.scratch_shapes[f"{k.name}_{part}"] = (a.num_nodes * w,)
+                self._scratch_of[f"{k.name}_{part}"] = k.name
         return b
 
     def _bind_gemm(self, k: GemmKernel, b: _Bound) -> None:
@@ -185,6 +275,72 @@ class CpuRuntime:
         b.set("gemm_inplace", int(inplace))
         if not inplace:
             self.scratch_shapes[f"{k.name}_staged"] = (n, nout)
+            self._scratch_of[f"{k.name}_staged"] = k.name
+
+    def _bind_scatter(self, k: ScatterKernel, b: _Bound) -> None:
+        """``owner``: the rows grouped by target (a permutation and the targets' offsets into it)."""
+        if "scatter_perm" not in b.names:
+            return  # atomic: rows in their own order
+        perm, offsets = self._cached(("scatter", k.rows, k.out_via), lambda: self._by_target(k))
+        b.set("scatter_perm", self._pointer(perm))
+        b.set("scatter_offsets", self._pointer(offsets))
+
+    def _by_target(self, k: ScatterKernel) -> tuple[torch.Tensor, torch.Tensor]:
+        target = row_index(self.a, k.rows, k.out_via).numpy()
+        count = self.a.num_nodes if k.out_via in ("src", "pair_node") else self.a.rows("src_pair")
+        perm = np.argsort(target, kind="stable")
+        offsets = np.searchsorted(target[perm], np.arange(count + 1)).astype(np.int64)
+        idx = np.int32 if self.kp.index_bits == 32 else np.int64
+        return torch.from_numpy(perm.astype(idx)), torch.from_numpy(offsets)
+
+    def _num_types(self, by: str) -> int:
+        return {"ntype": self.a.num_ntypes, "rel": self.a.num_rels}.get(by, 1)
+
+    def _bind_weightgrad(self, k: WeightGradKernel, b: _Bound) -> None:
+        """Row order, chunks and groups (per graph, cached), and the split reduction's partials (workspace)."""
+        s = CPU_SCHEDULE.kernel_schedule(k, self.schedule)
+        nt, ch = self._num_types(k.by), int(s["chunk_rows"])
+
+        def make() -> tuple[torch.Tensor, ...]:
+            types = row_types(self.a, k.rows, k.by, k.weight_end)
+            tables = weightgrad_tables(None if types is None else types.numpy(), self.a.rows(k.rows), ch, nt,
+                                       self.blocks)
+            idx = np.int32 if self.kp.index_bits == 32 else np.int64
+            return (torch.from_numpy(tables[0].astype(idx)), *(torch.from_numpy(t) for t in tables[1:]))
+
+        order, chunks, groups, type_groups = self._cached(("weightgrad", k.rows, k.by, k.weight_end, ch, self.blocks),
+                                                          make)
+        for name, t in (("order", order), ("chunks", chunks), ("groups", groups), ("type_groups", type_groups)):
+            b.set(f"weightgrad_{name}", self._pointer(t))
+        b.set("weightgrad_ngroups", groups.numel() - 1)
+        b.set("weightgrad_ntypes", nt)
+        if "weightgrad_partial" in b.names:
+            b.scratch["weightgrad_partial"] = f"{k.name}_partial"
+            wsize = WeightGradShape.of(k, self.kp).wsize
+            self.scratch_shapes[f"{k.name}_partial"] = ((groups.numel() - 1) * wsize,)
+            self._scratch_of[f"{k.name}_partial"] = k.name
+
+    def _blas_weightgrad(self, k: WeightGradKernel) -> _BlasWeightGrad:
+        """The per-type segments of a BLAS weight gradient (cached per graph) and what it gathers."""
+        a = self.a
+        n, nt = a.rows(k.rows), self._num_types(k.by)
+
+        def make() -> tuple[Any, ...]:
+            types = row_types(a, k.rows, k.by, k.weight_end)
+            t = np.zeros(n, np.int64) if types is None else types.numpy()
+            order = np.argsort(t, kind="stable")
+            bounds = np.searchsorted(t[order], np.arange(nt + 1)).tolist()
+            segments = [(ty, bounds[ty], bounds[ty + 1]) for ty in range(nt) if bounds[ty + 1] > bounds[ty]]
+            identity = bool(np.array_equal(order, np.arange(n)))
+            return (segments, None if identity else torch.from_numpy(order), order,
+                    None if types is None else types.contiguous())
+
+        segments, order, order_np, types = self._cached(("blas_weightgrad", k.rows, k.by, k.weight_end), make)
+        gather = None
+        if k.x is not None and not (k.x_via == "row" and order is None):
+            gather = self._cached(("blas_weightgrad_x", k.rows, k.by, k.weight_end, k.x_via),
+                                  lambda: torch.from_numpy(row_index(a, k.rows, k.x_via).numpy()[order_np]))
+        return _BlasWeightGrad(k, segments, order, gather, types, nt)
 
     def _cached(self, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
         """Per-graph arrays, shared by every program bound to the graph with the same layout and width."""
@@ -229,10 +385,13 @@ class CpuRuntime:
     def _steps(self) -> list[Callable[[dict[str, torch.Tensor], dict[str, torch.Tensor]], None]]:
         steps = []
         for k in self.kp.kernels:
+            blas = self.blas.get(k.name)
             if isinstance(k, WeightKernel):
                 steps.append(self._fold_step(k))
-            elif k.name in self.blas:
-                steps.append(self._blas_step(self.blas[k.name]))
+            elif isinstance(blas, _BlasWeightGrad):
+                steps.append(self._blas_weightgrad_step(blas))
+            elif isinstance(blas, _BlasGemm):
+                steps.append(self._blas_step(blas))
             else:
                 steps.append(self._c_step(self.bound[k.name]))
         return steps
@@ -281,21 +440,112 @@ class CpuRuntime:
                 bufs[k.out].view(-1, g.width).index_add_(0, g.scatter, staged)  # type: ignore[index]
         return step
 
+    def _blas_weightgrad_step(self, g: _BlasWeightGrad) -> Callable[..., None]:
+        k = g.kernel
+        shape = self.kp.param_shapes[k.grad]
+
+        def step(bufs: dict[str, torch.Tensor], params: dict[str, torch.Tensor]) -> None:
+            dy = bufs[k.dy].view(-1, self.kp.buffers[k.dy].width)
+            grad = params[k.grad].view(g.num_types, -1)
+            if not k.accumulate:
+                grad.zero_()  # a type without rows has a zero gradient
+            if k.x is None:  # a bias-like gradient: the dy rows summed per type
+                if g.types is None:
+                    grad[0].add_(dy.sum(0))
+                else:
+                    grad.index_add_(0, g.types, dy)
+                return
+            x = bufs[k.x].view(-1, self.kp.buffers[k.x].width)
+            xg = x if g.gather is None else x.index_select(0, g.gather)
+            dyo = dy if g.order is None else dy.index_select(0, g.order)
+            for t, s, e in g.segments:
+                gt = grad[t].view(shape)
+                if k.per_head:  # (H, K, n) x (H, n, N) -> (H, K, N)
+                    xs = xg[s:e].view(e - s, k.in_heads, k.in_dim).permute(1, 2, 0)
+                    gt.baddbmm_(xs, dyo[s:e].view(e - s, k.out_heads, k.out_dim).transpose(0, 1))
+                else:
+                    gt.addmm_(xg[s:e].t(), dyo[s:e])
+        return step
+
     # ------------------------------------------------------------------ running
     def run(self, x: torch.Tensor, params: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """The layer's output ``(num_nodes, out_features)`` for input ``x`` and learnable ``params``
-        (float32 CPU tensors). Concurrent calls wait for each other (see the module docstring)."""
+        (float32 CPU tensors); of a training program, its forward kernels alone. Concurrent calls wait
+        for each other (see the module docstring)."""
         with self._lock, torch.no_grad():
             x = self._check_input(x)
             p = self._check_params(params)
-            bufs = self._buffers(x)
-            for step in self.steps:
-                step(bufs, p)
+            bufs = self._buffers(x, fresh=set(self.kp.saved))
+            end = len(self.steps) if self.kp.forward_kernels is None else self.kp.forward_kernels
+            self._run_steps(0, end, bufs, p)
             return bufs[self.kp.output].view(self.a.num_nodes, -1)
 
-    def _check_input(self, x: torch.Tensor) -> torch.Tensor:
-        width = self.kp.buffers[self.kp.input].width
-        _check_tensor("input x", x, (self.a.num_nodes, width))
+    def run_training(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], dout: torch.Tensor) -> TrainingResult:
+        """A training program's ``(output, input gradient, {param: gradient})`` for input ``x``, learnable
+        ``params`` and the output's gradient ``dout`` (float32 CPU tensors): :meth:`run_forward` then
+        :meth:`run_backward`. Every returned tensor is this call's own."""
+        out, saved = self.run_forward(x, params)
+        dx, grads = self.run_backward(x, params, saved, dout)
+        return out, dx, grads
+
+    def run_forward(self, x: torch.Tensor, params: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, Saved]:
+        """A training program's forward phase: the output and what its backward reads (the buffers of
+        ``kp.saved`` and the derived params of ``kp.saved_params``), all fresh tensors of this call: the
+        caller holds them until the backward, and several forwards may be in flight before theirs."""
+        kp = self._training()
+        with self._lock, torch.no_grad():
+            x = self._check_input(x)
+            p = self._check_params(params)
+            bufs = self._buffers(x, fresh=set(kp.saved))
+            self._run_steps(0, kp.forward_kernels, bufs, p)  # type: ignore[arg-type]
+            saved = Saved({b: bufs[b] for b in kp.saved}, {q: p[q] for q in kp.saved_params})
+            return bufs[kp.output].view(self.a.num_nodes, -1), saved
+
+    def run_backward(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], saved: Saved,
+                     dout: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """A training program's backward phase: ``(input gradient, {param: gradient})`` from the forward's
+        ``saved`` (read, not recomputed) and the output's gradient ``dout``. The gradients are fresh
+        tensors of the params' full shapes (the caller keeps them)."""
+        kp = self._training()
+        with self._lock, torch.no_grad():
+            x = self._check_input(x)
+            p = self._check_params(params)
+            dout = self._check_input(dout, "dout", kp.dout)
+            given = self._check_saved(saved)
+            p.update(saved.params)
+            for g, (shape, zero) in self.grad_shapes.items():
+                p[g] = _kernel_buffer(shape, zero)  # fresh: the caller keeps the gradients
+            bufs = self._buffers(x, dout, given)
+            self._run_steps(kp.forward_kernels, len(self.steps), bufs, p)  # type: ignore[arg-type]
+            grads = {name: p[g] for name, g in kp.param_grads.items()}
+            return bufs[kp.input_grad].view(self.a.num_nodes, -1), grads  # type: ignore[index]
+
+    def _training(self) -> KernelProgram:
+        if not self.kp.is_training:
+            raise ValueError(f"kernel program {self.kp.name} computes no gradients (compile it with training=True)")
+        return self.kp
+
+    def _check_saved(self, saved: Saved) -> dict[str, torch.Tensor]:
+        """The saved buffers (checked: every one of ``kp.saved``, float32, its shape) and derived params."""
+        kp, a = self.kp, self.a
+        if not isinstance(saved, Saved):
+            raise TypeError(f"saved must be the Saved of run_forward, got {type(saved).__name__}")
+        missing = sorted(set(kp.saved) - set(saved.buffers)) + sorted(set(kp.saved_params) - set(saved.params))
+        if missing:
+            raise KeyError(f"saved lacks {missing}; the backward reads {sorted(kp.saved + kp.saved_params)}")
+        out = {}
+        for name in kp.saved:
+            b = kp.buffers[name]
+            t = saved.buffers[name]
+            _check_tensor(f"saved buffer {name!r}", t, (a.rows(b.domain), b.width))
+            out[name] = t.contiguous()
+        for name in kp.saved_params:
+            _check_tensor(f"saved param {name!r}", saved.params[name], tuple(saved.params[name].shape))
+        return out
+
+    def _check_input(self, x: torch.Tensor, what: str = "input x", buffer: str | None = None) -> torch.Tensor:
+        width = self.kp.buffers[buffer or self.kp.input].width
+        _check_tensor(what, x, (self.a.num_nodes, width))
         return x.contiguous()
 
     def _check_params(self, params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -308,27 +558,35 @@ class CpuRuntime:
             out[name] = t.detach().contiguous()
         return out
 
-    def _buffers(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    def _buffers(self, x: torch.Tensor, dout: torch.Tensor | None = None,
+                 given: Mapping[str, torch.Tensor] | None = None,
+                 fresh: set[str] | frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
+        """This call's buffers: the input, ``dout``, the ``given`` (a backward's saved ones), and the rest:
+        the output, the input's gradient and the ``fresh`` ones (a forward's saved ones) allocated for
+        the call (zeroed where the program says so), the others views of the planned workspace (zeroed
+        at their first kernel: :meth:`_run_steps`)."""
         kp, a = self.kp, self.a
-        bufs = {kp.input: x}
+        self._materialize_workspace()
+        bufs = {kp.input: x, **(given or {})}
+        if kp.dout is not None and dout is not None:
+            bufs[kp.dout] = dout
         for name, b in kp.buffers.items():
-            if name == kp.input:
+            if name in bufs:
                 continue
-            shape = (a.rows(b.domain), b.width)
-            zero = name in kp.zero_init
-            if name == kp.output:  # fresh every call: outputs never alias
-                bufs[name] = _kernel_buffer(shape, zero)
+            if name in self.workspace and name not in fresh:
+                bufs[name] = self.workspace[name]
                 continue
-            t = self.workspace.get(name)
-            if t is None or tuple(t.shape) != shape:
-                t = self.workspace[name] = _kernel_buffer(shape)
-            if zero:
-                t.zero_()
-            bufs[name] = t
-        for name, shape in self.scratch_shapes.items():
-            if name not in self.workspace:
-                self.workspace[name] = _kernel_buffer(shape)
+            # the caller's (output, input gradient, saved ones): never a workspace alias
+            bufs[name] = _kernel_buffer((a.rows(b.domain), b.width), name in kp.zero_init)
         return bufs
+
+
+def _first_write_accumulates(kp: KernelProgram, grad: str) -> bool:
+    """Whether the first kernel writing gradient param ``grad`` adds to it (then it must start at zero)."""
+    for k in kp.kernels:
+        if isinstance(k, WeightGradKernel) and k.grad == grad:
+            return k.accumulate
+    return True  # written by no kernel: its gradient is zero
 
 
 def _kernel_buffer(shape: tuple[int, ...], zero: bool = False) -> torch.Tensor:

@@ -1,18 +1,27 @@
 """The ``cpu`` target's schedule knobs: what the C/OpenMP generator lets each kernel template choose.
 
-Read by :mod:`.gemm` (``impl``, the tile), :mod:`.edges` (``mapping``, ``chunk``) and
-:mod:`.generate` (the map's ``chunk``); :mod:`.runtime` builds the tile tables of the chosen tile.
+Read by :mod:`.gemm` (``impl``, the tile), :mod:`.edges` (``mapping``, ``chunk``; the scatter's
+``mapping`` and ``chunk``), :mod:`.generate` (the map's ``chunk``) and :mod:`.weightgrad` (``impl``,
+``reduce``, ``chunk_rows``); :mod:`.runtime` builds the tile tables of the chosen tile, the scatter's
+grouping by target and the weight gradient's row chunks.
+
+The backward's templates (a training program's: ``scatter``, ``weightgrad``) come after the forward's,
+so the forward's knobs keep their order (and an inference search space leaves the backward's out).
+Every value of their knobs works for every kernel of their template (both scatter mappings take any
+layout and target; both weight-gradient implementations any rows, types and heads), so they declare
+no constraint.
 
 Example:
-    >>> list(CPU_SCHEDULE.knobs())
-    ['gemm.impl', 'gemm.tile_rows', 'gemm.tile_cols', 'traversal.mapping', 'traversal.chunk', 'map.chunk']
+    >>> list(CPU_SCHEDULE.knobs())  # doctest: +NORMALIZE_WHITESPACE
+    ['gemm.impl', 'gemm.tile_rows', 'gemm.tile_cols', 'traversal.mapping', 'traversal.chunk', 'map.chunk',
+     'scatter.mapping', 'scatter.chunk', 'weightgrad.impl', 'weightgrad.reduce', 'weightgrad.chunk_rows']
 """
 
 from __future__ import annotations
 
 from rgtune.codegen.schedule import (MAPPING_CONSTRAINT, TRAVERSAL_MAPPING, ScheduleParam, TargetSchedule,
                                      TemplateSchedule)
-from rgtune.ir.kernels import GemmKernel, MapKernel, TraversalKernel
+from rgtune.ir.kernels import GemmKernel, MapKernel, ScatterKernel, TraversalKernel, WeightGradKernel
 
 CPU_SCHEDULE = TargetSchedule("cpu", [
     TemplateSchedule(GemmKernel, (
@@ -27,5 +36,23 @@ CPU_SCHEDULE = TargetSchedule("cpu", [
     ), (MAPPING_CONSTRAINT,)),
     TemplateSchedule(MapKernel, (
         ScheduleParam("chunk", (64, 256, 1024), 256, "OpenMP static chunk (rows)"),
+    )),
+    TemplateSchedule(ScatterKernel, (
+        ScheduleParam("mapping", ("owner", "atomic"), "owner",
+                      "owner: target-parallel, rows grouped by target through a per-graph permutation, each "
+                      "target's sum is one thread's (no atomics); atomic: row-parallel in the layout's order, "
+                      "atomic adds"),
+        ScheduleParam("chunk", (16, 64, 256, 1024), 64, "OpenMP dynamic chunk (targets or rows per grab)"),
+    )),
+    TemplateSchedule(WeightGradKernel, (
+        ScheduleParam("impl", ("generated", "blas"), "generated",
+                      "generated C (row chunks of one type, register-blocked outer products), or per-type "
+                      "matmuls X_t^T @ DY_t through torch"),
+        ScheduleParam("reduce", ("split", "atomic"), "split",
+                      "how the partial sums of a type's row groups meet (generated): split: each group writes its "
+                      "own, a second pass sums them per type (deterministic); atomic: each group adds its sum "
+                      "with atomic adds"),
+        ScheduleParam("chunk_rows", (64, 256, 1024), 256,
+                      "rows packed per pass of the register-blocked outer products (generated): one type's rows"),
     )),
 ])

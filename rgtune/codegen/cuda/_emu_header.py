@@ -2,21 +2,38 @@
 
 Every CUDA thread of a block is a green thread (``ucontext``) on one OS thread; blocks run one
 after the other, so ``__shared__`` becomes ``static`` (one copy, used by one block at a time).
+A thread enters its own stack once per launch through ``setcontext`` and runs the kernel for one
+block after the other (it waits, finished, for the next block); every later switch (a barrier, a
+shuffle, the scheduler, the next block) is ``_setjmp``/``_longjmp``, which unlike ``swapcontext``
+saves and restores no signal mask (a system call per switch, which made warp shuffles most of the
+time).
+Jumping between stacks so is what ``_FORTIFY_SOURCE``'s ``longjmp`` check forbids, so the header
+turns it off.
 ``__syncthreads()`` parks a thread until every live thread of the block is parked; a warp
 shuffle parks the lane until every live lane of its warp arrived (twice: write, then read).
 Atomics are plain read-modify-writes (nothing runs concurrently). ``__CUDA_ARCH__`` is set
 by the caller, so both sides of an architecture test are exercised.
+
+The header includes C headers only and declares the C math functions kernels call instead of
+including ``<math.h>`` (which in C++ pulls in ``<cmath>``): a unit then compiles in about a third
+of the time, which is most of what checking many kernels on the emulator costs.
 """
 
 EMU_HEADER = r"""
-#include <math.h>
+#undef _FORTIFY_SOURCE  // its longjmp check refuses the switches between the green threads' stacks
+#include <setjmp.h>
 #include <string.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <stdint.h>
 #include <ucontext.h>
-#include <functional>
-#include <vector>
+
+extern "C" {  // the C math library, declared rather than included (see the module's docstring)
+float expf(float); float expm1f(float); float logf(float); float log1pf(float); float sqrtf(float);
+float erff(float); float erfcf(float); float tanhf(float); float fabsf(float); float powf(float, float);
+float fmaxf(float, float); float fminf(float, float); float fmaf(float, float, float);
+float floorf(float); float ceilf(float);
+}
 
 #define __global__
 #define __device__
@@ -34,29 +51,35 @@ static inline float4 make_float4(float x, float y, float z, float w) { float4 r 
 
 namespace rg_emu {
 enum { RUNNABLE = 0, AT_BLOCK = 1, AT_WARP = 2, DONE = 3 };
-struct Thread { ucontext_t ctx; int state; uint3 idx; char* stack; size_t size; };
+struct Thread { ucontext_t ctx; jmp_buf jb; int state; int started; uint3 idx; char* stack; size_t size; };
 static uint3 block_idx, block_dim, grid_dim;
 static Thread* cur = nullptr;
-static ucontext_t sched;
-static std::function<void()>* body = nullptr;
+static jmp_buf sched;  // where a parked or finished thread returns to: the scheduler in run_block
+static void (*body)(void**) = nullptr;  // the kernel call of a launch, and its arguments
+static void** body_args = nullptr;
 static float exch[32][32];
-static void park(int state) { cur->state = state; swapcontext(&cur->ctx, &sched); }
-static void entry() { (*body)(); cur->state = DONE; }
-
-// runs one block; returns 0, or 1 on a deadlock (threads parked at different barriers)
-static int run_block(std::vector<Thread>& th, unsigned n) {
-  for (unsigned t = 0; t < n; ++t) {
-    getcontext(&th[t].ctx);
-    th[t].ctx.uc_stack.ss_sp = th[t].stack;
-    th[t].ctx.uc_stack.ss_size = th[t].size;
-    th[t].ctx.uc_link = &sched;
-    th[t].state = RUNNABLE;
-    th[t].idx.x = t; th[t].idx.y = 0; th[t].idx.z = 0;
-    makecontext(&th[t].ctx, entry, 0);
+static void park(int state) { cur->state = state; if (!_setjmp(cur->jb)) _longjmp(sched, 1); }
+static void entry() {  // a thread's life in a launch: the kernel for each block it is resumed for
+  for (;;) {
+    body(body_args);
+    park(DONE);  // resumed at the next block's start
   }
+}
+// runs thread t until it parks or finishes: the first time onto its own stack, later where it parked
+static void resume(Thread* t) {
+  cur = t;
+  if (_setjmp(sched)) return;
+  if (!t->started) { t->started = 1; setcontext(&t->ctx); }
+  _longjmp(t->jb, 1);
+}
+
+// runs one block (its threads finished the previous one); returns 0, or 1 on a deadlock (threads parked at
+// different barriers)
+static int run_block(Thread* th, unsigned n) {
+  for (unsigned t = 0; t < n; ++t) th[t].state = RUNNABLE;
   for (;;) {
     for (unsigned t = 0; t < n; ++t)
-      if (th[t].state == RUNNABLE) { cur = &th[t]; swapcontext(&sched, &th[t].ctx); }
+      if (th[t].state == RUNNABLE) resume(&th[t]);
     bool all_done = true, released = false;
     for (unsigned t = 0; t < n; ++t) all_done = all_done && th[t].state == DONE;
     if (all_done) return 0;
@@ -81,10 +104,20 @@ static int run_block(std::vector<Thread>& th, unsigned n) {
   }
 }
 
-static int run_grid(unsigned gx, unsigned gy, unsigned gz, unsigned bx, std::function<void()>& f) {
-  std::vector<Thread> th(bx);
-  for (auto& t : th) { t.size = 256 * 1024; t.stack = (char*)malloc(t.size); }
-  body = &f;
+static int run_grid(unsigned gx, unsigned gy, unsigned gz, unsigned bx, void (*f)(void**), void** args) {
+  Thread* th = (Thread*)calloc(bx, sizeof(Thread));
+  for (unsigned t = 0; t < bx; ++t) {
+    th[t].size = 256 * 1024;
+    th[t].stack = (char*)malloc(th[t].size);
+    getcontext(&th[t].ctx);
+    th[t].ctx.uc_stack.ss_sp = th[t].stack;
+    th[t].ctx.uc_stack.ss_size = th[t].size;
+    th[t].ctx.uc_link = nullptr;  // entry never returns: it parks between blocks
+    th[t].idx.x = t; th[t].idx.y = 0; th[t].idx.z = 0;
+    makecontext(&th[t].ctx, entry, 0);
+  }
+  body = f;
+  body_args = args;
   int failed = 0;
   grid_dim.x = gx; grid_dim.y = gy; grid_dim.z = gz;
   block_dim.x = bx; block_dim.y = 1; block_dim.z = 1;
@@ -94,7 +127,8 @@ static int run_grid(unsigned gx, unsigned gy, unsigned gz, unsigned bx, std::fun
         block_idx.x = x; block_idx.y = y; block_idx.z = z;
         if (!failed && run_block(th, bx)) failed = 1;
       }
-  for (auto& t : th) free(t.stack);
+  for (unsigned t = 0; t < bx; ++t) free(th[t].stack);
+  free(th);
   return failed;
 }
 }  // namespace rg_emu

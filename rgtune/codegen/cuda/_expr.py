@@ -6,7 +6,7 @@ this module adds what only the CUDA side needs:
 * :class:`RowIndex`: how a row of one domain reaches another (``src``, ``dst_pair``, ``rel``,
   ...) as a C expression, recording which graph arrays the kernel must receive;
 * :class:`Emitter`: a ``CEmitter`` whose sub-expressions can be *substituted* by a C
-  expression (a warp-reduced inner product, a vector-loaded component, a shared-memory
+  expression (a warp-reduced inner product or sum, a vector-loaded component, a shared-memory
   partial sum), so that templates decide where a value comes from without a new IR node;
 * :func:`rename_buffers`: buffers get role names (``x``, ``out``, ``in0``) in the generated
   code, so that the same kernel in two programs is the same source (and compiled once).
@@ -29,7 +29,7 @@ import dataclasses
 from typing import Callable, Mapping
 
 from rgtune.codegen.cfamily import CEmitter, helper_functions
-from rgtune.ir.kernels import Acc, Expr, GraphLoad, InnerE, Load, ParamLoad
+from rgtune.ir.kernels import Acc, ConcatE, Expr, GraphLoad, InnerE, Load, ParamLoad, ReduceE
 
 #: graph index arrays a kernel may read, in the order they appear in kernel signatures
 GRAPH_ARRAYS = ("node_type", "e_src", "e_dst", "e_rel", "e_rel_order", "csr_indptr", "e_sp", "e_dp",
@@ -97,17 +97,32 @@ class Emitter(CEmitter):
     ``subst[e]`` is called with the C expressions of ``(h, d)`` (``"0"`` where ``e`` broadcasts)
     and returns the C expression to use instead of computing ``e``; nested occurrences are
     found too, because ``CEmitter.element`` recurses through ``self.element``.
+
+    ``leaf_subst[e]`` is the same for a value that holds only at the element being computed (a
+    component of a vector load at ``(h, d0 + c)``): it is not used inside an inner product, a
+    sum over features or heads, or a concatenation, whose operands are read at other ``(h, d)``
+    (the same load may occur inside and outside one: ``dout@dst * sum_dim(dout@dst * v)``).
     """
 
     def __init__(self, buffers: Mapping[str, tuple[int, int]], params: Mapping[str, tuple[int, ...]],
                  index: Callable[[str], str], acc_shape: tuple[int, int] | None = None) -> None:
         super().__init__(buffers, params, index, acc_shape)
         self.subst: dict[Expr, Callable[[str, str], str]] = {}
+        self.leaf_subst: dict[Expr, Callable[[str, str], str]] = {}
+        self._elsewhere = 0  # > 0 while evaluating operands read at other (h, d) than the element's
 
     def element(self, e: Expr, h: str, d: str) -> str:
         f = self.subst.get(e)
+        if f is None and not self._elsewhere:
+            f = self.leaf_subst.get(e)
         if f is not None:
             return f(h if e.heads > 1 else "0", d if e.dim > 1 else "0")
+        if isinstance(e, (InnerE, ReduceE, ConcatE)):
+            self._elsewhere += 1
+            try:
+                return super().element(e, h, d)
+            finally:
+                self._elsewhere -= 1
         return super().element(e, h, d)
 
     def block(self, e: Expr, h: str, d: str) -> tuple[list[str], str]:
@@ -163,6 +178,22 @@ def inner_products(e: Expr) -> list[InnerE]:
         for c in x.children():
             visit(c)
         if isinstance(x, InnerE) and x not in out:
+            out.append(x)
+
+    visit(e)
+    return out
+
+
+def warp_reductions(e: Expr) -> list[Expr]:
+    """The inner products and sums over features of ``e``, innermost first (each once): the reductions a
+    warp can share (lanes over the reduced dimension). Without sums, the inner products in the order of
+    :func:`inner_products`."""
+    out: list[Expr] = []
+
+    def visit(x: Expr) -> None:
+        for c in x.children():
+            visit(c)
+        if (isinstance(x, InnerE) or (isinstance(x, ReduceE) and x.over == "dim")) and x not in out:
             out.append(x)
 
     visit(e)

@@ -2,8 +2,9 @@
 
 A lane (or thread) handles ``vector_width`` consecutive features ``(h, d0 .. d0 + vw - 1)`` of a
 row. :func:`chunk` loads every feature-indexed operand once as a ``float2``/``float4`` and
-evaluates the expressions per component; :func:`warp_inner` computes the inner products of an
-edge's expressions with the whole warp (lanes over the reduced dimension, shuffle reduction);
+evaluates the expressions per component; :func:`warp_inner` computes the inner products (and the
+sums over features, a training program's) of an edge's expressions with the whole warp (lanes over
+the reduced dimension, shuffle reduction);
 :func:`store_vec` / :func:`atomic_vec` write a chunk back (vector ``atomicAdd`` on sm_90+).
 
 Example:
@@ -18,20 +19,21 @@ Example:
 
 from __future__ import annotations
 
-from rgtune.codegen.cuda._expr import Emitter, inner_products
-from rgtune.ir.kernels import ConcatE, Expr, InnerE, KernelProgram, Load, ParamLoad, expr_str
+from rgtune.codegen.cuda._expr import Emitter, warp_reductions
+from rgtune.ir.kernels import ConcatE, Expr, InnerE, KernelProgram, Load, ParamLoad, ReduceE, expr_str
 
 _COMP = "xyzw"
 
 
 def vector_leaves(exprs: list[Expr], dim: int, vw: int, kp: KernelProgram) -> list[Expr]:
-    """Loads that can be read ``vw`` features at a time: feature-varying, aligned, not reduced."""
+    """Loads that can be read ``vw`` features at a time: feature-varying, aligned, not reduced (inside an
+    inner product, a sum or a concatenation a load is read at other features than the chunk's)."""
     if vw == 1:
         return []
     out: list[Expr] = []
 
     def visit(e: Expr) -> None:
-        if isinstance(e, (InnerE, ConcatE)):
+        if isinstance(e, (InnerE, ConcatE, ReduceE)):
             return  # indexed by the reduction variable / shifted: scalar loads
         if isinstance(e, Load) and e.dim == dim and dim % vw == 0 and e not in out:
             out.append(e)
@@ -65,7 +67,7 @@ def chunk(em: Emitter, exprs: list[Expr], dim: int, vw: int, kp: KernelProgram,
     for n, leaf in enumerate(vector_leaves(exprs, dim, vw, kp)):
         addr = em.element(leaf, "h", "d0")
         lines.append(f"{indent}const {vt} L{n} = *reinterpret_cast<const {vt}*>(&{addr});")
-        em.subst[leaf] = (lambda n: lambda h, d: f"L{n}.{_COMP[comp.c]}")(n)
+        em.leaf_subst[leaf] = (lambda n: lambda h, d: f"L{n}.{_COMP[comp.c]}")(n)
     values: list[list[str]] = [[] for _ in exprs]
     for c in range(vw):
         comp.c = c
@@ -79,18 +81,25 @@ def chunk(em: Emitter, exprs: list[Expr], dim: int, vw: int, kp: KernelProgram,
 
 
 def warp_inner(em: Emitter, exprs: list[Expr], indent: str, prefix: str = "ip") -> list[str]:
-    """Every inner product of ``exprs`` reduced by the whole warp; later uses read ``ipN[h]``."""
+    """Every inner product (and sum over features) of ``exprs`` reduced by the whole warp; later uses read
+    ``ipN[h]``. Every lane of the warp must run the emitted code (shuffles)."""
     lines: list[str] = []
-    seen: list[InnerE] = []
+    seen: list[Expr] = []
     for e in exprs:
-        for x in inner_products(e):
+        for x in warp_reductions(e):
             if x in seen:
                 continue
             n = len(seen)
             seen.append(x)
-            dk = max(x.a.dim, x.b.dim)
-            a = em.element(x.a, "hh", "kk")
-            b = em.element(x.b, "hh", "kk")
+            if isinstance(x, InnerE):
+                dk = max(x.a.dim, x.b.dim)
+                a = em.element(x.a, "hh", "kk")
+                b = em.element(x.b, "hh", "kk")
+                update = f"s = fmaf({a}, {b}, s);"
+            else:  # a sum over features
+                assert isinstance(x, ReduceE)
+                dk = x.x.dim
+                update = f"s += {em.element(x.x, 'hh', 'kk')};"
             stmts = em.take_statements()
             lines += [f"{indent}float {prefix}{n}[{x.heads}];  // {_short(x)}: lanes over {dk}, warp reduction",
                       f"{indent}#pragma unroll",
@@ -98,7 +107,7 @@ def warp_inner(em: Emitter, exprs: list[Expr], indent: str, prefix: str = "ip") 
                       f"{indent}  float s = 0.0f;",
                       f"{indent}  for (int kk = lane; kk < {dk}; kk += 32) {{"]
             lines += [f"{indent}    {st}" for st in stmts]
-            lines += [f"{indent}    s = fmaf({a}, {b}, s);",
+            lines += [f"{indent}    {update}",
                       f"{indent}  }}",
                       f"{indent}  {prefix}{n}[hh] = rg_warp_sum(s);",
                       f"{indent}}}"]

@@ -123,6 +123,7 @@ class _DstWarp:
     chunks_per_lane: int
     guarded: bool  # whether some lanes' last chunk lies past the row
     pairs: RowIndex  # an edge's destination pair
+    rows: str = "edge"  # the domain of the rows whose expressions are summed (a scatter's may be pair rows)
 
     def registers(self, softmax: bool) -> None:
         """Declares the per-chunk sums (and a softmax's running max and denominator), zeroed."""
@@ -165,8 +166,8 @@ class _DstWarp:
         self.lane_chunks(indent, store)
 
     def edge_chunks(self, indent: str, exprs: list[Expr], update: _Update) -> None:
-        """Per edge: warp-reduced inner products, then each lane's chunks of ``exprs``, then ``update``."""
-        emitter = self.ctx.emitter("edge", "rid")
+        """Per edge (row): warp-reduced inner products, then each lane's chunks of ``exprs``, then ``update``."""
+        emitter = self.ctx.emitter(self.rows, "rid")
         self.lines.extend(warp_inner(emitter, exprs, indent))
 
         def values_then_update(inner: str) -> None:

@@ -34,9 +34,10 @@ class Arg:
     """One kernel parameter.
 
     ``kind``/``ref`` say what the runtime passes: an IR buffer (``ref`` = its name), a param
-    (name), a graph index array (``GraphArrays`` field), a per-edge graph constant (``G_<kind>``,
-    fp32), a temporary of the unit, a GEMM tile table (``seg_off``, ``seg_type``, ``tile_row0``,
-    ``tile_seg``) or a size (``ref`` = the row domain whose count is passed).
+    (name; a training program's gradient params are written), a graph index array (``GraphArrays``
+    field), a per-edge graph constant (``G_<kind>``, fp32), a temporary of the unit, a host-built
+    table (a GEMM's ``seg_off``, ``seg_type``, ``tile_row0``, ``tile_seg``; a scatter's grouping; a
+    weight gradient's chunks) or a size (``ref`` = the row domain whose count is passed).
     """
 
     kind: ArgKind
@@ -68,9 +69,12 @@ class Grid:
     ``kind="gemm"``: tiles of ``tile_rows`` rows inside each type segment (``partition``
     ``static``: ``grid = (max tiles of a segment, col_blocks, segments)``; ``balanced``:
     ``grid = (tiles, col_blocks)`` over a host-built tile -> segment table).
+    ``kind="chunks"``: ``grid = (chunks, col_blocks)`` over a host-built table of row chunks (a
+    weight gradient's). A unit's own counts (``chunks``, ``types``) are domains of its ``items``
+    grids and temps too.
     """
 
-    kind: Literal["items", "gemm"]
+    kind: Literal["items", "gemm", "chunks"]
     domain: str
     items_per_row: int = 1
     per_block: int = 1

@@ -2,8 +2,10 @@
 
 ``build`` checks the schedule (an invalid point raises :class:`InvalidSchedule` and compiles
 nothing), generates one CUDA source per IR kernel, compiles them for the device's own
-architecture (cubin cache on disk), loads them and binds the graph. ``compile_only`` does the
-first two steps for any architectures and needs no GPU.
+architecture (cubin cache on disk), loads them and binds the graph; a training program's
+:class:`~rgtune.codegen.base.BuiltProgram` also runs its two phases (``run_forward``, ``run_backward``)
+and a whole step (``run_training``).
+``compile_only`` does the first two steps for any architectures and needs no GPU.
 
 Example (no GPU needed):
     >>> from rgtune.ir.models import build_model
@@ -42,6 +44,9 @@ class CudaBackend(Backend):
 
     name = "cuda"
     target = "cuda"
+    #: training programs build too: their scatter and weight-gradient kernels are generated (:mod:`._scatter`,
+    #: :mod:`._weightgrad`)
+    trains = True
     #: where inputs and params must live (the tuner moves them there)
     device = "cuda"
 
@@ -100,7 +105,7 @@ class CudaBackend(Backend):
         info = {"arch": arch, "nvrtc": ".".join(map(str, nvrtc.nvrtc_version())),
                 "resources": {u: {f: vars(r) for f, r in c[arch].resources.items()}
                               for u, c in compiled.cubins.items()}}
-        return BuiltProgram(self.name, gen.sources, compiled.seconds, hit, program.run, info)
+        return built_program(self.name, kp, program, gen.sources, compiled.seconds, hit, info)
 
     def time_runs(self, built: BuiltProgram, x: Any, params: Mapping[str, Any], warmup: int,
                   repeats: int) -> list[float]:
@@ -138,3 +143,15 @@ class CudaBackend(Backend):
                 torch.cuda.synchronize()
             except Exception as e:  # noqa: BLE001 - RuntimeError or torch.AcceleratorError
                 raise LaunchError(f"{e}; {STICKY_NOTE}") from e
+
+
+def built_program(backend: str, kp: KernelProgram, program: Any, sources: dict[str, str], seconds: float,
+                  cache_hit: bool, info: dict[str, Any] | None = None) -> BuiltProgram:
+    """The :class:`BuiltProgram` of a loaded ``program`` (a :class:`~.runtime.ProgramRunner`: on the GPU or
+    the emulator); a training program's runs its phases apart (``forward_fn``/``backward_fn``), as a layer
+    in a model trains."""
+    training = kp.is_training
+    return BuiltProgram(backend, sources, seconds, cache_hit, program.run, info or {},
+                        train_fn=program.run_training if training else None,
+                        forward_fn=program.run_forward if training else None,
+                        backward_fn=program.run_backward if training else None)

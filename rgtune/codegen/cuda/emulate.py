@@ -71,15 +71,17 @@ def _wrapper(launch: Launch) -> str:
             casts.append(f"({a.ctype})a[{i}]")
         else:
             casts.append(f"({a.ctype})(intptr_t)a[{i}]")
-    return (f'extern "C" int emu_{launch.function}(unsigned gx, unsigned gy, unsigned gz, unsigned bx, void** a) {{\n'
-            f"  std::function<void()> f = [&]() {{ {launch.function}({', '.join(casts)}); }};\n"
-            f"  return rg_emu::run_grid(gx, gy, gz, bx, f);\n}}\n")
+    return (f"static void emu_call_{launch.function}(void** a) {{ {launch.function}({', '.join(casts)}); }}\n"
+            f'extern "C" int emu_{launch.function}(unsigned gx, unsigned gy, unsigned gz, unsigned bx, void** a) {{\n'
+            f"  return rg_emu::run_grid(gx, gy, gz, bx, emu_call_{launch.function}, a);\n}}\n")
 
 
 def emulation_source(unit: KernelUnit, arch: str) -> str:
+    """What the C++ compiler gets: the header, the unit's code (not its header comments, which name the
+    program: equal kernels of two programs share one library) and the launch wrappers."""
     wrappers = "".join(_wrapper(launch) for launch in {la.function: la for la in unit.launches}.values())
     cc = int(arch.split("_")[1]) * 10
-    return f"#define __CUDA_ARCH__ {cc}\n{EMU_HEADER}\n{unit.source}\n{wrappers}"
+    return f"#define __CUDA_ARCH__ {cc}\n{EMU_HEADER}\n{unit.code}\n{wrappers}"
 
 
 def compile_emulation(unit: KernelUnit, arch: str = "sm_90", cxx: str | None = None) -> Path:

@@ -10,7 +10,11 @@ never compiled), then turns each kernel into a :class:`~rgtune.codegen.cuda._uni
   passes, see :mod:`._traversal`): destination-parallel warps or edge-parallel threads;
 * :class:`~rgtune.ir.kernels.MapKernel` -> ``map`` (see :mod:`._map`);
 * :class:`~rgtune.ir.kernels.WeightKernel` -> nothing: derived weights are folded with torch
-  on the device (:mod:`rgtune.codegen.weights`), once per call.
+  on the device (:mod:`rgtune.codegen.weights`), once per call;
+* a training program's :class:`~rgtune.ir.kernels.ScatterKernel` -> ``scatter`` (see
+  :mod:`._scatter`): a warp per source over host-grouped rows, or edge-parallel atomics;
+* and its :class:`~rgtune.ir.kernels.WeightGradKernel` -> ``weightgrad`` (see
+  :mod:`._weightgrad`): row chunks reduced per block, combined by atomics or a second pass.
 
 Sizes that define the program (heads, feature sizes, tiles) are compile-time constants; graph
 sizes (rows, edges) and the graph's index arrays are kernel arguments, so one compiled
@@ -40,10 +44,13 @@ from rgtune.codegen.base import BackendError
 from rgtune.codegen.cuda._expr import UnsupportedKernel
 from rgtune.codegen.cuda._gemm import gemm_unit, micro_tile, segments_of
 from rgtune.codegen.cuda._map import map_unit
+from rgtune.codegen.cuda._scatter import scatter_unit
 from rgtune.codegen.cuda._traversal import traversal_unit
 from rgtune.codegen.cuda._unit import Arg, Grid, KernelUnit, Launch, Temp
+from rgtune.codegen.cuda._weightgrad import weightgrad_unit
 from rgtune.codegen.cuda.schedule import CUDA_SCHEDULE
-from rgtune.ir.kernels import GemmKernel, KernelProgram, MapKernel, TraversalKernel, WeightKernel
+from rgtune.ir.kernels import (GemmKernel, KernelProgram, MapKernel, ScatterKernel, TraversalKernel, WeightGradKernel,
+                               WeightKernel)
 
 __all__ = ["Arg", "GeneratedProgram", "Grid", "InvalidSchedule", "KernelUnit", "Launch", "Temp",
            "UnsupportedKernel", "generate", "micro_tile", "segments_of"]
@@ -97,6 +104,10 @@ def generate(kp: KernelProgram, schedule: Mapping[str, Any], epilogue: str = "au
             out.units.append(traversal_unit(k, s, kp))
         elif isinstance(k, MapKernel):
             out.units.append(map_unit(k, s, kp))
+        elif isinstance(k, ScatterKernel):
+            out.units.append(scatter_unit(k, s, kp))
+        elif isinstance(k, WeightGradKernel):
+            out.units.append(weightgrad_unit(k, s, kp))
         else:  # pragma: no cover - a new template needs a generator here
             raise UnsupportedKernel(f"{k.name}: no CUDA template for {type(k).__name__}")
     return out

@@ -2,8 +2,9 @@
 
 Host-side preparation (pure torch on the CPU, tested without a GPU):
 :func:`gemm_segments` (a GEMM's type segments: row offsets and the weight slice of each),
-:func:`balanced_tiles` (the tile -> segment table of ``block_partition=balanced``) and
-:func:`grid_of` (every launch's grid).
+:func:`balanced_tiles` (the tile -> segment table of ``block_partition=balanced``),
+:func:`scatter_groups` (a scatter's rows grouped by the row they add into, once per graph),
+:func:`weightgrad_tables` (a weight gradient's row chunks) and :func:`grid_of` (every launch's grid).
 
 On a GPU, :class:`CudaProgram` loads each unit's cubin with ``cupy.cuda.Module().load``,
 checks launch resources against the function's attributes (threads per block, registers,
@@ -11,6 +12,16 @@ shared memory), and runs the program on torch CUDA tensors without copies: point
 ``tensor.data_ptr()``, scalars 64-bit, launches go through ``cuLaunchKernel`` to torch's
 current stream. Every launch's grid and fixed arguments are bound once (:meth:`ProgramRunner._plan`),
 and by default the whole program is recorded as a CUDA graph on its first run and replayed.
+
+Training programs (:attr:`KernelProgram.is_training`) run in two phases, as a layer in a model trains:
+:meth:`ProgramRunner.run_forward` runs the forward kernels and returns the output and a
+:class:`~rgtune.codegen.base.Saved` (fresh tensors: the buffers the backward reads and the weights the
+forward folded); :meth:`ProgramRunner.run_backward` binds them with the output's gradient (``dout``)
+and runs the backward kernels into fresh zeroed gradient params of the params' full shapes (which the
+weight-gradient kernels add into or overwrite); a saved buffer the backward writes is copied first,
+so the caller's stays as the forward left it. :meth:`ProgramRunner.run_training` runs both in one
+go; :meth:`ProgramRunner.run` of a training program runs its forward kernels only. On a GPU each
+phase (and a whole step) is recorded as a CUDA graph of its own.
 
 Dtypes: the kernels read and write float32 (:data:`KERNEL_DTYPE`). A run casts ``x`` and the
 params to float32 on the program's device (a copy only when they are not already), allocates
@@ -43,19 +54,20 @@ import statistics
 import threading
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
-from rgtune.codegen.base import BackendError
+from rgtune.codegen.base import BackendError, Saved, TrainingResult
 from rgtune.codegen.cuda._expr import GRAPH_ARRAYS, GRAPH_CONSTANTS
 from rgtune.codegen.cuda._gemm import segments_of
 from rgtune.codegen.cuda._unit import Arg, Grid, KernelUnit, Launch
 from rgtune.codegen.cuda.nvrtc import Cubin, check_resources
+from rgtune.codegen.reference import param_full_shape
 from rgtune.codegen.weights import fold_weights
 from rgtune.data.graph import HeteroGraph
 from rgtune.ir.bind import GraphArrays, graph_arrays, row_types
-from rgtune.ir.kernels import GemmKernel, KernelProgram, WeightKernel
+from rgtune.ir.kernels import GemmKernel, KernelProgram, ScatterKernel, WeightGradKernel, WeightKernel
 
 STICKY_NOTE = ("a CUDA fault is sticky: this process's CUDA context is unusable now; "
                "measure in a worker process and restart it")
@@ -73,12 +85,13 @@ class LaunchError(BackendError):
 
 
 # --------------------------------------------------------------------------- host-side tables
-def gemm_segments(k: GemmKernel, a: GraphArrays) -> tuple[torch.Tensor, torch.Tensor]:
+def gemm_segments(k: GemmKernel | WeightGradKernel, a: GraphArrays) -> tuple[torch.Tensor, torch.Tensor]:
     """``(seg_off, seg_type)``: the GEMM's rows (in iteration order) cut into same-weight segments.
 
     Rows of one segment share the weight slice ``seg_type[s]`` (the reference's per-row type,
     checked constant within every segment). Edge rows are iterated relation by relation
-    through ``e_rel_order`` unless the weight is shared (``by="none"``).
+    through ``e_rel_order`` unless the weight is shared (``by="none"``). A weight gradient's rows
+    are the rows of the GEMM whose weight it is, so it is cut the same way.
     """
     n = a.rows(k.rows)
     if k.by == "none":
@@ -111,6 +124,8 @@ def grid_of(grid: Grid, rows: Mapping[str, int], tables: Mapping[str, torch.Tens
     if grid.kind == "items":
         return (math.ceil(rows[grid.domain] * grid.items_per_row / grid.per_block), 1, 1)
     assert tables is not None
+    if grid.kind == "chunks":
+        return (int(tables["chunk_row0"].numel()), grid.col_blocks, 1)
     seg_off = tables["seg_off"]
     if grid.partition == "balanced":
         return (int(tables["tile_row0"].numel()), grid.col_blocks, 1)
@@ -133,6 +148,72 @@ def gemm_tables(unit: KernelUnit, a: GraphArrays) -> dict[str, torch.Tensor]:
         out["tile_row0"], out["tile_seg"] = balanced_tiles(seg_off, grid.tile_rows)
     idx = torch.int32 if a.index_bits == 32 else torch.int64
     return {name: t.to(idx).contiguous() for name, t in out.items()}
+
+
+#: where a scatter's rows add (``(rows, out_via)``) -> the array of that target per row
+_SCATTER_TARGETS = {("edge", "src"): "e_src", ("edge", "src_pair"): "e_sp", ("src_pair", "pair_node"): "sp_node",
+                    ("dst_pair", "pair_node"): "dp_node"}
+
+
+def scatter_groups(k: ScatterKernel, a: GraphArrays) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(group_perm, group_off)``: the rows of ``k`` grouped by the row they add into (``scatter.mapping
+    = src_parallel``): target ``v``'s rows are ``group_perm[group_off[v] .. group_off[v + 1]]``, in
+    layout order. Built once per graph, layout and index width (kept with ``a``: scatters of every
+    program on the graph share them).
+
+    >>> from rgtune.data.synthetic import random_graph
+    >>> a = graph_arrays(random_graph((3, 2), num_relations=2, num_edges=6, seed=0), "csr_dst", 32)
+    >>> perm, off = scatter_groups(ScatterKernel("s", out="g", out_via="src"), a)
+    >>> torch.equal(a.e_src[perm].long(), torch.sort(a.e_src.long()).values), int(off[-1]) == a.num_edges
+    (True, True)
+    """
+    key = (k.rows, k.out_via)
+    if key not in _SCATTER_TARGETS:
+        raise BackendError(f"{k.name}: no grouping of {k.rows} rows by {k.out_via}")
+    cache = a.__dict__.setdefault("_cuda_scatter_groups", {})  # GraphArrays is frozen: its __dict__ holds it
+    if key not in cache:
+        target = getattr(a, _SCATTER_TARGETS[key]).long()
+        targets = a.rows("src_pair" if k.out_via == "src_pair" else "node")
+        perm = torch.sort(target, stable=True).indices
+        off = torch.zeros(targets + 1, dtype=torch.int64)
+        off[1:] = torch.cumsum(torch.bincount(target, minlength=targets), 0)
+        cache[key] = (perm, off)
+    return cache[key]
+
+
+def weightgrad_tables(unit: KernelUnit, a: GraphArrays) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
+    """A weight gradient's row chunks, and its counts (``chunks``, ``types``: domains of its grids and temps).
+
+    Each type segment of the rows (:func:`gemm_segments`) is cut into chunks of ``chunk_rows``
+    (the grid's ``tile_rows``): ``chunk_row0`` / ``chunk_row_end`` (iteration positions) and
+    ``chunk_type`` (the gradient slice), sorted by type, so that ``type_chunk_off`` delimits the
+    chunks of each type (what the second pass of ``reduction=two_pass`` sums).
+
+    >>> from rgtune.codegen.cuda._unit import KernelUnit, Launch
+    >>> from rgtune.data.synthetic import random_graph
+    >>> a = graph_arrays(random_graph((3, 2), num_relations=2, num_edges=6, seed=0), "csr_dst", 32)
+    >>> k = WeightGradKernel("wg", rows="node", by="ntype")
+    >>> unit = KernelUnit(k, "", "", (Launch("weightgrad", Grid("chunks", "node", tile_rows=2), 32, ()),))
+    >>> tables, counts = weightgrad_tables(unit, a)
+    >>> tables["chunk_row0"].tolist(), tables["chunk_row_end"].tolist(), tables["type_chunk_off"].tolist(), counts
+    ([0, 2, 3], [2, 3, 5], [0, 2, 3], {'chunks': 3, 'types': 2})
+    """
+    k = unit.kernel
+    assert isinstance(k, WeightGradKernel)
+    seg_off, seg_type = gemm_segments(k, a)
+    chunk_rows = unit.launches[0].grid.tile_rows
+    row0, seg = balanced_tiles(seg_off, chunk_rows)
+    end = torch.minimum(row0 + chunk_rows, seg_off[1:][seg])
+    ctype = seg_type[seg]
+    order = torch.sort(ctype, stable=True).indices  # each type's chunks together (segments of one type may repeat)
+    types = {"ntype": a.num_ntypes, "rel": a.num_rels, "none": 1}[k.by]
+    type_off = torch.zeros(types + 1, dtype=torch.int64)
+    type_off[1:] = torch.cumsum(torch.bincount(ctype, minlength=types), 0)
+    tables = {"chunk_row0": row0[order], "chunk_row_end": end[order], "chunk_type": ctype[order],
+              "type_chunk_off": type_off}
+    idx = torch.int32 if a.index_bits == 32 else torch.int64
+    return ({name: t.to(idx).contiguous() for name, t in tables.items()},
+            {"chunks": int(row0.numel()), "types": types})
 
 
 # --------------------------------------------------------------------------- device
@@ -212,6 +293,7 @@ class _Loaded:
     tables: dict[str, torch.Tensor]
     module: Any = None
     steps: list[_Step] = field(default_factory=list)
+    rows: dict[str, int] = field(default_factory=dict)  # the program's row counts and the unit's own counts
 
 
 _PER_RUN_KINDS = ("buffer", "param", "temp")
@@ -240,10 +322,20 @@ class ProgramRunner:
         self.consts = {n: getattr(on_dev, n).to(KERNEL_DTYPE).contiguous() for n in GRAPH_CONSTANTS}
         self.loaded: list[_Loaded] = []
         self._host_tables: dict[str, dict[str, torch.Tensor]] = {}  # unit -> its tables on the CPU (for grids)
+        self._unit_rows: dict[str, dict[str, int]] = {}  # unit -> its own counts (a weight gradient's chunks)
         self._lock = threading.Lock()  # one run at a time: runs share the program's state
 
     def _tables(self, u: KernelUnit) -> dict[str, torch.Tensor]:
-        host = gemm_tables(u, self.arrays) if isinstance(u.kernel, GemmKernel) else {}
+        k = u.kernel
+        host: dict[str, torch.Tensor] = {}
+        if isinstance(k, GemmKernel):
+            host = gemm_tables(u, self.arrays)
+        elif isinstance(k, WeightGradKernel):
+            host, self._unit_rows[u.name] = weightgrad_tables(u, self.arrays)
+        elif isinstance(k, ScatterKernel) and any(a.kind == "table" for la in u.launches for a in la.args):
+            idx = torch.int32 if self.arrays.index_bits == 32 else torch.int64
+            perm, off = scatter_groups(k, self.arrays)
+            host = {"group_perm": perm.to(idx).contiguous(), "group_off": off.to(idx).contiguous()}
         self._host_tables[u.name] = host
         return {n: t.to(self.device) for n, t in host.items()}
 
@@ -251,11 +343,13 @@ class ProgramRunner:
         """Every launch's grid and fixed arguments (once the units are loaded)."""
         for ld in self.loaded:
             host_tables = self._host_tables[ld.unit.name]  # grids from the CPU tables: no device read per run
+            ld.rows = {**self.rows, **self._unit_rows.get(ld.unit.name, {})}
             ld.steps = []
             for launch in ld.unit.launches:
                 per_run = tuple((i, a) for i, a in enumerate(launch.args) if a.kind in _PER_RUN_KINDS)
-                values = [0 if a.kind in _PER_RUN_KINDS else self._fixed_arg(a, ld.tables) for a in launch.args]
-                ld.steps.append(_Step(ld, launch, grid_of(launch.grid, self.rows, host_tables), values, per_run))
+                values = [0 if a.kind in _PER_RUN_KINDS else self._fixed_arg(a, ld.tables, ld.rows)
+                          for a in launch.args]
+                ld.steps.append(_Step(ld, launch, grid_of(launch.grid, ld.rows, host_tables), values, per_run))
         self._by_name = {ld.unit.name: ld for ld in self.loaded}
 
     def run(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], fill: float | None = None) -> torch.Tensor:
@@ -268,36 +362,141 @@ class ProgramRunner:
         with self._lock:
             return self._execute(x, params, fill)
 
+    def run_training(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], dout: torch.Tensor,
+                     fill: float | None = None) -> TrainingResult:
+        """A training program's ``(output, input gradient, {param: gradient})`` for the output's gradient ``dout``.
+
+        Every key of :attr:`KernelProgram.param_grads` has a gradient, a derived param's included (its
+        sources get theirs through the fold: :func:`rgtune.codegen.training.learnable_grads`). The
+        gradients are fresh float32 tensors of the params' full shapes; ``fill`` as in :meth:`run`.
+        """
+        self._training()
+        with self._lock:
+            return self._execute_training(x, params, dout, fill)
+
+    def run_forward(self, x: torch.Tensor, params: Mapping[str, torch.Tensor],
+                    fill: float | None = None) -> tuple[torch.Tensor, Saved]:
+        """A training program's forward phase: the output and what its backward phase reads
+        (:attr:`KernelProgram.saved` buffers, :attr:`KernelProgram.saved_params` derived params), as
+        fresh tensors the caller holds until the backward (several forwards may be in flight)."""
+        self._training()
+        with self._lock:
+            return self._execute_forward(x, params, fill)
+
+    def run_backward(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], saved: Saved, dout: torch.Tensor,
+                     fill: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """A training program's backward phase: ``(input gradient, {param: gradient})`` from the forward
+        phase's ``saved`` (read, never written) and the output's gradient ``dout``."""
+        self._training()
+        with self._lock:
+            return self._execute_backward(x, params, saved, dout, fill)
+
+    def _training(self) -> KernelProgram:
+        if not self.kp.is_training:
+            raise BackendError(f"kernel program {self.kp.name} computes no gradients (build a training program)")
+        return self.kp
+
     def _execute(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], fill: float | None = None) -> torch.Tensor:
-        """One run, launch by launch (the caller holds the lock)."""
+        """One run, launch by launch (the caller holds the lock); a training program's forward kernels only."""
+        bufs, _ = self._launch_program(x, params, "forward", fill)
+        return bufs[self.kp.output].view(self.rows["node"], -1)
+
+    def _execute_training(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], dout: torch.Tensor,
+                          fill: float | None = None) -> TrainingResult:
+        """One training step, both phases in one go, launch by launch (the caller holds the lock)."""
+        kp, n = self.kp, self.rows["node"]
+        bufs, p = self._launch_program(x, params, "step", fill, dout)
+        assert kp.input_grad is not None
+        grads = {name: p[grad] for name, grad in kp.param_grads.items()}
+        return bufs[kp.output].view(n, -1), bufs[kp.input_grad].view(n, -1), grads
+
+    def _execute_forward(self, x: torch.Tensor, params: Mapping[str, torch.Tensor],
+                         fill: float | None = None) -> tuple[torch.Tensor, Saved]:
+        """The forward phase, launch by launch (the caller holds the lock). Buffers are allocated per call,
+        so the saved ones are the caller's already; the output is copied where it is saved too (the
+        caller may change the output it gets)."""
+        kp = self.kp
+        bufs, p = self._launch_program(x, params, "forward", fill)
+        out = bufs[kp.output].view(self.rows["node"], -1)
+        saved = {b: (bufs[b].clone() if b == kp.output else bufs[b]) for b in kp.saved}
+        return out, Saved(saved, {name: p[name] for name in kp.saved_params})
+
+    def _execute_backward(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], saved: Saved,
+                          dout: torch.Tensor, fill: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The backward phase, launch by launch (the caller holds the lock)."""
+        kp = self.kp
+        missing = [b for b in kp.saved if b not in saved.buffers] + [q for q in kp.saved_params if q not in saved.params]
+        if missing:
+            raise BackendError(f"the backward phase of {kp.name} reads {', '.join(missing)}: not in the saved values")
+        bufs, p = self._launch_program(x, params, "backward", fill, dout, saved)
+        assert kp.input_grad is not None
+        return bufs[kp.input_grad].view(self.rows["node"], -1), {name: p[g] for name, g in kp.param_grads.items()}
+
+    def _launch_program(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], phase: str, fill: float | None,
+                        dout: torch.Tensor | None = None, saved: Saved | None = None
+                        ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """Binds a run's buffers and params, then runs the ``phase``'s kernels: ``forward`` (a forward
+        program's, or a training program's first ``forward_kernels``), ``backward`` (the rest, on the
+        ``saved`` values) or ``step`` (all of a training program's). Returns the buffers and the params."""
         kp, dev = self.kp, self.device
         n = self.rows["node"]
-        xin = _aligned(x.to(device=dev, dtype=KERNEL_DTYPE).reshape(n, -1))
         p = {name: _aligned(t.to(device=dev, dtype=KERNEL_DTYPE)) for name, t in params.items()}
-        bufs: dict[str, torch.Tensor] = {kp.input: xin}
-        for name, b in kp.buffers.items():
-            if name == kp.input:
-                continue
-            shape = (self.rows[b.domain], b.width)
-            if name in kp.zero_init:
-                bufs[name] = torch.zeros(shape, device=dev, dtype=KERNEL_DTYPE)
-            elif fill is not None:
-                bufs[name] = torch.full(shape, fill, device=dev, dtype=KERNEL_DTYPE)
-            else:
-                bufs[name] = torch.empty(shape, device=dev, dtype=KERNEL_DTYPE)
+        bufs: dict[str, torch.Tensor] = {kp.input: _aligned(x.to(device=dev, dtype=KERNEL_DTYPE).reshape(n, -1))}
+        if saved is not None:
+            p.update({name: _aligned(saved.params[name].to(device=dev, dtype=KERNEL_DTYPE))
+                      for name in kp.saved_params})
+            bufs.update({b: self._saved_buffer(b, saved.buffers[b]) for b in kp.saved})
+        if dout is not None:
+            assert kp.dout is not None
+            bufs[kp.dout] = _aligned(dout.to(device=dev, dtype=KERNEL_DTYPE).reshape(n, -1))
+            # zeroed: the weight-gradient kernels add their partial sums into them (or overwrite them)
+            p.update({grad: torch.zeros(param_full_shape(kp, name, self.arrays), device=dev, dtype=KERNEL_DTYPE)
+                      for name, grad in kp.param_grads.items()})
+        self._allocate(bufs, fill)
         with self._context():
-            for k in kp.kernels:
+            for k in self._phase_kernels(phase):
                 if isinstance(k, WeightKernel):
                     p[k.out] = _aligned(fold_weights(k, p, self.device_arrays, kp.param_shapes).to(KERNEL_DTYPE))
                     continue
                 self._run_unit(self._by_name[k.name], bufs, p)
-        return bufs[kp.output].view(n, -1)
+        return bufs, p
+
+    def _phase_kernels(self, phase: str) -> list[Any]:
+        kp = self.kp
+        if not kp.is_training or phase == "step":
+            return list(kp.kernels)
+        return list(kp.kernels[:kp.forward_kernels] if phase == "forward" else kp.kernels[kp.forward_kernels:])
+
+    def _saved_buffer(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        """A saved buffer as the backward's kernels read it; a copy where the backward writes it (the
+        caller's stays as the forward left it: a second backward on it gets the same)."""
+        b = self.kp.buffers[name]
+        t = _aligned(t.to(device=self.device, dtype=KERNEL_DTYPE).reshape(self.rows[b.domain], b.width))
+        return t.clone() if name in self._backward_writes else t
+
+    @property
+    def _backward_writes(self) -> set[str]:
+        kp = self.kp
+        return set().union(*(k.writes() for k in kp.kernels[kp.forward_kernels:])) if kp.is_training else set()
+
+    def _allocate(self, bufs: dict[str, torch.Tensor], fill: float | None) -> None:
+        """Every buffer not bound yet: zeroed where the program adds into it, else ``fill`` or uninitialized."""
+        for name, b in self.kp.buffers.items():
+            if name in bufs:
+                continue
+            shape = (self.rows[b.domain], b.width)
+            if name in self.kp.zero_init:
+                bufs[name] = torch.zeros(shape, device=self.device, dtype=KERNEL_DTYPE)
+            elif fill is not None:
+                bufs[name] = torch.full(shape, fill, device=self.device, dtype=KERNEL_DTYPE)
+            else:
+                bufs[name] = torch.empty(shape, device=self.device, dtype=KERNEL_DTYPE)
 
     def _context(self) -> Any:
         return contextlib.nullcontext()
 
     def _run_unit(self, ld: _Loaded, bufs: Mapping[str, torch.Tensor], params: Mapping[str, torch.Tensor]) -> None:
-        temps = {t.name: torch.full((self.rows[t.domain], t.width), t.fill, device=self.device, dtype=KERNEL_DTYPE)
+        temps = {t.name: torch.full((ld.rows[t.domain], t.width), t.fill, device=self.device, dtype=KERNEL_DTYPE)
                  for t in ld.unit.temps}
         sources = {"buffer": bufs, "param": params, "temp": temps}
         for step in ld.steps:
@@ -314,10 +513,10 @@ class ProgramRunner:
     def _launch(self, step: _Step, args: list[int]) -> None:
         raise NotImplementedError
 
-    def _fixed_arg(self, a: Arg, tables: Mapping[str, torch.Tensor]) -> int:
+    def _fixed_arg(self, a: Arg, tables: Mapping[str, torch.Tensor], rows: Mapping[str, int]) -> int:
         """A size, or the pointer of a graph array, graph constant or tile table, checked for its dtype."""
         if a.kind == "size":
-            return self.rows[a.ref]
+            return rows[a.ref]
         source = {"graph": self.graph, "const": self.consts, "table": tables}[a.kind]
         if a.ref not in source:
             raise BackendError(f"kernel argument {a.cname}: no {a.kind} {a.ref!r}")
@@ -331,12 +530,12 @@ class ProgramRunner:
 
 @dataclass
 class _Captured:
-    """A run recorded as a CUDA graph: replayed on a fixed input buffer, for fixed params."""
+    """A run recorded as a CUDA graph: replayed on fixed input buffers, for fixed params."""
 
     key: tuple[Any, ...]
     graph: Any  # torch.cuda.CUDAGraph
-    x: torch.Tensor
-    out: torch.Tensor
+    inputs: tuple[torch.Tensor, ...]  # x (a backward's dout and saved values too), copied in before each replay
+    outputs: Any  # what a run returns, in the graph's memory: the output, a TrainingResult, a phase's
     stream: Any = None  # the torch.cuda.Stream of the last replay
 
 
@@ -373,7 +572,10 @@ class CudaProgram(ProgramRunner):
         self._plan()
         self.graphs = graphs
         self.graph_failure: str | None = None
-        self._captured: _Captured | None = None
+        self._captured: _Captured | None = None  # the forward's recording
+        self._captured_training: _Captured | None = None  # a training step's
+        self._captured_forward: _Captured | None = None  # a training program's forward phase
+        self._captured_backward: _Captured | None = None  # and its backward phase
         self._stream = 0
 
     def resource_problems(self) -> list[str]:
@@ -400,47 +602,112 @@ class CudaProgram(ProgramRunner):
     def _execute(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], fill: float | None = None) -> torch.Tensor:
         if fill is not None or not self.graphs:
             return self._run_launches(x, params, fill)
-        key = _graph_key(x, params)
-        captured = self._captured
-        if captured is None or captured.key != key:
-            self._captured = captured = self._capture(x, params, key)
-            if captured is None:
-                return self._run_launches(x, params)
-        return self._replay(captured, x)
+        self._captured, out = self._replayed(self._captured, (x,), _graph_key(x, params),
+                                             lambda inputs: self._run_launches(inputs[0], params))
+        return out
 
-    def _replay(self, captured: _Captured, x: torch.Tensor) -> torch.Tensor:
-        """``x`` through the recorded graph; a copy of its output."""
+    def _execute_training(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], dout: torch.Tensor,
+                          fill: float | None = None) -> TrainingResult:
+        """A training step: recorded as a graph of its own (inputs ``x`` and ``dout``), replayed like a run."""
+        if fill is not None or not self.graphs:
+            return self._run_training_launches(x, params, dout, fill)
+        key = _graph_key(x, params) + (tuple(dout.shape),)
+        self._captured_training, result = self._replayed(
+            self._captured_training, (x, dout), key,
+            lambda inputs: self._run_training_launches(inputs[0], params, inputs[1]))
+        return result
+
+    def _execute_forward(self, x: torch.Tensor, params: Mapping[str, torch.Tensor],
+                         fill: float | None = None) -> tuple[torch.Tensor, Saved]:
+        """The forward phase: recorded as a graph of its own, replayed like a run; what it saves is copied
+        out of the graph's memory (the caller holds it until the backward)."""
+        if fill is not None or not self.graphs:
+            return self._launches(super()._execute_forward, x, params, fill)
+        self._captured_forward, result = self._replayed(
+            self._captured_forward, (x,), _graph_key(x, params),
+            lambda inputs: self._launches(super(CudaProgram, self)._execute_forward, inputs[0], params))
+        return result
+
+    def _execute_backward(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], saved: Saved,
+                          dout: torch.Tensor, fill: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The backward phase: recorded as a graph of its own whose inputs are ``x``, ``dout`` and the saved
+        values (copied in before each replay: every forward's saved tensors are others)."""
+        kp = self.kp
+        if fill is not None or not self.graphs:
+            return self._launches(super()._execute_backward, x, params, saved, dout, fill)
+        buffers = [saved.buffers[b] for b in kp.saved]
+        derived = [saved.params[q] for q in kp.saved_params]
+        inputs = (x, dout, *buffers, *derived)
+        nb = len(buffers)
+
+        def run(inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            static = Saved(dict(zip(kp.saved, inputs[2:2 + nb])), dict(zip(kp.saved_params, inputs[2 + nb:])))
+            return self._launches(super(CudaProgram, self)._execute_backward, inputs[0], params, static, inputs[1])
+
+        key = _graph_key(x, params) + tuple(tuple(t.shape) for t in inputs[1:])
+        self._captured_backward, result = self._replayed(self._captured_backward, inputs, key, run, node_inputs=2)
+        return result
+
+    def _launches(self, phase: Callable[..., Any], *args: Any) -> Any:
+        """``phase(*args)`` launch by launch on torch's current stream."""
+        self._stream = torch.cuda.current_stream(self.device).cuda_stream
+        return phase(*args)
+
+    def _replayed(self, captured: _Captured | None, inputs: tuple[torch.Tensor, ...], key: tuple[Any, ...],
+                  run: Callable[[tuple[torch.Tensor, ...]], Any], node_inputs: int | None = None
+                  ) -> tuple[_Captured | None, Any]:
+        """``run(inputs)`` through ``captured``, recorded first when there is none or ``key`` changed; the
+        recording to keep and the result. When recording fails, the launches run one by one. The first
+        ``node_inputs`` inputs (all by default) are node rows, the others are copied in their own shape."""
+        if captured is None or captured.key != key:
+            captured = self._capture(inputs, run, key, len(inputs) if node_inputs is None else node_inputs)
+            if captured is None:
+                return None, run(inputs)
+        return captured, self._replay(captured, inputs)
+
+    def _replay(self, captured: _Captured, inputs: tuple[torch.Tensor, ...]) -> Any:
+        """``inputs`` through the recorded graph; a copy of its outputs."""
         stream = torch.cuda.current_stream(self.device)
         if captured.stream is not None and captured.stream != stream:
-            # the last replay was queued on another stream: it must be done with x and out first
+            # the last replay was queued on another stream: it must be done with the inputs and outputs first
             # (on one stream, queue order already says so, and this costs nothing)
             stream.wait_stream(captured.stream)
         captured.stream = stream
-        captured.x.copy_(x.reshape(captured.x.shape))
+        for static, t in zip(captured.inputs, inputs):
+            static.copy_(t.reshape(static.shape))
         captured.graph.replay()
-        return captured.out.clone()
+        return _cloned(captured.outputs)
 
     def _run_launches(self, x: torch.Tensor, params: Mapping[str, torch.Tensor],
                       fill: float | None = None) -> torch.Tensor:
         self._stream = torch.cuda.current_stream(self.device).cuda_stream
         return super()._execute(x, params, fill)
 
-    def _capture(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], key: tuple[Any, ...]
-                 ) -> _Captured | None:
-        static_x = torch.empty((self.rows["node"], x.numel() // max(self.rows["node"], 1)), device=self.device,
-                               dtype=KERNEL_DTYPE)
-        static_x.copy_(x.reshape(static_x.shape))
+    def _run_training_launches(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], dout: torch.Tensor,
+                               fill: float | None = None) -> TrainingResult:
+        self._stream = torch.cuda.current_stream(self.device).cuda_stream
+        return super()._execute_training(x, params, dout, fill)
+
+    def _capture(self, inputs: tuple[torch.Tensor, ...], run: Callable[[tuple[torch.Tensor, ...]], Any],
+                 key: tuple[Any, ...], node_inputs: int) -> _Captured | None:
+        """``run`` recorded on input buffers of its own (copies of ``inputs``: the first ``node_inputs`` as
+        node rows); None when recording fails."""
+        n = self.rows["node"]
+        static = tuple(torch.empty((n, t.numel() // max(n, 1)) if i < node_inputs else tuple(t.shape),
+                                   device=self.device, dtype=KERNEL_DTYPE) for i, t in enumerate(inputs))
+        for buffer, t in zip(static, inputs):
+            buffer.copy_(t.reshape(buffer.shape))
         try:
             with torch.cuda.device(self.device):
                 # one run first, off the capture: lazy initialization (cuBLAS handles) stays out of the graph
                 side = torch.cuda.Stream(self.device)
                 side.wait_stream(torch.cuda.current_stream(self.device))
                 with torch.cuda.stream(side):
-                    self._run_launches(static_x, params)
+                    run(static)
                 torch.cuda.current_stream(self.device).wait_stream(side)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph), _no_garbage_collection():
-                    out = self._run_launches(static_x, params)
+                    outputs = run(static)
         except LaunchError:
             raise  # a kernel that cannot launch: the schedule's fault, not the recording's
         except Exception as e:  # noqa: BLE001 - whatever stops the recording, run without a graph
@@ -448,9 +715,9 @@ class CudaProgram(ProgramRunner):
             self.graphs = False
             self.graph_failure = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
             warnings.warn(f"recording the program as a CUDA graph failed ({self.graph_failure}); "
-                          "launching its kernels one by one from now on", RuntimeWarning, stacklevel=3)
+                          "launching its kernels one by one from now on", RuntimeWarning, stacklevel=4)
             return None
-        return _Captured(key, graph, static_x, out)
+        return _Captured(key, graph, static, outputs)
 
     def _context(self) -> Any:
         if torch.cuda.current_device() == self.device.index:
@@ -501,6 +768,17 @@ def _graph_key(x: torch.Tensor, params: Mapping[str, torch.Tensor]) -> tuple[Any
     """What a recorded graph depends on: the input's shape and every param's storage."""
     return (tuple(x.shape),) + tuple((n, t.data_ptr(), t.dtype, tuple(t.shape), t.device)
                                      for n, t in sorted(params.items()))
+
+
+def _cloned(outputs: Any) -> Any:
+    """A copy of a run's outputs (tensors, in tuples, dicts or a :class:`Saved`) out of a recorded graph's memory."""
+    if isinstance(outputs, torch.Tensor):
+        return outputs.clone()
+    if isinstance(outputs, Saved):
+        return Saved(_cloned(outputs.buffers), _cloned(outputs.params))
+    if isinstance(outputs, dict):
+        return {name: _cloned(t) for name, t in outputs.items()}
+    return tuple(_cloned(t) for t in outputs)
 
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,340 @@
+"""The adjoint of a program, in IR ops: a training program that computes the forward, then the gradients.
+
+:func:`adjoint` takes a program (usually after the passes, so that their choices carry over to the
+backward: compact pairs, reordered linears, aggregate-first) and returns a *training program*: the
+forward ops, then, in reverse order, each op's adjoint, reading the output's gradient ``dout`` (an
+extra input) and defining the input's gradient and one gradient param per param. The rules are the
+transposes the IR already has:
+
+=====================  ==========================================================================
+forward                adjoint (``g``: the gradient of the op's output)
+=====================  ==========================================================================
+gather(x, end)         aggregate(g) into the nodes at ``end`` (a sum over each node's edges)
+gather_pair(x, side)   aggregate(g) from pairs into their nodes
+expand(p) (pair row)   aggregate(g) from edges into their pair (compact accumulation: the weight
+                       gradient of a pair-domain linear reads #pairs rows, not #edges)
+aggregate(x)           gather(g) (edge <- node), expand(g) (edge <- pair), gather_pair(g) (pair <- node)
+typed_linear(x, W, b)  dx = typed_linear(g, W^T); dW = weight_grad(x, g) per type; db = weight_grad(1, g)
+param(p) (read)        dp = weight_grad(1, g): the rows of each type summed
+inner(a, b)            da = g * b, db = g * a (summed over a broadcast)
+add / sub / mul        the gradient, negated / multiplied by the other operand, summed over a broadcast
+unary f(x)             g * f'(x) (f' written as a unary op of x: ``leaky_relu_grad`` ...)
+scale(x, c)            scale(g, c)
+edge_softmax(s) = a    a * (g - gather(aggregate(a * g)))
+gated_residual(h, x)   dh = sigma g, dx = g - dh, dskip = weight_grad(1, <g, h - x> sigma')
+fold (derived W)       none: a derived weight's gradient is a gradient param like any other; its
+                       sources get theirs through the fold (torch, once per call)
+=====================  ==========================================================================
+
+Contributions to one value or param add up (a value read twice, a weight used twice).
+
+Saved or recomputed: the backward reads forward values (the softmax, a GEMM's input, the scores).
+Each is either *saved* (the forward's buffer, held from the forward to the backward: memory) or
+*recomputed* in the backward from saved values (time). The knob ``autodiff.save`` chooses: ``all``
+saves every value the backward reads; ``nodes`` saves node and pair values and recomputes edge values
+(an |E|-row buffer per value is what a large graph cannot hold); ``input`` saves only the input and
+recomputes the rest. A recomputed value is a copy of its forward op (and of the unsaved ops it reads)
+at the start of the backward, so the passes' choices (compaction, fusion, layout) apply to it as to
+the forward.
+
+Example:
+    >>> from rgtune.ir.models import build_model
+    >>> t = adjoint(build_model("rgcn", 4, 3))
+    >>> sorted(t.param_grads), t.input_grad.domain
+    (['bias', 'root', 'weight'], 'node')
+    >>> hgt = build_model("hgt", 8, 8, 2)
+    >>> [len(saved_values(adjoint(hgt, save=s))) for s in SAVE.choices]  # values the backward reads saved
+    [11, 6, 0]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal, Mapping
+
+from rgtune.ir.passes.base import Knob
+from rgtune.ir.program import (EDGE, NODE, SRC_PAIR, PARAM_OPS, Aggregate, Binary, Concat, EdgeSoftmax,
+                               Expand, FoldWeights, Gather, GatedResidual, GatherPair, GraphConst, Inner, IRError, Op,
+                               Param, ParamRead, Program, ReduceSum, Scale, TypedLinear, Unary, Value, WeightGrad)
+
+__all__ = ["adjoint", "grad_name", "transposed_name", "SAVE", "training_knobs", "saved_values"]
+
+#: which forward values the backward reads saved (see the module docstring)
+SAVE = Knob("autodiff.save", ("all", "nodes", "input"), "all",
+            "forward values the backward reads: all saved (memory), edge values recomputed (nodes), or everything "
+            "recomputed from the input (input)")
+
+
+def grad_name(param: str) -> str:
+    """The name of ``param``'s gradient in a training program."""
+    return f"grad_{param}"
+
+
+def transposed_name(weight: str) -> str:
+    """The name of a weight's transpose (a derived param the input's gradient reads)."""
+    return f"{weight}__T"
+
+
+_UNARY_GRAD = {"leaky_relu": "leaky_relu_grad", "gelu": "gelu_grad", "sigmoid": "sigmoid_grad", "relu": "relu_grad"}
+
+
+class _Adjoint:
+    def __init__(self, program: Program) -> None:
+        if program.is_training:
+            raise IRError(f"program {program.name} already computes gradients")
+        self.p = program
+        self.ops: list[Op] = list(program.ops)
+        self.params = dict(program.params)
+        self.grads: dict[str, Value] = {}
+        self.param_grads: dict[str, str] = {}
+        self._counter = 0
+        self.dout = Value("dout", NODE, program.output.heads, program.output.dim)
+
+    # -------------------------------------------------------------- building
+    def new(self, domain: str, heads: int, dim: int) -> Value:
+        v = Value(f"%g{self._counter}", domain, heads, dim)
+        self._counter += 1
+        return v
+
+    def emit(self, op_type: type, out_domain: str, heads: int, dim: int, **fields: object) -> Value:
+        out = self.new(out_domain, heads, dim)
+        self.ops.append(op_type(out=out, **fields))
+        return out
+
+    def accumulate(self, v: Value, g: Value) -> None:
+        """Add ``g`` to the gradient of ``v`` (``g`` already in ``v``'s shape)."""
+        assert (g.domain, g.heads, g.dim) == (v.domain, v.heads, v.dim), (v, g)
+        old = self.grads.get(v.name)
+        self.grads[v.name] = g if old is None else self.emit(Binary, v.domain, v.heads, v.dim, op="add", a=old, b=g)
+
+    def reduce_to(self, g: Value, like: Value) -> Value:
+        """``g`` summed over what ``like`` broadcast (features, then heads)."""
+        if like.dim == 1 and g.dim > 1:
+            g = self.emit(ReduceSum, g.domain, g.heads, 1, x=g, over="dim")
+        if like.heads == 1 and g.heads > 1:
+            g = self.emit(ReduceSum, g.domain, 1, g.dim, x=g, over="heads")
+        return g
+
+    def mul(self, a: Value, b: Value) -> Value:
+        return self.emit(Binary, a.domain, max(a.heads, b.heads), max(a.dim, b.dim), op="mul", a=a, b=b)
+
+    def param_grad(self, param: str, x: Value | None, dy: Value, by: str, per_head: bool = False,
+                   end: Literal["src", "dst"] | None = None) -> None:
+        """A contribution to ``param``'s gradient (the first defines it, later ones add to it)."""
+        grad = grad_name(param)
+        if param not in self.param_grads:
+            p = self.params[param]
+            self.params[grad] = Param(grad, p.by, p.shape, grad_of=param)
+            self.param_grads[param] = grad
+        first = not any(isinstance(op, WeightGrad) and op.out_param == grad for op in self.ops)
+        self.ops.append(WeightGrad(out=dy, out_param=grad, param=param, x=x, dy=dy, by=by,  # type: ignore[arg-type]
+                                   per_head=per_head, end=end, accumulate=not first))
+
+    def transposed(self, weight: str) -> str:
+        name = transposed_name(weight)
+        if name not in self.params:
+            p = self.params[weight]
+            shape = (*p.shape[:-2], p.shape[-1], p.shape[-2])
+            self.params[name] = Param(name, p.by, shape, derived=True)
+            self.ops.append(FoldWeights(out=self.p.x, out_param=name, mode="transpose", a=weight))
+        return name
+
+    # -------------------------------------------------------------- the rules
+    def run(self) -> Program:
+        self.grads[self.p.output.name] = self.dout
+        for op in reversed(self.p.ops):
+            if isinstance(op, FoldWeights):
+                continue  # derived weights are leaves here (see the module docstring)
+            g = self.grads.pop(op.out.name, None)
+            if g is not None:
+                self.rule(op, g)
+        dx = self.grads.get(self.p.x.name)
+        if dx is None:  # the output does not depend on the input
+            dx = self.emit(Scale, NODE, self.p.x.heads, self.p.x.dim, x=self.p.x, scale=0.0)
+        annotations = {**self.p.annotations, "forward_ops": len(self.p.ops)}  # where the backward starts
+        return Program(self.p.name, self.p.x, self.params, self.ops, self.p.output, self.p.heads,
+                       annotations, inputs=(self.dout,), input_grad=dx, param_grads=self.param_grads)
+
+    def rule(self, op: Op, g: Value) -> None:
+        if isinstance(op, Gather):
+            self.accumulate(op.x, self.emit(Aggregate, NODE, g.heads, g.dim, x=g, to=NODE, reduce="sum",
+                                            end=None if op.end == "dst" else op.end))
+        elif isinstance(op, GatherPair):
+            self.accumulate(op.x, self.emit(Aggregate, NODE, g.heads, g.dim, x=g, to=NODE, reduce="sum",
+                                            end=None if op.side == "dst" else op.side))
+        elif isinstance(op, Expand):
+            side = "src" if op.x.domain == SRC_PAIR else "dst"
+            self.accumulate(op.x, self.emit(Aggregate, op.x.domain, g.heads, g.dim, x=g, to=op.x.domain,
+                                            reduce="sum", end=None if side == "dst" else side))
+        elif isinstance(op, Aggregate):
+            self._aggregate(op, g)
+        elif isinstance(op, TypedLinear):
+            self._typed_linear(op, g)
+        elif isinstance(op, ParamRead):
+            self.param_grad(op.param, None, g, op.by, end=op.end)
+        elif isinstance(op, GraphConst):
+            pass  # a constant of the graph
+        elif isinstance(op, Inner):
+            self.accumulate(op.a, self.reduce_to(self.mul(g, op.b), op.a))
+            self.accumulate(op.b, self.reduce_to(self.mul(g, op.a), op.b))
+        elif isinstance(op, Binary):
+            self._binary(op, g)
+        elif isinstance(op, Unary):
+            self._unary(op, g)
+        elif isinstance(op, Scale):
+            self.accumulate(op.x, self.emit(Scale, g.domain, g.heads, g.dim, x=g, scale=op.scale))
+        elif isinstance(op, EdgeSoftmax):
+            self._edge_softmax(op, g)
+        elif isinstance(op, GatedResidual):
+            self._gated_residual(op, g)
+        elif isinstance(op, Concat):
+            raise IRError(f"{op}: concat has no adjoint yet (it needs a feature slice op)")
+        else:
+            raise IRError(f"no adjoint rule for {type(op).__name__}")
+
+    def _aggregate(self, op: Aggregate, g: Value) -> None:
+        x = op.x
+        if op.reduce != "sum":
+            if not (x.domain == EDGE and op.to == NODE and op.side == "dst"):
+                raise IRError(f"{op}: the adjoint of a mean covers edges into destinations only")
+            inv = self.emit(GraphConst, EDGE, 1, 1, kind="inv_dst_degree", domain=EDGE)
+            back = self.emit(Gather, EDGE, g.heads, g.dim, x=g, end="dst")
+            self.accumulate(x, self.mul(back, inv))
+            return
+        if x.domain == EDGE and op.to == NODE:
+            back = self.emit(Gather, EDGE, g.heads, g.dim, x=g, end=op.side)
+        elif x.domain == EDGE:  # into pairs
+            back = self.emit(Expand, EDGE, g.heads, g.dim, x=g)
+        else:  # pairs into their nodes
+            back = self.emit(GatherPair, x.domain, g.heads, g.dim, x=g, side="src" if x.domain == SRC_PAIR else "dst")
+        self.accumulate(x, back)
+
+    def _typed_linear(self, op: TypedLinear, g: Value) -> None:
+        x = op.x
+        wt = self.transposed(op.weight)
+        dx = self.emit(TypedLinear, x.domain, x.heads, x.dim, x=g, weight=wt, bias=None, by=op.by,
+                       per_head=op.per_head, end=op.end)
+        self.accumulate(x, dx)
+        self.param_grad(op.weight, x, g, op.by, op.per_head, op.end)
+        if op.bias:
+            self.param_grad(op.bias, None, g, op.by, end=op.end)
+
+    def _binary(self, op: Binary, g: Value) -> None:
+        if op.op == "add":
+            self.accumulate(op.a, self.reduce_to(g, op.a))
+            self.accumulate(op.b, self.reduce_to(g, op.b))
+        elif op.op == "sub":
+            self.accumulate(op.a, self.reduce_to(g, op.a))
+            neg = self.emit(Unary, g.domain, g.heads, g.dim, op="neg", x=g)
+            self.accumulate(op.b, self.reduce_to(neg, op.b))
+        elif op.op == "mul":
+            if op.a.name == op.b.name:  # x * x
+                two = self.emit(Scale, op.a.domain, op.a.heads, op.a.dim, x=op.a, scale=2.0)
+                self.accumulate(op.a, self.reduce_to(self.mul(g, two), op.a))
+                return
+            self.accumulate(op.a, self.reduce_to(self.mul(g, op.b), op.a))
+            self.accumulate(op.b, self.reduce_to(self.mul(g, op.a), op.b))
+        else:
+            raise IRError(f"no adjoint rule for the binary op {op.op!r}")
+
+    def _unary(self, op: Unary, g: Value) -> None:
+        x = op.x
+        if op.op == "neg":
+            self.accumulate(x, self.emit(Unary, g.domain, g.heads, g.dim, op="neg", x=g))
+            return
+        if op.op == "exp":  # d exp(x) = exp(x): the output itself
+            self.accumulate(x, self.mul(g, op.out))
+            return
+        if op.op not in _UNARY_GRAD:
+            raise IRError(f"no adjoint rule for the unary op {op.op!r}")
+        slope = self.emit(Unary, x.domain, x.heads, x.dim, op=_UNARY_GRAD[op.op], x=x, alpha=op.alpha)
+        self.accumulate(x, self.mul(g, slope))
+
+    def _edge_softmax(self, op: EdgeSoftmax, g: Value) -> None:
+        a = op.out
+        weighted = self.mul(a, g)
+        per_dst = self.emit(Aggregate, NODE, g.heads, g.dim, x=weighted, to=NODE, reduce="sum")
+        back = self.emit(Gather, EDGE, g.heads, g.dim, x=per_dst, end="dst")
+        diff = self.emit(Binary, EDGE, g.heads, g.dim, op="sub", a=g, b=back)
+        self.accumulate(op.x, self.mul(a, diff))
+
+    def _gated_residual(self, op: GatedResidual, g: Value) -> None:
+        h, x = op.h, op.x
+        if (h.heads, h.dim) != (x.heads, x.dim):
+            raise IRError(f"{op}: the adjoint of a gated residual needs h and x of one shape")
+        s = self.emit(ParamRead, NODE, 1, 1, param=op.skip, by="ntype", domain=NODE)
+        gate = self.emit(Unary, NODE, 1, 1, op="sigmoid", x=s)
+        dh = self.mul(g, gate)
+        self.accumulate(h, dh)
+        self.accumulate(x, self.emit(Binary, NODE, g.heads, g.dim, op="sub", a=g, b=dh))
+        diff = self.emit(Binary, NODE, h.heads, h.dim, op="sub", a=h, b=x)
+        dgate = self.reduce_to(self.mul(g, diff), s)
+        slope = self.emit(Unary, NODE, 1, 1, op="sigmoid_grad", x=s)
+        self.param_grad(op.skip, None, self.mul(dgate, slope), "ntype")
+
+
+def training_knobs(program: Program) -> list[Knob]:
+    """The knobs the adjoint adds to a program's (a training search space's)."""
+    return [SAVE]
+
+
+def adjoint(program: Program, save: str = SAVE.default, config: Mapping[str, Any] | None = None) -> Program:
+    """The training program of ``program`` (see the module docstring); ``save`` (or ``config``'s
+    ``autodiff.save``) chooses which forward values the backward reads saved."""
+    if config is not None:
+        save = config.get(SAVE.name, save)
+    save = SAVE.check(save)
+    return _recompute(_Adjoint(program).run(), save)
+
+
+def _backward_reads(program: Program) -> tuple[list[Op], list[Op], set[str]]:
+    """The forward ops, the backward ops, and the forward values the backward reads."""
+    split = program.annotations["forward_ops"]
+    forward, backward = program.ops[:split], program.ops[split:]
+    defined = {op.out.name for op in forward if not isinstance(op, PARAM_OPS)}
+    read = {v.name for op in backward for v in op.inputs() if v.name in defined}
+    return forward, backward, read
+
+
+def saved_values(program: Program) -> set[str]:
+    """The forward values a training program's backward reads (the input excluded): what the
+    forward hands to the backward."""
+    return _backward_reads(program)[2]
+
+
+def _keeps(v: Value, save: str) -> bool:
+    return save == "all" or (save == "nodes" and v.domain != EDGE)
+
+
+def _recompute(program: Program, save: str) -> Program:
+    """``program`` whose backward recomputes the forward values ``save`` does not keep."""
+    forward, backward, read = _backward_reads(program)
+    producers = {op.out.name: op for op in forward if not isinstance(op, PARAM_OPS)}
+    values = {op.out.name: op.out for op in forward if not isinstance(op, PARAM_OPS)}
+    if all(_keeps(values[n], save) for n in read):
+        return program
+    copies: dict[str, Value] = {}
+    recomputed: list[Op] = []
+
+    def copy_of(v: Value) -> Value:
+        """``v`` as the backward reads it: saved (itself, the input) or a recomputed copy."""
+        if v.name not in producers or _keeps(v, save):
+            return v
+        if v.name not in copies:
+            op = producers[v.name]
+            inputs = {f: copy_of(getattr(op, f)) for f in _value_fields(op)}
+            out = Value(f"%r{v.name.lstrip('%')}", v.domain, v.heads, v.dim)
+            recomputed.append(op.replace(out=out, **inputs))
+            copies[v.name] = out
+        return copies[v.name]
+
+    rewritten = []
+    for op in backward:
+        inputs = {f: copy_of(getattr(op, f)) for f in _value_fields(op)}
+        rewritten.append(op.replace(**inputs) if inputs else op)
+    return program.copy(ops=forward + recomputed + rewritten,
+                        annotations={**program.annotations, "autodiff_save": save})
+
+
+def _value_fields(op: Op) -> list[str]:
+    return [f.name for f in dataclasses.fields(op) if f.name != "out" and isinstance(getattr(op, f.name), Value)]
