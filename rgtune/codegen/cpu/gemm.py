@@ -93,11 +93,8 @@ def sub_blocks(n: int, tile_cols: int, vectors: int) -> list[list[tuple[int, int
     return panels
 
 
-def micro_kernel(name: str, shape: GemmShape, rows: int, nv: int, ns: int) -> str:
-    """``rows x (nv vectors + ns scalars)`` outputs over the full reduction, accumulators in registers."""
-    L = Lines(1)
-    for r in range(rows):
-        L.line(f"const float* restrict x{r} = xr[{r}] + xoff;")
+def declare_tile(L: Lines, rows: int, nv: int, ns: int) -> None:
+    """A register tile's accumulators, zeroed: ``a{r}_{j}`` (vectors), ``s{r}_{j}`` (scalar tail)."""
     for r in range(rows):
         accs = [f"a{r}_{j} = {{0}}" for j in range(nv)]
         scal = [f"s{r}_{j} = 0.0f" for j in range(ns)]
@@ -105,15 +102,29 @@ def micro_kernel(name: str, shape: GemmShape, rows: int, nv: int, ns: int) -> st
             L.line("rg_vf " + ", ".join(accs) + ";")
         if scal:
             L.line("float " + ", ".join(scal) + ";")
+
+
+def accumulate_tile(L: Lines, b: str, row: str, xs: list[str], nv: int, ns: int) -> None:
+    """One rank-1 update of the tile: load the ``b`` row at ``row`` (vectors ``{b}{j}``, scalars
+    ``{b}s{j}``), then per tile row ``r`` add ``xs[r]`` times it (``xs[r]`` broadcast once)."""
+    for j in range(nv):
+        L.line(f"const rg_vf {b}{j} = rg_loadu({row} + {j * VEC});")
+    for j in range(ns):
+        L.line(f"const float {b}s{j} = {row}[{nv * VEC + j}];")
+    for r, x in enumerate(xs):
+        ops = [f"a{r}_{j} += xv * {b}{j};" for j in range(nv)] + [f"s{r}_{j} += xv * {b}s{j};" for j in range(ns)]
+        L.line(f"{{ const float xv = {x}; {' '.join(ops)} }}")
+
+
+def micro_kernel(name: str, shape: GemmShape, rows: int, nv: int, ns: int) -> str:
+    """``rows x (nv vectors + ns scalars)`` outputs over the full reduction, accumulators in registers."""
+    L = Lines(1)
+    for r in range(rows):
+        L.line(f"const float* restrict x{r} = xr[{r}] + xoff;")
+    declare_tile(L, rows, nv, ns)
     with L.block(f"for (int k = 0; k < {shape.k}; ++k)"):
         L.line(f"const float* restrict wk = w + (int64_t)k * {shape.n};")
-        for j in range(nv):
-            L.line(f"const rg_vf w{j} = rg_loadu(wk + {j * VEC});")
-        for j in range(ns):
-            L.line(f"const float ws{j} = wk[{nv * VEC + j}];")
-        for r in range(rows):
-            ops = [f"a{r}_{j} += xv * w{j};" for j in range(nv)] + [f"s{r}_{j} += xv * ws{j};" for j in range(ns)]
-            L.line(f"{{ const float xv = x{r}[k]; {' '.join(ops)} }}")
+        accumulate_tile(L, "w", "wk", [f"x{r}[k]" for r in range(rows)], nv, ns)
     for r in range(rows):
         st = [f"rg_storeu(o[{r}] + ooff + {j * VEC}, a{r}_{j});" for j in range(nv)]
         st += [f"o[{r}][ooff + {nv * VEC + j}] = s{r}_{j};" for j in range(ns)]

@@ -45,7 +45,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from rgtune.codegen.cpu.cwriter import CFunction, Lines
-from rgtune.codegen.cpu.gemm import VEC, sub_blocks
+from rgtune.codegen.cpu.gemm import VEC, accumulate_tile, declare_tile, sub_blocks
 from rgtune.codegen.cpu.rows import RowIndex
 from rgtune.ir.kernels import KernelProgram, WeightGradKernel
 
@@ -251,23 +251,11 @@ def _micro_kernel(shape: WeightGradShape, rows: int, nv: int, ns: int) -> str:
     """``rows`` input columns x (``nv`` vectors + ``ns`` scalars) output columns, summed over ``nr`` packed
     rows in registers, then added into ``o`` (row stride ``n``)."""
     L = Lines(1)
-    for i in range(rows):
-        accs = [f"a{i}_{j} = {{0}}" for j in range(nv)]
-        scal = [f"s{i}_{j} = 0.0f" for j in range(ns)]
-        if accs:
-            L.line("rg_vf " + ", ".join(accs) + ";")
-        if scal:
-            L.line("float " + ", ".join(scal) + ";")
+    declare_tile(L, rows, nv, ns)
     with L.block("for (int64_t r = 0; r < nr; ++r)"):
         L.line(f"const float* restrict xr = xp + r * {shape.xw};")
         L.line(f"const float* restrict dr = dp + r * {shape.dw};")
-        for j in range(nv):
-            L.line(f"const rg_vf d{j} = rg_loadu(dr + {j * VEC});")
-        for j in range(ns):
-            L.line(f"const float ds{j} = dr[{nv * VEC + j}];")
-        for i in range(rows):
-            ops = [f"a{i}_{j} += xv * d{j};" for j in range(nv)] + [f"s{i}_{j} += xv * ds{j};" for j in range(ns)]
-            L.line(f"{{ const float xv = xr[{i}]; {' '.join(ops)} }}")
+        accumulate_tile(L, "d", "dr", [f"xr[{i}]" for i in range(rows)], nv, ns)
     for i in range(rows):
         st = [f"rg_storeu(o + {i * shape.n + j * VEC}, rg_loadu(o + {i * shape.n + j * VEC}) + a{i}_{j});"
               for j in range(nv)]
