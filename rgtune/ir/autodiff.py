@@ -57,12 +57,18 @@ from rgtune.ir.program import (EDGE, NODE, SRC_PAIR, PARAM_OPS, Aggregate, Binar
                                Expand, FoldWeights, Gather, GatedResidual, GatherPair, GraphConst, Inner, IRError, Op,
                                Param, ParamRead, Program, ReduceSum, Scale, TypedLinear, Unary, Value, WeightGrad)
 
-__all__ = ["adjoint", "grad_name", "transposed_name", "SAVE", "training_knobs", "saved_values"]
+__all__ = ["adjoint", "grad_name", "transposed_name", "SAVE", "REUSE", "training_knobs", "saved_values"]
 
 #: which forward values the backward reads saved (see the module docstring)
 SAVE = Knob("autodiff.save", ("all", "nodes", "input"), "all",
             "forward values the backward reads: all saved (memory), edge values recomputed (nodes), or everything "
             "recomputed from the input (input)")
+#: a backward value with a reduction over features that several kernels read (RGAT's and HGT's
+#: attention-score gradient, ``<dout, m>`` and what follows from it): recomputed inline in each
+#: kernel that reads it, or stored once per row by a kernel of its own (lowering decides which
+#: values qualify: :func:`rgtune.ir.lowering.shared_reductions`)
+REUSE = Knob("autodiff.reuse", ("inline", "store"), "inline",
+             "backward values with a feature reduction read by several kernels: recomputed in each, or stored once")
 
 
 def grad_name(param: str) -> str:
@@ -274,17 +280,33 @@ class _Adjoint:
 
 
 def training_knobs(program: Program) -> list[Knob]:
-    """The knobs the adjoint adds to a program's (a training search space's)."""
-    return [SAVE]
+    """The knobs the adjoint adds to a program's (a training search space's): ``autodiff.reuse``
+    only where the backward has a feature reduction read twice."""
+    backward = _backward_reads(adjoint(program))[1]
+    users: dict[str, int] = {}
+    for op in backward:
+        for v in op.inputs():
+            users[v.name] = users.get(v.name, 0) + 1
+    shared = any(_reduces(op) and users.get(op.out.name, 0) >= 2 for op in backward)
+    return [SAVE, REUSE] if shared else [SAVE]
+
+
+def _reduces(op: Op) -> bool:
+    """Whether ``op`` sums over features (an inner product or a sum over more than one feature)."""
+    return (isinstance(op, Inner) and op.a.dim > 1) or (isinstance(op, ReduceSum) and op.x.dim > 1)
 
 
 def adjoint(program: Program, save: str = SAVE.default, config: Mapping[str, Any] | None = None) -> Program:
     """The training program of ``program`` (see the module docstring); ``save`` (or ``config``'s
     ``autodiff.save``) chooses which forward values the backward reads saved."""
+    reuse = REUSE.default
     if config is not None:
         save = config.get(SAVE.name, save)
+        reuse = REUSE.check(config.get(REUSE.name, reuse))
     save = SAVE.check(save)
-    return _recompute(_Adjoint(program).run(), save)
+    training = _recompute(_Adjoint(program).run(), save)
+    return training.copy(annotations={**training.annotations, "autodiff_reuse": reuse}) if reuse != REUSE.default \
+        else training
 
 
 def _backward_reads(program: Program) -> tuple[list[Op], list[Op], set[str]]:

@@ -40,6 +40,42 @@ def lower(program: Program) -> KernelProgram:
     return _Lowering(program).run()
 
 
+def shared_reductions(program: Program, materialized: set[str]) -> set[str]:
+    """The backward's values worth a buffer (``autodiff.reuse=store``): each sums over features
+    (itself or through what it inlines) and would be inlined into two or more kernels, which would
+    each redo the sum. In program order, so that a value stored makes the later ones' counts exact."""
+    prod, m = program.producers(), set(materialized)
+    start = program.annotations.get("forward_ops", len(program.ops))
+
+    def inlined(v: Value, seen: set[str]) -> set[str]:
+        """The values a kernel writing or reading ``v`` computes inline (``v``'s own op included)."""
+        op = prod.get(v.name)
+        if op is None or v.name in seen:
+            return seen
+        seen.add(v.name)
+        for w in op.inputs():
+            if w.name not in m:
+                inlined(w, seen)
+        return seen
+
+    def reduces(v: str) -> bool:
+        op = prod.get(v)
+        return (isinstance(op, Inner) and op.a.dim > 1) or (isinstance(op, ReduceSum) and op.x.dim > 1)
+
+    chosen: set[str] = set()
+    for op in program.ops[start:]:
+        v = op.out.name
+        if v in m or v not in prod or not isinstance(op, (Inner, ReduceSum, Binary, Unary, Scale)):
+            continue
+        if not any(reduces(w) for w in inlined(op.out, set())):
+            continue
+        readers = [r for r in m if r in prod and v in inlined(prod[r].out, set()) - {r}]
+        if len(readers) >= 2:
+            m.add(v)
+            chosen.add(v)
+    return chosen
+
+
 class _Lowering:
     def __init__(self, program: Program) -> None:
         self.p = program
@@ -98,6 +134,8 @@ class _Lowering:
                     m.add(op.x.name)
             elif isinstance(op, (Gather, GatherPair)):
                 m.add(op.x.name)
+        if p.annotations.get("autodiff_reuse") == "store":
+            m |= shared_reductions(p, m)
         self.materialized = m
         epilogue_inners = {inner for chains in self.epilogues.values() for inner, _ in chains}
         epilogue_only = {t for t in self.epilogues
