@@ -52,7 +52,7 @@ def hgt(in_dim: int, out_dim: int, heads: int = 1) -> Program:
     v = p.typed_linear(x, "v_weight", out=(heads, d), by="ntype", bias="v_bias")
     k_e = p.typed_linear(p.src(k), "w_att", out=(heads, d), by="rel", per_head=True)
     m_e = p.typed_linear(p.src(v), "w_msg", out=(heads, d), by="rel", per_head=True)
-    s = p.scale(p.mul(p.inner(k_e, p.dst(q)), p.param("mu", like=k_e)), inv_sqrt(d))
+    s = p.scale(p.mul(p.inner(k_e, p.dst(q)), p.param("mu", like=k_e, init="ones")), inv_sqrt(d))
     h = p.aggregate(p.mul(p.edge_softmax(s), m_e))
     out = p.typed_linear(p.gelu(h), "a_weight", out=(1, out_dim), by="ntype", bias="a_bias")
     return p.finish(p.gated_residual(out, x, "skip") if in_dim == out_dim else out)

@@ -37,6 +37,9 @@ DOMAINS = (NODE, EDGE, SRC_PAIR, DST_PAIR)
 PAIR_OF_SIDE = {"src": SRC_PAIR, "dst": DST_PAIR}
 
 ParamBy = Literal["ntype", "rel", "none"]
+#: how a learnable param starts: Glorot uniform over the slice's last two dims (PyG's ``glorot``), 0, or 1
+ParamInit = Literal["glorot", "zeros", "ones"]
+PARAM_INITS = ("glorot", "zeros", "ones")
 
 UNARY_OPS = ("leaky_relu", "gelu", "exp", "sigmoid", "relu", "neg")
 #: the derivatives of the unary ops, written as unary ops of the same input (the adjoint uses them)
@@ -54,7 +57,7 @@ class Param:
 
     ``shape`` is the shape of one slice. ``per_head`` linears have slices ``(H, Din, Dout)``.
     ``derived`` params are computed from others each call (linear reordering folds weights);
-    they are not in the state_dict.
+    they are not in the state_dict. ``init`` says how a layer initializes a learnable one.
     """
 
     name: str
@@ -63,6 +66,7 @@ class Param:
     derived: bool = False
     #: the gradient of this param (an adjoint program's output; see :mod:`rgtune.ir.autodiff`)
     grad_of: str | None = None
+    init: ParamInit = "glorot"
 
     def __str__(self) -> str:
         kind = "derived " if self.derived else f"grad({self.grad_of}) " if self.grad_of else ""
@@ -492,8 +496,10 @@ class ProgramBuilder:
         self.ops.append(op)
         return op.out
 
-    def _param(self, name: str, by: ParamBy, shape: tuple[int, ...]) -> str:
-        p = Param(name, by, tuple(int(s) for s in shape))
+    def _param(self, name: str, by: ParamBy, shape: tuple[int, ...], init: ParamInit = "glorot") -> str:
+        if init not in PARAM_INITS:
+            raise IRError(f"param {name!r}: unknown init {init!r}; choose one of {list(PARAM_INITS)}")
+        p = Param(name, by, tuple(int(s) for s in shape), init=init)
         old = self.params.get(name)
         if old is not None and old != p:
             raise IRError(f"param {name!r} declared as {old} and again as {p}")
@@ -529,13 +535,14 @@ class ProgramBuilder:
         else:
             self._param(weight, by, (x.heads * x.dim, heads * dim))
         if bias:
-            self._param(bias, by, (heads * dim,))
+            self._param(bias, by, (heads * dim,), init="zeros")
         return self._emit(TypedLinear(self._new(x.domain, heads, dim), x, weight, bias, by, per_head))
 
-    def param(self, name: str, like: Value, dim: int | None = None, by: ParamBy = "rel") -> Value:
+    def param(self, name: str, like: Value, dim: int | None = None, by: ParamBy = "rel",
+              init: ParamInit = "glorot") -> Value:
         """Per row of ``like``'s domain, ``name[type]``: a ``(heads, dim)`` vector, or with
-        ``dim=None`` one scalar per head (slice shape ``(heads,)``)."""
-        self._param(name, by, (like.heads,) if dim is None else (like.heads, dim))
+        ``dim=None`` one scalar per head (slice shape ``(heads,)``); ``init`` as :class:`Param`'s."""
+        self._param(name, by, (like.heads,) if dim is None else (like.heads, dim), init)
         return self._emit(ParamRead(self._new(like.domain, like.heads, dim or 1), name, by, like.domain))
 
     def linear(self, x: Value, weight: str, out: tuple[int, int], bias: str | None = None) -> Value:
@@ -591,7 +598,7 @@ class ProgramBuilder:
         """``sigmoid(skip[t]) h + (1 - sigmoid(skip[t])) x`` with ``t`` the node's type."""
         if h.heads * h.dim != x.heads * x.dim:
             raise IRError(f"gated residual needs equal sizes: {h.heads * h.dim} vs {x.heads * x.dim}")
-        self._param(skip, "ntype", ())
+        self._param(skip, "ntype", (), init="ones")
         return self._emit(GatedResidual(self._new(NODE, h.heads, h.dim), h, x, skip))
 
     def finish(self, out: Value) -> Program:
