@@ -2,8 +2,9 @@
 
 The entry points: :func:`tune` (search and record the schedules of a workload),
 :func:`load_tuned` (the best one as a trainable ``torch.nn.Module``), :func:`load_exported`
-(the same from an ``rgtune export`` folder, without the database) and :func:`compile` (one
-schedule, as a callable). The packages, bottom to top: ``data``, ``ir`` and ``models``,
+(the same from an ``rgtune export`` folder, without the database), :func:`compile` (one
+schedule, as a callable), :class:`Layer` (any model's program as a module, ``rgtune.nn.Layer``)
+and :func:`register_model` (a model of your own: a builder of its IR program). The packages, bottom to top: ``data``, ``ir`` and ``models``,
 ``codegen``, ``search_spaces``, ``db``, ``costmodel``, ``tuner``, ``runtime``, ``bench``, ``cli``.
 """
 
@@ -20,7 +21,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # heavy entry points load on first use, so that `import rgtune` stays light
 _LAZY = {"tune": "rgtune.tuner", "compile": "rgtune.runtime.compile", "load_tuned": "rgtune.runtime",
-         "load_exported": "rgtune.runtime"}
+         "load_exported": "rgtune.runtime", "Layer": "rgtune.runtime", "register_model": "rgtune.ir.registry",
+         "list_models": "rgtune.ir.registry"}
 
 
 def __getattr__(name: str) -> Any:

@@ -16,7 +16,8 @@ import pytest
 
 from rgtune.data import load_dataset
 from rgtune.ir.counts import count
-from rgtune.ir.models import MODELS, build_model
+from rgtune.ir.models import build_model
+from rgtune.ir.registry import list_models
 from rgtune.search_spaces import SearchSpace
 from rgtune.costmodel import features as _costmodel_features
 from rgtune.costmodel import store as _costmodel_store
@@ -45,6 +46,8 @@ DEVICE = DeviceInfo(name="test cpu", backend="cpu", compiler="cc 1")
 OTHER_DEVICE = DeviceInfo(name="other cpu", backend="cpu", compiler="cc 2")
 SIZES = (8, 8, 1)
 LOADED = GraphLoader()  # shared: loading a graph and its layouts once keeps the tests fast
+
+MODELS = list_models()
 
 
 def small_hgb(seed: int) -> Any:

@@ -398,6 +398,9 @@ def _check_upgraded_0001_data(db: TrialDatabase) -> None:
     new = db.start_trial(w, {"tile": 48}, predicted_ms=1.0)
     db.finish_trial(new, "ok", median_ms=1.0)
     assert _best_id(db, w) == new
+    # rows from before model options read as "no options"; the same model with options is another workload
+    assert w.options == "" and db.best(model="hgt", options="") is not None
+    assert db.best(model="hgt", options="num_bases=2") is None
 
 
 _COMPARE_OPTS = {
@@ -410,7 +413,7 @@ def test_head_revision_matches_models() -> None:
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
 
-    assert known_revisions() == ["0001", "0002", "0003", "0004"] and known_revisions()[-1] == SCHEMA_VERSION
+    assert known_revisions() == ["0001", "0002", "0003", "0004", "0005"] and known_revisions()[-1] == SCHEMA_VERSION
     db = TrialDatabase("sqlite://")
     with db.engine.connect() as conn:
         ctx = MigrationContext.configure(conn, opts=_COMPARE_OPTS)
@@ -451,6 +454,31 @@ def test_upgrade_refused_when_disabled(tmp_path: Path) -> None:
         TrialDatabase(url, upgrade=False)
     with pytest.raises(SchemaVersionError, match="older"):
         TrialDatabase(url, readonly=True)
+
+
+def test_model_options_are_part_of_the_workload_key(tmp_path: Path) -> None:
+    db = TrialDatabase(_file_url(tmp_path / "r.db"))
+    plain, bases, again = _workload(db), _workload(db, options="num_bases=4"), _workload(db, options="num_bases=4")
+    assert plain.id != bases.id == again.id and (plain.options, bases.options) == ("", "num_bases=4")
+    assert plain.study_name != bases.study_name
+    _trial(db, bases, {"a": 1}, "ok", 2.0)
+    assert db.best(model="rgcn", options="num_bases=4").options == "num_bases=4"  # type: ignore[union-attr]
+    assert db.best(model="rgcn", options="") is None
+    with pytest.raises(ValueError, match="canonical text"):
+        _workload(db, options={"num_bases": 4})  # type: ignore[arg-type]
+    db.close()
+
+
+def test_downgrade_below_options_refuses_when_options_are_used(tmp_path: Path) -> None:
+    url = _file_url(tmp_path / "r.db")
+    db = TrialDatabase(url)
+    _workload(db, options="num_bases=4")
+    db.close()
+    engine = make_engine(parse_url(url), readonly=False, busy_timeout=5)
+    with pytest.raises(Exception, match="have model options"):
+        migrate(engine.execution_options(rgtune_write=True), "0004")
+    engine.dispose()
+    assert TrialDatabase(url).workloads()[0].options == "num_bases=4"  # rolled back, untouched
 
 
 @pytest.mark.parametrize("version, pattern", [(f"{int(SCHEMA_VERSION) + 1:04d}", "newer than this rgtune knows"), ("zz99", "does not know")])

@@ -1,10 +1,13 @@
-"""PyG and DGL layers with an rgtune reference layer's weights copied in, for :mod:`rgtune.bench`.
+"""The fixtures of :mod:`rgtune.bench`: PyG and DGL layers with an rgtune layer's weights copied in.
 
-Each builder returns a :class:`Baseline`: the library's module, a ``run(x)`` taking features
-in rgtune's global node order, and ``expected(x)``: what the library computes with these
-weights, written with rgtune's float64 primitives. Where the library's math equals rgtune's,
-``expected`` *is* the rgtune layer; where it differs, it is rgtune's layer with exactly that
-difference, so the weight copy is still checked. The differences:
+Each builder takes a :class:`rgtune.runtime.Layer` (its model, options and weights) and returns a
+:class:`Baseline`: the library's module, a ``run(x)`` taking features in rgtune's global node
+order, and ``expected(x)``: what the library computes with these weights, in float64. Where the
+library's math equals rgtune's, ``expected`` *is* the model's program (:func:`oracle`); where it
+differs, it is rgtune's layer with exactly that difference, so the weight copy is still checked.
+A model (or option) a library has no layer for raises :class:`Unavailable`. This module and
+:mod:`rgtune.models` are where models are named: they pin rgtune's semantics to the libraries'.
+The differences:
 
 * PyG ``RGCNConv(aggr="mean")``, DGL ``RelGraphConv`` (norm = 1/|N_r(i)|), PyG ``HGTConv``: same math.
 * PyG ``RGATConv`` (across-relation softmax, additive attention): its attention kernels ``q``,
@@ -20,9 +23,9 @@ difference, so the weight copy is still checked. The differences:
 Example:
     >>> import torch
     >>> from rgtune.data.synthetic import random_graph
-    >>> from rgtune.models import RGCN
+    >>> from rgtune.runtime import Layer
     >>> g = random_graph((10, 20), num_relations=3, num_edges=100, seed=0)
-    >>> layer = RGCN(g, 4, 8)
+    >>> layer = Layer("rgcn", g, 4, 8)
     >>> b = pyg_rgcn(layer)
     >>> x = torch.randn(30, 4)
     >>> bool(torch.allclose(b.run(x), b.expected(x.double()).float(), atol=1e-5))
@@ -44,8 +47,8 @@ from rgtune.models import HGT, RGAT, RGCN, RelationalLayer
 from rgtune.models._base import edge_softmax, segment_matmul
 from rgtune.models.pyg import to_pyg_hgt, to_pyg_rgcn
 
-__all__ = ["Baseline", "BUILDERS", "tie_rgat_attention", "pyg_rgcn", "pyg_rgat", "pyg_hgt", "dgl_rgcn", "dgl_rgat",
-           "dgl_hgt"]
+__all__ = ["Baseline", "BUILDERS", "Unavailable", "oracle", "prepare_weights", "torch_layer", "tie_rgat_attention",
+           "pyg_rgcn", "pyg_rgat", "pyg_hgt", "dgl_rgcn", "dgl_rgat", "dgl_hgt"]
 
 #: sigmoid(30) = 1 - 9e-14: DGL's skip gate fully open, so its (zeroed) projected skip has no weight
 _OPEN_GATE = 30.0
@@ -64,13 +67,64 @@ class Baseline:
     rows: Tensor | None = None  # global node ids of run's output rows (None: every node, in order)
 
 
-def _f64(layer: RelationalLayer) -> RelationalLayer:
-    """A float64 copy of ``layer`` (same class, same weights) for ``expected``."""
-    cls = next(c for c in type(layer).__mro__ if c in (RGCN, RGAT, HGT))  # a tuned layer's reference class
-    kwargs = {} if isinstance(layer, RGCN) else {"heads": layer.heads}
-    ref = cls(layer.graph, layer.in_dim, layer.out_dim, **kwargs).double()
-    ref.load_state_dict({k: v.detach().double().cpu() for k, v in layer.state_dict().items()})
-    return ref
+class Unavailable(LookupError):
+    """A library (or rgtune's plain torch layers) has no layer for this model or these options."""
+
+
+#: the plain torch layers of :mod:`rgtune.models`, by model (the same math and parameters as the programs)
+_TORCH_LAYERS: dict[str, type[RelationalLayer]] = {"rgcn": RGCN, "rgat": RGAT, "hgt": HGT}
+
+
+def oracle(layer: torch.nn.Module) -> Callable[[Tensor], Tensor]:
+    """``x64 -> out64``: ``layer``'s program interpreted op by op in float64 with its weights (the
+    unoptimized program: what the model means)."""
+    from rgtune.ir.interpret import Interpreter
+
+    run = Interpreter(layer.program, layer.graph)  # type: ignore[attr-defined]
+    params = {k: v.detach().double().cpu() for k, v in layer.state_dict().items()}
+    return lambda x: run.run(x, params).output
+
+
+def _plain_options(layer: torch.nn.Module, what: str) -> None:
+    """Refuse a layer whose model options are not the defaults (the library layer computes the plain model)."""
+    opts = {k: v for k, v in getattr(layer, "options", {}).items() if v is not None}
+    spec_defaults = _defaults(layer)
+    changed = {k: v for k, v in opts.items() if spec_defaults.get(k) != v}
+    if changed:
+        raise Unavailable(f"{what} computes the model without options {changed}")
+
+
+def _defaults(layer: torch.nn.Module) -> dict[str, object]:
+    from rgtune.ir.registry import model_spec
+
+    return {o.name: o.default for o in model_spec(layer.model).options}  # type: ignore[attr-defined]
+
+
+def torch_layer(layer: torch.nn.Module, dtype: torch.dtype | None = None) -> RelationalLayer:
+    """The plain torch layer of ``layer``'s model (:mod:`rgtune.models`) with its weights, on its device
+    (``dtype``: default the layer's); :class:`Unavailable` for a model or options it does not have."""
+    cls = _TORCH_LAYERS.get(layer.model)  # type: ignore[attr-defined]
+    if cls is None:
+        raise Unavailable(f"rgtune.models has no plain torch layer of model {layer.model!r}")  # type: ignore[attr-defined]
+    _plain_options(layer, f"rgtune.models.{cls.__name__}")
+    kwargs = {} if cls is RGCN else {"heads": layer.heads}  # type: ignore[attr-defined]
+    p = next(layer.parameters())
+    plain = cls(layer.graph, layer.in_dim, layer.out_dim, **kwargs).to(device=p.device, dtype=dtype or p.dtype)  # type: ignore[attr-defined]
+    plain.load_state_dict({k: v.detach() for k, v in layer.state_dict().items()})
+    return plain
+
+
+def _f64(layer: torch.nn.Module) -> RelationalLayer:
+    """A float64 plain torch copy of ``layer`` on the CPU, for a ``expected`` that differs from the program."""
+    return torch_layer(layer, torch.float64).cpu()
+
+
+def prepare_weights(layer: torch.nn.Module) -> None:
+    """Make ``layer``'s weights fit every library's layer of its model (the bench does this for all
+    implementations: it changes no cost): RGAT's attention vectors equal across relations, as PyG's
+    ``RGATConv`` shares them."""
+    if getattr(layer, "model", None) == "rgat":
+        tie_rgat_attention(layer)  # type: ignore[arg-type]
 
 
 def _dtype(layer: RelationalLayer) -> torch.dtype:
@@ -81,7 +135,7 @@ def _device(layer: RelationalLayer) -> torch.device:
     return next(layer.parameters()).device
 
 
-def tie_rgat_attention(layer: RGAT) -> None:
+def tie_rgat_attention(layer: torch.nn.Module) -> None:
     """Make ``attn_src``/``attn_dst`` equal across relations (PyG's RGATConv shares them)."""
     with torch.no_grad():
         layer.attn_src.copy_(layer.attn_src[:1].expand_as(layer.attn_src))
@@ -103,18 +157,20 @@ def _pyg():
     return torch_geometric
 
 
-def pyg_rgcn(layer: RGCN) -> Baseline:
+def pyg_rgcn(layer: torch.nn.Module) -> Baseline:
     _pyg()
-    conv = to_pyg_rgcn(layer)
-    edge_index, edge_type, _ = to_pyg_homogeneous(layer.graph)
+    _plain_options(layer, "PyG RGCNConv")
+    conv = to_pyg_rgcn(layer)  # type: ignore[arg-type]
+    edge_index, edge_type, _ = to_pyg_homogeneous(layer.graph)  # type: ignore[attr-defined]
     edge_index, edge_type = edge_index.to(_device(layer)), edge_type.to(_device(layer))
-    ref = _f64(layer)
-    return Baseline("PyG RGCNConv", conv, lambda x: conv(x, edge_index, edge_type), ref, True, "same math")
+    return Baseline("PyG RGCNConv", conv, lambda x: conv(x, edge_index, edge_type), oracle(layer), True, "same math")
 
 
-def pyg_rgat(layer: RGAT) -> Baseline:
+def pyg_rgat(layer: torch.nn.Module) -> Baseline:
     _pyg()
     from torch_geometric.nn import RGATConv
+
+    _plain_options(layer, "PyG RGATConv")
 
     H, D = layer.heads, layer.head_dim
     conv = RGATConv(layer.in_dim, D, layer.num_rels, heads=H, concat=True, bias=False,
@@ -132,13 +188,14 @@ def pyg_rgat(layer: RGAT) -> Baseline:
     tied = bool((layer.attn_src == layer.attn_src[:1]).all() and (layer.attn_dst == layer.attn_dst[:1]).all())
     ref = _f64(layer)
     if not tied:
-        tie_rgat_attention(ref)  # type: ignore[arg-type]
+        tie_rgat_attention(ref)
     note = "same math (attention vectors tied across relations; RGATConv shares them)"
     return Baseline("PyG RGATConv", conv, lambda x: conv(x, edge_index, edge_type), ref, tied, note)
 
 
-def pyg_hgt(layer: HGT) -> Baseline:
+def pyg_hgt(layer: torch.nn.Module) -> Baseline:
     _pyg()
+    _plain_options(layer, "PyG HGTConv")
     g = layer.graph
     conv = to_pyg_hgt(layer)  # the mapping documented in rgtune.models.HGT
     edge_index = {c: torch.stack(g.edges(c)).to(_device(layer)) for c in g.canonical_etypes}
@@ -149,7 +206,7 @@ def pyg_hgt(layer: HGT) -> Baseline:
         out = conv(g.split_nodes(x), edge_index)
         return torch.cat([out[t] for t in dst_types])
 
-    ref = _f64(layer)
+    ref = oracle(layer)
     return Baseline("PyG HGTConv", conv, run, lambda x: ref(x)[rows], True, "same math", rows)
 
 
@@ -166,8 +223,10 @@ def _dgl_homogeneous(layer: RelationalLayer):
     return h.to(_device(layer))
 
 
-def dgl_rgcn(layer: RGCN) -> Baseline:
+def dgl_rgcn(layer: torch.nn.Module) -> Baseline:
     from dgl.nn.pytorch import RelGraphConv
+
+    _plain_options(layer, "DGL RelGraphConv")
 
     conv = RelGraphConv(layer.in_dim, layer.out_dim, layer.num_rels, regularizer=None, bias=True, self_loop=True)
     with torch.no_grad():
@@ -178,15 +237,17 @@ def dgl_rgcn(layer: RGCN) -> Baseline:
     conv = conv.to(device=dev, dtype=dt)
     hg = _dgl_homogeneous(layer)
     etype = layer.graph.etype.to(dev)
-    norm = (1.0 / layer.rel_in_degree.to(device=dev, dtype=dt)).unsqueeze(1)  # mean within (dst, relation)
-    ref = _f64(layer)
-    return Baseline("DGL RelGraphConv", conv, lambda x: conv(hg, x, etype, norm, presorted=True), ref, True,
+    pairs = layer.graph.unique_pairs("dst")
+    in_degree = pairs.pair_count[pairs.edge_to_pair]  # |N_r(dst)| of every edge
+    norm = (1.0 / in_degree.to(device=dev, dtype=dt)).unsqueeze(1)  # mean within (dst, relation)
+    return Baseline("DGL RelGraphConv", conv, lambda x: conv(hg, x, etype, norm, presorted=True), oracle(layer), True,
                     "same math (norm = 1/|N_r(i)|)")
 
 
-def dgl_hgt(layer: HGT) -> Baseline:
+def dgl_hgt(layer: torch.nn.Module) -> Baseline:
     from dgl.nn.pytorch import HGTConv
 
+    _plain_options(layer, "DGL HGTConv")
     H, D, g = layer.heads, layer.head_dim, layer.graph
     conv = HGTConv(layer.in_dim, D, H, layer.num_ntypes, layer.num_rels, dropout=0.0, use_norm=False)
     with torch.no_grad():
@@ -197,7 +258,7 @@ def dgl_hgt(layer: HGT) -> Baseline:
             conv.relation_pri[h].copy_(layer.mu[:, h])
             conv.relation_att[h].W.copy_(layer.w_att[:, h])
             conv.relation_msg[h].W.copy_(layer.w_msg[:, h])
-        if layer.gated_skip:
+        if layer.in_dim == layer.out_dim:  # rgtune's gated skip
             conv.skip.copy_(layer.skip)
         else:  # rgtune has no skip when in != out: zero DGL's projection, open its gate
             conv.residual_w.zero_()
@@ -230,8 +291,10 @@ def _hgt_dgl_math(layer: HGT, x: Tensor) -> Tensor:
     return out
 
 
-def dgl_rgat(layer: RGAT) -> Baseline:
+def dgl_rgat(layer: torch.nn.Module) -> Baseline:
     from dgl.nn.pytorch import GATConv, HeteroGraphConv
+
+    _plain_options(layer, "DGL HeteroGraphConv(GATConv)")
 
     g, H, D = layer.graph, layer.heads, layer.head_dim
     mods = {}

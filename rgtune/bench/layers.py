@@ -15,11 +15,12 @@ Implementations:
   forward+backward with the best training schedule (``mode="training"``: generated backward
   kernels on the buffers its forward saved, where the backend builds them);
 * ``lowering``: rgtune's torch executor of the kernel IR (default schedule, float32, autograd);
-* ``torch``: the reference layer of :mod:`rgtune.models` (float32);
-* ``pyg``, ``dgl``: the libraries' layers.
+* ``torch``: the model's plain torch layer of :mod:`rgtune.models`, where it has one (float32);
+* ``pyg``, ``dgl``: the libraries' layers (:mod:`.baselines`: which exist for which model and options).
 
-Each output is checked against what its math should give (float64): ``error`` of each
-:class:`Impl`. ``rgtune bench`` (:mod:`rgtune.cli.bench`) prints the table and writes a row to
+Each output is checked against what its math should give (float64: the model's program,
+interpreted op by op; for a library whose math differs, the program of that math): ``error`` of
+each :class:`Impl`. ``rgtune bench`` (:mod:`rgtune.cli.bench`) prints the table and writes a row to
 BENCHMARKS.md (:mod:`.report`).
 
 Example:
@@ -45,7 +46,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from rgtune.bench.baselines import BUILDERS, tie_rgat_attention
+from rgtune.bench.baselines import BUILDERS, Unavailable, oracle, prepare_weights, torch_layer
 
 IMPLS = ("rgtune", "lowering", "torch", "pyg", "dgl")
 MODES = ("fwd", "fwd+bwd")
@@ -101,10 +102,16 @@ class BenchResult:
     versions: dict[str, str]
     command: str
     date: str
+    options: str = ""  # the model's options, canonical text
 
     @property
     def sizes(self) -> str:
         return f"{self.in_dim}→{self.out_dim}" + (f" h{self.heads}" if self.heads != 1 else "")
+
+    @property
+    def named_model(self) -> str:
+        """The model with its options: ``rgcn(num_bases=30)``."""
+        return f"{self.model}({self.options})" if self.options else self.model
 
 
 def _rel_err(out: Tensor, expected: Tensor) -> float:
@@ -116,64 +123,62 @@ def _rel_err(out: Tensor, expected: Tensor) -> float:
 
 def build_impls(model: str, graph: Any, in_dim: int, out_dim: int, heads: int, backend: Any, db: Any,
                 impls: Sequence[str], seed: int = 0, check: bool = True,
-                config: Mapping[str, Any] | None = None) -> tuple[list[Impl], Tensor, str]:
+                config: Mapping[str, Any] | None = None, options: str = "") -> tuple[list[Impl], Tensor, str]:
     """Every implementation with the same weights and input; also the input and rgtune's schedules
     (a label). ``check=False`` leaves the float64 checks out (:mod:`.memory` measures without them);
-    ``config``: rgtune runs this schedule (both modes) instead of the database's."""
-    from rgtune.models import HGT, RGAT, RGCN
+    ``config``: rgtune runs this schedule (both modes) instead of the database's; ``options``: the
+    model's (canonical text)."""
+    from rgtune.ir.registry import parse_key
+    from rgtune.runtime import Layer as TunedModule
 
     device = torch.device("cuda" if backend.target == "cuda" else "cpu")
     torch.manual_seed(seed)
-    cls = {"rgcn": RGCN, "rgat": RGAT, "hgt": HGT}[model]
-    kwargs = {} if model == "rgcn" else {"heads": heads}
-    ref = cls(graph, in_dim, out_dim, **kwargs).to(device)
-    if model == "rgat":
-        tie_rgat_attention(ref)  # PyG's RGATConv shares attention across relations
+    # the weights every implementation gets: the program's parameters at their declared init
+    ref = TunedModule(model, graph, in_dim, out_dim, heads, options=parse_key(options), backend="reference",
+                      dtype=torch.float32).to(device)
+    prepare_weights(ref)  # what a library's layer needs of them (e.g. PyG's RGATConv: shared attention)
     x = torch.randn(graph.num_nodes(), in_dim, generator=torch.Generator().manual_seed(seed + 1)).to(device)
-    expected = None
-    if check:
-        ref64 = cls(graph, in_dim, out_dim, **kwargs).double()
-        ref64.load_state_dict({k: v.double().cpu() for k, v in ref.state_dict().items()})
-        with torch.no_grad():
-            expected = ref64(x.double().cpu())
+    expected = oracle(ref)(x.double().cpu()) if check else None
 
     out: list[Impl] = []
     schedule = "not run"
     if "rgtune" in impls:
-        impl, schedule = _rgtune_impl(model, graph, in_dim, out_dim, heads, backend, db, ref, config)
+        impl, schedule = _rgtune_impl(model, graph, in_dim, out_dim, heads, backend, db, ref, config, options)
         out.append(impl)
     if "lowering" in impls:
-        out.append(_lowering_impl(model, graph, in_dim, out_dim, heads, cls(graph, in_dim, out_dim, **kwargs), ref))
+        out.append(_lowering_impl(ref))
     if "torch" in impls:
-        plain = cls(graph, in_dim, out_dim, **kwargs).to(device)
-        plain.load_state_dict(ref.state_dict())
-        out.append(Impl("torch", f"rgtune.models.{cls.__name__} (torch)", plain, list(plain.parameters())))
+        out.append(_torch_impl(ref))
     for impl in out:
-        impl.error = _check(impl, x, expected) if expected is not None else None
+        if impl.forward is not None and expected is not None:
+            impl.error = _check(impl, x, expected)
     for lib in ("pyg", "dgl"):
         if lib in impls:
-            out.append(_library_impl(lib, model, ref, x, check))
+            out.append(_library_impl(lib, ref, x, check))
     return out, x, schedule
 
 
 def _rgtune_impl(model: str, graph: Any, in_dim: int, out_dim: int, heads: int, backend: Any, db: Any,
-                 ref: torch.nn.Module, config: Mapping[str, Any] | None = None) -> tuple[Impl, str]:
+                 ref: torch.nn.Module, config: Mapping[str, Any] | None = None, options: str = "") -> tuple[Impl, str]:
     """The tuned layer: the best inference schedule for the forward, the best training schedule for
     the training step (each a :func:`~rgtune.runtime.load_tuned` layer with ``ref``'s weights), or
     ``config`` for both."""
-    from rgtune.runtime import load_tuned, tuned_layer
+    from rgtune.ir.registry import parse_key
+    from rgtune.runtime import Layer as TunedModule
+    from rgtune.runtime import load_tuned
 
     device = next(ref.parameters()).device
+    opts = parse_key(options)
     layers = {}
     for mode in ("inference", "training"):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             if config is not None:
-                layers[mode] = tuned_layer(model, graph, in_dim, out_dim, heads, config=config, backend=backend,
-                                           mode=mode).to(device)
+                layers[mode] = TunedModule(model, graph, in_dim, out_dim, heads, options=opts, config=config,
+                                           backend=backend, mode=mode).to(device)
             else:
-                layers[mode] = load_tuned(model, graph, in_dim, out_dim, heads, db=db, backend=backend,
-                                          mode=mode).to(device)
+                layers[mode] = load_tuned(model, graph, in_dim, out_dim, heads, db=db, backend=backend, mode=mode,
+                                          options=opts).to(device)
         for w in caught:
             print(f"bench: warning: {w.message}", file=sys.stderr)
         layers[mode].load_state_dict(ref.state_dict())
@@ -201,21 +206,20 @@ def _saved_label(layer: Any) -> str:
     return f"save={save} ({saved_mb:.3g} MB saved), backward {layer.backward_kind}"
 
 
-def _lowering_impl(model: str, graph: Any, in_dim: int, out_dim: int, heads: int, low: torch.nn.Module,
-                   ref: torch.nn.Module) -> Impl:
-    from rgtune.codegen.reference import ReferenceExecutor
-    from rgtune.ir.models import build_model
-    from rgtune.search_spaces import SearchSpace
+def _lowering_impl(ref: Any) -> Impl:
+    """rgtune's torch executor of the default schedule's kernel IR (a copy of ``ref``: its own parameters)."""
+    import copy
 
-    device = next(ref.parameters()).device
-    space = SearchSpace(build_model(model, in_dim, out_dim, heads), graph, "cpu")
-    executor = ReferenceExecutor(space.compile(space.default()).kernels, graph, device)
-    low = low.to(device)
-    low.load_state_dict(ref.state_dict())
-    params = dict(low.named_parameters())
-    names = [n for n in executor.kp.param_shapes if n in params]
-    return Impl("lowering", "rgtune torch lowering (default schedule)",
-                lambda x: executor.run(x, {n: params[n] for n in names}), list(low.parameters()))
+    low = copy.deepcopy(ref)
+    return Impl("lowering", "rgtune torch lowering (default schedule)", low, list(low.parameters()))
+
+
+def _torch_impl(ref: Any) -> Impl:
+    try:
+        plain = torch_layer(ref)
+    except Unavailable as e:
+        return Impl("torch", "plain torch layer", None, problem=str(e))
+    return Impl("torch", f"rgtune.models.{type(plain).__name__} (torch)", plain, list(plain.parameters()))
 
 
 def _check(impl: Impl, x: Tensor, expected: Tensor) -> float | None:
@@ -227,10 +231,13 @@ def _check(impl: Impl, x: Tensor, expected: Tensor) -> float | None:
         return None
 
 
-def _library_impl(lib: str, model: str, ref: Any, x: Tensor, check: bool = True) -> Impl:
+def _library_impl(lib: str, ref: Any, x: Tensor, check: bool = True) -> Impl:
     label = {"pyg": "PyG", "dgl": "DGL"}[lib]
     try:
-        b = BUILDERS[lib][model](ref)
+        builder = BUILDERS[lib].get(ref.model)
+        if builder is None:
+            raise Unavailable(f"{label} has no layer of this model")
+        b = builder(ref)
     except Exception as e:  # noqa: BLE001 - a missing or broken library is a row, not a crash
         return Impl(lib, label, None, problem=f"{type(e).__name__}: {str(e).splitlines()[0][:120]}")
     impl = Impl(lib, b.name, b.run, list(b.module.parameters()), math=b.note, rows=b.rows)
@@ -321,15 +328,17 @@ def versions() -> dict[str, str]:
 def bench(model: str, dataset: str, *, in_dim: int = 64, out_dim: int = 64, heads: int = 1, backend: str = "auto",
           db: str | None = "results.db", impls: Sequence[str] = IMPLS, repeats: int = 20, warmup: int = 3,
           threads: int | None = None, seed: int = 0, tune_trials: int = 0, data_dir: str | None = None,
-          memory: bool = False, command: str = "") -> BenchResult:
+          memory: bool = False, command: str = "", options: Mapping[str, Any] | str | None = None) -> BenchResult:
     """Time one layer side by side (see the module docstring); ``tune_trials`` > 0 tunes that many trials
     first, per mode (inference, training), when this device has no record of the workload in that
     mode (``db=None``: no database, the default schedules). ``memory``: also each implementation's
     peak memory per mode, each in its own process (:func:`rgtune.bench.memory.peak_memory`).
-    ``command`` is recorded with the result."""
+    ``command`` is recorded with the result; ``options``: the model's."""
     from rgtune.data import load_dataset
-    from rgtune.runtime._lookup import resolve_backend
+    from rgtune.runtime._lookup import check_model, resolve_backend
     from rgtune.runtime.load import select_schedule
+
+    model, opts = check_model(model, options)
 
     unknown = sorted(set(impls) - set(IMPLS))
     if unknown:
@@ -344,10 +353,10 @@ def bench(model: str, dataset: str, *, in_dim: int = 64, out_dim: int = 64, head
     be = resolve_backend(backend)
     if tune_trials > 0 and db is not None:
         for mode in ("inference", "training"):
-            sel = select_schedule(model, graph, in_dim, out_dim, heads, db, be, mode=mode)
+            sel = select_schedule(model, graph, in_dim, out_dim, heads, db, be, mode=mode, options=opts)
             if sel.missing is not None or not sel.provenance.get("same_device", False):
-                _tune(model, dataset, in_dim, out_dim, heads, be.name, db, tune_trials, seed, data_dir, mode)
-    built, x, schedule = build_impls(model, graph, in_dim, out_dim, heads, be, db, impls, seed)
+                _tune(model, dataset, in_dim, out_dim, heads, be.name, db, tune_trials, seed, data_dir, mode, opts)
+    built, x, schedule = build_impls(model, graph, in_dim, out_dim, heads, be, db, impls, seed, options=opts)
     time_impls(built, x, out_dim, repeats, warmup)
     if memory:
         from rgtune.bench.memory import peak_memory
@@ -358,19 +367,19 @@ def bench(model: str, dataset: str, *, in_dim: int = 64, out_dim: int = 64, head
             for mode in MODES:
                 impl.peak_mb[mode] = peak_memory(model, dataset, impl.key, mode, in_dim=in_dim, out_dim=out_dim,
                                                  heads=heads, backend=be.name, db=db, seed=seed, threads=threads,
-                                                 data_dir=data_dir)
+                                                 data_dir=data_dir, options=opts)
     return BenchResult(model, graph.name, in_dim, out_dim, heads, be.name, schedule, threads, repeats, built,
-                       machine_info(threads), versions(), command, datetime.now(UTC).strftime("%Y-%m-%d"))
+                       machine_info(threads), versions(), command, datetime.now(UTC).strftime("%Y-%m-%d"), opts)
 
 
 def _tune(model: str, dataset: str, in_dim: int, out_dim: int, heads: int, backend: str, db: str, trials: int,
-          seed: int, data_dir: str | None, mode: str) -> None:
+          seed: int, data_dir: str | None, mode: str, options: str = "") -> None:
     from rgtune.db import TrialDatabase
     from rgtune.tuner.measure import Workload
     from rgtune.tuner.study import TuneOptions, Tuner
 
     print(f"bench: tuning {model} on {dataset} for {mode} ({trials} trials, backend {backend}) ...", file=sys.stderr)
-    s = Tuner(Workload(model, dataset, in_dim, out_dim, heads, backend, data_dir, mode=mode),
+    s = Tuner(Workload(model, dataset, in_dim, out_dim, heads, backend, data_dir, mode=mode, options=options),
               TrialDatabase(db), TuneOptions(trials=trials, seed=seed, progress=False)).run()
     best = f"{s.best_ms:.4g} ms" if s.best_ms is not None else "none"
     print(f"bench: tuned {s.trials_run} trials, best {best}", file=sys.stderr)

@@ -51,16 +51,16 @@ def peak_memory(model: str, dataset: str, impl: str, mode: str, **kwargs: Any) -
 def measure_step(model: str, dataset: str, impl: str, mode: str, *, in_dim: int = 64, out_dim: int = 64,
                  heads: int = 1, backend: str = "cpu", db: str | None = None, seed: int = 0,
                  threads: int | None = None, data_dir: str | None = None, steps: int = 2,
-                 config: dict[str, Any] | None = None, timeout: float = 3600.0) -> dict[str, Any]:
+                 config: dict[str, Any] | None = None, timeout: float = 3600.0, options: str = "") -> dict[str, Any]:
     """``{"peak_mb": ..., "step_s": [...]}``: the peak (as :func:`peak_memory`) over building and
     ``steps`` steps, and each step's seconds (the first includes what is built lazily), measured in
     a fresh process. ``config``: rgtune's schedule instead of the database's. A child that fails
-    raises ``RuntimeError`` with its last line."""
+    raises ``RuntimeError`` with its last line. ``options``: the model's, canonical text."""
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     args = {"model": model, "dataset": dataset, "impl": impl, "mode": mode, "in_dim": in_dim, "out_dim": out_dim,
             "heads": heads, "backend": backend, "db": db, "seed": seed, "threads": threads, "data_dir": data_dir,
-            "steps": steps, "config": config}
+            "steps": steps, "config": config, "options": options}
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=_MMAP_THRESHOLD)
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
@@ -133,7 +133,7 @@ def _steps(a: dict[str, Any], graph: Any, backend: Any, steps: int) -> dict[str,
     grad = upstream_grad(graph.num_nodes(), a["out_dim"], device)
     meter = _Meter(device)
     impls, _, _ = build_impls(a["model"], graph, a["in_dim"], a["out_dim"], a["heads"], backend, a["db"],
-                              (a["impl"],), a["seed"], check=False, config=a.get("config"))
+                              (a["impl"],), a["seed"], check=False, config=a.get("config"), options=a.get("options", ""))
     impl = impls[0]
     if impl.forward is None:
         raise RuntimeError(impl.problem or f"{a['impl']} could not be built")

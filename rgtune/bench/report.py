@@ -40,7 +40,7 @@ def format_table(res: BenchResult) -> str:
     """The console table: one line per implementation; "x" columns are its time over rgtune's."""
     mine = next((i for i in res.impls if i.key == "rgtune"), None)
     base = {m: mine.median_ms(m) if mine else None for m in MODES}
-    lines = [f"{res.model} on {res.dataset}, {res.sizes}, backend {res.backend}, {res.threads} threads, median of "
+    lines = [f"{res.named_model} on {res.dataset}, {res.sizes}, backend {res.backend}, {res.threads} threads, median of "
              f"{res.repeats} interleaved repeats; rgtune's schedules: {res.schedule}",
              f"{'implementation':<44} {'fwd ms':>9} {'x':>6} {'fwd+bwd ms':>11} {'x':>6} {'peak MB':>14} {'err':>9}"
              "  math"]
@@ -63,7 +63,7 @@ def _row_cells(res: BenchResult) -> tuple[list[str], list[str]]:
     by = {i.key: i for i in res.impls}
     per_mode = [" / ".join(_ms(by[k].median_ms(m)) if k in by else "–" for k in IMPLS) for m in MODES]
     peaks = " / ".join(_mb(by[k].peak_mb.get("fwd+bwd")) if k in by else "–" for k in IMPLS)
-    key = [res.model, res.dataset, res.sizes, res.backend]
+    key = [res.named_model, res.dataset, res.sizes, res.backend]
     main = key + [res.schedule, *per_mode, peaks, str(res.threads), res.date]
     m = res.machine
     machine = f"{m['cpu']}, {m['cores']} cores, {m['threads']} threads" + (f", {m['gpu']}" if "gpu" in m else "")
@@ -155,7 +155,7 @@ def write_benchmarks(path: Path, res: BenchResult) -> None:
 
 def result_json(res: BenchResult) -> dict[str, Any]:
     """One benchmark run as plain JSON values (what ``--json`` appends)."""
-    return {"model": res.model, "dataset": res.dataset, "in_dim": res.in_dim, "out_dim": res.out_dim,
+    return {"model": res.model, "options": res.options, "dataset": res.dataset, "in_dim": res.in_dim, "out_dim": res.out_dim,
             "heads": res.heads, "backend": res.backend, "schedule": res.schedule, "threads": res.threads,
             "repeats": res.repeats, "date": res.date, "command": res.command, "machine": res.machine,
             "versions": res.versions,

@@ -18,11 +18,10 @@ import os
 import sys
 from typing import Any, Sequence
 
-from rgtune.ir.models import MODELS as _IR_MODELS
+from rgtune.ir.registry import ModelOptionError, list_models, model_spec, parse_options
 
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
-MODELS = tuple(_IR_MODELS)  # the models the IR defines
 DATASET_HELP = "aifb, mutag, bgs, am, ogbn-mag, or synthetic:<preset>[,key=value...] (see `rgtune datasets`)"
 
 
@@ -53,25 +52,60 @@ def positive_seconds(text: str) -> float:
     return v
 
 
+def model_name(text: str) -> str:
+    """An argparse type: a registered model's name, or ``package.module:builder`` (imported)."""
+    try:
+        return model_spec(text).name
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def model_help(what: str) -> str:
+    return (f"{what}: {', '.join(list_models())}, or a builder of your own as package.module:function "
+            "(see README, 'Adding a model')")
+
+
+def add_model_args(p: argparse.ArgumentParser, required: bool = True, what: str = "the layer") -> None:
+    """``--model`` and its repeatable ``--model-opt name=value``."""
+    p.add_argument("--model", required=required, type=model_name, help=model_help(what))
+    p.add_argument("--model-opt", action="append", default=[], metavar="NAME=VALUE",
+                   help="a model option (repeatable), e.g. --model-opt num_bases=30 for rgcn; part of the workload's "
+                        "identity. `rgtune show --model M` lists a model's options")
+
+
+def model_options(args: argparse.Namespace) -> str:
+    """The ``--model-opt`` values checked against the model's options, as canonical text (``""``: none)."""
+    given = getattr(args, "model_opt", None) or []
+    if args.model is None:
+        if given:
+            raise CLIError("--model-opt needs --model")
+        return ""
+    try:
+        return model_spec(args.model).key(parse_options(given))
+    except ModelOptionError as e:
+        raise CLIError(str(e)) from None
+
+
 def add_workload_args(p: argparse.ArgumentParser, dataset_required: bool = True) -> None:
-    """``--model --dataset --data-dir --hidden --heads``: the workload of ``tune`` and ``show``."""
-    p.add_argument("--model", required=True, choices=MODELS, help="the layer to compile")
+    """``--model --model-opt --dataset --data-dir --hidden --heads``: the workload of ``tune`` and ``show``."""
+    add_model_args(p, what="the layer to compile")
     p.add_argument("--dataset", required=dataset_required, help=DATASET_HELP)
     p.add_argument("--data-dir", default=None,
                    help="folder with one sub-folder per dataset (default: $RGTUNE_DATA_DIR, else the user cache)")
     p.add_argument("--hidden", type=positive_int, default=64, help="input and output feature size (default 64)")
-    p.add_argument("--heads", type=positive_int, default=1, help="attention heads for RGAT/HGT (default 1)")
+    p.add_argument("--heads", type=positive_int, default=1, help="attention heads of a model with attention (default 1)")
 
 
 def add_layer_args(p: argparse.ArgumentParser, dataset_help: str) -> None:
-    """``--model --dataset --data-dir --hidden --in-dim --out-dim --heads --backend``: one layer (export, bench)."""
-    p.add_argument("--model", required=True, choices=MODELS)
+    """``--model --model-opt --dataset --data-dir --hidden --in-dim --out-dim --heads --backend``: one layer (export,
+    bench)."""
+    add_model_args(p)
     p.add_argument("--dataset", required=True, help=dataset_help)
     p.add_argument("--data-dir", default=None, help="dataset root (default: $RGTUNE_DATA_DIR, else the user cache)")
     p.add_argument("--hidden", type=positive_int, default=64, help="in and out feature size (default 64)")
     p.add_argument("--in-dim", type=positive_int, default=None, help="input feature size (default --hidden)")
     p.add_argument("--out-dim", type=positive_int, default=None, help="output feature size (default --hidden)")
-    p.add_argument("--heads", type=positive_int, default=1, help="attention heads (RGAT, HGT; default 1)")
+    p.add_argument("--heads", type=positive_int, default=1, help="attention heads of a model with attention (default 1)")
     p.add_argument("--backend", default="auto", help="auto (default: cuda if a GPU is usable, else cpu), cpu, cuda, "
                                                      "reference")
 

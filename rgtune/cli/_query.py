@@ -6,14 +6,14 @@ import argparse
 import sys
 from typing import Any, Callable
 
-from rgtune.cli._common import MODELS, positive_int
+from rgtune.cli._common import add_model_args, model_options, positive_int
 
 
 def add_query_parser(sub: argparse._SubParsersAction, name: str, about: str,
                      run: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
     """A query command's parser: filters of the workload, ``--db``, ``--json``/``--csv``."""
     p = sub.add_parser(name, help=about, description=about[0].upper() + about[1:] + ".")
-    p.add_argument("--model", choices=MODELS, help="filter by model")
+    add_model_args(p, required=False, what="filter by model")
     p.add_argument("--dataset", help="filter by dataset (the graph's name)")
     p.add_argument("--backend", help="filter by backend")
     p.add_argument("--hidden", type=positive_int, help="filter by feature size")
@@ -36,6 +36,8 @@ def filters(args: argparse.Namespace) -> dict[str, Any]:
             f[key] = getattr(args, key)
     if getattr(args, "hidden", None) is not None:
         f["in_dim"] = f["out_dim"] = args.hidden
+    if getattr(args, "model", None) is not None:  # a model's workloads without options unless --model-opt says
+        f["options"] = model_options(args)
     if f.get("backend") == "auto":
         f.pop("backend")
     return f
@@ -54,4 +56,5 @@ def emit(records: list, args: argparse.Namespace) -> None:
             t = f"{r.median_ms:.4g} ms" if r.median_ms is not None else "-"
             err = f"  {r.error.splitlines()[0][:80]}" if r.error else ""
             role = "search" if r.confirmation_id is None else f"confirm {r.confirmation_id}"
-            print(f"#{r.id:<5} {r.model:<5} {r.dataset:<12} {r.backend:<9} {role:<10} {r.status:<13} {t:>12}{err}")
+            model = f"{r.model}({r.options})" if r.options else r.model
+            print(f"#{r.id:<5} {model:<5} {r.dataset:<12} {r.backend:<9} {role:<10} {r.status:<13} {t:>12}{err}")

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from rgtune.cli._common import add_layer_args
+from rgtune.cli._common import add_layer_args, model_options
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -64,7 +64,8 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
         res = bench(args.model, args.dataset, in_dim=args.in_dim or args.hidden, out_dim=args.out_dim or args.hidden,
                     heads=args.heads, backend=args.backend, db=args.db, impls=impls, repeats=args.repeats,
                     warmup=args.warmup, threads=args.threads, seed=args.seed, tune_trials=args.tune_trials,
-                    data_dir=args.data_dir, memory=args.memory, command="rgtune bench " + shlex.join(_portable(argv)))
+                    data_dir=args.data_dir, memory=args.memory, command="rgtune bench " + shlex.join(_portable(argv)),
+                    options=model_options(args))
     except Exception as e:  # noqa: BLE001 - one line, as every rgtune command
         if os.environ.get("RGTUNE_DEBUG"):
             raise

@@ -8,7 +8,8 @@ import sys
 import warnings
 from typing import Sequence
 
-from rgtune.cli._common import CLIError, add_layer_args, add_mode_arg, open_query_db
+from rgtune.cli._common import CLIError, add_layer_args, add_mode_arg, model_options, open_query_db
+from rgtune.ir.registry import parse_key
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -49,8 +50,8 @@ def export_main(argv: Sequence[str] | None = None) -> int:
             try:
                 out = export(args.output, args.model, args.dataset, in_dim, out_dim, args.heads,
                              db=database if database is not None else args.db or "results.db", backend=args.backend,
-                             data_dir=args.data_dir, mode=args.mode, allow_default=args.allow_default,
-                             overwrite=args.force)
+                             data_dir=args.data_dir, mode=args.mode, options=parse_key(model_options(args)),
+                             allow_default=args.allow_default, overwrite=args.force)
             finally:
                 if database is not None:
                     database.close()
@@ -65,6 +66,7 @@ def export_main(argv: Sequence[str] | None = None) -> int:
     prov = read_export_json(out / PROVENANCE_FILE)
     what = f"trial {prov['trial_id']} ({prov['median_ms']:.4g} ms)" if prov["schedule"] == "database" else "default schedule"
     mode = "" if s.get("mode", "inference") == "inference" else f", {s['mode']}"
-    print(f"exported {s['model']} on {s['graph']['name']} ({what}, backend {s['backend']}{mode}) to {out}")
+    named = f"{s['model']}({s['options']})" if s.get("options") else s["model"]
+    print(f"exported {named} on {s['graph']['name']} ({what}, backend {s['backend']}{mode}) to {out}")
     print(f"load it with: rgtune.runtime.load_exported({str(out)!r}, graph)")
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, Callable
 
-from rgtune.cli._common import EXIT_FAILURE, CLIError, add_workload_args, load_graph, parse_sets
+from rgtune.cli._common import EXIT_FAILURE, CLIError, add_workload_args, load_graph, model_options, parse_sets
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -25,16 +25,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from rgtune.codegen.base import backend_target
     from rgtune.ir.counts import count
-    from rgtune.ir.models import build_model
+    from rgtune.ir.registry import build_model, model_spec
+
     from rgtune.search_spaces import SearchSpace
 
+    options = model_options(args)
     graph = load_graph(args)
-    program = build_model(args.model, args.hidden, args.hidden, args.heads)
+    try:
+        program = build_model(args.model, args.hidden, args.hidden, args.heads, options)
+    except ValueError as e:  # the model's builder refuses these sizes or options
+        raise CLIError(str(e)) from None
     target = backend_target(args.backend)
     space = SearchSpace(program, graph, target)
     config = {**space.default(), **space.resolve(parse_sets(args.set))}
     point = space.compile(config)
-    print(f"# workload: {args.model} on {graph!r}, hidden={args.hidden}, heads={args.heads}, target={target}\n")
+    spec = model_spec(args.model)
+    named = f"{args.model}({options})" if options else args.model
+    print(f"# workload: {named} on {graph!r}, hidden={args.hidden}, heads={args.heads}, target={target}")
+    print(f"# model options: {', '.join(o.describe() for o in spec.options) or 'none'}\n")
     print("# program before passes")
     print(program, end="\n\n")
     print("# configuration")

@@ -9,8 +9,8 @@ import argparse
 import sys
 from typing import Any
 
-from rgtune.cli._common import (CLIError, add_mode_arg, add_workload_args, load_graph, open_db, positive_int,
-                                positive_seconds, resolve_backend)
+from rgtune.cli._common import (CLIError, add_mode_arg, add_workload_args, load_graph, model_options, open_db,
+                                positive_int, positive_seconds, resolve_backend)
 from rgtune.tuner.measure import TIMINGS
 
 #: ``tune --cost-model-policy`` unless given (BENCHMARKS.md, "Learned cost model", has how they compare)
@@ -108,14 +108,15 @@ def run(args: argparse.Namespace) -> int:
     db = open_db(args.db)
     trials = args.trials if args.trials is not None else (None if args.time_budget else 50)
     workload = Workload(args.model, args.dataset, args.hidden, args.hidden, args.heads, backend,
-                        args.data_dir, args.mode)
+                        args.data_dir, args.mode, model_options(args))
     options = TuneOptions(trials=trials, time_budget=args.time_budget, sampler=args.sampler, seed=args.seed,
                           fresh=args.fresh, progress=not args.quiet and sys.stderr.isatty(),
                           measure=MeasureOptions(timeout=args.trial_timeout, timing=args.timing),
                           guide=_cost_model_guide(args),
                           confirm_top=args.confirm, confirm_rounds=args.confirm_rounds, recheck=args.recheck,
                           reverify_inputs=args.reverify)
-    print(f"tuning {args.model} on {graph.name} ({graph.num_nodes():,} nodes, {graph.num_edges():,} edges, "
+    named = f"{workload.model}({workload.options})" if workload.options else workload.model
+    print(f"tuning {named} on {graph.name} ({graph.num_nodes():,} nodes, {graph.num_edges():,} edges, "
           f"{graph.num_rels} relations), hidden={args.hidden}, heads={args.heads}, backend={backend}, "
           f"{'' if args.mode == 'inference' else 'mode=training (forward + backward), '}db={db.name}", file=sys.stderr)
     tuner = Tuner(workload, db, options)

@@ -129,26 +129,27 @@ class WorkloadContext:
     graph: "HeteroGraph | None" = None
     target: str = "cpu"
     mode: str = "inference"  # "training": a point is the training program (forward and backward kernels)
+    options: str = ""  # the model's options, canonical text
     _space: "SearchSpace | None" = field(default=None, repr=False)
     _base_counts: dict[str, Any] | None = field(default=None, repr=False)
     _fixed: dict[str, float] | None = field(default=None, repr=False)
 
     @classmethod
     def create(cls, model: str, graph: "HeteroGraph", in_dim: int, out_dim: int, heads: int, *,
-               backend: str, device: str, target: str | None = None) -> "WorkloadContext":
+               backend: str, device: str, target: str | None = None, options: str = "") -> "WorkloadContext":
         """A context for a loaded graph (its statistics are read from it)."""
         return cls(model, in_dim, out_dim, heads, backend, device, dict(graph.stats.as_dict()), graph,
-                   target or backend_target(backend))
+                   target or backend_target(backend), options=options)
 
     @property
     def space(self) -> "SearchSpace":
         """The workload's search space (built on first use; needs the graph)."""
         if self._space is None:
-            from rgtune.ir.models import build_model
+            from rgtune.ir.registry import build_model
             from rgtune.search_spaces import SearchSpace
 
-            self._space = SearchSpace(build_model(self.model, self.in_dim, self.out_dim, self.heads), self.graph,
-                                      self.target, mode=self.mode)
+            self._space = SearchSpace(build_model(self.model, self.in_dim, self.out_dim, self.heads, self.options),
+                                      self.graph, self.target, mode=self.mode)
         return self._space
 
     def _compiled(self, config: Mapping[str, Any], kernels: "KernelProgram | None") -> "KernelProgram | None":

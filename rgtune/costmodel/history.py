@@ -96,7 +96,7 @@ def graph_stats(db: "TrialDatabase") -> dict[int, tuple[str, str, dict[str, Any]
 
 def context_for(w: "WorkloadRecord", name: str, stats: dict[str, Any], graph: "HeteroGraph | None") -> WorkloadContext:
     return WorkloadContext(w.model, w.in_dim, w.out_dim, w.heads, w.backend, w.device, stats, graph,
-                           backend_target(w.backend), w.mode)
+                           backend_target(w.backend), w.mode, w.options)
 
 
 def matching_workloads(db: "TrialDatabase", backend: str, device: str | None,

@@ -217,7 +217,8 @@ class CostModelGuide:
         self.graphs.add(graph)
         ctx = WorkloadContext(workload.model, workload.in_dim, workload.out_dim, workload.heads, workload.backend,
                               workload.device, dict(graph.stats.as_dict()), graph,
-                              space.target if space is not None else backend_target(workload.backend), workload.mode)
+                              space.target if space is not None else backend_target(workload.backend), workload.mode,
+                              workload.options)
         if space is not None:
             ctx._space = space
         self._contexts[workload.id] = ctx

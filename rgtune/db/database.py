@@ -66,6 +66,7 @@ from rgtune.db.queries import (
     StatusArg,
     WorkloadRef,
     checked_name,
+    model_key,
     clip_error,
     filtered,
     final_status,
@@ -156,6 +157,7 @@ class WorkloadFilter(TypedDict, total=False):
     device: str  # the device's name
     backend: str
     mode: str
+    options: str  # the model's options, canonical text ("" for none)
     in_dim: int
     out_dim: int
     heads: int
@@ -207,7 +209,7 @@ class TrialDatabase:
     Example:
         >>> with TrialDatabase("sqlite://") as db:
         ...     db.schema_version, db.count_trials()
-        ('0004', 0)
+        ('0005', 0)
         >>> TrialDatabase("postgres://")
         Traceback (most recent call last):
         ...
@@ -462,12 +464,15 @@ class TrialDatabase:
         heads: int = 1,
         backend: str | None = None,
         mode: str = "inference",
+        options: str = "",
     ) -> WorkloadRecord:
-        """The workload (one model at given sizes on one graph, device, backend, mode); get or create.
+        """The workload (one model with its options at given sizes on one graph, device, backend, mode);
+        get or create.
 
-        ``backend`` defaults to the device's. The record's ``study_name`` names its Optuna study.
+        ``backend`` defaults to the device's; ``options`` is the model's options as canonical text
+        (``ModelSpec.key``; ``""``: none). The record's ``study_name`` names its Optuna study.
         """
-        model = checked_name(model, "model").lower()
+        model = model_key(checked_name(model, "model", limit=255))
         mode = checked_name(mode, "mode")
         dims = {k: positive_int(v, k) for k, v in (("in_dim", in_dim), ("out_dim", out_dim), ("heads", heads))}
         graph_id = graph if isinstance(graph, int) else self.ensure_graph(graph)
@@ -483,9 +488,14 @@ class TrialDatabase:
 
         g, d = self._read(lookup)
         backend = checked_name(backend or d.backend, "backend")
-        key = {"model": model, **dims, "graph_id": graph_id, "device_id": device_id, "backend": backend, "mode": mode}
-        digest = sha256_hex(canonical_json({**key, "graph_id": g.content_hash, "device_id": d.fingerprint}))
-        study = f"rgtune:{model}:{g.name[:64]}:{backend}:{mode}:{digest[:12]}"  # fits study_name's 255
+        if not isinstance(options, str) or len(options) > 255:
+            raise ValueError(f"options must be the canonical text of a model's options (at most 255 characters), "
+                             f"got {options!r}")
+        key = {"model": model, **dims, "graph_id": graph_id, "device_id": device_id, "backend": backend, "mode": mode,
+               "options": options}
+        named = {k: v for k, v in key.items() if k != "options" or v}  # no options: the name it had before them
+        digest = sha256_hex(canonical_json({**named, "graph_id": g.content_hash, "device_id": d.fingerprint}))
+        study = f"rgtune:{model[-64:]}:{g.name[:64]}:{backend}:{mode}:{digest[:12]}"  # fits study_name's 255
         wid = self._get_or_create(Workload, key, lambda: {"study_name": study, "created_at": _utcnow()})
         return self.workloads(workload_id=wid)[0]
 
@@ -895,6 +905,7 @@ class TrialDatabase:
                 device_fingerprint=d.fingerprint,
                 backend=w.backend,
                 mode=w.mode,
+                options=w.options,
                 in_dim=w.in_dim,
                 out_dim=w.out_dim,
                 heads=w.heads,

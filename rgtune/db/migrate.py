@@ -99,7 +99,7 @@ def ensure_schema(read_engine: Engine, write_engine: Engine, shown: str, *, upgr
     with read_engine.connect() as conn, conn.begin():
         if current_revision(conn) == SCHEMA_VERSION:
             return SCHEMA_VERSION
-    with write_engine.connect() as conn, conn.begin():
+    with write_engine.connect() as conn, _foreign_keys_deferred(conn), conn.begin():
         _lock(conn)
         current = current_revision(conn)
         if current == SCHEMA_VERSION:
@@ -113,12 +113,13 @@ def ensure_schema(read_engine: Engine, write_engine: Engine, shown: str, *, upgr
         if not upgrade and current is not None:
             raise SchemaVersionError(f"{shown} has schema version {current}, older than this rgtune ({SCHEMA_VERSION}); open it with upgrade=True")
         command.upgrade(alembic_config(connection=conn), SCHEMA_VERSION)
+        _check_foreign_keys(conn, shown)
     return SCHEMA_VERSION
 
 
 def migrate(write_engine: Engine, revision: str) -> None:
     """Move the schema to ``revision``, up or down (tests, and downgrading by hand)."""
-    with write_engine.connect() as conn, conn.begin():
+    with write_engine.connect() as conn, _foreign_keys_deferred(conn), conn.begin():
         _lock(conn)
         current = current_revision(conn)
         revs = known_revisions()
@@ -127,6 +128,35 @@ def migrate(write_engine: Engine, revision: str) -> None:
             command.downgrade(cfg, revision)
         else:
             command.upgrade(cfg, revision)
+        _check_foreign_keys(conn, str(write_engine.url))
+
+
+@contextmanager
+def _foreign_keys_deferred(conn: Connection) -> Iterator[None]:
+    """SQLite: foreign keys off while migrating, checked before the commit (:func:`_check_foreign_keys`).
+
+    SQLite alters a table by copying it and dropping the original, which would trip the foreign
+    keys of the rows that reference it (they point at the copy once it takes the name). The
+    switch only works outside a transaction, so it is set on the raw connection before ``BEGIN``.
+    """
+    raw = conn.connection.driver_connection if conn.dialect.name == "sqlite" else None
+    if raw is None:
+        yield
+        return
+    raw.execute("PRAGMA foreign_keys = OFF")
+    try:
+        yield
+    finally:
+        raw.execute("PRAGMA foreign_keys = ON")
+
+
+def _check_foreign_keys(conn: Connection, shown: str) -> None:
+    if conn.dialect.name != "sqlite":
+        return
+    broken = conn.exec_driver_sql("PRAGMA foreign_key_check").all()
+    if broken:  # raised inside the transaction: the migration rolls back
+        raise SchemaVersionError(f"{shown}: the migration left {len(broken)} rows with broken foreign keys "
+                                 f"(first: {tuple(broken[0])})")
 
 
 @contextmanager

@@ -51,6 +51,7 @@ FILTER_COLUMNS: dict[str, Any] = {
     "device": Device.name,
     "backend": Workload.backend,
     "mode": Workload.mode,
+    "options": Workload.options,
     "in_dim": Workload.in_dim,
     "out_dim": Workload.out_dim,
     "heads": Workload.heads,
@@ -67,7 +68,7 @@ def filtered(q: sa.Select, workload: WorkloadRef | None, filters: Mapping[str, A
     for key, value in filters.items():
         if value is None:
             continue
-        q = q.where(FILTER_COLUMNS[key] == (value.lower() if key == "model" else value))
+        q = q.where(FILTER_COLUMNS[key] == (model_key(value) if key == "model" else value))
     return q
 
 
@@ -87,6 +88,7 @@ def trial_record(t: Trial, w: Workload, g: Graph, d: Device, sch: Schedule) -> T
         device=d.name,
         backend=w.backend,
         mode=w.mode,
+        options=w.options,
         in_dim=w.in_dim,
         out_dim=w.out_dim,
         heads=w.heads,
@@ -138,6 +140,11 @@ def final_status(value: TrialStatus | str) -> TrialStatus:
     if st not in FINAL_STATUSES:
         raise ValueError(f"finish_trial needs a final status, not {st.value!r}")
     return st
+
+
+def model_key(name: str) -> str:
+    """A model's name as the database keys it: lower case, but an import path (``pkg.mod:builder``) as given."""
+    return name if ":" in name else name.lower()
 
 
 def checked_name(value: str, what: str, limit: int = 32) -> str:

@@ -179,6 +179,7 @@ class WorkloadRecord(_Exportable):
     heads: int
     study_name: str
     created_at: datetime
+    options: str = ""  # the model's options, canonical text ("" for none)
     num_trials: int = 0
     num_ok: int = 0
     best_ms: float | None = None  # the fastest single ok measurement (best() may confirm another)
@@ -216,6 +217,7 @@ class TrialRecord(_Exportable):
     started_at: datetime
     finished_at: datetime | None
     heartbeat_at: datetime | None
+    options: str = ""  # the workload's model options, canonical text
     confirmation_id: int | None = None  # a round of this confirmation (None: a trial of the search)
     #: fresh inputs its schedule passed re-verification on (set by ``TrialDatabase.best``; None elsewhere)
     verified_inputs: int | None = None

@@ -23,7 +23,7 @@ __all__ = ["SCHEMA_VERSION", "VERSION_TABLE", "TABLE_PREFIX", "Base", "Device", 
            "Confirmation", "Verification", "Trial"]
 
 #: the Alembic revision these classes describe; a test checks it is the migrations' head
-SCHEMA_VERSION = "0004"
+SCHEMA_VERSION = "0005"
 VERSION_TABLE = "rg_alembic_version"
 TABLE_PREFIX = "rg_"
 
@@ -78,11 +78,14 @@ class Workload(Base):
 
     __tablename__ = "rg_workloads"
     __table_args__ = (
-        UniqueConstraint("model", "in_dim", "out_dim", "heads", "graph_id", "device_id", "backend", "mode", name="uq_rg_workloads_key"),
+        UniqueConstraint("model", "in_dim", "out_dim", "heads", "graph_id", "device_id", "backend", "mode", "options",
+                         name="uq_rg_workloads_key"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    model: Mapped[str] = mapped_column(String(32))
+    model: Mapped[str] = mapped_column(String(255))  # a registered name, or "package.module:builder"
+    #: the model's options: the non-default ones, canonical text ("num_bases=30"); "" for none
+    options: Mapped[str] = mapped_column(String(255), default="", server_default="")
     in_dim: Mapped[int] = mapped_column(Integer)
     out_dim: Mapped[int] = mapped_column(Integer)
     heads: Mapped[int] = mapped_column(Integer)

@@ -1,9 +1,11 @@
-"""RGCN, RGAT and HGT written in the inter-operator IR.
+"""The built-in models, written in the inter-operator IR and registered (:mod:`rgtune.ir.registry`).
 
-Each function reads like the model's equations (DESIGN.md, "The models"). Parameter names
-and slice shapes are those of the reference layers in :mod:`rgtune.models`, so a state_dict
-moves between a reference layer and a compiled one unchanged. The passes, not these
-functions, decide how each value is materialized and computed.
+Each function reads like the model's equations (DESIGN.md, "The models"); its keyword-only
+parameters are the model's options. A program declares its parameters (names, slice shapes,
+initialization): the generic layer (:class:`rgtune.runtime.Layer`) creates them from it, and the
+names and shapes are those of the library layers the fixtures map to (PyG, DGL), so a
+state_dict moves between them. The passes, not these functions, decide how each value is
+materialized and computed.
 
 Example:
     >>> print(build_model("rgcn", in_dim=4, out_dim=3).ops[-1])
@@ -12,13 +14,16 @@ Example:
 
 from __future__ import annotations
 
-from typing import Callable
-
 from rgtune.ir.program import IRError, Program, ProgramBuilder, inv_sqrt
+from rgtune.ir.registry import build_model, register_model
+
+__all__ = ["rgcn", "rgat", "hgt", "build_model"]
 
 
 def rgcn(in_dim: int, out_dim: int, heads: int = 1) -> Program:
     """``h'_i = h_i W_0 + b + sum_r mean_{j in N_r(i)} h_j W_r`` (PyG ``RGCNConv``, aggr mean)."""
+    if heads != 1:
+        raise IRError(f"rgcn has no attention heads; expected heads=1, got {heads}")
     p = ProgramBuilder("rgcn", in_dim, heads)
     x = p.x
     message = p.mul(p.typed_linear(p.src(x), "weight", out=(1, out_dim), by="rel"), p.inv_dst_rel_degree())
@@ -64,13 +69,5 @@ def _head_dim(out_dim: int, heads: int) -> int:
     return out_dim // heads
 
 
-MODELS: dict[str, Callable[[int, int, int], Program]] = {"rgcn": rgcn, "rgat": rgat, "hgt": hgt}
-
-
-def build_model(name: str, in_dim: int = 64, out_dim: int = 64, heads: int = 1) -> Program:
-    """The program of model ``name`` (one of :data:`MODELS`)."""
-    if name not in MODELS:
-        raise IRError(f"unknown model {name!r}; choose one of {sorted(MODELS)}")
-    if in_dim <= 0 or out_dim <= 0:
-        raise IRError(f"feature sizes must be positive, got in_dim={in_dim}, out_dim={out_dim}")
-    return MODELS[name](in_dim, out_dim, heads)
+for _builder in (rgcn, rgat, hgt):
+    register_model(_builder.__name__, _builder)

@@ -18,9 +18,9 @@ Example:
     torch.Size([5, 4])
 """
 
-from rgtune.models._base import NodeInput, RelationalLayer
+from rgtune.models._base import GraphLayer, NodeInput, RelationalLayer
 from rgtune.models.hgt import HGT
 from rgtune.models.rgat import RGAT
 from rgtune.models.rgcn import RGCN
 
-__all__ = ["HGT", "RGAT", "RGCN", "NodeInput", "RelationalLayer"]
+__all__ = ["HGT", "RGAT", "RGCN", "GraphLayer", "NodeInput", "RelationalLayer"]

@@ -36,7 +36,7 @@ from torch import Tensor
 
 from rgtune.data.graph import HeteroGraph
 
-__all__ = ["NodeInput", "RelationalLayer", "segment_matmul", "edge_softmax", "glorot_"]
+__all__ = ["NodeInput", "GraphLayer", "RelationalLayer", "segment_matmul", "edge_softmax", "glorot_"]
 
 NodeInput = Union[Tensor, Mapping[str, Tensor]]
 
@@ -85,15 +85,11 @@ def edge_softmax(score: Tensor, dst: Tensor, num_nodes: int) -> Tensor:
     return ex / denom.index_select(0, dst)
 
 
-class RelationalLayer(torch.nn.Module):
-    """Base of the reference layers: a graph binding, validated input, dict <-> tensor.
+class GraphLayer(torch.nn.Module):
+    """A module bound to one graph's node and edge types: sizes, validated input, dict <-> tensor.
 
-    Subclasses create their parameters, implement :meth:`reset_parameters` and
-    :meth:`_forward_flat` (global node order in, global node order out).
-
-    The graph's index tensors are registered as non-persistent buffers: ``.to(device)`` moves
-    them, ``.double()`` leaves them alone (they are integers), and the ``state_dict`` holds
-    only the parameters, so it moves between reference and tuned layers unchanged.
+    What the reference layers and the generic layer (:class:`rgtune.runtime.Layer`) share.
+    Subclasses implement :meth:`_forward_flat` (global node order in, global node order out).
 
     Attributes:
         graph: the bound :class:`HeteroGraph`.
@@ -102,19 +98,7 @@ class RelationalLayer(torch.nn.Module):
         rel_offsets: ``R + 1`` Python ints, the global edge id range of each relation.
     """
 
-    src: Tensor
-    dst: Tensor
-    etype: Tensor
-    node_type: Tensor
-
-    def __init__(
-        self,
-        graph: HeteroGraph,
-        in_dim: int,
-        out_dim: int,
-        heads: int = 1,
-        device: torch.device | str | None = None,
-    ) -> None:
+    def __init__(self, graph: HeteroGraph, in_dim: int, out_dim: int, heads: int = 1) -> None:
         super().__init__()
         if not isinstance(graph, HeteroGraph):
             raise TypeError(f"{type(self).__name__}: expected a rgtune HeteroGraph, got {type(graph).__name__}")
@@ -137,8 +121,6 @@ class RelationalLayer(torch.nn.Module):
         self.head_dim = out_dim // heads
         self.node_offsets: list[int] = [int(v) for v in graph.node_offsets]
         self.rel_offsets: list[int] = [int(v) for v in graph.rel_offsets]
-        for name in ("src", "dst", "etype", "node_type"):
-            self.register_buffer(name, getattr(graph, name).to(device=device, copy=True), persistent=False)
 
     @property
     def num_nodes(self) -> int:
@@ -174,16 +156,19 @@ class RelationalLayer(torch.nn.Module):
         if x.size(1) != self.in_dim:
             raise ValueError(f"{name}: {what} has the wrong feature size: expected in_dim={self.in_dim}, got {x.size(1)}")
 
-    def _to_flat(self, x: NodeInput) -> tuple[Tensor, bool]:
-        """Validate ``x``; return it in global node order and whether it came as a dict."""
+    def _to_flat(self, x: NodeInput, graph: HeteroGraph | None = None) -> tuple[Tensor, bool]:
+        """Validate ``x`` (input of the bound graph, or of ``graph``); return it in global node order and
+        whether it came as a dict."""
+        g = self.graph if graph is None else graph
+        offsets = self.node_offsets if graph is None else [int(v) for v in g.node_offsets]
         if isinstance(x, Mapping):
-            ntypes = self.graph.ntypes
+            ntypes = g.ntypes
             unknown = sorted(set(x) - set(ntypes))
             if unknown:
                 raise ValueError(f"{type(self).__name__}: input dict has unknown node types {unknown}; expected {ntypes}")
             parts = []
             for i, t in enumerate(ntypes):
-                rows = self.node_offsets[i + 1] - self.node_offsets[i]
+                rows = offsets[i + 1] - offsets[i]
                 if t not in x:
                     if rows == 0:  # an empty type may be left out, as HeteroGraph.flatten_nodes allows
                         continue
@@ -194,15 +179,17 @@ class RelationalLayer(torch.nn.Module):
                 self._check_tensor(x[t], rows, f"input for node type {t!r}")
                 parts.append(x[t])
             if not parts:
-                return torch.zeros(0, self.in_dim, dtype=self._param_dtype(), device=self.src.device), True
+                return torch.zeros(0, self.in_dim, dtype=self._param_dtype(), device=next(self.parameters()).device), True
             return torch.cat(parts, 0), True
-        self._check_tensor(x, self.num_nodes, "input")
+        self._check_tensor(x, offsets[-1], "input")
         return x, False
 
-    def _from_flat(self, out: Tensor, as_dict: bool) -> NodeInput:
+    def _from_flat(self, out: Tensor, as_dict: bool, graph: HeteroGraph | None = None) -> NodeInput:
         if not as_dict:
             return out
-        return {t: out[self.node_offsets[i] : self.node_offsets[i + 1]] for i, t in enumerate(self.graph.ntypes)}
+        g = self.graph if graph is None else graph
+        offsets = self.node_offsets if graph is None else [int(v) for v in g.node_offsets]
+        return {t: out[offsets[i] : offsets[i + 1]] for i, t in enumerate(g.ntypes)}
 
     def forward(self, x: NodeInput) -> NodeInput:
         """``x``: ``(num_nodes, in_dim)`` in global node order, or ``{ntype: (n_t, in_dim)}``.
@@ -221,3 +208,30 @@ class RelationalLayer(torch.nn.Module):
             f"graph={self.graph.name!r}, in_dim={self.in_dim}, out_dim={self.out_dim}{heads}, "
             f"ntypes={self.num_ntypes}, relations={self.num_rels}"
         )
+
+
+class RelationalLayer(GraphLayer):
+    """Base of the reference layers: a :class:`GraphLayer` that also holds the graph's index tensors.
+
+    Subclasses create their parameters, implement :meth:`reset_parameters` and
+    :meth:`_forward_flat`. The index tensors are registered as non-persistent buffers: ``.to(device)``
+    moves them, ``.double()`` leaves them alone (they are integers), and the ``state_dict`` holds
+    only the parameters, so it moves between reference and tuned layers unchanged.
+    """
+
+    src: Tensor
+    dst: Tensor
+    etype: Tensor
+    node_type: Tensor
+
+    def __init__(
+        self,
+        graph: HeteroGraph,
+        in_dim: int,
+        out_dim: int,
+        heads: int = 1,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__(graph, in_dim, out_dim, heads)
+        for name in ("src", "dst", "etype", "node_type"):
+            self.register_buffer(name, getattr(graph, name).to(device=device, copy=True), persistent=False)

@@ -4,9 +4,8 @@
   schedule and a warning naming the ``tune`` command when there is none);
 * :func:`export` / :func:`load_exported` -- a self-contained folder (sources, schedule,
   provenance) and its loader, which needs no database;
-* :class:`TunedRGCN`, :class:`TunedRGAT`, :class:`TunedHGT` -- the layers: subclasses of the
-  reference layers of :mod:`rgtune.models` (same parameters, ``state_dict`` and call) whose
-  forward runs the generated kernels and whose backward is torch (see :mod:`.module`).
+* :class:`Layer` -- any model's program as a trainable module: its parameters are the
+  program's, its forward and backward run the generated kernels (see :mod:`.module`).
 
 Example:
     >>> import torch, warnings
@@ -22,17 +21,15 @@ Example:
 from rgtune.runtime._lookup import TunedScheduleWarning
 from rgtune.runtime.export import NoTunedScheduleError, export, export_layer, load_exported
 from rgtune.runtime.load import load_tuned
-from rgtune.runtime.module import GraphMismatchError, TunedHGT, TunedLayer, TunedRGAT, TunedRGCN, tuned_layer
+from rgtune.runtime.module import GraphMismatchError, Layer, TunedLayer, tuned_layer
 
 __all__ = [
     "load_tuned",
     "load_exported",
     "export",
     "export_layer",
+    "Layer",
     "TunedLayer",
-    "TunedRGCN",
-    "TunedRGAT",
-    "TunedHGT",
     "tuned_layer",
     "GraphMismatchError",
     "NoTunedScheduleError",

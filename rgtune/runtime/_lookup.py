@@ -13,18 +13,18 @@ import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from rgtune.codegen.base import Backend, BackendError, available_backends, create
 from rgtune.data import HeteroGraph, load_dataset
 from rgtune.data.datasets import dataset_info
 from rgtune.data.errors import UnknownDatasetError
 from rgtune.db.records import DeviceInfo
+from rgtune.ir.registry import model_spec, parse_key
 
 if TYPE_CHECKING:  # the database is imported where it is used: an exported layer loads without SQLAlchemy
     from rgtune.db import TrialDatabase, TrialRecord, WorkloadRecord
 
-MODELS = ("rgcn", "rgat", "hgt")
 #: ``backend="auto"`` takes the first of these that can run here
 AUTO_ORDER = ("cuda", "cpu", "reference")
 
@@ -33,11 +33,11 @@ class TunedScheduleWarning(UserWarning):
     """The layer runs a schedule other than the best one tuned for this workload on this device."""
 
 
-def check_model(model: str) -> str:
-    key = str(model).lower()
-    if key not in MODELS:
-        raise ValueError(f"unknown model {model!r}; choose one of {list(MODELS)}")
-    return key
+def check_model(model: str, options: Mapping[str, Any] | str | None = None) -> tuple[str, str]:
+    """The model's registered name and its options as canonical text (``ValueError`` for an unknown
+    model or a bad option, naming the valid ones)."""
+    spec = model_spec(model)
+    return spec.name, spec.key(options)
 
 
 def resolve_backend(name: str | Backend) -> Backend:
@@ -92,8 +92,8 @@ def is_dataset_name(name: str) -> bool:
 
 
 def tune_command(model: str, dataset: str, in_dim: int, out_dim: int, heads: int, backend: str,
-                 db: str | None, mode: str = "inference") -> str:
-    """The command that records a schedule for this workload.
+                 db: str | None, mode: str = "inference", options: str = "") -> str:
+    """The command that records a schedule for this workload (``options``: the model's, canonical text).
 
     ``tune`` has one ``--hidden`` for both sizes; for ``in_dim != out_dim`` it is the Python call.
 
@@ -103,6 +103,8 @@ def tune_command(model: str, dataset: str, in_dim: int, out_dim: int, heads: int
     """
     if in_dim == out_dim:
         parts = ["tune", "--model", model, "--dataset", dataset, "--hidden", str(in_dim)]
+        for name, value in parse_key(options).items():
+            parts += ["--model-opt", f"{name}={value}"]
         if heads != 1:
             parts += ["--heads", str(heads)]
         parts += ["--backend", backend] + (["--mode", mode] if mode != "inference" else []) + (["--db", db] if db else [])
@@ -111,7 +113,7 @@ def tune_command(model: str, dataset: str, in_dim: int, out_dim: int, heads: int
     code = ("from rgtune.db import TrialDatabase; from rgtune.tuner.measure import Workload; "
             "from rgtune.tuner.study import TuneOptions, Tuner; "
             f"print(Tuner(Workload({q(model)}, {q(dataset)}, {in_dim}, {out_dim}, {heads}, {q(backend)}"
-            f"{', mode=' + q(mode) if mode != 'inference' else ''}), "
+            f"{', mode=' + q(mode) if mode != 'inference' else ''}{', options=' + q(options) if options else ''}), "
             f"TrialDatabase({q(db or 'results.db')}), TuneOptions(trials=50)).run())")
     return shlex.join(["python", "-c", code])
 
@@ -157,7 +159,8 @@ class Found:
 
     def provenance(self, db: "TrialDatabase") -> dict[str, Any]:
         t, w = self.trial, self.workload
-        return {"source": "database", "db": db.name, "trial_id": t.id, "mode": w.mode, "median_ms": t.median_ms,
+        return {"source": "database", "db": db.name, "trial_id": t.id, "mode": w.mode, "options": w.options,
+                "median_ms": t.median_ms,
                 "device": t.device, "device_fingerprint": w.device_fingerprint, "backend": t.backend,
                 "dataset": w.dataset, "graph_hash": w.graph_hash, "rgtune_version": t.rgtune_version,
                 "schedule_hash": t.schedule_hash, "source_hash": t.source_hash,
@@ -165,12 +168,12 @@ class Found:
 
 
 def find_best(db: "TrialDatabase", model: str, graph: HeteroGraph, in_dim: int, out_dim: int, heads: int,
-              backend: Backend, mode: str = "inference") -> Found | None:
-    """The best ``ok`` trial of this workload (``mode``: ``"inference"`` or ``"training"``): this graph
-    (by content hash) on this device first; else this graph on another device; else a graph of the
-    same name (other content)."""
+              backend: Backend, mode: str = "inference", options: str = "") -> Found | None:
+    """The best ``ok`` trial of this workload (``mode``: ``"inference"`` or ``"training"``; ``options``:
+    the model's, canonical text): this graph (by content hash) on this device first; else this graph on
+    another device; else a graph of the same name (other content)."""
     sizes = {"model": model, "in_dim": in_dim, "out_dim": out_dim, "heads": heads, "backend": backend.name,
-             "mode": mode}
+             "mode": mode, "options": options}
     mine = fingerprint(backend)
     for same_graph, key in ((True, {"graph_hash": graph.content_hash}), (False, {"dataset": graph.name})):
         candidates = [w for w in db.workloads(**sizes, **key) if w.num_ok and w.best_ms is not None]  # type: ignore[arg-type]

@@ -18,7 +18,7 @@ import torch
 
 from rgtune.codegen.base import BackendError, BuiltProgram, create
 from rgtune.ir.kernels import KernelProgram
-from rgtune.ir.models import build_model
+from rgtune.ir.registry import build_model
 from rgtune.ir.program import Program
 from rgtune.search_spaces.space import SearchSpace
 
@@ -53,11 +53,12 @@ class CompiledLayer:
 
 
 def compile(program_or_model_name: Program | str, graph: "HeteroGraph", schedule: Mapping[str, Any] | None = None,
-            backend: str = "cpu", in_dim: int = 64, out_dim: int = 64, heads: int = 1) -> CompiledLayer:
-    """Compile a model (``"rgcn"``, ``"rgat"``, ``"hgt"``; sizes from ``in_dim``/``out_dim``/``heads``)
+            backend: str = "cpu", in_dim: int = 64, out_dim: int = 64, heads: int = 1,
+            options: Mapping[str, Any] | None = None) -> CompiledLayer:
+    """Compile a registered model (by name, with its ``options``; sizes from ``in_dim``/``out_dim``/``heads``)
     or an IR :class:`Program` for ``graph`` with ``schedule`` (IR and kernel knobs; defaults fill
     the rest) on ``backend``. An invalid schedule raises :class:`BackendError` with the reasons."""
-    program = (build_model(program_or_model_name, in_dim, out_dim, heads)
+    program = (build_model(program_or_model_name, in_dim, out_dim, heads, options)
                if isinstance(program_or_model_name, str) else program_or_model_name)
     be = create(backend)
     point = SearchSpace(program, graph, be.target).compile(dict(schedule or {}))

@@ -3,7 +3,7 @@
 The folder (format ``rgtune-export`` version 1)::
 
     README.txt           how to load it
-    schedule.json        model, sizes, backend, mode (inference or training), the knob config (the
+    schedule.json        model (name, options, import path), sizes, backend, mode (inference or training), the knob config (the
                          kernel IR is rebuilt from it through SearchSpace), the graph's schema and
                          content hash, source hashes
     provenance.json      trial id, median time, device info and fingerprint, rgtune/torch versions,
@@ -53,11 +53,11 @@ import torch
 import rgtune
 from rgtune.codegen.base import Backend, available_backends, create
 from rgtune.data import HeteroGraph
-from rgtune.ir.models import build_model
-from rgtune.runtime._lookup import (check_model, fingerprint, graph_signature, resolve_backend,
-                                    resolve_graph, shown_db, warn)
+from rgtune.ir.program import IRError
+from rgtune.ir.registry import build_model, model_spec, parse_key
+from rgtune.runtime._lookup import fingerprint, graph_signature, resolve_backend, resolve_graph, shown_db, warn
 from rgtune.runtime.load import select_schedule
-from rgtune.runtime.module import GraphMismatchError, TunedLayer, tuned_layer
+from rgtune.runtime.module import GraphMismatchError, Layer
 from rgtune.search_spaces import SearchSpace
 
 if TYPE_CHECKING:
@@ -89,6 +89,7 @@ def export(
     *,
     data_dir: str | Path | None = None,
     mode: str = "inference",
+    options: Mapping[str, Any] | None = None,
     allow_default: bool = False,
     overwrite: bool = False,
 ) -> Path:
@@ -97,9 +98,11 @@ def export(
     Without a record this is :class:`NoTunedScheduleError` (naming the ``tune`` command), unless
     ``allow_default``, which exports the default schedule. ``out_dir`` must not exist, be empty,
     or (with ``overwrite``) be an earlier export. ``mode="training"`` exports the best training
-    schedule (the layer then builds its training program at once). Returns the folder.
+    schedule (the layer then builds its training program at once); ``options`` are the model's.
+    Returns the folder.
     """
-    sel = select_schedule(model, graph, in_dim, out_dim, heads, db, backend, mode=mode, data_dir=data_dir)
+    sel = select_schedule(model, graph, in_dim, out_dim, heads, db, backend, mode=mode, data_dir=data_dir,
+                          options=options)
     if sel.missing is not None and not allow_default:
         raise NoTunedScheduleError(f"{sel.missing}; or pass allow_default=True (--allow-default) to export "
                                    f"the default schedule")
@@ -111,8 +114,14 @@ def export(
     return export_layer(layer, out_dir, overwrite=overwrite, db=shown_db(db))
 
 
-def export_layer(layer: TunedLayer, out_dir: str | Path, *, overwrite: bool = False, db: str | None = None) -> Path:
-    """Write an already-built tuned layer's schedule, sources and provenance to ``out_dir``."""
+def export_layer(layer: Layer, out_dir: str | Path, *, overwrite: bool = False, db: str | None = None) -> Path:
+    """Write an already-built tuned layer's schedule, sources and provenance to ``out_dir`` (its model must
+    be one :func:`load_exported` can rebuild: registered, or importable by its path)."""
+    try:
+        spec = model_spec(layer.model)
+    except IRError:
+        raise ValueError(f"cannot export a layer of model {layer.model!r}: it is not registered; register it with "
+                         "rgtune.register_model (in an importable module) and build the layer by that name") from None
     out = Path(out_dir)
     _clean_interrupted(out)
     _check_target_dir(out, overwrite)
@@ -120,7 +129,7 @@ def export_layer(layer: TunedLayer, out_dir: str | Path, *, overwrite: bool = Fa
     sources = layer.sources
     schedule = {
         "format": EXPORT_FORMAT, "format_version": FORMAT_VERSION,
-        "model": layer.model, "in_dim": layer.in_dim, "out_dim": layer.out_dim, "heads": layer.heads,
+        "model": spec.name, "options": spec.key(layer.options), "model_source": spec.source, "in_dim": layer.in_dim, "out_dim": layer.out_dim, "heads": layer.heads,
         "backend": be.name, "target": be.target, "mode": layer.mode, "config": layer.config,
         "source_hash": layer.source_hash,
         "sources": {name: {"path": f"{_SOURCES}/{name}", "sha256": _sha256(text)} for name, text in sources.items()},
@@ -219,8 +228,8 @@ def _sha256(text: str) -> str:
 
 
 def _readme(name: str, s: Mapping[str, Any], p: Mapping[str, Any]) -> str:
-    cls = {"rgcn": "RGCN", "rgat": "RGAT", "hgt": "HGT"}[s["model"]]
-    heads = "" if s["model"] == "rgcn" else f", heads={s['heads']}"
+    heads = "" if s["heads"] == 1 else f", heads={s['heads']}"
+    options = f", options={parse_key(s['options'])}" if s["options"] else ""
     if p["schedule"] == "database":
         db = str(p["db"])  # a file by its name only: the README must not carry this machine's paths
         db = Path(db.removeprefix("sqlite:///")).name if db.startswith("sqlite:///") or "://" not in db else db
@@ -230,7 +239,7 @@ def _readme(name: str, s: Mapping[str, Any], p: Mapping[str, Any]) -> str:
         origin = "the default schedule (no tuned record was available at export time)"
     g = s["graph"]
     return textwrap.dedent(f"""\
-        rgtune export: {s['model']} on graph {g['name']!r} (content hash {g['content_hash']}),
+        rgtune export: {s['model']}{'(' + s['options'] + ')' if s['options'] else ''} on graph {g['name']!r} (content hash {g['content_hash']}),
         in_dim={s['in_dim']}, out_dim={s['out_dim']}, heads={s['heads']}, backend {s['backend']}.
         Schedule: {origin}.
         Exported {p['exported_at']} by rgtune {p['rgtune_version']}.
@@ -245,12 +254,11 @@ def _readme(name: str, s: Mapping[str, Any], p: Mapping[str, Any]) -> str:
             # x: (num_nodes, {s['in_dim']}) float32 in global node order, or a dict per node type
             out = layer(x)
 
-        The layer is rgtune.models.{cls}(graph, {s['in_dim']}, {s['out_dim']}{heads}) computed by the tuned kernels:
-        the same parameters and state_dict (layer.load_state_dict(reference.state_dict()) works
-        both ways), the same call, and it trains.
-        Generated: the forward kernels (sources/). Torch: derived (reordered) weights, and the
-        backward, which recomputes the forward through rgtune's torch lowering of the same kernel
-        program and differentiates it.
+        The layer is rgtune.runtime.Layer({s['model']!r}, graph, {s['in_dim']}, {s['out_dim']}{heads}{options}) with
+        this schedule: the model's parameters and state_dict, the same call, and it trains.
+        Generated: the kernels of the {s['mode']} program (sources/); a training schedule's
+        backward kernels too (the backward runs them on what the forward saved). Torch: derived
+        (reordered) weights, folded once per call.
 
         On load the kernels are rebuilt from schedule.json's config and the regenerated sources
         are checked against the hashes here (a warning if another rgtune version generates other
@@ -273,7 +281,7 @@ def load_exported(
     *,
     backend: str | Backend | None = None,
     data_dir: str | Path | None = None,
-) -> TunedLayer:
+) -> Layer:
     """The tuned layer of an export folder, rebuilt for ``graph`` without any database.
 
     Args:
@@ -291,13 +299,15 @@ def load_exported(
     if s["format_version"] > FORMAT_VERSION:
         raise ValueError(f"{folder}: export format version {s['format_version']} is newer than this rgtune reads "
                          f"({FORMAT_VERSION}); upgrade rgtune")
-    model = check_model(s["model"])
+    spec = model_spec(s["model"], s.get("model_source"))
+    options = s.get("options", "")  # exports before model options had none
     g = resolve_graph(graph, data_dir)
     _check_graph(folder, s["graph"], g)
     be = _backend_for(s["backend"], backend)
     config, mode = dict(s["config"]), s.get("mode", "inference")  # exports before training had no mode
     if be.target != s["target"]:
-        space = SearchSpace(build_model(model, s["in_dim"], s["out_dim"], s["heads"]), g, be.target, mode=mode)
+        space = SearchSpace(build_model(spec.name, s["in_dim"], s["out_dim"], s["heads"], options), g, be.target,
+                            mode=mode)
         ir = {k.name for k in space.ir_knobs}
         config = {k: v for k, v in config.items() if k in ir}
         warn(f"{folder}: tuned for the {s['target']} target ({s['backend']} backend), loading on {be.name} "
@@ -308,8 +318,8 @@ def load_exported(
         warn(f"{folder}: the schedule was tuned on another device ({device!r}: a different device fingerprint: "
              f"hardware, compiler or threads); it computes the same numbers, but may not be the fastest here")
     provenance = {**p, "source": "export", "path": str(folder)}
-    layer = tuned_layer(model, g, s["in_dim"], s["out_dim"], s["heads"], config=config, backend=be,
-                        provenance=provenance, mode=mode, device="cuda" if be.target == "cuda" else None)
+    layer = Layer(spec.name, g, s["in_dim"], s["out_dim"], s["heads"], options=parse_key(options), config=config,
+                  backend=be, provenance=provenance, mode=mode, device="cuda" if be.target == "cuda" else None)
     if be.name == s["backend"] and layer.source_hash != s["source_hash"]:
         warn(f"{folder}: the regenerated kernel sources differ from the exported ones (hash {layer.source_hash}, "
              f"exported {s['source_hash']}; exported by rgtune {p.get('rgtune_version')}, this is "

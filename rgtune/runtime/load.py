@@ -7,8 +7,8 @@ Example:
     >>> with warnings.catch_warnings(record=True) as caught:
     ...     warnings.simplefilter("always")
     ...     layer = load_tuned("rgcn", g, in_dim=8, out_dim=8, db=None, backend="reference")
-    >>> layer.provenance["source"], type(layer).__name__
-    ('default', 'TunedRGCN')
+    >>> layer.provenance["source"], type(layer).__name__, layer.model
+    ('default', 'Layer', 'rgcn')
     >>> "no database" in str(caught[0].message)
     True
 """
@@ -17,14 +17,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from rgtune.codegen.base import Backend
 from rgtune.data import HeteroGraph
 from rgtune.ir.passes import KnobError
+from rgtune.ir.program import IRError
 from rgtune.runtime._lookup import (Found, check_model, find_best, is_dataset_name, open_db, resolve_backend, resolve_graph,
                                     shown_db, tune_command, warn)
-from rgtune.runtime.module import TunedLayer, tuned_layer
+from rgtune.ir.registry import parse_key
+from rgtune.runtime.module import Layer
 from rgtune.search_spaces import MODES
 
 if TYPE_CHECKING:
@@ -42,20 +44,24 @@ def load_tuned(
     db: "str | TrialDatabase | None" = "results.db",
     backend: str | Backend = "auto",
     *,
+    options: Mapping[str, Any] | None = None,
     mode: str = "inference",
     data_dir: str | Path | None = None,
-) -> TunedLayer:
-    """A :class:`~rgtune.runtime.module.TunedLayer` running the best recorded schedule.
+) -> Layer:
+    """A :class:`~rgtune.runtime.module.Layer` running the best recorded schedule.
 
-    The database is searched for the workload (``model``, the graph by content hash, the sizes,
-    the backend) and the fastest verified trial recorded on this device (the fingerprint of
+    The database is searched for the workload (``model`` with its ``options``, the graph by content
+    hash, the sizes, the backend) and the fastest verified trial recorded on this device (the fingerprint of
     ``backend.device_info()``) is used. Failing that, with a :class:`TunedScheduleWarning`: the
     best trial of this graph on another device, then of a graph with the same name but other
     content, then the default schedule; each warning names the ``tune`` command that records
     a schedule for this device.
 
     Args:
-        model: ``"rgcn"``, ``"rgat"`` or ``"hgt"``.
+        model: a registered model (``"rgcn"``, ``"rgat"``, ``"hgt"``, one registered with
+            :func:`rgtune.register_model`) or ``"package.module:builder"``.
+        options: the model's options (``{"num_bases": 30}``); a bad name or value is a ``ValueError``
+            listing the valid ones.
         graph: a :class:`HeteroGraph`, or a dataset name (loaded from ``data_dir``).
         in_dim, out_dim, heads: the layer's sizes (the workload's).
         db: a SQLAlchemy URL, a ``.db`` path, an open :class:`TrialDatabase`, or None (no
@@ -70,7 +76,8 @@ def load_tuned(
         A module with the reference layer's parameters, ``state_dict`` and call; its
         ``provenance`` says where the schedule came from.
     """
-    sel = select_schedule(model, graph, in_dim, out_dim, heads, db, backend, mode=mode, data_dir=data_dir)
+    sel = select_schedule(model, graph, in_dim, out_dim, heads, db, backend, mode=mode, data_dir=data_dir,
+                          options=options)
     for message in sel.warnings:
         warn(message)
     return sel.build()
@@ -91,43 +98,51 @@ class Selection:
     hint: str  # "run `tune ...`"
     where: str  # the workload, in words
     mode: str = "inference"
+    options: str = ""  # the model's options, canonical text
 
-    def build(self) -> TunedLayer:
+    def build(self) -> Layer:
         """The layer; a recorded schedule that no longer compiles falls back to the default, with a warning."""
         m, g, (i, o, h), be = self.model, self.graph, self.sizes, self.backend
         device = "cuda" if be.target == "cuda" else None  # the layer lives where its kernels run
+        opts = parse_key(self.options)
         try:
-            return tuned_layer(m, g, i, o, h, config=self.config, backend=be, provenance=self.provenance,
-                               mode=self.mode, device=device)
+            return Layer(m, g, i, o, h, options=opts, config=self.config, backend=be, provenance=self.provenance,
+                         mode=self.mode, device=device)
         except (KnobError, ValueError) as e:
             if self.config is None:
                 raise
             # A schedule recorded by another rgtune version may name knobs this one no longer has.
             warn(f"{self.where}: the recorded schedule of trial {self.provenance.get('trial_id')} does not compile "
                  f"here ({e}); using the default schedule. To record a new one, {self.hint}")
-            return tuned_layer(m, g, i, o, h, backend=be, device=device, mode=self.mode,
-                               provenance={"source": "default", "rejected_trial": self.provenance.get("trial_id")})
+            return Layer(m, g, i, o, h, options=opts, backend=be, device=device, mode=self.mode,
+                         provenance={"source": "default", "rejected_trial": self.provenance.get("trial_id")})
 
 
 def select_schedule(model: str, graph: HeteroGraph | str, in_dim: int, out_dim: int, heads: int,
                     db: "str | TrialDatabase | None", backend: str | Backend, *, mode: str = "inference",
-                    data_dir: str | Path | None = None) -> Selection:
+                    data_dir: str | Path | None = None, options: Mapping[str, Any] | str | None = None) -> Selection:
     """Look the workload up (see :func:`load_tuned`) without building anything or warning."""
-    model = check_model(model)
+    try:
+        model, opts = check_model(model, options)
+    except IRError as e:  # an unknown model or option: the caller's value
+        raise ValueError(str(e)) from None
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {list(MODES)}")
     g = resolve_graph(graph, data_dir)
     be = resolve_backend(backend)
     database = open_db(db)
     db_text = shown_db(db)
-    command = tune_command(model, g.name, in_dim, out_dim, heads, be.name, db_text, mode)
+    command = tune_command(model, g.name, in_dim, out_dim, heads, be.name, db_text, mode, opts)
     hint = f"run `{command}`" + ("" if is_dataset_name(g.name) else
                                  f" (the tuner loads graphs by dataset name; {g.name!r} is not one)")
     kind = "" if mode == "inference" else "training "
-    where = f"{model} on {g.name!r} (in_dim={in_dim}, out_dim={out_dim}, heads={heads}, backend={be.name})"
-    find = (lambda m: find_best(database, model, g, in_dim, out_dim, heads, be, m)) if database is not None else None
+    named = f"{model}({opts})" if opts else model
+    where = f"{named} on {g.name!r} (in_dim={in_dim}, out_dim={out_dim}, heads={heads}, backend={be.name})"
+    find = (lambda m: find_best(database, model, g, in_dim, out_dim, heads, be, m, opts)) if database is not None \
+        else None
     found = find(mode) if find is not None else None
-    sel = Selection(model, g, (in_dim, out_dim, heads), be, None, {"source": "default"}, [], None, hint, where, mode)
+    sel = Selection(model, g, (in_dim, out_dim, heads), be, None, {"source": "default"}, [], None, hint, where, mode,
+                    opts)
     if found is None and mode == "training" and find is not None:
         found = find("inference")
         if found is not None:  # the tuned forward, the backward's knobs at their defaults

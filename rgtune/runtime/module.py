@@ -1,9 +1,12 @@
-"""Tuned layers: the reference layers of :mod:`rgtune.models` whose forward runs generated kernels.
+"""The generic layer: any model's program, on any backend, as a trainable ``torch.nn.Module``.
 
-A tuned layer *is* its reference layer (``TunedRGCN`` subclasses :class:`~rgtune.models.RGCN`,
-and so on): the same parameters, the same ``state_dict`` keys and shapes, the same call
-(``layer(x)`` with a tensor in global node order or a dict per node type, answered in the same
-form). Only ``_forward_flat`` differs.
+:class:`Layer` takes a model (a registered name with its options, see :mod:`rgtune.ir.registry`,
+or a :class:`~rgtune.ir.program.Program`) and a graph. Its parameters are the program's
+(:meth:`Program.state_params`: names, shapes per node type or relation, initialization), so its
+``state_dict`` is the program's; the call is ``layer(x)`` with a tensor in global node order or a
+dict per node type, answered in the same form. ``layer(x, graph=other)`` runs it on another graph
+with the same node and edge types (a sampled subgraph, say): the same parameters and schedule,
+the kernels built for that graph once and kept (the last few graphs).
 
 What runs where:
 
@@ -54,8 +57,8 @@ Example:
     >>> from rgtune.data.synthetic import random_graph
     >>> from rgtune.models import RGCN
     >>> g = random_graph((10, 20), num_relations=3, num_edges=100, seed=0)
-    >>> layer = TunedRGCN(g, 4, 8, backend="reference")       # the default schedule
-    >>> ref = RGCN(g, 4, 8)
+    >>> layer = Layer("rgcn", g, 4, 8, backend="reference")   # the default schedule
+    >>> ref = RGCN(g, 4, 8)                                      # PyG's RGCNConv's math, in torch
     >>> ref.load_state_dict(layer.state_dict())                  # the same parameters
     <All keys matched successfully>
     >>> x = torch.randn(30, 4)
@@ -64,12 +67,19 @@ Example:
     >>> layer(x).sum().backward()                                # trains: the generated backward
     >>> layer.weight.grad.shape, layer.backward_kind
     (torch.Size([3, 4, 8]), 'generated')
+    >>> from rgtune.data import HeteroGraph
+    >>> sub = HeteroGraph({t: g.num_nodes(t) for t in g.ntypes},             # same types, a third of the edges
+    ...                   {c: tuple(e[::3] for e in g.edges(c)) for c in g.canonical_etypes})
+    >>> layer(torch.randn(30, 4), graph=sub).shape
+    torch.Size([30, 8])
 """
 
 from __future__ import annotations
 
+import math
 import threading
-from typing import Any, ClassVar, Mapping, Sequence
+from collections import OrderedDict
+from typing import Any, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -80,11 +90,15 @@ from rgtune.codegen.reference import ReferenceExecutor
 from rgtune.codegen.training import learnable_grads
 from rgtune.data.graph import HeteroGraph
 from rgtune.ir.kernels import KernelProgram, WeightKernel
-from rgtune.ir.models import build_model
-from rgtune.models import HGT, RGAT, RGCN, NodeInput, RelationalLayer
+from rgtune.ir.program import Param, Program
+from rgtune.ir.registry import model_spec
+from rgtune.models import GraphLayer, NodeInput
 from rgtune.search_spaces import MODES, Point, SearchSpace
 
-__all__ = ["GraphMismatchError", "TunedLayer", "TunedRGCN", "TunedRGAT", "TunedHGT", "TUNED_CLASSES", "tuned_layer"]
+__all__ = ["GraphMismatchError", "Layer", "TunedLayer", "tuned_layer", "init_param"]
+
+#: graphs other than the bound one whose kernels a layer keeps built (``layer(x, graph=...)``)
+_GRAPHS_KEPT = 4
 
 
 class GraphMismatchError(ValueError):
@@ -246,14 +260,36 @@ def _compiled(space: SearchSpace, config: Mapping[str, Any], who: str) -> Point:
     return point
 
 
-class TunedLayer(RelationalLayer):
-    """Base of :class:`TunedRGCN`, :class:`TunedRGAT` and :class:`TunedHGT` (see the module docstring).
+def init_param(p: Param, count: int | None, *, dtype: torch.dtype, device: torch.device | str | None) -> torch.nn.Parameter:
+    """A fresh parameter for ``p``: one slice per type (``count`` of them; None: one for all),
+    initialized as the program declares (``glorot``: uniform in ``±sqrt(6 / (fan_in + fan_out))``
+    over the last two dims, as PyG's ``glorot``; ``zeros``; ``ones``)."""
+    t = torch.empty(((count,) if count is not None else ()) + tuple(p.shape), dtype=dtype, device=device)
+    with torch.no_grad():
+        if p.init == "zeros":
+            t.zero_()
+        elif p.init == "ones":
+            t.fill_(1.0)
+        else:
+            fans = t.shape[-2:] if t.dim() >= 2 else (t.numel(), 1) if t.dim() == 1 else (1, 1)
+            bound = math.sqrt(6.0 / (int(fans[0]) + int(fans[1])))
+            t.uniform_(-bound, bound)
+    return torch.nn.Parameter(t)
+
+
+class Layer(GraphLayer):
+    """A model's program as a trainable module, on generated kernels (see the module docstring).
 
     Args:
-        graph: the graph the layer is bound to (and the kernels are built for).
-        in_dim, out_dim, heads: sizes (``heads`` must be 1 for RGCN).
+        model: a registered model's name (``"rgcn"``, ``"hgt"``, a name given to
+            :func:`rgtune.register_model`, or ``"package.module:builder"``), or a
+            :class:`~rgtune.ir.program.Program` (its sizes are the layer's).
+        graph: the graph the layer is bound to (its node and edge types fix the parameters' shapes;
+            the kernels are built for it; ``layer(x, graph=g)`` runs on another graph of those types).
+        in_dim, out_dim, heads: sizes (for a program: taken from it).
+        options: the model's options (``{"num_bases": 30}``); see the model's registration.
         config: the schedule, ``knob -> value`` (missing knobs take their defaults); ``None``:
-            the default schedule. Knobs of the backward (``autodiff.save``, ``scatter.*``,
+            the default schedule. Knobs of the backward (``autodiff.*``, ``scatter.*``,
             ``weightgrad.*``) shape the training program only.
         backend: a backend name (``"cpu"``, ``"cuda"``, ``"reference"``, ``"pkg.mod:Class"``) or a
             :class:`~rgtune.codegen.base.Backend`.
@@ -262,7 +298,7 @@ class TunedLayer(RelationalLayer):
         mode: what the schedule was tuned for: ``"inference"`` (the forward; the training program
             is built on the first forward that needs gradients, with the backward's knobs at their
             defaults) or ``"training"`` (the training step; its program is built at once).
-        device, dtype: as for the reference layer (the ``cpu`` backend needs CPU float32).
+        device, dtype: of the parameters (the ``cpu`` backend needs CPU float32).
             ``dtype=None``: torch's default dtype where the backend computes in it, else the
             backend's (float32 for ``cpu`` and ``cuda``, also under a float64 default dtype).
 
@@ -276,23 +312,24 @@ class TunedLayer(RelationalLayer):
     result equals that of the same calls made one after another.
 
     Attributes:
-        mode: ``"inference"`` or ``"training"``; config: the full schedule of that mode;
-        inference_config / training_config: the schedules of the inference program (a forward
-        without gradients) and of the training program; kernels: the mode's :class:`KernelProgram`;
-        backward_kind: how a backward runs; schedule(): all of it as a dict;
-        backend: the backend's name; ``sources`` / ``source_hash``: the generated code;
-        provenance: a dict (``source`` is ``"database"``, ``"default"`` or ``"export"``, ...).
+        model: the model's name; options: its options (all, defaults included); program: the
+        model's program (before the passes); mode: ``"inference"`` or ``"training"``; config: the
+        full schedule of that mode; inference_config / training_config: the schedules of the
+        inference program (a forward without gradients) and of the training program; kernels:
+        the mode's :class:`KernelProgram`; backward_kind: how a backward runs; schedule(): all of
+        it as a dict; backend: the backend's name; ``sources`` / ``source_hash``: the generated
+        code; provenance: a dict (``source`` is ``"database"``, ``"default"`` or ``"export"``, ...).
     """
-
-    model: ClassVar[str]
 
     def __init__(
         self,
+        model: str | Program,
         graph: HeteroGraph,
-        in_dim: int,
-        out_dim: int,
-        heads: int = 1,
+        in_dim: int | None = None,
+        out_dim: int | None = None,
+        heads: int | None = None,
         *,
+        options: Mapping[str, Any] | None = None,
         config: Mapping[str, Any] | None = None,
         backend: str | Backend = "reference",
         provenance: Mapping[str, Any] | None = None,
@@ -300,23 +337,32 @@ class TunedLayer(RelationalLayer):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
+        program, name, resolved = _program(model, in_dim, out_dim, heads, options)
+        super().__init__(graph, program.in_dim, program.out_dim, heads=program.heads)
+        self.model, self.options, self.program = name, resolved, program
         be = create(backend) if isinstance(backend, str) else backend
         if dtype is None:
             dtype = _default_param_dtype(be)
-        if self.model == "rgcn":
-            if heads != 1:
-                raise ValueError(f"{type(self).__name__}: RGCN has no attention heads; expected heads=1, got {heads!r}")
-            super().__init__(graph, in_dim, out_dim, device=device, dtype=dtype)  # type: ignore[call-arg]
-        else:
-            super().__init__(graph, in_dim, out_dim, heads=heads, device=device, dtype=dtype)  # type: ignore[call-arg]
+        counts = {"rel": graph.num_rels, "ntype": graph.num_ntypes, "none": None}
+        for pname, p in program.state_params().items():
+            self.register_parameter(pname, init_param(p, counts[p.by], dtype=dtype, device=device))
         self._backend = be
         self._backend_spec = backend if isinstance(backend, str) else self._backend.name  # for unpickling
         if mode not in MODES:
             raise ValueError(f"{type(self).__name__}: unknown mode {mode!r}; choose one of {list(MODES)}")
         self.mode = mode
-        self.inference_config, self.training_config = _configs(self._spaces(), dict(config or {}))
+        self.inference_config, self.training_config = _configs(self._spaces(graph), dict(config or {}))
         self.provenance: dict[str, Any] = dict(provenance or {"source": "explicit" if config else "default"})
         self._start_runner()
+
+    def reset_parameters(self) -> None:
+        """Initialize every parameter as the program declares (see :func:`init_param`)."""
+        counts = {"rel": self.graph.num_rels, "ntype": self.graph.num_ntypes, "none": None}
+        for pname, p in self.program.state_params().items():
+            mine = self._parameters[pname]
+            assert mine is not None
+            with torch.no_grad():
+                mine.copy_(init_param(p, counts[p.by], dtype=mine.dtype, device=mine.device))
 
     # ------------------------------------------------------------------ copies and pickles
     def __getstate__(self) -> dict[str, Any]:
@@ -325,6 +371,7 @@ class TunedLayer(RelationalLayer):
         state = dict(self.__dict__)
         state["_runner"] = None
         state["_backend"] = None
+        state["_other_graphs"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -332,18 +379,42 @@ class TunedLayer(RelationalLayer):
         self._backend = create(self._backend_spec)
         self._start_runner()
 
-    def _spaces(self) -> dict[str, SearchSpace]:
-        program = build_model(self.model, self.in_dim, self.out_dim, self.heads)
-        return {m: SearchSpace(program, self.graph, self._backend.target, mode=m) for m in MODES}
+    def _spaces(self, graph: HeteroGraph) -> dict[str, SearchSpace]:
+        return {m: SearchSpace(self.program, graph, self._backend.target, mode=m) for m in MODES}
 
     def _start_runner(self) -> None:
         """Compile both programs (a bad schedule fails here), build the one of the layer's mode now and
         the other when first needed."""
-        spaces, name = self._spaces(), type(self).__name__
+        self._runner = self._new_runner(self.graph, eager=self.mode)
+        self._other_graphs: OrderedDict[str, _Runner] | None = OrderedDict()
+
+    def _new_runner(self, graph: HeteroGraph, eager: str) -> _Runner:
+        spaces, name = self._spaces(graph), type(self).__name__
         points = {"inference": _compiled(spaces["inference"], self.inference_config, name),
                   "training": _compiled(spaces["training"], self.training_config, name)}
         self._param_names = self._kernel_param_names(points["inference"].kernels)  # the learnable ones
-        self._runner = _Runner(self._backend, self.graph, self._param_names, points, eager=self.mode)
+        return _Runner(self._backend, graph, self._param_names, points, eager=eager)
+
+    def _runner_for(self, graph: HeteroGraph | None) -> _Runner:
+        """The runner of ``graph`` (None or the bound graph: the layer's own): the same schedule, the
+        kernels built for that graph on first use and kept for the last few graphs."""
+        if graph is None or graph is self.graph:
+            return self._runner
+        if not isinstance(graph, HeteroGraph):
+            raise TypeError(f"{type(self).__name__}: graph must be a rgtune HeteroGraph, got {type(graph).__name__}")
+        if (graph.ntypes, graph.canonical_etypes) != (self.graph.ntypes, self.graph.canonical_etypes):
+            raise GraphMismatchError(f"{type(self).__name__}: graph {graph.name!r} has other node or edge types than "
+                                     f"{self.graph.name!r}, the graph the layer's parameters were made for")
+        if graph.content_hash == self.graph.content_hash:
+            return self._runner
+        cache = self._other_graphs
+        if cache is None:
+            cache = self._other_graphs = OrderedDict()
+        runner = cache.pop(graph.content_hash, None) or self._new_runner(graph, eager=self.mode)
+        cache[graph.content_hash] = runner
+        while len(cache) > _GRAPHS_KEPT:
+            cache.popitem(last=False)
+        return runner
 
     # ------------------------------------------------------------------ what was built
     @property
@@ -388,7 +459,7 @@ class TunedLayer(RelationalLayer):
         needed = [n for n in kp.param_shapes if n not in derived]
         mine = dict(self.named_parameters())
         missing = [n for n in needed if n not in mine]
-        if missing:  # the IR and the reference layer disagree on parameter names: a bug, say which
+        if missing:  # the kernels read a param the program does not declare: a bug, say which
             raise RuntimeError(f"{type(self).__name__}: the kernel program needs params {missing} "
                                f"that the layer does not have ({sorted(mine)})")
         return needed
@@ -431,47 +502,60 @@ class TunedLayer(RelationalLayer):
             raise ValueError(f"{type(self).__name__}: {what} is on {x.device}, expected {device} "
                              f"(the layer's device); move it with .to({str(device)!r})")
 
-    def forward(self, x: NodeInput) -> NodeInput:
-        """As the reference layer's forward; runs the generated kernels (see the module docstring)."""
+    def forward(self, x: NodeInput, graph: HeteroGraph | None = None) -> NodeInput:
+        """``x``: ``(num_nodes, in_dim)`` in global node order, or ``{ntype: (n_t, in_dim)}``, of the bound
+        graph or of ``graph`` (same node and edge types). Returns the output in the same form; runs the
+        generated kernels (see the module docstring)."""
         self._check_runnable()
-        return super().forward(x)
+        runner = self._runner_for(graph)
+        flat, as_dict = self._to_flat(x, runner.graph)
+        return self._from_flat(self._run(runner, flat), as_dict, runner.graph)
 
     def _forward_flat(self, x: Tensor) -> Tensor:
+        return self._run(self._runner, x)
+
+    def _run(self, runner: _Runner, x: Tensor) -> Tensor:
         params = [self._parameters[n] for n in self._param_names]
         if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params)):
-            return _KernelFunction.apply(self._runner, x, *params)
-        return self._runner.forward(x, params)  # no gradient: the inference program, nothing saved
+            return _KernelFunction.apply(runner, x, *params)
+        return runner.forward(x, params)  # no gradient: the inference program, nothing saved
 
     def extra_repr(self) -> str:
         src = self.provenance.get("source", "?")
         where = f"trial {self.provenance['trial_id']}" if self.provenance.get("trial_id") is not None else src
-        return f"{super().extra_repr()}, backend={self.backend!r}, mode={self.mode!r}, schedule={where}"
+        opts = ", ".join(f"{k}={v}" for k, v in self.options.items() if v is not None)
+        return (f"model={self.model!r}{', ' + opts if opts else ''}, {super().extra_repr()}, backend={self.backend!r}, "
+                f"mode={self.mode!r}, schedule={where}")
 
 
-class TunedRGCN(TunedLayer, RGCN):
-    """:class:`~rgtune.models.RGCN` computed by generated kernels (see :class:`TunedLayer`)."""
-
-    model = "rgcn"
+#: the name the layer had when each model had a class of its own
+TunedLayer = Layer
 
 
-class TunedRGAT(TunedLayer, RGAT):
-    """:class:`~rgtune.models.RGAT` computed by generated kernels (see :class:`TunedLayer`)."""
-
-    model = "rgat"
-
-
-class TunedHGT(TunedLayer, HGT):
-    """:class:`~rgtune.models.HGT` computed by generated kernels (see :class:`TunedLayer`)."""
-
-    model = "hgt"
+def tuned_layer(model: str | Program, graph: HeteroGraph, in_dim: int | None = None, out_dim: int | None = None,
+                heads: int | None = None, **kwargs: Any) -> Layer:
+    """``Layer(model, graph, in_dim, out_dim, heads, **kwargs)``."""
+    return Layer(model, graph, in_dim, out_dim, heads, **kwargs)
 
 
-TUNED_CLASSES: dict[str, type[TunedLayer]] = {"rgcn": TunedRGCN, "rgat": TunedRGAT, "hgt": TunedHGT}
-
-
-def tuned_layer(model: str, graph: HeteroGraph, in_dim: int, out_dim: int, heads: int = 1, **kwargs: Any) -> TunedLayer:
-    """The tuned layer class of ``model`` (``rgcn``, ``rgat``, ``hgt``), constructed with ``kwargs``."""
-    key = model.lower()
-    if key not in TUNED_CLASSES:
-        raise ValueError(f"unknown model {model!r}; choose one of {sorted(TUNED_CLASSES)}")
-    return TUNED_CLASSES[key](graph, in_dim, out_dim, heads, **kwargs)
+def _program(model: str | Program, in_dim: int | None, out_dim: int | None, heads: int | None,
+             options: Mapping[str, Any] | None) -> tuple[Program, str, dict[str, Any]]:
+    """The layer's program, the model's name and its options (all of them)."""
+    if isinstance(model, Program):
+        if options:
+            raise ValueError(f"Layer: options {dict(options)} are for a model name; a program has its options built in")
+        for what, given, own in (("in_dim", in_dim, model.in_dim), ("out_dim", out_dim, model.out_dim),
+                                 ("heads", heads, model.heads)):
+            if given is not None and given != own:
+                raise ValueError(f"Layer: {what}={given} differs from the program's {what}={own}")
+        return model, model.name, {}
+    if not isinstance(model, str):
+        raise TypeError(f"Layer: model must be a model name or a Program, got {type(model).__name__}")
+    if in_dim is None or out_dim is None:
+        raise ValueError(f"Layer: model {model!r} needs in_dim and out_dim")
+    spec = model_spec(model)
+    resolved = spec.resolve(options)
+    try:
+        return spec.build(in_dim, out_dim, 1 if heads is None else heads, resolved), spec.name, resolved
+    except ValueError as e:  # IRError: a bad size for this model, said by its builder
+        raise ValueError(f"Layer: {e}") from None

@@ -23,7 +23,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 from rgtune.tuner.measure import MeasureOptions, Workload
 from rgtune.tuner.study import TuneOptions, TuneSummary, Tuner
@@ -31,15 +31,18 @@ from rgtune.tuner.study import TuneOptions, TuneSummary, Tuner
 __all__ = ["tune", "Tuner", "TuneOptions", "TuneSummary", "Workload", "MeasureOptions"]
 
 
-def tune(model: str, dataset: str, *, hidden: int = 64, heads: int = 1, trials: int | None = 50,
-         db: str = "results.db", backend: str = "auto", data_dir: str | None = None, seed: int | None = None,
-         mode: str = "inference", cost_model: bool = True, progress: bool = True, **options: Any) -> TuneSummary:
+def tune(model: str, dataset: str, *, options: Mapping[str, Any] | None = None, hidden: int = 64, heads: int = 1,
+         trials: int | None = 50, db: str = "results.db", backend: str = "auto", data_dir: str | None = None,
+         seed: int | None = None, mode: str = "inference", cost_model: bool = True, progress: bool = True,
+         **tune_options: Any) -> TuneSummary:
     """Tune ``model`` on ``dataset`` as ``tune --model ... --dataset ...`` does, and return the summary.
 
+    ``model``: a registered model (:func:`rgtune.register_model`) or ``"package.module:builder"``;
+    ``options``: the model's options (``{"num_bases": 30}``; part of the workload's identity).
     ``backend="auto"`` is cuda where a GPU is usable, else cpu. ``mode="training"`` tunes one training step
     (forward, then the gradients of the input and every param) instead of the forward. ``cost_model``: the learned cost model
     steers the search with its default policy (it stays idle until the device's history is large
-    enough). ``options`` are further :class:`TuneOptions` fields (``time_budget``, ``confirm_top``,
+    enough). ``tune_options`` are further :class:`TuneOptions` fields (``time_budget``, ``confirm_top``,
     ``recheck``, ``measure``, ...). The same call resumes the same study; every trial is recorded in ``db``.
     """
     from rgtune.codegen.base import auto_backend
@@ -50,9 +53,9 @@ def tune(model: str, dataset: str, *, hidden: int = 64, heads: int = 1, trials: 
 
         guide = CostModelGuide(policy=RankPolicy(seed=seed or 0), data_dir=data_dir)
     name = auto_backend() if backend == "auto" else backend
-    workload = Workload(model, dataset, hidden, hidden, heads, name, data_dir, mode)
+    workload = Workload(model, dataset, hidden, hidden, heads, name, data_dir, mode, options or {})
     from rgtune.db import TrialDatabase
 
     with TrialDatabase(db) as database:
         return Tuner(workload, database, TuneOptions(trials=trials, seed=seed, progress=progress, guide=guide,
-                                                      **options)).run()
+                                                      **tune_options)).run()

@@ -235,18 +235,17 @@ class Tuner:
         import optuna
 
         from rgtune.data import load_dataset
-        from rgtune.ir.models import build_model
         from rgtune.search_spaces import SearchSpace
 
         w = self.workload
         self.graph = load_dataset(w.dataset, root=w.data_dir)
-        program = build_model(w.model, w.in_dim, w.out_dim, w.heads)
+        program = w.program()
         # while a trial runs, its row in the database shows that this process is alive
         self.worker = MeasureWorker(w, self.options.measure, on_wait=self.db.heartbeat_worker)
         device = self.worker.start()
         self.space = SearchSpace(program, self.graph, backend_target(w.backend), mode=w.mode)
         self.record = self.db.ensure_workload(w.model, self.graph, device, in_dim=w.in_dim, out_dim=w.out_dim,
-                                              heads=w.heads, backend=w.backend, mode=w.mode)
+                                              heads=w.heads, backend=w.backend, mode=w.mode, options=w.options)
         self.db.mark_stale_running(self.record)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         storage = self.db.optuna_storage()

@@ -1,0 +1,19 @@
+"""``rgtune.nn``: the generic layer, as a user imports it (``from rgtune.nn import Layer``).
+
+:class:`Layer` runs any registered model's program (or a :class:`~rgtune.ir.program.Program`) on
+a graph with generated kernels and trains through the generated backward; see
+:mod:`rgtune.runtime.module`. :func:`rgtune.runtime.load_tuned` returns one with the best
+recorded schedule.
+
+Example:
+    >>> import torch
+    >>> from rgtune.data.synthetic import random_graph
+    >>> g = random_graph((10, 20), num_relations=3, num_edges=100, seed=0)
+    >>> layer = Layer("hgt", g, 8, 8, heads=2)
+    >>> sorted(layer.state_dict())[:3], layer(torch.randn(30, 8)).shape
+    (['a_bias', 'a_weight', 'k_bias'], torch.Size([30, 8]))
+"""
+
+from rgtune.runtime.module import GraphMismatchError, Layer
+
+__all__ = ["Layer", "GraphMismatchError"]
