@@ -312,6 +312,26 @@ def test_four_heads_match_reference(model: str, backend: CpuBackend, edge_graph:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("model", ["rgat", "hgt"])
+def test_shared_backward_reductions_stored_once_match_reference(model: str, backend: CpuBackend,
+                                                                edge_graph: HeteroGraph, aifb: HeteroGraph) -> None:
+    """``autodiff.reuse=store``: the attention-score gradient (a feature reduction that several backward
+    kernels read) gets a buffer of its own and is computed once; the numbers stay those of the reference,
+    for every ``autodiff.save`` and with the fusions that move the forward's scores around."""
+    cases = []
+    for g in (edge_graph, aifb):
+        w = workload(model, _dims(model), g)
+        inline = w.space.compile({**w.space.default(), "autodiff.reuse": "inline"}).kernels
+        stored = w.space.compile({**w.space.default(), "autodiff.reuse": "store"}).kernels
+        assert len(stored.buffers) > len(inline.buffers) and len(stored.kernels) > len(inline.kernels)
+        for save in ("all", "nodes", "input"):
+            for extra in ({}, {"fusion.softmax": "full", "fusion.epilogue": "on"}):
+                cases.append((model, w, runnable(w.space, {**w.space.default(), **extra, "autodiff.save": save,
+                                                            "autodiff.reuse": "store"})))
+    verify(backend, cases)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("model,count", [(m, n) if n == 20 else pytest.param(m, n, marks=pytest.mark.exhaustive)
                                          for m in sorted(MODELS) for n in (20, 200)])
 def test_random_training_schedules_match_reference(model: str, count: int, backend: CpuBackend,

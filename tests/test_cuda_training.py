@@ -28,6 +28,7 @@ node's degree) ``n`` is longer (:func:`tolerance`). The emulator's graphs stay b
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import random
@@ -67,8 +68,9 @@ REL_TOL = 1e-4
 WORKERS = max(os.cpu_count() or 1, 1)
 #: the schedule knobs a training program adds (the backward templates')
 TRAINING_KNOBS = [name for name in CUDA_SCHEDULE.knobs() if name.split(".")[0] in ("scatter", "weightgrad")]
-#: and what random schedules must cover: those, and the adjoint's IR knob (which forward values are saved)
-COVERED_KNOBS = [*TRAINING_KNOBS, "autodiff.save"]
+#: and what random schedules must cover: those, and the adjoint's IR knobs (which forward values are saved;
+#: a shared reduction of the backward stored or recomputed, where a model has one)
+COVERED_KNOBS = [*TRAINING_KNOBS, "autodiff.save", "autodiff.reuse"]
 
 
 def tolerance(graph: Any) -> float:
@@ -483,11 +485,17 @@ def _phased(program: Any, x: torch.Tensor, params: dict[str, torch.Tensor], dout
     return out, dx, grads
 
 
+def _covered(space: SearchSpace) -> list[str]:
+    """The knobs of :data:`COVERED_KNOBS` this space has."""
+    have = {k.name for k in space.knobs}
+    return [name for name in COVERED_KNOBS if name in have]
+
+
 def _covering_schedules(space: SearchSpace, rng: random.Random, n: int) -> list[dict[str, Any]]:
     """``n`` random valid schedules, then more (copies of them with one knob changed) until every value of
     every scatter and weight-gradient knob that the program allows is taken by one."""
     cfgs = [space.sample(rng) for _ in range(n)]
-    for name in COVERED_KNOBS:
+    for name in _covered(space):
         for value in space.knob(name).choices:
             if any(c[name] == value for c in cfgs):
                 continue
@@ -629,17 +637,22 @@ def test_every_ir_configuration_on_the_emulator(model: str, every: int, errors: 
         result = _phased(EmulatedProgram(kp, generate(kp, point.config).units, g), x, params, dout)
         errors.add(model, _compare(result, ref, f"{model} with {point.config}", tol), tol)
         count += 1
-    forward_configs = len(list(space.ir_configs())) // len(space.knob("autodiff.save").choices)
+    adjoint_knobs = [k for k in space.ir_knobs if k.name.startswith("autodiff.")]
+    forward_configs = len(list(space.ir_configs())) // math.prod(len(k.choices) for k in adjoint_knobs)
     assert count == len(range(0, forward_configs, every))
 
 
 def _save_in_turn(space: SearchSpace) -> list[dict[str, Any]]:
-    """Every IR configuration of the forward's knobs, the n-th with the n-th ``autodiff.save`` value (cyclically)."""
-    saves = space.knob("autodiff.save").choices
+    """Every IR configuration of the forward's knobs, each with one combination of the adjoint's knobs
+    (``autodiff.save``, and ``autodiff.reuse`` where the model has it) in turn: the n-th configuration takes
+    the n-th combination, cyclically, so consecutive ones cover every combination."""
+    adjoint = [k for k in space.ir_knobs if k.name.startswith("autodiff.")]
+    combos = list(itertools.product(*(k.choices for k in adjoint)))
     forward: dict[tuple[Any, ...], dict[str, Any]] = {}
     for cfg in space.ir_configs():
-        forward.setdefault(tuple(sorted((k, v) for k, v in cfg.items() if k != "autodiff.save")), cfg)
-    return [{**cfg, "autodiff.save": saves[i % len(saves)]} for i, cfg in enumerate(forward.values())]
+        forward.setdefault(tuple(sorted((k, v) for k, v in cfg.items() if not k.startswith("autodiff."))), cfg)
+    return [{**cfg, **dict(zip((k.name for k in adjoint), combos[i % len(combos)]))}
+            for i, cfg in enumerate(forward.values())]
 
 
 @pytest.mark.slow
@@ -651,7 +664,7 @@ def test_random_training_schedules_on_the_emulator(model: str, errors: _Errors) 
     g = _edge_case_graph()
     space = _space(model, g, (16, 16))
     cfgs = _covering_schedules(space, random.Random(f"emulated-{model}"), EMULATED_RANDOM)
-    for name in COVERED_KNOBS:  # every value a model's kernels allow (a bias-free rgcn's too)
+    for name in _covered(space):  # every value a model's kernels allow (a bias-free rgcn's too)
         taken = {c[name] for c in cfgs}
         assert taken == set(space.knob(name).choices), (name, taken)
     for i, cfg in enumerate(cfgs):

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from rgtune.db import TrialDatabase
 from rgtune.tuner.measure import (MeasureOptions, MeasureResult, MeasureWorker, Workload, measure_rounds,
@@ -123,6 +124,20 @@ def test_a_wrong_kernel_is_a_wrong_result_with_its_error():
         r = w.measure({}, seed=0)
     assert r.status == "wrong_result" and r.max_error > 1e-4 and "relative error" in r.error
     assert r.median is None  # never timed
+
+
+def test_the_tolerance_follows_float32s_own_error_on_ill_conditioned_inputs():
+    """A kernel may be as far off float64 as the float32 reference is (times a margin), never less
+    strict than the base tolerance; the message says which tolerance a wrong result exceeded."""
+    from rgtune.tuner.measure import FLOAT32_MARGIN, _shown, _tolerances
+
+    ref = {"output": torch.tensor([1.0, 2.0], dtype=torch.float64),
+           "gradient of w": torch.tensor([1.0, -1.0], dtype=torch.float64)}
+    rounded = {"output": torch.tensor([1.0, 2.0]), "gradient of w": torch.tensor([1.0, -1.003])}
+    tol = _tolerances(ref, rounded, 1e-4)
+    assert tol["output"] == 1e-4 and tol["gradient of w"] == pytest.approx(FLOAT32_MARGIN * 3e-3, rel=1e-3)
+    assert "x the float32 reference's own error" in _shown(tol["gradient of w"], 1e-4)
+    assert _shown(1e-4, 1e-4) == "0.0001"
 
 
 def test_measure_rounds_times_every_schedule_in_every_round_and_only_ok_ones():
@@ -603,7 +618,7 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["tune", "--model", "gcn", "--dataset", "aifb"], "invalid choice: 'gcn'"),
+    (["tune", "--model", "gcn", "--dataset", "aifb"], "unknown model 'gcn'; choose one of ['rgcn', 'rgat', 'hgt'"),
     (["tune", "--model", "rgcn", "--dataset", "nope"], "Known datasets"),
     (["tune", "--model", "rgcn", "--dataset", "aifb", "--backend", "tpu"], "choose one of"),
     (["tune", "--model", "rgcn", "--dataset", "aifb", "--sampler", "grid"], "choose one of ['tpe'"),
