@@ -1,7 +1,7 @@
 """Executes a :class:`KernelProgram` with torch ops: the oracle and the unoptimized baseline.
 
 Each kernel template is executed as what it means, row-vectorized: a GEMM as one matmul per
-type segment, a traversal as gathers, an edge softmax per destination and ``index_add``
+type segment, a traversal as gathers, an edge softmax per destination (or pair) and ``index_add``
 into destinations, a map as an elementwise expression. It honours every IR decision that
 changes *what* is computed (layout order of edge buffers, pair rows, edge -> pair lookup by
 index or by binary search, epilogues, accumulating stores, derived weights) and runs in
@@ -269,22 +269,27 @@ class ReferenceExecutor:
         if isinstance(st, EdgeStore):
             self.bufs[st.out] = self.eval(st.value, "edge", e)
         elif isinstance(st, EdgeSoftmaxStage):
-            self.bufs[st.out] = self._softmax(self.eval(st.score, "edge", e))
+            self.bufs[st.out] = self._softmax(self.eval(st.score, "edge", e), st.group)
         elif isinstance(st, AggregateStage):
             msg = self.eval(st.message, "edge", e)
             self.bufs[st.out] = self.bufs[st.out].index_add(0, self._index("edge", st.out_via), msg)
         elif isinstance(st, SoftmaxAggregate):
-            alpha = self._softmax(self.eval(st.score, "edge", e))
+            alpha = self._softmax(self.eval(st.score, "edge", e), st.group)
             msg = alpha * self.eval(st.message, "edge", e)
             self.bufs[st.out] = self.bufs[st.out].index_add(0, self._index("edge", st.out_via), msg)
         else:  # pragma: no cover
             raise TypeError(type(st))
 
-    def _softmax(self, s: torch.Tensor) -> torch.Tensor:
+    def _softmax(self, s: torch.Tensor, group: str) -> torch.Tensor:
+        """Softmax of the edge scores ``s`` over each destination's in-edges (``group="dst"``) or each
+        destination pair's (``"dst_rel"``; the pair found as the program finds it: by index or search)."""
         a = self.a
-        dst = a.e_dst.long()
+        if group == "dst":
+            dst, n = a.e_dst.long(), a.num_nodes
+        else:
+            dst, n = self._index("edge", "dst_pair"), a.rows("dst_pair")
         idx = dst.view(-1, 1, 1).expand_as(s)
-        m = s.new_full((a.num_nodes,) + tuple(s.shape[1:]), float("-inf"))
+        m = s.new_full((n,) + tuple(s.shape[1:]), float("-inf"))
         m = m.scatter_reduce(0, idx, s, reduce="amax", include_self=True)
         ex = torch.exp(s - m[dst])
         den = s.new_zeros(m.shape).index_add(0, dst, ex)

@@ -20,7 +20,9 @@ inner(a, b)            da = g * b, db = g * a (summed over a broadcast)
 add / sub / mul        the gradient, negated / multiplied by the other operand, summed over a broadcast
 unary f(x)             g * f'(x) (f' written as a unary op of x: ``leaky_relu_grad`` ...)
 scale(x, c)            scale(g, c)
-edge_softmax(s) = a    a * (g - gather(aggregate(a * g)))
+edge_softmax(s) = a    a * (g - gather(aggregate(a * g))): the sum over each destination's in-edges; with
+                       ``group="dst_rel"``, a * (g - expand(aggregate(a * g, to=dst_pair))): over each
+                       destination pair's (one relation's in-edges), the group the softmax normalized
 gated_residual(h, x)   dh = sigma g, dx = g - dh, dskip = weight_grad(1, <g, h - x> sigma')
 fold (derived W)       none: a derived weight's gradient is a gradient param like any other; its
                        sources get theirs through the fold (torch, once per call)
@@ -53,7 +55,7 @@ import dataclasses
 from typing import Any, Literal, Mapping
 
 from rgtune.ir.passes.base import Knob
-from rgtune.ir.program import (EDGE, NODE, SRC_PAIR, PARAM_OPS, Aggregate, Binary, Concat, EdgeSoftmax,
+from rgtune.ir.program import (DST_PAIR, EDGE, NODE, SRC_PAIR, PARAM_OPS, Aggregate, Binary, Concat, EdgeSoftmax,
                                Expand, FoldWeights, Gather, GatedResidual, GatherPair, GraphConst, Inner, IRError, Op,
                                Param, ParamRead, Program, ReduceSum, Scale, TypedLinear, Unary, Value, WeightGrad)
 
@@ -259,8 +261,12 @@ class _Adjoint:
     def _edge_softmax(self, op: EdgeSoftmax, g: Value) -> None:
         a = op.out
         weighted = self.mul(a, g)
-        per_dst = self.emit(Aggregate, NODE, g.heads, g.dim, x=weighted, to=NODE, reduce="sum")
-        back = self.emit(Gather, EDGE, g.heads, g.dim, x=per_dst, end="dst")
+        if op.group == "dst":
+            per_dst = self.emit(Aggregate, NODE, g.heads, g.dim, x=weighted, to=NODE, reduce="sum")
+            back = self.emit(Gather, EDGE, g.heads, g.dim, x=per_dst, end="dst")
+        else:  # the sum runs over the softmax's own group: the edges of one destination pair
+            per_pair = self.emit(Aggregate, DST_PAIR, g.heads, g.dim, x=weighted, to=DST_PAIR, reduce="sum")
+            back = self.emit(Expand, EDGE, g.heads, g.dim, x=per_pair)
         diff = self.emit(Binary, EDGE, g.heads, g.dim, op="sub", a=g, b=back)
         self.accumulate(op.x, self.mul(a, diff))
 

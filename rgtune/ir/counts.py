@@ -121,6 +121,9 @@ def count(kp: KernelProgram, graph: "HeteroGraph", schedule: Mapping[str, Any] |
             st = k.stage
             loads = {(b, via) for ex in st.exprs() for b, via in expr_loads(ex)}
             vias = {via for _, via in loads if via != "row"} | {"dst"}
+            mapping = schedule.get("traversal.mapping", "dst_parallel")
+            if getattr(st, "group", "dst") == "dst_rel":  # a softmax per destination pair finds each edge's group:
+                vias.add("dst_pair" if mapping == "edge_parallel" else "rel")  # its pair's scratch row / relation
             bytes_min += sum(rows[kp.buffers[b].domain] * width[b] for b, _ in loads) * FLOAT_BYTES
             bytes_gathered += sum(e * width[b] for b, _ in loads) * FLOAT_BYTES
             out_rows = rows[kp.buffers[st.out].domain] if not isinstance(st, EdgeStore) else e  # type: ignore[attr-defined]
@@ -129,7 +132,6 @@ def count(kp: KernelProgram, graph: "HeteroGraph", schedule: Mapping[str, Any] |
             bytes_min += out + index
             bytes_gathered += out + index
             probes += lookups(vias)
-            mapping = schedule.get("traversal.mapping", "dst_parallel")
             if isinstance(st, (AggregateStage, SoftmaxAggregate)) and mapping == "edge_parallel":
                 atomics += e * width[st.out]
         elif isinstance(k, ScatterKernel):

@@ -1,7 +1,7 @@
 """Runs an inter-operator :class:`Program` op by op with torch: what the IR means, in any float dtype.
 
 Each op is executed as its definition says (a typed linear as one matmul per type, a gather by
-index, an edge softmax per destination, ...), on the graph's arrays in the program's layout, so a
+index, an edge softmax per destination or destination pair, ...), on the graph's arrays in the program's layout, so a
 program after any passes gives the same numbers as before them. It is the oracle of the adjoint
 (:mod:`rgtune.ir.autodiff`): a training program's gradients against torch's autograd of the forward.
 It is written for clarity, not speed (the generated kernels are the fast path).
@@ -127,7 +127,7 @@ class Interpreter:
         if isinstance(op, ReduceSum):
             return v[op.x.name].sum(1 if op.over == "heads" else 2, keepdim=True)
         if isinstance(op, EdgeSoftmax):
-            return self._edge_softmax(v[op.x.name])
+            return self._edge_softmax(v[op.x.name], op.group)
         if isinstance(op, Aggregate):
             return self._aggregate(op, v[op.x.name])
         if isinstance(op, Concat):
@@ -173,14 +173,18 @@ class Interpreter:
         rows = p[types] if types is not None else p.expand(self.a.rows(op.domain), *p.shape)
         return rows.reshape(rows.shape[0], op.out.heads, op.out.dim)
 
-    def _edge_softmax(self, s: torch.Tensor) -> torch.Tensor:
-        dst = self.a.e_dst.long()
-        n = self.a.num_nodes
-        idx = dst.reshape(-1, 1, 1).expand_as(s)
+    def _edge_softmax(self, s: torch.Tensor, group: str) -> torch.Tensor:
+        """Softmax of ``s`` over each group of edges: a destination's (``dst``), or a destination pair's
+        (``dst_rel``: the in-edges of one relation)."""
+        if group == "dst":
+            index, n = self.a.e_dst.long(), self.a.num_nodes
+        else:
+            index, n = self._edge_to_pair[DST_PAIR], self.a.rows(DST_PAIR)
+        idx = index.reshape(-1, 1, 1).expand_as(s)
         top = torch.full((n, *s.shape[1:]), float("-inf"), dtype=s.dtype).scatter_reduce(0, idx, s, "amax")
-        e = torch.exp(s - top[dst])
-        total = torch.zeros((n, *s.shape[1:]), dtype=s.dtype).index_add(0, dst, e)
-        return e / total[dst]
+        e = torch.exp(s - top[index])
+        total = torch.zeros((n, *s.shape[1:]), dtype=s.dtype).index_add(0, index, e)
+        return e / total[index]
 
     def _group(self, rows: str, end: str) -> tuple[torch.Tensor, int]:
         """For each row of ``rows``, the row of what an aggregation on ``end`` sums it into."""

@@ -13,7 +13,10 @@ generator (:mod:`rgtune.codegen.schedule`):
 * :class:`TraversalKernel`: one walk over the edges computing one :class:`Stage`: store an
   edge value, an edge softmax, an aggregation into destinations (or destination pairs), or
   softmax and aggregation fused with an online softmax. Mapped destination-parallel
-  (no atomics, needs edges grouped by destination) or edge-parallel (atomics).
+  (no atomics, needs edges grouped by destination) or edge-parallel (atomics). A softmax
+  normalizes over each destination's in-edges or, with ``group="dst_rel"``, over each
+  destination's in-edges of one relation: in CSR order those are consecutive runs of a
+  destination's edges; edge-parallel, a destination pair's (``dst_pair``) row of scratch.
 * :class:`MapKernel`: an elementwise expression over the rows of one domain.
 * :class:`WeightKernel`: a weight derived by associativity (runs once per call on weights).
 
@@ -305,10 +308,12 @@ class EdgeStore(Stage):
 
 @dataclass(frozen=True)
 class EdgeSoftmaxStage(Stage):
-    """``out[edge] = exp(score - max) / sum`` over each destination's in-edges, per head."""
+    """``out[edge] = exp(score - max) / sum`` over each destination's in-edges, per head; with
+    ``group="dst_rel"``, over each destination's in-edges of one relation (one destination pair)."""
 
     out: str
     score: Expr
+    group: str = "dst"
 
     def needs_dst_grouping(self) -> bool:
         return True
@@ -328,15 +333,23 @@ class AggregateStage(Stage):
 
 @dataclass(frozen=True)
 class SoftmaxAggregate(Stage):
-    """Fused: ``out[dst(e) or dst_pair(e)] += softmax_dst(score)[e] * message[e]`` (online softmax)."""
+    """Fused: ``out[dst(e) or dst_pair(e)] += softmax_dst(score)[e] * message[e]`` (online softmax);
+    ``group`` as :class:`EdgeSoftmaxStage`'s (``softmax_dst_rel``: normalized per destination pair)."""
 
     out: str
     out_via: str
     score: Expr
     message: Expr
+    group: str = "dst"
 
     def needs_dst_grouping(self) -> bool:
         return True
+
+
+def softmax_name(group: str) -> str:
+    """How kernel descriptions (and the generated sources' comments) write a softmax over ``group``:
+    ``softmax_dst`` (each destination's in-edges) or ``softmax_dst_rel`` (each destination pair's)."""
+    return f"softmax_{group}"
 
 
 @dataclass
@@ -368,11 +381,11 @@ class TraversalKernel(Kernel):
         if isinstance(st, EdgeStore):
             body = f"{st.out}[e] = {expr_str(st.value)}"
         elif isinstance(st, EdgeSoftmaxStage):
-            body = f"{st.out}[e] = softmax_dst({expr_str(st.score)})"
+            body = f"{st.out}[e] = {softmax_name(st.group)}({expr_str(st.score)})"
         elif isinstance(st, AggregateStage):
             body = f"{st.out}[{st.out_via}] += {expr_str(st.message)}"
         elif isinstance(st, SoftmaxAggregate):
-            body = f"{st.out}[{st.out_via}] += softmax_dst({expr_str(st.score)}) * {expr_str(st.message)}"
+            body = f"{st.out}[{st.out_via}] += {softmax_name(st.group)}({expr_str(st.score)}) * {expr_str(st.message)}"
         else:  # pragma: no cover
             body = repr(st)
         return f"traversal {self.name} over edges ({self.layout}): {body}"

@@ -274,7 +274,8 @@ class _Lowering:
                 continue  # written by its GEMM's epilogue
             elif isinstance(op, EdgeSoftmax):
                 kernels.append(TraversalKernel(kname("softmax"), EdgeSoftmaxStage(self.buf_name(op.out),
-                                                                                  self.expr(op.x, EDGE)), self.layout))
+                                                                                  self.expr(op.x, EDGE), op.group),
+                                               self.layout))
             elif op.out.domain == EDGE:
                 kernels.append(TraversalKernel(kname("edge_map"), EdgeStore(self.buf_name(op.out),
                                                                             self.expr(op.out, EDGE, define=True)),
@@ -345,7 +346,8 @@ class _Lowering:
             mul = self.prod[op.x.name]
             assert isinstance(mul, Binary)
             message = mul.b if mul.a.name == sm.out.name else mul.a
-            stage = SoftmaxAggregate(self.buf_name(op.out), out_via, self.expr(sm.x, EDGE), self.expr(message, EDGE))
+            stage = SoftmaxAggregate(self.buf_name(op.out), out_via, self.expr(sm.x, EDGE), self.expr(message, EDGE),
+                                     sm.group)
         else:
             msg = self.expr(op.x, EDGE)
             if op.reduce == "mean":

@@ -31,17 +31,28 @@ def rgcn(in_dim: int, out_dim: int, heads: int = 1) -> Program:
     return p.finish(p.add(root, p.aggregate(message)))
 
 
-def rgat(in_dim: int, out_dim: int, heads: int = 1) -> Program:
+#: ``rgat``'s ``softmax`` option: over all of a destination's in-edges, or over its in-edges of each relation
+RGAT_SOFTMAX = ("destination", "relation")
+
+
+def rgat(in_dim: int, out_dim: int, heads: int = 1, *, softmax: str = "destination") -> Program:
     """Per edge ``j -> i`` of relation ``r`` and head ``h``:
-    ``z_j = h_j W_r``, ``e_ij = LeakyReLU(a_dst_r . h_i W_r + a_src_r . z_j)``,
-    ``alpha = softmax_i(e)``, ``h'_i = sum_j alpha_ij z_j``."""
+    ``z_j = h_j W_r``, ``e_ij = LeakyReLU(a_dst_r . h_i W_r + a_src_r . z_j)``, ``h'_i = sum_j alpha_ij z_j``.
+
+    ``softmax="destination"`` (Hector's RGAT): ``alpha_ij = exp(e_ij) / sum_{k in N(i)} exp(e_ik)``, over all
+    of ``i``'s in-edges. ``softmax="relation"`` (DGL's ``HeteroGraphConv`` of one ``GATConv`` per relation,
+    summed): ``alpha_ij = exp(e_ij) / sum_{k in N_r(i)} exp(e_ik)``, over ``i``'s in-edges of ``j``'s
+    relation ``r``, so ``h'_i = sum_r sum_{j in N_r(i)} alpha_ij z_j``: each relation's attention sums
+    to 1 at every destination it reaches."""
+    if softmax not in RGAT_SOFTMAX:
+        raise IRError(f"rgat: unknown softmax {softmax!r}; choose one of {list(RGAT_SOFTMAX)}")
     p = ProgramBuilder("rgat", in_dim, heads)
     d = _head_dim(out_dim, heads)
     z = p.typed_linear(p.src(p.x), "weight", out=(heads, d), by="rel")
     z_dst = p.typed_linear(p.dst(p.x), "weight", out=(heads, d), by="rel")
     e = p.leaky_relu(p.add(p.inner(z_dst, p.param("attn_dst", like=z_dst, dim=d)),
                            p.inner(z, p.param("attn_src", like=z, dim=d))), slope=0.2)
-    alpha = p.edge_softmax(e)
+    alpha = p.edge_softmax(e, per_relation=softmax == "relation")
     return p.finish(p.aggregate(p.mul(alpha, z)))
 
 

@@ -42,6 +42,9 @@ ParamInit = Literal["glorot", "zeros", "ones"]
 PARAM_INITS = ("glorot", "zeros", "ones")
 
 UNARY_OPS = ("leaky_relu", "gelu", "exp", "sigmoid", "relu", "neg")
+#: what an edge softmax normalizes over: each destination's in-edges (all relations), or each destination's
+#: in-edges of one relation (a unique (destination, relation) pair: DGL's per-relation ``GATConv`` summed)
+SOFTMAX_GROUPS = ("dst", "dst_rel")
 #: the derivatives of the unary ops, written as unary ops of the same input (the adjoint uses them)
 UNARY_GRAD_OPS = ("leaky_relu_grad", "gelu_grad", "sigmoid_grad", "relu_grad")
 BINARY_OPS = ("add", "sub", "mul")
@@ -119,6 +122,8 @@ class Op:
         if isinstance(self, (Binary, Unary)):
             name = self.op
             hidden |= {"op"} | ({"alpha"} if self.op != "leaky_relu" else set())
+        if isinstance(self, EdgeSoftmax) and self.group == "dst":
+            hidden.add("group")  # the default: programs written before groups existed read as they did
         args = [v.name for v in self.inputs()]
         for k, v in self.attrs().items():
             if v is None or v is False or k in hidden:
@@ -231,9 +236,16 @@ class Scale(Op):
 
 @dataclass(frozen=True)
 class EdgeSoftmax(Op):
-    """Per destination and head, softmax over the destination's in-edges (all relations)."""
+    """Per head, softmax over a group of edges: ``group="dst"``, a destination's in-edges (all relations);
+    ``"dst_rel"``, a destination's in-edges of one relation (one unique (destination, relation) pair:
+    the edges of one ``dst_pair`` row). Printed only when not the default."""
 
     x: Value
+    group: Literal["dst", "dst_rel"] = "dst"
+
+    def __post_init__(self) -> None:
+        if self.group not in SOFTMAX_GROUPS:
+            raise IRError(f"edge_softmax: unknown group {self.group!r}; choose one of {list(SOFTMAX_GROUPS)}")
 
 
 @dataclass(frozen=True)
@@ -577,11 +589,12 @@ class ProgramBuilder:
     def gelu(self, x: Value) -> Value:
         return self._emit(Unary(self._new(x.domain, x.heads, x.dim), "gelu", x))
 
-    def edge_softmax(self, s: Value) -> Value:
-        """Softmax of ``s`` over each destination's in-edges, per head."""
+    def edge_softmax(self, s: Value, per_relation: bool = False) -> Value:
+        """Softmax of ``s`` over each destination's in-edges, per head; with ``per_relation``, over each
+        destination's in-edges of one relation (``group="dst_rel"``)."""
         if s.domain != EDGE:
             raise IRError(f"edge_softmax needs an edge value, got {s.domain}")
-        return self._emit(EdgeSoftmax(self._new(EDGE, s.heads, s.dim), s))
+        return self._emit(EdgeSoftmax(self._new(EDGE, s.heads, s.dim), s, "dst_rel" if per_relation else "dst"))
 
     def aggregate(self, x: Value, reduce: Literal["sum", "mean"] = "sum") -> Value:
         """Sum the edge rows of ``x`` into their destination nodes."""

@@ -9,10 +9,13 @@ Traversals, by ``traversal.mapping``:
   edge softmax takes three passes over the destination's edges (score and max, exp and
   sum, scale); the fused softmax-aggregate is one pass with an online softmax (running max,
   rescaling the running sum and row when the max grows), or two passes (max and sum, then
-  weighted sums) when it aggregates into ``dst_pair`` rows.
+  weighted sums) when it aggregates into ``dst_pair`` rows. A softmax per (destination,
+  relation) (``group="dst_rel"``) does the same over each run of one relation's in-edges (CSR
+  groups a destination's in-edges by relation; a run ends where ``e_rel`` changes).
 * ``edge_parallel`` (any layout): ``schedule(dynamic, traversal.chunk)`` over edges;
   aggregation with ``#pragma omp atomic`` adds; the edge softmax keeps per-destination max
-  (compare-and-swap) and sum (atomic add) arrays, in three passes.
+  (compare-and-swap) and sum (atomic add) arrays, in three passes; per destination pair
+  (indexed by the edge's ``dst_pair``) for a softmax per (destination, relation).
 
 An edge store (no reduction) is a parallel loop over edges under either mapping. Edge loops
 prefetch the rows that the edge ``PREFETCH`` positions ahead gathers (through ``src``,
@@ -176,6 +179,21 @@ def _dst_edges(f: CFunction, chunk: int) -> Iterator[Lines]:
         yield f.body
 
 
+@contextmanager
+def _softmax_groups(f: CFunction, B: Lines, group: str) -> Iterator[tuple[str, str]]:
+    """Inside a destination's loop: the in-edge ranges one softmax normalizes over, as the names of their
+    bounds. ``dst``: the destination's ``e0..e1``; ``dst_rel``: each relation's run ``g0..g1`` of them
+    (CSR groups a destination's in-edges by relation), the body emitted once inside the loop over runs."""
+    if group == "dst":
+        yield "e0", "e1"
+        return
+    rel = f.use("e_rel")
+    with B.block("for (int64_t g0 = e0, g1; g0 < e1; g0 = g1)"):
+        B.line("g1 = g0 + 1;")
+        B.line(f"while (g1 < e1 && {rel}[g1] == {rel}[g0]) ++g1;  /* g0..g1: the in-edges of one relation */")
+        yield "g0", "g1"
+
+
 def _edge_store(f: CFunction, st: EdgeStore, kp: KernelProgram, chunk: int) -> None:
     ob = kp.buffers[st.out]
     out, ne = f.use(st.out, writes=True), f.use("num_edges")
@@ -209,33 +227,44 @@ def _aggregate_dst(f: CFunction, st: AggregateStage, kp: KernelProgram, chunk: i
 def _softmax_dst(f: CFunction, st: EdgeSoftmaxStage, kp: KernelProgram, chunk: int) -> None:
     ob = kp.buffers[st.out]
     w, out = ob.width, f.use(st.out, writes=True)
-    with _dst_edges(f, chunk) as B:
+    with _dst_edges(f, chunk) as B, _softmax_groups(f, B, st.group) as (lo, hi):
         B.line(f"float mx[{w}], sm[{w}];")
         B.line(f"for (int j = 0; j < {w}; ++j) {{ mx[j] = -INFINITY; sm[j] = 0.0f; }}")
         B.line("/* pass 1: scores and their max */")
-        with B.block("for (int64_t e = e0; e < e1; ++e)"):
+        with B.block(f"for (int64_t e = {lo}; e < {hi}; ++e)"):
             b = _Body(f, kp, "edge", "e", {"dst": "dn"})
             emit_assign(b.lines, b.em, st.score, ob.heads, ob.dim, _row_of(out, ob.heads, ob.dim, "e"))
             b.flush(B, [st.score], prefetch=True)
             B.line("#pragma omp simd")
             B.line(f"for (int j = 0; j < {w}; ++j) mx[j] = {out}[e * {w} + j] > mx[j] ? {out}[e * {w} + j] : mx[j];")
         B.line("/* pass 2: exp and sum */")
-        with B.block("for (int64_t e = e0; e < e1; ++e)"):
+        with B.block(f"for (int64_t e = {lo}; e < {hi}; ++e)"):
             with B.block(f"for (int j = 0; j < {w}; ++j)"):
                 B.line(f"const float ex = expf({out}[e * {w} + j] - mx[j]);")
                 B.line(f"{out}[e * {w} + j] = ex;")
                 B.line("sm[j] += ex;")
         B.line("/* pass 3: normalize */")
         B.line(f"for (int j = 0; j < {w}; ++j) sm[j] = 1.0f / sm[j];")
-        with B.block("for (int64_t e = e0; e < e1; ++e)"):
+        with B.block(f"for (int64_t e = {lo}; e < {hi}; ++e)"):
             B.line("#pragma omp simd")
             B.line(f"for (int j = 0; j < {w}; ++j) {out}[e * {w} + j] *= sm[j];")
 
 
 def _softmax_aggregate_dst(f: CFunction, st: SoftmaxAggregate, kp: KernelProgram, chunk: int) -> None:
-    ob = kp.buffers[st.out]
-    heads, dim, w, out = ob.heads, ob.dim, ob.width, f.use(st.out, writes=True)
+    f.use(st.out, writes=True)
     f.use("num_nodes")
+    with _dst_loop(f, chunk):
+        f.body.line("const int64_t e0 = csr_indptr[dn], e1 = csr_indptr[dn + 1];")
+        f.body.line("if (e0 == e1) continue;")
+        with _softmax_groups(f, f.body, st.group) as (lo, hi):
+            _softmax_weighted_sums(f, st, kp, lo, hi)
+
+
+def _softmax_weighted_sums(f: CFunction, st: SoftmaxAggregate, kp: KernelProgram, lo: str, hi: str) -> None:
+    """The softmax over the in-edges ``lo..hi`` of destination ``dn`` and its weighted sums of messages,
+    added into ``dn``'s row or into its pairs' rows."""
+    ob = kp.buffers[st.out]
+    heads, dim, w, out = ob.heads, ob.dim, ob.width, st.out
     B = f.body
 
     def score(b: _Body) -> str:
@@ -251,49 +280,46 @@ def _softmax_aggregate_dst(f: CFunction, st: SoftmaxAggregate, kp: KernelProgram
         loop = f"for (int d = 0; d < {dim}; ++d) " if dim > 1 else ""
         b.lines.line(f"{loop}{target('h', 'd' if dim > 1 else '0')} += p * {value};")
 
-    with _dst_loop(f, chunk):
-        B.line("const int64_t e0 = csr_indptr[dn], e1 = csr_indptr[dn + 1];")
-        B.line("if (e0 == e1) continue;")
-        B.line(f"float mx[{heads}], sm[{heads}];")
-        B.line(f"for (int h = 0; h < {heads}; ++h) {{ mx[h] = -INFINITY; sm[h] = 0.0f; }}")
-        if st.out_via == "dst":
-            B.line(f"float acc[{w}] = {{0}};")
-            B.line("/* one pass, online softmax: when the running max grows, rescale the sum and the row */")
-            with B.block("for (int64_t e = e0; e < e1; ++e)"):
-                b = _Body(f, kp, "edge", "e", {"dst": "dn"})
-                with b.lines.block(f"for (int h = 0; h < {heads}; ++h)"):
-                    b.lines.line(f"const float sc = {score(b)};")
-                    with b.lines.block("if (sc > mx[h])"):
-                        b.lines.line("const float f = expf(mx[h] - sc);")
-                        b.lines.line("sm[h] *= f;")
-                        b.lines.line(f"for (int d = 0; d < {dim}; ++d) acc[h * {dim} + d] *= f;")
-                        b.lines.line("mx[h] = sc;")
-                    b.lines.line("const float p = expf(sc - mx[h]);")
-                    b.lines.line("sm[h] += p;")
-                    weighted(b, lambda h, d: f"acc[{h} * {dim} + {d}]")
-                b.flush(B, [st.score, st.message], prefetch=True)
-            with B.block(f"for (int h = 0; h < {heads}; ++h)"):
-                B.line("const float inv = 1.0f / sm[h];")
-                B.line("#pragma omp simd")
-                B.line(f"for (int d = 0; d < {dim}; ++d) {out}[dn * {w} + h * {dim} + d] += acc[h * {dim} + d] * inv;")
-            return
-        B.line("/* pass 1: running max and sum of exp per head */")
-        with B.block("for (int64_t e = e0; e < e1; ++e)"):
+    B.line(f"float mx[{heads}], sm[{heads}];")
+    B.line(f"for (int h = 0; h < {heads}; ++h) {{ mx[h] = -INFINITY; sm[h] = 0.0f; }}")
+    if st.out_via == "dst":
+        B.line(f"float acc[{w}] = {{0}};")
+        B.line("/* one pass, online softmax: when the running max grows, rescale the sum and the row */")
+        with B.block(f"for (int64_t e = {lo}; e < {hi}; ++e)"):
             b = _Body(f, kp, "edge", "e", {"dst": "dn"})
             with b.lines.block(f"for (int h = 0; h < {heads}; ++h)"):
                 b.lines.line(f"const float sc = {score(b)};")
-                b.lines.line("if (sc > mx[h]) { sm[h] = sm[h] * expf(mx[h] - sc) + 1.0f; mx[h] = sc; }")
-                b.lines.line("else sm[h] += expf(sc - mx[h]);")
-            b.flush(B, [st.score], prefetch=True)
-        B.line(f"for (int h = 0; h < {heads}; ++h) sm[h] = 1.0f / sm[h];")
-        B.line("/* pass 2: add softmax-weighted messages into this destination's pair rows */")
-        with B.block("for (int64_t e = e0; e < e1; ++e)"):
-            b = _Body(f, kp, "edge", "e", {"dst": "dn"})
-            tgt = b.rows.var(st.out_via)
-            with b.lines.block(f"for (int h = 0; h < {heads}; ++h)"):
-                b.lines.line(f"const float p = expf({score(b)} - mx[h]) * sm[h];")
-                weighted(b, lambda h, d: _row_of(out, heads, dim, tgt)(h, d))
+                with b.lines.block("if (sc > mx[h])"):
+                    b.lines.line("const float f = expf(mx[h] - sc);")
+                    b.lines.line("sm[h] *= f;")
+                    b.lines.line(f"for (int d = 0; d < {dim}; ++d) acc[h * {dim} + d] *= f;")
+                    b.lines.line("mx[h] = sc;")
+                b.lines.line("const float p = expf(sc - mx[h]);")
+                b.lines.line("sm[h] += p;")
+                weighted(b, lambda h, d: f"acc[{h} * {dim} + {d}]")
             b.flush(B, [st.score, st.message], prefetch=True)
+        with B.block(f"for (int h = 0; h < {heads}; ++h)"):
+            B.line("const float inv = 1.0f / sm[h];")
+            B.line("#pragma omp simd")
+            B.line(f"for (int d = 0; d < {dim}; ++d) {out}[dn * {w} + h * {dim} + d] += acc[h * {dim} + d] * inv;")
+        return
+    B.line("/* pass 1: running max and sum of exp per head */")
+    with B.block(f"for (int64_t e = {lo}; e < {hi}; ++e)"):
+        b = _Body(f, kp, "edge", "e", {"dst": "dn"})
+        with b.lines.block(f"for (int h = 0; h < {heads}; ++h)"):
+            b.lines.line(f"const float sc = {score(b)};")
+            b.lines.line("if (sc > mx[h]) { sm[h] = sm[h] * expf(mx[h] - sc) + 1.0f; mx[h] = sc; }")
+            b.lines.line("else sm[h] += expf(sc - mx[h]);")
+        b.flush(B, [st.score], prefetch=True)
+    B.line(f"for (int h = 0; h < {heads}; ++h) sm[h] = 1.0f / sm[h];")
+    B.line("/* pass 2: add softmax-weighted messages into this destination's pair rows */")
+    with B.block(f"for (int64_t e = {lo}; e < {hi}; ++e)"):
+        b = _Body(f, kp, "edge", "e", {"dst": "dn"})
+        tgt = b.rows.var(st.out_via)
+        with b.lines.block(f"for (int h = 0; h < {heads}; ++h)"):
+            b.lines.line(f"const float p = expf({score(b)} - mx[h]) * sm[h];")
+            weighted(b, lambda h, d: _row_of(out, heads, dim, tgt)(h, d))
+        b.flush(B, [st.score, st.message], prefetch=True)
 
 
 def _aggregate_edge(f: CFunction, st: AggregateStage, kp: KernelProgram, chunk: int) -> None:
@@ -302,24 +328,26 @@ def _aggregate_edge(f: CFunction, st: AggregateStage, kp: KernelProgram, chunk: 
 
 def _softmax_edge(f: CFunction, name: str, st: EdgeSoftmaxStage, kp: KernelProgram, chunk: int) -> None:
     ob = kp.buffers[st.out]
-    w, out, ne, nn = ob.width, f.use(st.out, writes=True), f.use("num_edges"), f.use("num_nodes")
+    w, out, ne = ob.width, f.use(st.out, writes=True), f.use("num_edges")
+    groups = f.use("num_nodes") if st.group == "dst" else f.use("num_dst_pairs")
     mx, sm = f.use(f"{name}_max", writes=True), f.use(f"{name}_sum", writes=True)
-    dst = f.use("e_dst")
     B = f.body
-    B.line("/* per-destination max (compare-and-swap) and sum (atomic add), then normalize: any edge order */")
+    what = "per-destination" if st.group == "dst" else "per-(destination, relation) pair"
+    B.line(f"/* {what} max (compare-and-swap) and sum (atomic add), then normalize: any edge order */")
     with B.block("#pragma omp parallel num_threads(c->num_threads)\n"):
         B.line("#pragma omp for schedule(static)")
-        B.line(f"for (int64_t i = 0; i < {nn} * {w}; ++i) {{ {mx}[i] = -INFINITY; {sm}[i] = 0.0f; }}")
+        B.line(f"for (int64_t i = 0; i < {groups} * {w}; ++i) {{ {mx}[i] = -INFINITY; {sm}[i] = 0.0f; }}")
         B.line(f"#pragma omp for schedule(dynamic, {chunk})")
         with B.block(f"for (int64_t e = 0; e < {ne}; ++e)"):
             b = _Body(f, kp, "edge", "e")
             emit_assign(b.lines, b.em, st.score, ob.heads, ob.dim, _row_of(out, ob.heads, ob.dim, "e"))
+            t = _group_offset(f, b.rows, st.group, w)
             b.flush(B, [st.score], prefetch=True)
-            B.line(f"const int64_t t = (int64_t){dst}[e] * {w};")
+            B.line(t)
             B.line(f"for (int j = 0; j < {w}; ++j) rg_atomic_max(&{mx}[t + j], {out}[e * {w} + j]);")
         B.line(f"#pragma omp for schedule(dynamic, {chunk})")
         with B.block(f"for (int64_t e = 0; e < {ne}; ++e)"):
-            B.line(f"const int64_t t = (int64_t){dst}[e] * {w};")
+            _group_row(f, kp, B, st.group, w)
             with B.block(f"for (int j = 0; j < {w}; ++j)"):
                 B.line(f"const float ex = expf({out}[e * {w} + j] - {mx}[t + j]);")
                 B.line(f"{out}[e * {w} + j] = ex;")
@@ -327,8 +355,26 @@ def _softmax_edge(f: CFunction, name: str, st: EdgeSoftmaxStage, kp: KernelProgr
                 B.line(f"{sm}[t + j] += ex;")
         B.line(f"#pragma omp for schedule(dynamic, {chunk})")
         with B.block(f"for (int64_t e = 0; e < {ne}; ++e)"):
-            B.line(f"const int64_t t = (int64_t){dst}[e] * {w};")
+            _group_row(f, kp, B, st.group, w)
             B.line(f"for (int j = 0; j < {w}; ++j) {out}[e * {w} + j] /= {sm}[t + j];")
+
+
+def _group_offset(f: CFunction, rows: RowIndex, group: str, w: int) -> str:
+    """``t``, the scratch offset of edge ``e``'s softmax group: its destination's row, or its destination
+    pair's (found as the program finds pairs: ``e_dp`` or a binary search; declared by ``rows``)."""
+    if group == "dst":
+        return f"const int64_t t = (int64_t){f.use('e_dst')}[e] * {w};"
+    return f"const int64_t t = {rows.var('dst_pair')} * {w};"
+
+
+def _group_row(f: CFunction, kp: KernelProgram, B: Lines, group: str, w: int) -> None:
+    """Declares ``t`` (:func:`_group_offset`) at the top of an edge loop that reads nothing else."""
+    rows = RowIndex("edge", "e", kp.pair_index)
+    t = _group_offset(f, rows, group, w)
+    B.extend(rows.declarations())
+    for a in rows.arrays:
+        f.use(a)
+    B.line(t)
 
 
 # ------------------------------------------------------------------------ scatter

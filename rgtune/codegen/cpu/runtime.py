@@ -246,9 +246,11 @@ class CpuRuntime:
             self._bind_weightgrad(k, b)
         elif isinstance(k, TraversalKernel) and "traversal_max" in b.names:
             w = self.kp.buffers[k.stage.out].width  # type: ignore[attr-defined]
+            # one row per softmax group: a destination, or a destination pair (a softmax per relation)
+            groups = a.num_nodes if getattr(k.stage, "group", "dst") == "dst" else a.rows("dst_pair")
             for part in ("max", "sum"):
                 b.scratch[f"traversal_{part}"] = f"{k.name}_{part}"
-                self.scratch_shapes[f"{k.name}_{part}"] = (a.num_nodes * w,)
+                self.scratch_shapes[f"{k.name}_{part}"] = (groups * w,)
                 self._scratch_of[f"{k.name}_{part}"] = k.name
         return b
 

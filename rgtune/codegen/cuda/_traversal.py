@@ -17,6 +17,11 @@ Mappings (``traversal.*`` schedule):
     lane keeps an online (max, sum) per channel, the warp combines them by shuffles, and a
     second pass writes ``exp(score - max) / sum``. ``EdgeStore`` has nothing to reduce: a warp
     per edge, lanes over its features (any layout).
+    A softmax per (destination, relation) (``group="dst_rel"``) normalizes over each run of one
+    relation's in-edges (CSR groups a destination's in-edges by relation): the fused form
+    flushes the normalized sums of a run where the relation changes (one pass, also into
+    destination pairs, whose rows the runs are), the edge softmax finds each run's end by a
+    binary search on ``e_rel`` and treats the run as the destination's edges above.
 
 ``edge_parallel`` (atomics; any layout)
     a thread per (edge, chunk of ``vector_width`` features), ``coarsening`` items per thread
@@ -25,8 +30,8 @@ Mappings (``traversal.*`` schedule):
     architecture has it, sm_90+). An edge softmax takes three kernels over (edge, channel):
     scores and a per-destination max (``atomicMax`` on floats by the int-ordering trick, see
     ``rg_atomic_max``), then ``exp(score - max)`` and a per-destination ``atomicAdd`` sum, then
-    the division. A fused ``SoftmaxAggregate`` is destination-parallel only (a constraint of
-    the template).
+    the division (per destination pair instead of per destination for ``group="dst_rel"``). A
+    fused ``SoftmaxAggregate`` is destination-parallel only (a constraint of the template).
 
 ``vector_width`` does not change the edge-softmax kernels: their per-channel work is scalar.
 """
@@ -43,7 +48,7 @@ from rgtune.codegen.cuda._lanes import atomic_vec, chunk, store_vec, warp_inner
 from rgtune.codegen.cuda._softmax import softmax_dst_lanes, softmax_edge_passes
 from rgtune.codegen.cuda._unit import Grid, KernelUnit, Launch, comment_block
 from rgtune.ir.kernels import (AggregateStage, EdgeSoftmaxStage, EdgeStore, Expr, KernelProgram, SoftmaxAggregate,
-                               TraversalKernel, expr_str)
+                               TraversalKernel, expr_str, softmax_name)
 
 
 def _features(k: TraversalKernel, kp: KernelProgram, vw: int) -> tuple[int, int, int]:
@@ -179,25 +184,35 @@ class _DstWarp:
 
     def pair_change(self) -> None:
         """At an edge of a new destination pair: writes the finished pair's sums back, zeroes them for ``p``."""
+        self.group_change(self.pairs("dst_pair"), "cur", softmax=False)
+
+    def group_change(self, key: str, row: str, softmax: bool) -> None:
+        """At an edge whose group ``key`` (a destination pair, a relation) differs from ``cur``'s: adds the
+        finished group's sums into output row ``row`` (``cur``: the group's own row), divided by the
+        denominators if ``softmax``; then starts group ``p`` from zero (and a fresh running max)."""
         chunks, width = self.chunks_per_lane, self.vector_width
-        self.lines += [f"      const idx_t p = {self.pairs('dst_pair')};",
+        reset = "sum[q][c] = 0.0f;"
+        if softmax:
+            reset = f"{{ {reset} m[q][c] = -INFINITY; den[q][c] = 0.0f; }}"
+        self.lines += [f"      const idx_t p = {key};",
                        "      if (p != cur) {",
                        "        if (cur >= 0) {"]
-        self.write_back("          ", "cur", False)
+        self.write_back("          ", row, softmax)
         self.lines += [
             "        }",
             "        cur = p;",
             "#pragma unroll",
             f"        for (int q = 0; q < {chunks}; ++q)",
             "#pragma unroll",
-            f"          for (int c = 0; c < {width}; ++c) sum[q][c] = 0.0f;",
+            f"          for (int c = 0; c < {width}; ++c) {reset}",
             "      }",
         ]
 
-    def last_pair(self) -> None:
-        """After the edges: writes the last pair's sums back (none for a destination without edges)."""
+    def last_pair(self, row: str = "cur", softmax: bool = False) -> None:
+        """After the edges: writes the last pair's (group's) sums back into ``row`` (none for a destination
+        without edges), divided by the denominators if ``softmax``."""
         self.lines.append("    if (cur >= 0) {")
-        self.write_back("      ", "cur", False)
+        self.write_back("      ", row, softmax)
         self.lines.append("    }")
 
 
@@ -214,6 +229,8 @@ def _dst_warp(ctx: Context, k: TraversalKernel, score: Expr | None, message: Exp
     warp.registers(softmax=score is not None)
     if score is None:
         desc = _sum_messages(warp, message, out_via)
+    elif k.stage.group == "dst_rel":  # type: ignore[attr-defined]
+        desc = _softmax_online_per_relation(warp, score, message, out_via)
     elif out_via == "dst_pair":
         desc = _softmax_two_passes(warp, score, message)
     else:
@@ -250,6 +267,25 @@ def _softmax_online(warp: _DstWarp, score: Expr, message: Expr) -> str:
     warp.write_back("    ", "v", True)
     return (f"out[dst] += softmax_dst({expr_str(score)}) * {expr_str(message)}; "
             "warp per destination, online softmax, no atomics")
+
+
+def _softmax_online_per_relation(warp: _DstWarp, score: Expr, message: Expr, out_via: str) -> str:
+    """Emits one edge loop keeping an online softmax per feature over each run of one relation's in-edges
+    (CSR groups a destination's in-edges by relation): where the relation changes, the finished group's
+    normalized sums are added into the destination's row (or its pair's row: the group is the pair), and
+    the next group starts afresh."""
+    to_pairs = out_via == "dst_pair"
+    key = warp.pairs("dst_pair") if to_pairs else warp.pairs("rel")
+    row = "cur" if to_pairs else "v"
+    warp.lines += [f"    idx_t cur = -1;  // the {'destination pair' if to_pairs else 'relation'} being folded "
+                   "(a destination's in-edges are grouped by relation in CSR)",
+                   "    for (idx_t rid = beg; rid < end; ++rid) {"]
+    warp.group_change(key, row, softmax=True)
+    warp.edge_chunks("      ", [score, message], functools.partial(_online_update, broadcast=score.dim == 1))
+    warp.lines.append("    }")
+    warp.last_pair(row, softmax=True)
+    return (f"out[{out_via}] += {softmax_name('dst_rel')}({expr_str(score)}) * {expr_str(message)}; "
+            "warp per destination, online softmax per relation, no atomics")
 
 
 def _softmax_two_passes(warp: _DstWarp, score: Expr, message: Expr) -> str:

@@ -6,7 +6,10 @@ Knobs:
   aggregation ``sum softmax(s) * m``: ``none`` materializes the score and the softmax and
   aggregates in a third traversal; ``aggregate`` materializes the score and fuses softmax
   with aggregation; ``full`` computes score, softmax (online) and aggregation in one
-  destination-parallel traversal. Fused forms need edges grouped by destination.
+  destination-parallel traversal. Fused forms need edges grouped by destination. A softmax
+  per (destination, relation) (``edge_softmax(..., per_relation=True)``) fuses the same way:
+  CSR groups a destination's in-edges by relation, so each relation's run is normalized and
+  added in turn.
 * ``fusion.epilogue`` (``off`` | ``on``), where a per-row product with a GEMM's fresh output
   row exists (attention logits ``<W_r h, a_r>``, HGT's ``<k_e, q_dst>``): ``on`` computes it
   in the GEMM's epilogue, and the GEMM does not store rows nobody else reads.
