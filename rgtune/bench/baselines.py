@@ -18,7 +18,8 @@ The differences:
   ``in_dim != out_dim`` a projected skip instead of none (the bench zeroes the projection and
   saturates the gate). Biases are zero at rgtune's init, so the bench's weights fit.
 * DGL RGAT (``HeteroGraphConv`` of one ``GATConv`` per relation, summed): the softmax runs
-  over each destination's in-edges *of one relation*, not over all of them.
+  over each destination's in-edges *of one relation*: the same math as ``rgat`` with
+  ``softmax="relation"``, not as the default ``rgat``.
 
 Example:
     >>> import torch
@@ -39,7 +40,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from rgtune.data.interop import to_dgl, to_pyg_homogeneous
@@ -85,19 +85,22 @@ def oracle(layer: torch.nn.Module) -> Callable[[Tensor], Tensor]:
     return lambda x: run.run(x, params).output
 
 
-def _plain_options(layer: torch.nn.Module, what: str) -> None:
-    """Refuse a layer whose model options are not the defaults (the library layer computes the plain model)."""
-    opts = {k: v for k, v in getattr(layer, "options", {}).items() if v is not None}
-    spec_defaults = _defaults(layer)
-    changed = {k: v for k, v in opts.items() if spec_defaults.get(k) != v}
-    if changed:
-        raise Unavailable(f"{what} computes the model without options {changed}")
-
-
-def _defaults(layer: torch.nn.Module) -> dict[str, object]:
+def _options(layer: torch.nn.Module, what: str, supported: tuple[str, ...] = ()) -> dict[str, object]:
+    """``layer``'s model options that differ from the defaults; :class:`Unavailable` if one is not in
+    ``supported`` (the library layer ``what`` has no such variant)."""
     from rgtune.ir.registry import model_spec
 
-    return {o.name: o.default for o in model_spec(layer.model).options}  # type: ignore[attr-defined]
+    defaults = {o.name: o.default for o in model_spec(layer.model).options}  # type: ignore[attr-defined]
+    changed = {k: v for k, v in getattr(layer, "options", {}).items() if defaults.get(k) != v}
+    unsupported = {k: v for k, v in changed.items() if k not in supported}
+    if unsupported:
+        raise Unavailable(f"{what} has no variant with {unsupported}")
+    return changed
+
+
+def _plain_options(layer: torch.nn.Module, what: str) -> None:
+    """Refuse a layer whose model options are not the defaults (the library layer computes the plain model)."""
+    _options(layer, what)
 
 
 def torch_layer(layer: torch.nn.Module, dtype: torch.dtype | None = None) -> RelationalLayer:
@@ -167,14 +170,16 @@ def pyg_rgcn(layer: torch.nn.Module) -> Baseline:
 
 
 def pyg_rgat(layer: torch.nn.Module) -> Baseline:
+    """PyG's ``RGATConv`` (additive self-attention): ``across-relation`` is rgtune's default RGAT,
+    ``within-relation`` its ``softmax="relation"``; PyG shares the attention vectors across relations."""
     _pyg()
     from torch_geometric.nn import RGATConv
 
-    _plain_options(layer, "PyG RGATConv")
-
+    opts = _options(layer, "PyG RGATConv", supported=("softmax",))
+    mechanism = "within-relation" if opts.get("softmax") == "relation" else "across-relation"
     H, D = layer.heads, layer.head_dim
     conv = RGATConv(layer.in_dim, D, layer.num_rels, heads=H, concat=True, bias=False,
-                    attention_mechanism="across-relation", attention_mode="additive-self-attention", dim=1)
+                    attention_mechanism=mechanism, attention_mode="additive-self-attention", dim=1)
     with torch.no_grad():
         conv.weight.copy_(layer.weight)  # (R, in, H*D), column h*D + d: the same layout
         conv.q.zero_()
@@ -186,11 +191,11 @@ def pyg_rgat(layer: torch.nn.Module) -> Baseline:
     edge_index, edge_type, _ = to_pyg_homogeneous(layer.graph)
     edge_index, edge_type = edge_index.to(_device(layer)), edge_type.to(_device(layer))
     tied = bool((layer.attn_src == layer.attn_src[:1]).all() and (layer.attn_dst == layer.attn_dst[:1]).all())
-    ref = _f64(layer)
+    ref = _reference(layer, {})
     if not tied:
         tie_rgat_attention(ref)
-    note = "same math (attention vectors tied across relations; RGATConv shares them)"
-    return Baseline("PyG RGATConv", conv, lambda x: conv(x, edge_index, edge_type), ref, tied, note)
+    note = f"same math ({mechanism} softmax; attention vectors tied across relations: RGATConv shares them)"
+    return Baseline("PyG RGATConv", conv, lambda x: conv(x, edge_index, edge_type), oracle(ref), tied, note)
 
 
 def pyg_hgt(layer: torch.nn.Module) -> Baseline:
@@ -292,44 +297,29 @@ def _hgt_dgl_math(layer: HGT, x: Tensor) -> Tensor:
 
 
 def dgl_rgat(layer: torch.nn.Module) -> Baseline:
-    from dgl.nn.pytorch import GATConv, HeteroGraphConv
+    """DGL's usual RGAT (:func:`rgtune.models.dgl.to_dgl_rgat`): ``rgat(softmax="relation")``'s math; for
+    rgtune's default RGAT (one softmax over all in-edges) the row says the math differs and checks the
+    library against the per-relation program with the same weights."""
+    from rgtune.models.dgl import to_dgl_rgat
 
-    _plain_options(layer, "DGL HeteroGraphConv(GATConv)")
-
-    g, H, D = layer.graph, layer.heads, layer.head_dim
-    mods = {}
-    with torch.no_grad():
-        for r, cet in enumerate(g.canonical_etypes):
-            gat = GATConv(layer.in_dim, D, H, bias=False, allow_zero_in_degree=True)
-            gat.fc.weight.copy_(layer.weight[r].T)  # one fc for both ends: z = x W_r
-            gat.attn_l.copy_(layer.attn_src[r].view(1, H, D))
-            gat.attn_r.copy_(layer.attn_dst[r].view(1, H, D))
-            mods[cet] = gat
-    conv = HeteroGraphConv(mods, aggregate="sum").to(device=_device(layer), dtype=_dtype(layer))
-    dg = to_dgl(g).to(_device(layer))
-    dst_types = [t for t in g.ntypes if any(c[2] == t for c in g.canonical_etypes)]
-    rows = _rows_of(g, dst_types)
-
-    def run(x: Tensor) -> Tensor:
-        out = conv(dg, g.split_nodes(x))
-        return torch.cat([out[t].reshape(out[t].size(0), H * D) for t in dst_types])
-
-    ref = _f64(layer)
+    opts = _options(layer, "DGL HeteroGraphConv(GATConv)", supported=("softmax",))
+    state = {k: v.detach() for k, v in layer.state_dict().items()}
+    conv = to_dgl_rgat(layer.graph, state, layer.in_dim, layer.out_dim, layer.heads)  # type: ignore[arg-type]
+    if opts.get("softmax") == "relation":
+        return Baseline("DGL HeteroGraphConv(GATConv)", conv, conv, oracle(layer), True, "same math")
+    per_relation = _reference(layer, {"softmax": "relation"})
     note = "differs: softmax per (destination, relation), summed (checked: = rgtune's RGAT with that softmax)"
-    return Baseline("DGL HeteroGraphConv(GATConv)", conv, run, lambda x: _rgat_per_relation(ref, x)[rows],  # type: ignore[arg-type]
-                    False, note, rows)
+    return Baseline("DGL HeteroGraphConv(GATConv)", conv, conv, oracle(per_relation), False, note)
 
 
-def _rgat_per_relation(layer: RGAT, x: Tensor) -> Tensor:
-    """rgtune's RGAT with the softmax within each (destination, relation) group, as DGL's."""
-    N, H, D, R = x.size(0), layer.heads, layer.head_dim, layer.num_rels
-    z_src = segment_matmul(x.index_select(0, layer.src), layer.rel_offsets, layer.weight).view(-1, H, D)
-    z_dst = segment_matmul(x.index_select(0, layer.dst), layer.rel_offsets, layer.weight).view(-1, H, D)
-    score = (z_dst * layer.attn_dst.index_select(0, layer.etype)).sum(-1) + \
-        (z_src * layer.attn_src.index_select(0, layer.etype)).sum(-1)
-    score = F.leaky_relu(score, layer.negative_slope)
-    alpha = edge_softmax(score, layer.dst * R + layer.etype, N * R)
-    return x.new_zeros(N, H, D).index_add_(0, layer.dst, alpha.unsqueeze(-1) * z_src).view(N, H * D)
+def _reference(layer: torch.nn.Module, options: dict[str, object]) -> torch.nn.Module:
+    """A reference-backend layer of ``layer``'s model with other ``options`` and the same weights (on the CPU)."""
+    from rgtune.runtime import Layer
+
+    other = Layer(layer.model, layer.graph, layer.in_dim, layer.out_dim, layer.heads,  # type: ignore[attr-defined]
+                  options={**layer.options, **options}, dtype=torch.float64)  # type: ignore[attr-defined]
+    other.load_state_dict({k: v.detach().double().cpu() for k, v in layer.state_dict().items()})
+    return other
 
 
 BUILDERS: dict[str, dict[str, Callable[..., Baseline]]] = {

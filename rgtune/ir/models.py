@@ -14,6 +14,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import Literal
+
 from rgtune.ir.program import IRError, Program, ProgramBuilder, inv_sqrt
 from rgtune.ir.registry import build_model, register_model
 
@@ -35,7 +37,8 @@ def rgcn(in_dim: int, out_dim: int, heads: int = 1) -> Program:
 RGAT_SOFTMAX = ("destination", "relation")
 
 
-def rgat(in_dim: int, out_dim: int, heads: int = 1, *, softmax: str = "destination") -> Program:
+def rgat(in_dim: int, out_dim: int, heads: int = 1, *,
+         softmax: Literal["destination", "relation"] = "destination") -> Program:
     """Per edge ``j -> i`` of relation ``r`` and head ``h``:
     ``z_j = h_j W_r``, ``e_ij = LeakyReLU(a_dst_r . h_i W_r + a_src_r . z_j)``, ``h'_i = sum_j alpha_ij z_j``.
 

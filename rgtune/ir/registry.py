@@ -7,7 +7,8 @@ own code is registered by a call, or named by its import path ``"package.module:
 (which is also how a worker process rebuilds it: it imports the path).
 
 A builder is ``builder(in_dim, out_dim, heads=1, **options) -> Program``. Its *options* are its
-keyword-only parameters (``num_bases=30``): they are part of a workload's identity, written
+keyword-only parameters (``num_bases=30``; a ``Literal[...]`` annotation lists the values one
+takes): they are part of a workload's identity, written
 canonically as the non-default ones, sorted (:meth:`ModelSpec.key`: ``"num_bases=30"``; ``""``
 when all are at their defaults, which is how rows from before options existed read).
 
@@ -33,11 +34,12 @@ Example:
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 from rgtune.ir.program import IRError, Program
 
@@ -250,8 +252,26 @@ def _signature_options(builder: Builder) -> tuple[Option, ...]:
             continue
         if p.default is inspect.Parameter.empty:
             raise IRError(f"{builder.__qualname__}: option {p.name!r} needs a default")
-        options.append(Option(p.name, _option_type(p), p.default))
+        choices = _literal_choices(p)
+        kind = type(choices[0]) if choices else _option_type(p)
+        options.append(Option(p.name, kind, p.default, choices))
     return tuple(options)
+
+
+def _literal_choices(p: inspect.Parameter) -> tuple[Any, ...] | None:
+    """The values of a ``Literal[...]`` annotation (text, under postponed annotations, or the object)."""
+    note = p.annotation
+    if isinstance(note, str):
+        note = note.strip()
+        if note.startswith(("Literal[", "typing.Literal[")) and note.endswith("]"):
+            try:
+                values = ast.literal_eval("(" + note[note.index("[") + 1:-1] + ",)")
+            except (ValueError, SyntaxError):
+                return None
+            return tuple(values)
+        return None
+    args = getattr(note, "__args__", None)
+    return tuple(args) if args and getattr(note, "__origin__", None) is Literal else None
 
 
 def _option_type(p: inspect.Parameter) -> type:
