@@ -27,8 +27,8 @@ from __future__ import annotations
 import math
 from typing import Callable, Mapping
 
-from rgtune.ir.kernels import (Acc, BinaryE, ConcatE, Expr, GatedE, GraphLoad, InnerE, Load, ParamLoad, ReduceE,
-                               ScaleE, UnaryE)
+from rgtune.ir.kernels import (Acc, BinaryE, BroadcastE, ConcatE, Expr, GatedE, GraphLoad, InnerE, Load, ParamLoad,
+                               ReduceE, ScaleE, UnaryE)
 
 Shape = tuple[int, ...]
 
@@ -124,8 +124,8 @@ class CEmitter:
         hh = h if e.heads > 1 else "0"
         dd = d if e.dim > 1 else "0"
         if isinstance(e, Load):
-            heads, dim = self.buffers[e.buffer]
-            return f"{e.buffer}[{self._offset(self.index(e.via), heads, dim, hh, dd)}]"
+            heads, dim = self.buffers[e.buffer]  # the row's width; the load's own heads x dim index within it
+            return f"{e.buffer}[{self._offset(self.index(e.via), heads * dim, e.heads, e.dim, hh, dd)}]"
         if isinstance(e, Acc):
             assert self.acc_shape is not None, "acc outside a GEMM epilogue"
             heads, dim = self.acc_shape
@@ -156,6 +156,8 @@ class CEmitter:
             return _unary(e.op, x, e.alpha)
         if isinstance(e, ReduceE):
             return self._reduce(e, hh, dd)
+        if isinstance(e, BroadcastE):  # the operand's single head (feature) at every head (feature)
+            return self.element(e.x, hh, dd)
         if isinstance(e, ScaleE):
             return f"({self.element(e.x, hh, dd)} * {c_float(e.scale)})"
         if isinstance(e, GatedE):
@@ -182,8 +184,8 @@ class CEmitter:
         return t
 
     @staticmethod
-    def _offset(row: str, heads: int, dim: int, h: str, d: str) -> str:
-        return f"(long)({row}) * {heads * dim} + {_flat(heads, dim, h, d)}"
+    def _offset(row: str, width: int, heads: int, dim: int, h: str, d: str) -> str:
+        return f"(long)({row}) * {width} + {_flat(heads, dim, h, d)}"
 
 
 def _unary(op: str, x: str, alpha: float) -> str:

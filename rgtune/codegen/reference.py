@@ -34,10 +34,10 @@ from rgtune.data.graph import HeteroGraph
 from rgtune.codegen.weights import fold_weights
 from rgtune.ir.bind import GraphArrays, concrete_device, graph_arrays, row_types
 from rgtune.ir.interpret import unary
-from rgtune.ir.kernels import (Acc, AggregateStage, BinaryE, ConcatE, EdgeSoftmaxStage, EdgeStore, Expr, GatedE, Kernel,
-                               GemmKernel, GraphLoad, InnerE, KernelProgram, Load, MapKernel, ParamLoad, ReduceE,
-                               ScaleE, ScatterKernel, SoftmaxAggregate, TraversalKernel, UnaryE, WeightGradKernel,
-                               WeightKernel)
+from rgtune.ir.kernels import (Acc, AggregateStage, BinaryE, BroadcastE, ConcatE, EdgeSoftmaxStage, EdgeStore, Expr,
+                               GatedE, GemmKernel, GraphLoad, InnerE, Kernel, KernelProgram, Load, MapKernel, ParamLoad,
+                               ReduceE, ScaleE, ScatterKernel, SoftmaxAggregate, TraversalKernel, UnaryE,
+                               WeightGradKernel, WeightKernel)
 
 
 def param_full_shape(kp: KernelProgram, name: str, arrays: GraphArrays) -> tuple[int, ...]:
@@ -322,7 +322,10 @@ class ReferenceExecutor:
             return acc
         if isinstance(e, Load):
             buf = self.bufs[e.buffer]
-            return buf if e.via == "row" else buf[self._index(rows, e.via)]
+            rows_of = buf if e.via == "row" else buf[self._index(rows, e.via)]
+            if tuple(rows_of.shape[1:]) != (e.heads, e.dim):  # a view: the row's features in other heads
+                rows_of = rows_of.reshape(rows_of.shape[0], e.heads, e.dim)
+            return rows_of
         if isinstance(e, ParamLoad):
             p = self.params[e.param]
             if e.via == "none":
@@ -339,6 +342,9 @@ class ReferenceExecutor:
             return unary(e.op, ev(e.x), e.alpha)
         if isinstance(e, ReduceE):
             return ev(e.x).sum(1 if e.over == "heads" else 2, keepdim=True)
+        if isinstance(e, BroadcastE):
+            x = ev(e.x)
+            return x.expand(x.shape[0], e.heads, e.dim)
         if isinstance(e, ScaleE):
             return ev(e.x) * e.scale
         if isinstance(e, GatedE):

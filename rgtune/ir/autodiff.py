@@ -20,6 +20,9 @@ inner(a, b)            da = g * b, db = g * a (summed over a broadcast)
 add / sub / mul        the gradient, negated / multiplied by the other operand, summed over a broadcast
 unary f(x)             g * f'(x) (f' written as a unary op of x: ``leaky_relu_grad`` ...)
 scale(x, c)            scale(g, c)
+reduce_sum(x)          broadcast(g) over the heads (features) it summed
+broadcast(x)           reduce_sum(g) over the heads (features) it repeated
+view(x)                view(g) with the heads of x
 edge_softmax(s) = a    a * (g - gather(aggregate(a * g))): the sum over each destination's in-edges; with
                        ``group="dst_rel"``, a * (g - expand(aggregate(a * g, to=dst_pair))): over each
                        destination pair's (one relation's in-edges), the group the softmax normalized
@@ -55,9 +58,11 @@ import dataclasses
 from typing import Any, Literal, Mapping
 
 from rgtune.ir.passes.base import Knob
-from rgtune.ir.program import (DST_PAIR, EDGE, NODE, SRC_PAIR, PARAM_OPS, Aggregate, Binary, Concat, EdgeSoftmax,
+from rgtune.ir.program import (DST_PAIR, EDGE, NODE, SRC_PAIR, PARAM_OPS, Aggregate, Binary, Broadcast, Concat,
+                               EdgeSoftmax,
                                Expand, FoldWeights, Gather, GatedResidual, GatherPair, GraphConst, Inner, IRError, Op,
-                               Param, ParamRead, Program, ReduceSum, Scale, TypedLinear, Unary, Value, WeightGrad)
+                               Param, ParamRead, Program, ReduceSum, Scale, TypedLinear, Unary, Value, View,
+                               WeightGrad)
 
 __all__ = ["adjoint", "grad_name", "transposed_name", "SAVE", "REUSE", "training_knobs", "saved_values"]
 
@@ -195,6 +200,13 @@ class _Adjoint:
             self._edge_softmax(op, g)
         elif isinstance(op, GatedResidual):
             self._gated_residual(op, g)
+        elif isinstance(op, ReduceSum):  # a sum over heads (or features): its gradient is g repeated over them
+            x = op.x
+            self.accumulate(x, self.emit(Broadcast, x.domain, x.heads, x.dim, x=g))
+        elif isinstance(op, Broadcast):
+            self.accumulate(op.x, self.reduce_to(g, op.x))
+        elif isinstance(op, View):  # the same features grouped back
+            self.accumulate(op.x, self.emit(View, op.x.domain, op.x.heads, op.x.dim, x=g))
         elif isinstance(op, Concat):
             raise IRError(f"{op}: concat has no adjoint yet (it needs a feature slice op)")
         else:

@@ -216,8 +216,11 @@ def _fold_cost(k: WeightKernel, kp: KernelProgram, num_types: dict[str, int]) ->
     a_elems = slices(k.a) * a_slice
     b_elems = 0 if k.b is None else slices(k.b) * _param_elems(kp, k.b)
     a_gathered = a_elems  # each slice of the source read once ...
-    if k.mode in ("transpose", "split_heads"):  # data movement only
+    if k.mode in ("transpose", "split_heads", "join_heads"):  # data movement only
         flops = 0
+    elif k.mode == "bases":  # per relation, B scaled (Din, Dout) bases summed
+        assert k.b is not None
+        flops = 2 * out_elems * kp.param_shapes[k.b][-1]
     elif k.mode == "vec":  # per slice (Din, H*D) . (H, D) -> (Din, H)
         flops = 2 * out_slices * a_slice
     elif k.mode in ("compose", "compose_bias"):  # per output element, a length-D dot product

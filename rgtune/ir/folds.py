@@ -20,7 +20,7 @@ import torch
 
 __all__ = ["fold", "FOLD_MODES"]
 
-FOLD_MODES = ("transpose", "split_heads", "vec", "compose", "compose_bias")
+FOLD_MODES = ("transpose", "split_heads", "vec", "compose", "compose_bias", "bases", "join_heads")
 
 
 def fold(mode: str, a: torch.Tensor, b: torch.Tensor | None = None, end_ntype: torch.Tensor | None = None,
@@ -36,6 +36,12 @@ def fold(mode: str, a: torch.Tensor, b: torch.Tensor | None = None, end_ntype: t
         assert out_slice is not None
         heads, din, d = out_slice
         return a.reshape(a.shape[0], din, heads, d).permute(0, 2, 1, 3).contiguous()
+    if mode == "bases":  # bases V (B, Din, Dout), coefficients (R, B) -> (R, Din, Dout): W[r] = sum_b comp[r, b] V[b]
+        assert b is not None
+        return (b @ a.reshape(a.shape[0], -1)).reshape(b.shape[0], *a.shape[1:])
+    if mode == "join_heads":  # (..., H, Din, D) -> (..., Din, H*D): column block h is slice h
+        *lead, heads, din, d = a.shape
+        return a.movedim(-3, -2).reshape(*lead, din, heads * d).contiguous()
     if mode == "vec":  # (R, Din, H*D) . (R, H, D) -> (R, Din, H)
         assert b is not None
         r, din, _ = a.shape

@@ -32,9 +32,9 @@ import torch.nn.functional as F
 from rgtune.data.graph import HeteroGraph
 from rgtune.ir.bind import GraphArrays, graph_arrays, row_types
 from rgtune.ir.folds import fold
-from rgtune.ir.program import (DST_PAIR, EDGE, NODE, SRC_PAIR, Aggregate, Binary, Concat, EdgeSoftmax, Expand,
-                               FoldWeights, Gather, GatedResidual, GatherPair, GraphConst, Inner, IRError, Op,
-                               Param, ParamRead, Program, ReduceSum, Scale, TypedLinear, Unary, WeightGrad)
+from rgtune.ir.program import (DST_PAIR, EDGE, NODE, SRC_PAIR, Aggregate, Binary, Broadcast, Concat, EdgeSoftmax,
+                               Expand, FoldWeights, Gather, GatedResidual, GatherPair, GraphConst, Inner, IRError, Op,
+                               Param, ParamRead, Program, ReduceSum, Scale, TypedLinear, Unary, View, WeightGrad)
 
 __all__ = ["Interpreter", "Run", "random_params", "param_full_shape", "unary"]
 
@@ -126,6 +126,11 @@ class Interpreter:
             return v[op.x.name] * op.scale
         if isinstance(op, ReduceSum):
             return v[op.x.name].sum(1 if op.over == "heads" else 2, keepdim=True)
+        if isinstance(op, Broadcast):
+            x = v[op.x.name]
+            return x.expand(x.shape[0], op.out.heads, op.out.dim)
+        if isinstance(op, View):
+            return v[op.x.name].reshape(-1, op.out.heads, op.out.dim)
         if isinstance(op, EdgeSoftmax):
             return self._edge_softmax(v[op.x.name], op.group)
         if isinstance(op, Aggregate):

@@ -87,6 +87,10 @@ class Expr:
 
 @dataclass(frozen=True)
 class Load(Expr):
+    """Row ``via`` of ``buffer``. Its ``heads x dim`` may group the buffer's features differently than the
+    buffer does (a view: ``heads * dim`` is the buffer's width, element ``(h, d)`` is feature ``h * dim + d``
+    of the row): a re-indexed load of the same memory."""
+
     buffer: str
     via: str
 
@@ -166,6 +170,13 @@ class ConcatE(Expr):
 
 
 @dataclass(frozen=True)
+class BroadcastE(Expr):
+    """``x`` (one head, or one feature) repeated over ``heads`` (``dim``): a sum over heads' adjoint."""
+
+    x: Expr
+
+
+@dataclass(frozen=True)
 class ReduceE(Expr):
     """``x`` summed over its heads (``over="heads"``) or its features (``"dim"``)."""
 
@@ -201,6 +212,8 @@ def expr_str(e: Expr) -> str:
         return f"concat({expr_str(e.a)}, {expr_str(e.b)})"
     if isinstance(e, ReduceE):
         return f"sum_{e.over}({expr_str(e.x)})"
+    if isinstance(e, BroadcastE):
+        return f"broadcast_{e.heads}x{e.dim}({expr_str(e.x)})"
     raise TypeError(type(e))
 
 

@@ -4,7 +4,11 @@ What becomes a buffer (is *materialized*): the input, every typed linear's outpu
 every aggregation, the values the fusion decisions keep (scores, softmax), GEMM epilogue
 results, inputs of GEMMs, and the output. Everything else is an elementwise chain that is
 inlined into the expression of the kernel that reads it; so an edge value computed per pair
-and read per edge is recomputed per edge unless it is materialized.
+and read per edge is recomputed per edge unless it is materialized -- except a pair value that
+sums over heads (RGCN's basis combination, ``reorder.bases=transform``), which is materialized:
+computed once per pair, read per edge. A view (:class:`~rgtune.ir.program.View`) is never a
+buffer of its own: the value it views is materialized, and the view reads that buffer with its
+own heads (a re-indexed :class:`~rgtune.ir.kernels.Load`).
 
 Kernels come out in program order: one GEMM per typed linear (gathers fused into its input
 index, epilogues into its output loop, a following pair -> node sum into an accumulating
@@ -21,14 +25,14 @@ the gradient params and where the forward's kernels end.
 from __future__ import annotations
 
 from rgtune.ir.fusion_plan import plan_epilogues
-from rgtune.ir.kernels import (Acc, AggregateStage, BinaryE, Buffer, ConcatE, EdgeSoftmaxStage, EdgeStore, Expr,
-                               GatedE, GemmKernel, GraphLoad, InnerE, KernelProgram, Load, MapKernel, ParamLoad,
+from rgtune.ir.kernels import (Acc, AggregateStage, BinaryE, BroadcastE, Buffer, ConcatE, EdgeSoftmaxStage, EdgeStore,
+                               Expr, GatedE, GemmKernel, GraphLoad, InnerE, KernelProgram, Load, MapKernel, ParamLoad,
                                ReduceE, ScaleE, ScatterKernel, SoftmaxAggregate, TraversalKernel, UnaryE,
                                WeightGradKernel, WeightKernel)
 from rgtune.ir.passes.fusion import softmax_aggregations
-from rgtune.ir.program import (DST_PAIR, EDGE, NODE, SRC_PAIR, Aggregate, Binary, Concat, EdgeSoftmax, Expand,
-                               FoldWeights, Gather, GatedResidual, GatherPair, GraphConst, Inner, IRError,
-                               ParamRead, Program, ReduceSum, Scale, TypedLinear, Unary, Value, WeightGrad)
+from rgtune.ir.program import (DST_PAIR, EDGE, NODE, SRC_PAIR, Aggregate, Binary, Broadcast, Concat, EdgeSoftmax,
+                               Expand, FoldWeights, Gather, GatedResidual, GatherPair, GraphConst, Inner, IRError,
+                               ParamRead, Program, ReduceSum, Scale, TypedLinear, Unary, Value, View, WeightGrad)
 
 
 class LoweringError(IRError):
@@ -92,6 +96,10 @@ class _Lowering:
         self.fused_softmax: dict[str, EdgeSoftmax] = {}  # aggregate name -> its fused softmax
         self.materialized: set[str] = set()
         self.stored: set[str] = set()
+        self.view_root: dict[str, Value] = {}  # a view -> the value whose buffer it reads
+        for op in program.ops:
+            if isinstance(op, View):
+                self.view_root[op.out.name] = self.view_root.get(op.x.name, op.x)
 
     # ------------------------------------------------------------------ planning
     def _plan(self) -> None:
@@ -134,6 +142,14 @@ class _Lowering:
                     m.add(op.x.name)
             elif isinstance(op, (Gather, GatherPair)):
                 m.add(op.x.name)
+        # a pair value that sums over heads (reorder.bases=transform's combination of the bases), read per
+        # edge: computed once per pair rather than once per edge that reads it
+        for op in p.ops:
+            if isinstance(op, Expand) and op.x.name not in m and self._sums_heads(op.x, m):
+                m.add(op.x.name)
+        # a view reads the buffer of what it views (no data moves): that value is the buffer
+        m = {self.view_root[v].name if v in self.view_root else v for v in m} | \
+            {root.name for root in self.view_root.values()}
         if p.annotations.get("autodiff_reuse") == "store":
             m |= shared_reductions(p, m)
         self.materialized = m
@@ -142,10 +158,19 @@ class _Lowering:
                          if all(u.out.name in epilogue_inners for u in self.users.get(t, [])) and t != p.output.name}
         self.stored = {v for v in m if v not in epilogue_only and v not in self.accumulate_into}
 
+    def _sums_heads(self, v: Value, materialized: set[str]) -> bool:
+        """Whether computing ``v`` inline sums over heads (through the values it inlines)."""
+        op = self.prod.get(v.name)
+        if op is None:
+            return False
+        if isinstance(op, ReduceSum) and op.over == "heads" and op.x.heads > 1:
+            return True
+        return any(self._sums_heads(w, materialized) for w in op.inputs() if w.name not in materialized)
+
     # ------------------------------------------------------------------ buffers
-    @staticmethod
-    def buf_name(v: Value) -> str:
-        return v.name.replace("%", "v")
+    def buf_name(self, v: Value) -> str:
+        """The buffer holding ``v`` (a view's is the buffer of the value it views)."""
+        return self.view_root.get(v.name, v).name.replace("%", "v")
 
     def _buffers(self) -> dict[str, Buffer]:
         out = {}
@@ -193,6 +218,10 @@ class _Lowering:
             return ScaleE(h, d, e(op.x), op.scale)
         if isinstance(op, ReduceSum):
             return ReduceE(h, d, e(op.x), op.over)
+        if isinstance(op, Broadcast):
+            return BroadcastE(h, d, e(op.x))
+        if isinstance(op, View):  # the viewed buffer's row, its features regrouped into this value's heads
+            return Load(h, d, self.buf_name(v), self._via(v.domain, row, pair_side))
         if isinstance(op, Concat):
             return ConcatE(h, d, e(op.a), e(op.b))
         if isinstance(op, GatedResidual):
@@ -320,7 +349,7 @@ class _Lowering:
     def _gathered(self, x: Value) -> tuple[Value, str]:
         """A GEMM's input as ``(buffer value, via)``: the value itself, or what a gather reads."""
         src = self.prod.get(x.name)
-        if x.name in self.stored:
+        if x.name in self.stored or x.name in self.view_root:
             return x, "row"
         if isinstance(src, Gather):
             return src.x, src.end

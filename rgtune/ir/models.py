@@ -14,6 +14,8 @@ Example:
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Literal
 
 from rgtune.ir.program import IRError, Program, ProgramBuilder, inv_sqrt
@@ -22,15 +24,54 @@ from rgtune.ir.registry import build_model, register_model
 __all__ = ["rgcn", "rgat", "hgt", "build_model"]
 
 
-def rgcn(in_dim: int, out_dim: int, heads: int = 1) -> Program:
-    """``h'_i = h_i W_0 + b + sum_r mean_{j in N_r(i)} h_j W_r`` (PyG ``RGCNConv``, aggr mean)."""
+def rgcn(in_dim: int, out_dim: int, heads: int = 1, *, num_bases: int | None = None,
+         num_blocks: int | None = None) -> Program:
+    """``h'_i = h_i W_0 + b + sum_r mean_{j in N_r(i)} h_j W_r`` (PyG ``RGCNConv``, aggr mean).
+
+    ``W_r`` is ``weight[r]`` ``(R, in, out)``, or, as PyG's regularized ``RGCNConv``:
+
+    * ``num_bases=B`` (basis decomposition): ``W_r = sum_b comp[r, b] V_b`` with the bases
+      ``weight`` ``(B, in, out)`` and the coefficients ``comp`` ``(R, B)``;
+    * ``num_blocks=B`` (block-diagonal decomposition): ``W_r = diag(weight[r, 0], ..., weight[r, B-1])``
+      with ``weight`` ``(R, B, in/B, out/B)``: the features split into ``B`` blocks, block ``b`` of
+      ``h_j`` times ``weight[r, b]`` gives block ``b`` of the message.
+
+    ``root`` ``(in, out)`` and ``bias`` ``(out,)`` in every form. At most one of the two options; ``B``
+    a positive integer that, for blocks, divides ``in_dim`` and ``out_dim``.
+    """
     if heads != 1:
         raise IRError(f"rgcn has no attention heads; expected heads=1, got {heads}")
+    _check_decomposition(in_dim, out_dim, num_bases, num_blocks)
     p = ProgramBuilder("rgcn", in_dim, heads)
     x = p.x
-    message = p.mul(p.typed_linear(p.src(x), "weight", out=(1, out_dim), by="rel"), p.inv_dst_rel_degree())
+    if num_blocks is not None:  # per-head linear: the B blocks of the features are its heads
+        blocks = p.view(x, heads=num_blocks)
+        linear = p.typed_linear(p.src(blocks), "weight", out=(num_blocks, out_dim // num_blocks), by="rel",
+                                per_head=True)
+    else:
+        weight = "weight" if num_bases is None else \
+            p.basis_weight("weight__comp", "weight", "comp", num_bases, (in_dim, out_dim))
+        linear = p.typed_linear(p.src(x), weight, out=(1, out_dim), by="rel")
+    message = p.mul(linear, p.inv_dst_rel_degree())
     root = p.linear(x, "root", out=(1, out_dim), bias="bias")
-    return p.finish(p.add(root, p.aggregate(message)))
+    neighbours = p.aggregate(message)
+    if num_blocks is not None:
+        neighbours = p.view(neighbours, heads=1)
+    return p.finish(p.add(root, neighbours))
+
+
+def _check_decomposition(in_dim: int, out_dim: int, num_bases: int | None, num_blocks: int | None) -> None:
+    """One-line errors for RGCN's weight decomposition options (see :func:`rgcn`)."""
+    if num_bases is not None and num_blocks is not None:
+        raise IRError(f"rgcn: num_bases={num_bases!r} and num_blocks={num_blocks!r} exclude each other; "
+                      "set one of them, or neither")
+    for name, value in (("num_bases", num_bases), ("num_blocks", num_blocks)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1):
+            raise IRError(f"rgcn: {name}={value!r} is not valid; it must be a positive integer, or None")
+    if num_blocks is not None and (in_dim % num_blocks or out_dim % num_blocks):
+        valid = [b for b in range(1, math.gcd(in_dim, out_dim) + 1) if in_dim % b == 0 and out_dim % b == 0]
+        raise IRError(f"rgcn: num_blocks={num_blocks} must divide in_dim={in_dim} and out_dim={out_dim}; "
+                      f"valid: {valid}")
 
 
 #: ``rgat``'s ``softmax`` option: over all of a destination's in-edges, or over its in-edges of each relation

@@ -37,7 +37,8 @@ DOMAINS = (NODE, EDGE, SRC_PAIR, DST_PAIR)
 PAIR_OF_SIDE = {"src": SRC_PAIR, "dst": DST_PAIR}
 
 ParamBy = Literal["ntype", "rel", "none"]
-#: how a learnable param starts: Glorot uniform over the slice's last two dims (PyG's ``glorot``), 0, or 1
+#: how a learnable param starts: Glorot uniform over the last two dims of its full tensor (PyG's ``glorot``: a
+#: slice's own two for a matrix slice; types x entries for a per-type vector, RGCN's ``comp (R, B)``), 0, or 1
 ParamInit = Literal["glorot", "zeros", "ones"]
 PARAM_INITS = ("glorot", "zeros", "ones")
 
@@ -274,6 +275,25 @@ class ReduceSum(Op):
 
 
 @dataclass(frozen=True)
+class Broadcast(Op):
+    """``x`` repeated over the heads (``x`` has 1 head) or the features (1 feature) of ``out``: the adjoint
+    of a :class:`ReduceSum` (a sum over heads in the forward: the basis combination of RGCN's
+    ``reorder.bases=transform``)."""
+
+    x: Value
+
+
+@dataclass(frozen=True)
+class View(Op):
+    """The same rows with their features grouped into other heads: ``(H, D) -> (H', D')`` with
+    ``H * D == H' * D'`` (row-major: head ``h'`` is features ``h' D' .. (h' + 1) D' - 1`` of the row).
+    No data moves; it reads the buffer of ``x`` (RGCN's block-diagonal decomposition splits a node's
+    features into blocks, and joins the blocks' outputs back)."""
+
+    x: Value
+
+
+@dataclass(frozen=True)
 class Concat(Op):
     """Concatenate features of two values of the same domain and heads."""
 
@@ -302,11 +322,16 @@ class FoldWeights(Op):
       * ``compose``: ``A[ntype of end of r] (Din, H*D)`` then per-head ``B[r] (H, D, D)``
         -> ``(Din, H*D)``; with ``bias_of``, the bias ``b_A[nt] B[r]`` instead.
       * ``transpose``: per-head ``B[r] (H, D, D)`` -> ``B[r]^T``.
+      * ``split_heads``: ``W[r] (Din, H*D)`` -> ``(H, Din, D)``.
+      * ``bases``: bases ``V (B, Din, Dout)`` (``a``) with coefficients ``comp[r] (B,)`` (``b``) ->
+        ``W[r] = sum_b comp[r, b] V[b]`` ``(Din, Dout)`` (R-GCN's basis decomposition).
+      * ``join_heads``: ``V (H, Din, D)`` -> ``(Din, H*D)``: column block ``h`` is ``V[h]`` (one GEMM
+        applies every basis at once).
     The output is a derived :class:`Param` named by ``out_param``; ``out`` is a dummy value.
     """
 
     out_param: str
-    mode: Literal["vec", "compose", "transpose", "compose_bias"]
+    mode: Literal["vec", "compose", "transpose", "compose_bias", "split_heads", "bases", "join_heads"]
     a: str
     b: str | None = None
     end: Literal["src", "dst"] | None = None
@@ -364,6 +389,8 @@ _OPNAMES: dict[type, str] = {
     EdgeSoftmax: "edge_softmax",
     Aggregate: "aggregate",
     ReduceSum: "reduce_sum",
+    Broadcast: "broadcast",
+    View: "view",
     WeightGrad: "weight_grad",
     Concat: "concat",
     GatedResidual: "gated_residual",
@@ -518,6 +545,16 @@ class ProgramBuilder:
         self.params[name] = p
         return name
 
+    def _weight(self, name: str, by: ParamBy, shape: tuple[int, ...]) -> str:
+        """A linear's weight: a learnable param declared here, or a derived one declared before (a fold's)."""
+        old = self.params.get(name)
+        if old is not None and old.derived:
+            if (old.by, old.shape) != (by, tuple(shape)):
+                need = f"{by}[{'x'.join(map(str, shape))}]"
+                raise IRError(f"param {name!r} is derived as {old}; this linear needs {need}")
+            return name
+        return self._param(name, by, shape)
+
     # -- ops -----------------------------------------------------------------
     def src(self, x: Value) -> Value:
         """Per edge, ``x`` at the source node."""
@@ -543,12 +580,38 @@ class ProgramBuilder:
         if per_head:
             if x.heads != heads:
                 raise IRError(f"per-head linear keeps heads: input has {x.heads}, output {heads}")
-            self._param(weight, by, (heads, x.dim, dim))
+            self._weight(weight, by, (heads, x.dim, dim))
         else:
-            self._param(weight, by, (x.heads * x.dim, heads * dim))
+            self._weight(weight, by, (x.heads * x.dim, heads * dim))
         if bias:
             self._param(bias, by, (heads * dim,), init="zeros")
         return self._emit(TypedLinear(self._new(x.domain, heads, dim), x, weight, bias, by, per_head))
+
+    def basis_weight(self, name: str, bases: str, comp: str, num_bases: int, shape: tuple[int, int]) -> str:
+        """The per-relation weight ``name[r] = sum_b comp[r, b] bases[b]`` of a basis decomposition (R-GCN's):
+        declares ``bases`` ``(num_bases, Din, Dout)`` shared by all relations, ``comp`` ``(num_bases,)`` per
+        relation (both Glorot-initialized, as PyG's ``RGCNConv(num_bases=...)``), and ``name``, derived from
+        them once per call (a ``bases`` fold); returns ``name``, the weight of a :meth:`typed_linear` by relation."""
+        if num_bases < 1:
+            raise IRError(f"param {name!r}: num_bases={num_bases} must be a positive integer")
+        din, dout = shape
+        self._param(bases, "none", (num_bases, din, dout))
+        self._param(comp, "rel", (num_bases,))
+        derived = Param(name, "rel", (int(din), int(dout)), derived=True)
+        if name in self.params:
+            raise IRError(f"param {name!r} is declared twice (as {self.params[name]} and as {derived})")
+        self.params[name] = derived
+        self.ops.append(FoldWeights(out=self.x, out_param=name, mode="bases", a=bases, b=comp))
+        return name
+
+    def view(self, x: Value, heads: int) -> Value:
+        """``x`` with its ``heads x dim`` features regrouped into ``heads`` heads (row-major: no data moves;
+        ``node[1 x 64]`` viewed with 4 heads is ``node[4 x 16]``, and back)."""
+        width = x.heads * x.dim
+        if heads < 1 or width % heads:
+            valid = [h for h in range(1, width + 1) if width % h == 0]
+            raise IRError(f"view: {width} features do not split into heads={heads}; valid heads: {valid}")
+        return self._emit(View(self._new(x.domain, heads, width // heads), x))
 
     def param(self, name: str, like: Value, dim: int | None = None, by: ParamBy = "rel",
               init: ParamInit = "glorot") -> Value:

@@ -125,9 +125,10 @@ class ModelSpec:
     def __post_init__(self) -> None:
         self._by_name.update({o.name: o for o in self.options})
 
-    def resolve(self, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """Every option's value: the given ones checked and converted, the rest at their defaults."""
-        given = dict(options or {})
+    def resolve(self, options: Mapping[str, Any] | str | None = None) -> dict[str, Any]:
+        """Every option's value: the given ones (a mapping, or canonical text) checked and converted, the
+        rest at their defaults."""
+        given = parse_key(options) if isinstance(options, str) else dict(options or {})
         unknown = sorted(set(given) - set(self._by_name))
         if unknown:
             valid = ", ".join(o.describe() for o in self.options) or "none"
@@ -137,7 +138,7 @@ class ModelSpec:
     def key(self, options: Mapping[str, Any] | str | None = None) -> str:
         """The canonical text of ``options`` (a mapping, or such a text): the non-default ones, sorted,
         ``name=value`` joined by commas (:func:`parse_key` reads it back)."""
-        resolved = self.resolve(parse_key(options) if isinstance(options, str) else options)
+        resolved = self.resolve(options)
         parts = []
         for o in sorted(self.options, key=lambda o: o.name):
             if resolved[o.name] != o.default:
@@ -148,7 +149,7 @@ class ModelSpec:
         return ",".join(parts)
 
     def build(self, in_dim: int = 64, out_dim: int = 64, heads: int = 1,
-              options: Mapping[str, Any] | None = None) -> Program:
+              options: Mapping[str, Any] | str | None = None) -> Program:
         """The model's program at these sizes and options."""
         for what, v in (("in_dim", in_dim), ("out_dim", out_dim), ("heads", heads)):
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
@@ -223,8 +224,7 @@ def build_model(name: str, in_dim: int = 64, out_dim: int = 64, heads: int = 1,
                 options: Mapping[str, Any] | str | None = None, source: str | None = None) -> Program:
     """The program of model ``name`` (see :func:`model_spec`) with ``options`` (a mapping, or their
     canonical text)."""
-    spec = model_spec(name, source)
-    return spec.build(in_dim, out_dim, heads, parse_key(options) if isinstance(options, str) else options)
+    return model_spec(name, source).build(in_dim, out_dim, heads, options)
 
 
 def parse_key(text: str) -> dict[str, str]:

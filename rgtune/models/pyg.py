@@ -3,6 +3,8 @@
 The parameter mapping is the one documented in :class:`~rgtune.models.RGCN` and
 :class:`~rgtune.models.HGT`; with it, PyG's layers compute the same numbers as ours (the tests
 check it, the benchmarks rely on it). The returned module has the layer's dtype and device.
+:func:`to_pyg_rgcn_state` does the same for a state (name -> tensor) of the RGCN program with a
+weight decomposition (``num_bases`` or ``num_blocks``, :func:`rgtune.ir.models.rgcn`).
 
 Example (needs ``torch_geometric``):
     >>> import torch
@@ -18,12 +20,15 @@ Example (needs ``torch_geometric``):
 
 from __future__ import annotations
 
+from typing import Mapping
+
 import torch
 
+from rgtune.data.graph import HeteroGraph
 from rgtune.models.hgt import HGT
 from rgtune.models.rgcn import RGCN
 
-__all__ = ["to_pyg_rgcn", "to_pyg_hgt"]
+__all__ = ["to_pyg_rgcn", "to_pyg_rgcn_state", "to_pyg_hgt"]
 
 
 def _like(conv: torch.nn.Module, layer: torch.nn.Module) -> torch.nn.Module:
@@ -41,6 +46,32 @@ def to_pyg_rgcn(layer: RGCN) -> torch.nn.Module:
         conv.weight.copy_(layer.weight)
         conv.root.copy_(layer.root)
         conv.bias.copy_(layer.bias)
+    return conv
+
+
+def to_pyg_rgcn_state(graph: HeteroGraph, state: Mapping[str, torch.Tensor], in_dim: int, out_dim: int,
+                      num_bases: int | None = None, num_blocks: int | None = None) -> torch.nn.Module:
+    """``torch_geometric.nn.RGCNConv(in_dim, out_dim, R, num_bases=..., num_blocks=..., aggr="mean")`` with the
+    params of an rgtune RGCN state (name -> tensor; the program of ``rgtune.ir.models.rgcn`` with the same
+    options) copied in: the names and shapes are PyG's (``weight``, ``comp`` with bases, ``root``, ``bias``),
+    so the copy is one to one. ``R`` is ``graph.num_rels``; relation ``r`` is ``graph.canonical_etypes[r]``
+    (call the module as ``conv(x, edge_index, edge_type)`` with ``edge_type = graph.etype``). The module has
+    the dtype and device of ``state["weight"]``."""
+    from torch_geometric.nn import RGCNConv
+
+    conv = RGCNConv(in_dim, out_dim, graph.num_rels, num_bases=num_bases, num_blocks=num_blocks, aggr="mean")
+    ref = state["weight"]
+    conv = conv.to(device=ref.device, dtype=ref.dtype)  # before the copy: float32 would round float64 weights
+    own = dict(conv.named_parameters())
+    if set(own) != set(state):
+        raise KeyError(f"RGCNConv(num_bases={num_bases}, num_blocks={num_blocks}) has params {sorted(own)}, "
+                       f"the state has {sorted(state)}")
+    with torch.no_grad():
+        for name, p in own.items():
+            if tuple(p.shape) != tuple(state[name].shape):
+                raise ValueError(f"param {name!r}: PyG's shape is {tuple(p.shape)}, "
+                                 f"the state's {tuple(state[name].shape)}")
+            p.copy_(state[name])
     return conv
 
 

@@ -20,9 +20,9 @@ from typing import Any, Mapping
 
 from rgtune.ir.passes.base import Knob, Pass
 from rgtune.ir.program import (EDGE, PAIR_OF_SIDE, Binary, Concat, Expand, Gather, GatherPair, GraphConst, Inner,
-                               Op, ParamRead, Program, Rewriter, Scale, TypedLinear, Unary, Value)
+                               Op, ParamRead, Program, ReduceSum, Rewriter, Scale, TypedLinear, Unary, Value)
 
-_COMPUTE = (TypedLinear, Inner, Binary, Unary, Scale, Concat)
+_COMPUTE = (TypedLinear, Inner, Binary, Unary, Scale, Concat, ReduceSum)
 
 
 def edge_keys(program: Program) -> dict[str, frozenset[str]]:

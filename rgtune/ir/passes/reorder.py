@@ -10,6 +10,15 @@ Knobs (each declared only where its pattern occurs):
   relation and per head (HGT's ``K W_att`` and ``V W_msg``).
 * ``reorder.fold_attention`` (``off`` | ``on``): ``<h W_r, a_r> = h (W_r a_r)`` per head (RGAT):
   the attention logit needs no ``h W_r`` row.
+* ``reorder.bases`` (``fold`` | ``transform``), where a per-relation linear of gathered node rows
+  has a basis-decomposed weight ``W_r = sum_b comp[r, b] V_b`` (RGCN's ``num_bases``): ``fold``
+  derives every ``W_r`` once per call (``R * B * Din * Dout`` multiply-adds on weights) and
+  multiplies the rows relation by relation (one GEMM per relation, over edges or unique pairs);
+  ``transform`` multiplies every node by all the bases at once, ``h [V_1 ... V_B]`` (one GEMM over
+  the nodes with ``B * Dout`` columns), and each edge (or pair) combines the ``B`` slices of its
+  node's row with ``comp[r]``: ``h W_r = sum_b comp[r, b] (h V_b)``. Fewer relations and more
+  edges favour ``fold``; many relations, many bases and few nodes, ``transform``. ``transform``
+  leaves no per-relation linear for ``reorder.aggregate_first`` to reorder (a constraint says so).
 * ``reorder.aggregate_first`` (``off`` | ``on``): ``sum_e s_e (X_e W_r)`` becomes
   ``sum_{(dst, r)} (sum_{e in (dst, r)} s_e X_e) W_r``: aggregate, then transform once per
   unique (destination, relation) pair (RGCN's aggregate-then-transform; HGT's messages).
@@ -22,9 +31,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from rgtune.ir.passes.base import Knob, Pass
+from rgtune.ir.passes.base import Constraint, Knob, Pass
 from rgtune.ir.program import (DST_PAIR, EDGE, NODE, Aggregate, Binary, FoldWeights, Gather, Inner, Param,
-                               ParamRead, Program, Rewriter, TypedLinear, Value)
+                               ParamRead, Program, ReduceSum, Rewriter, TypedLinear, Value)
 
 
 class ReorderPass(Pass):
@@ -41,10 +50,21 @@ class ReorderPass(Pass):
         if _fold_attention_matches(program):
             found.append(Knob("reorder.fold_attention", ("off", "on"), "off",
                               "fold attention vectors into the weights: <h W, a> = h (W a)"))
+        if _bases_matches(program):
+            found.append(Knob("reorder.bases", ("fold", "transform"), "fold",
+                              "combine the bases into per-relation weights first, or transform every node by all "
+                              "bases and combine per edge"))
         if _aggregate_first_matches(program):
             found.append(Knob("reorder.aggregate_first", ("off", "on"), "off",
                               "aggregate per (destination, relation) first, then apply the per-relation linear"))
         return found
+
+    def constraints(self, program: Program, graph: Any) -> list[Constraint]:
+        if not (_bases_matches(program) and _aggregate_first_matches(program)):
+            return []
+        return [Constraint("bases_transform_aggregate_first",
+                           "reorder.bases=transform removes the per-relation linear that reorder.aggregate_first moves",
+                           _bases_transform_without_aggregate_first)]
 
     def apply(self, program: Program, config: Mapping[str, Any], graph: Any) -> Program:
         if config.get("reorder.attention_side") == "dst":
@@ -53,6 +73,8 @@ class ReorderPass(Pass):
             program = _compose(program)
         if config.get("reorder.fold_attention") == "on":
             program = _fold_attention(program)
+        if config.get("reorder.bases") == "transform":
+            program = _transform_by_bases(program)
         if config.get("reorder.aggregate_first") == "on":
             program = _aggregate_first(program)
         return program
@@ -173,6 +195,59 @@ def _fold_attention(program: Program) -> Program:
             rw.alias(op.out, new)
         else:
             rw.emit(op)
+    return rw.finish()
+
+
+# ------------------------------------------------------------------------- bases
+def _bases_candidates(program: Program) -> list[tuple[TypedLinear, Gather, FoldWeights]]:
+    """Per-relation linears of gathered node rows whose weight is a combination of bases."""
+    prod = program.producers()
+    folds = {op.out_param: op for op in program.ops if isinstance(op, FoldWeights) and op.mode == "bases"}
+    found = []
+    for op in program.ops:
+        if not (isinstance(op, TypedLinear) and op.by == "rel" and not op.per_head and op.bias is None
+                and op.weight in folds and op.x.heads == 1 and op.out.heads == 1):
+            continue
+        g = prod.get(op.x.name)
+        if isinstance(g, Gather) and g.x.domain == NODE:
+            found.append((op, g, folds[op.weight]))
+    return found
+
+
+def _bases_matches(program: Program) -> bool:
+    return bool(_bases_candidates(program))
+
+
+def _bases_transform_without_aggregate_first(cfg: Mapping[str, Any]) -> str | None:
+    if cfg.get("reorder.bases") == "transform" and cfg.get("reorder.aggregate_first") == "on":
+        return ("reorder.bases=transform combines the bases per edge after one GEMM over the nodes: no per-relation "
+                "linear is left for reorder.aggregate_first=on to move after the aggregation; choose "
+                "reorder.aggregate_first=off or reorder.bases=fold")
+    return None
+
+
+def _transform_by_bases(program: Program) -> Program:
+    """``gather(x) W_r`` with ``W_r = sum_b comp[r, b] V_b`` becomes ``sum_b comp[r, b] gather(x [V_1 ... V_B])_b``."""
+    targets = {lin.out.name: (g, fold) for lin, g, fold in _bases_candidates(program)}
+    rw = Rewriter(program)
+    transformed: dict[tuple[str, str], Value] = {}  # (node value, bases) -> the node value times every basis
+    for op in program.ops:
+        if op.out.name not in targets or not isinstance(op, TypedLinear):
+            rw.emit(op)
+            continue
+        g, fold = targets[op.out.name]
+        num_bases, din, dout = program.params[fold.a].shape
+        key = (g.x.name, fold.a)
+        if key not in transformed:
+            joined = rw.add_fold(FoldWeights(out=op.out, out_param=f"{fold.a}__joined", mode="join_heads", a=fold.a),
+                                 Param(f"{fold.a}__joined", program.params[fold.a].by, (din, num_bases * dout),
+                                       derived=True))
+            transformed[key] = rw.add(TypedLinear, NODE, num_bases, dout, x=rw.get(g.x), weight=joined, bias=None,
+                                      by=program.params[fold.a].by)
+        slices = rw.add(Gather, EDGE, num_bases, dout, x=transformed[key], end=g.end)
+        comp = rw.add(ParamRead, EDGE, num_bases, 1, param=fold.b, by="rel", domain=EDGE)
+        weighted = rw.add(Binary, EDGE, num_bases, dout, op="mul", a=slices, b=comp)
+        rw.alias(op.out, rw.add(ReduceSum, EDGE, 1, dout, x=weighted, over="heads"))
     return rw.finish()
 
 
