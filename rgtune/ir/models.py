@@ -1,8 +1,9 @@
-"""RGCN, RGAT and HGT written in the inter-operator IR.
+"""RGCN, RGAT, HGT and FiLM written in the inter-operator IR.
 
 Each function reads like the model's equations (DESIGN.md, "The models"). Parameter names
 and slice shapes are those of the reference layers in :mod:`rgtune.models`, so a state_dict
-moves between a reference layer and a compiled one unchanged. The passes, not these
+moves between a reference layer and a compiled one unchanged (FiLM's map to PyG's ``FiLMConv``
+through :func:`rgtune.models.pyg.to_pyg_film`). The passes, not these
 functions, decide how each value is materialized and computed.
 
 Example:
@@ -57,6 +58,28 @@ def hgt(in_dim: int, out_dim: int, heads: int = 1) -> Program:
     out = p.typed_linear(p.gelu(h), "a_weight", out=(1, out_dim), by="ntype", bias="a_bias")
     return p.finish(p.gated_residual(out, x, "skip") if in_dim == out_dim else out)
 
+
+def film(in_dim: int, out_dim: int, heads: int = 1) -> Program:
+    """GNN-FiLM (Brockschmidt, ICML 2020) as PyG ``FiLMConv`` (act ReLU, aggr mean), per node ``i``:
+
+    ``h'_i = relu(gamma_i * (h_i W_skip) + beta_i) + sum_r mean_{j in N_r(i)} relu(gamma_{r,i} * (h_j W_r) + beta_{r,i})``
+
+    with ``beta_i = h_i B_skip``, ``gamma_i = h_i G_skip`` and, per relation, from the destination,
+    ``beta_{r,i} = h_i B_r + b_r``, ``gamma_{r,i} = h_i G_r + g_r``. PyG's ``films[r]`` (``film_skip``)
+    computes ``[beta | gamma]`` in one linear; here they are two, whose weights concatenate to PyG's
+    (:func:`rgtune.models.pyg.to_pyg_film`). Every weight and bias starts as PyG's ``Linear``'s.
+    """
+    if heads != 1:
+        raise IRError(f"film has one head, got heads={heads}; use heads=1")
+    p = ProgramBuilder("film", in_dim, heads)
+    x, out = p.x, (1, out_dim)
+    init = {"init": "uniform", "bias_init": "uniform"}  # PyG's Linear: U(+-1/sqrt(in_dim)), weight and bias
+    skip = p.mul(p.linear(x, "film_skip_gamma", out=out, **init), p.linear(x, "lin_skip", out=out, **init))
+    skip = p.relu(p.add(skip, p.linear(x, "film_skip_beta", out=out, **init)))
+    beta = p.typed_linear(p.dst(x), "films_beta", out=out, by="rel", bias="films_beta_bias", **init)
+    gamma = p.typed_linear(p.dst(x), "films_gamma", out=out, by="rel", bias="films_gamma_bias", **init)
+    message = p.relu(p.add(p.mul(gamma, p.typed_linear(p.src(x), "lins", out=out, by="rel", **init)), beta))
+    return p.finish(p.add(skip, p.aggregate(p.mul(message, p.inv_dst_rel_degree()))))
 
 def _head_dim(out_dim: int, heads: int) -> int:
     if heads < 1 or out_dim % heads:

@@ -37,9 +37,11 @@ DOMAINS = (NODE, EDGE, SRC_PAIR, DST_PAIR)
 PAIR_OF_SIDE = {"src": SRC_PAIR, "dst": DST_PAIR}
 
 ParamBy = Literal["ntype", "rel", "none"]
-#: how a learnable param starts: Glorot uniform over the slice's last two dims (PyG's ``glorot``), 0, or 1
-ParamInit = Literal["glorot", "zeros", "ones"]
-PARAM_INITS = ("glorot", "zeros", "ones")
+#: how a learnable param starts: Glorot uniform over the slice's last two dims (PyG's ``glorot``), 0, 1, or
+#: ``uniform``: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) with the param's ``fan_in`` (the default of torch's and
+#: PyG's ``Linear``, for its weight and its bias alike)
+ParamInit = Literal["glorot", "zeros", "ones", "uniform"]
+PARAM_INITS = ("glorot", "zeros", "ones", "uniform")
 
 UNARY_OPS = ("leaky_relu", "gelu", "exp", "sigmoid", "relu", "neg")
 #: the derivatives of the unary ops, written as unary ops of the same input (the adjoint uses them)
@@ -57,7 +59,8 @@ class Param:
 
     ``shape`` is the shape of one slice. ``per_head`` linears have slices ``(H, Din, Dout)``.
     ``derived`` params are computed from others each call (linear reordering folds weights);
-    they are not in the state_dict. ``init`` says how a layer initializes a learnable one.
+    they are not in the state_dict. ``init`` says how a layer initializes a learnable one; ``fan_in``
+    is the input size the ``uniform`` init scales by (a bias's is its linear's, not in its shape).
     """
 
     name: str
@@ -67,6 +70,7 @@ class Param:
     #: the gradient of this param (an adjoint program's output; see :mod:`rgtune.ir.autodiff`)
     grad_of: str | None = None
     init: ParamInit = "glorot"
+    fan_in: int | None = None
 
     def __str__(self) -> str:
         kind = "derived " if self.derived else f"grad({self.grad_of}) " if self.grad_of else ""
@@ -496,10 +500,14 @@ class ProgramBuilder:
         self.ops.append(op)
         return op.out
 
-    def _param(self, name: str, by: ParamBy, shape: tuple[int, ...], init: ParamInit = "glorot") -> str:
+    def _param(self, name: str, by: ParamBy, shape: tuple[int, ...], init: ParamInit = "glorot",
+               fan_in: int | None = None) -> str:
         if init not in PARAM_INITS:
             raise IRError(f"param {name!r}: unknown init {init!r}; choose one of {list(PARAM_INITS)}")
-        p = Param(name, by, tuple(int(s) for s in shape), init=init)
+        if init == "uniform" and fan_in is None:
+            raise IRError(f"param {name!r}: the uniform init needs the fan-in (the linear's input size)")
+        p = Param(name, by, tuple(int(s) for s in shape), init=init,
+                  fan_in=int(fan_in) if init == "uniform" and fan_in is not None else None)
         old = self.params.get(name)
         if old is not None and old != p:
             raise IRError(f"param {name!r} declared as {old} and again as {p}")
@@ -521,9 +529,12 @@ class ProgramBuilder:
         return self._emit(Gather(self._new(EDGE, x.heads, x.dim), x, end))
 
     def typed_linear(self, x: Value, weight: str, out: tuple[int, int], by: ParamBy = "rel",
-                     bias: str | None = None, per_head: bool = False) -> Value:
-        """``x @ weight[type] + bias[type]`` with ``type`` the node type (``by="ntype"``) or relation."""
+                     bias: str | None = None, per_head: bool = False, init: ParamInit = "glorot",
+                     bias_init: ParamInit = "zeros") -> Value:
+        """``x @ weight[type] + bias[type]`` with ``type`` the node type (``by="ntype"``) or relation;
+        ``init``, ``bias_init`` as :class:`Param`'s (a ``uniform`` one scales by this linear's fan-in)."""
         heads, dim = out
+        fan_in = x.dim if per_head else x.heads * x.dim
         if by == "ntype" and x.domain != NODE:
             raise IRError("a typed linear by node type reads node values; gather after it")
         if by == "rel" and x.domain == NODE:
@@ -531,11 +542,11 @@ class ProgramBuilder:
         if per_head:
             if x.heads != heads:
                 raise IRError(f"per-head linear keeps heads: input has {x.heads}, output {heads}")
-            self._param(weight, by, (heads, x.dim, dim))
+            self._param(weight, by, (heads, x.dim, dim), init, fan_in)
         else:
-            self._param(weight, by, (x.heads * x.dim, heads * dim))
+            self._param(weight, by, (x.heads * x.dim, heads * dim), init, fan_in)
         if bias:
-            self._param(bias, by, (heads * dim,), init="zeros")
+            self._param(bias, by, (heads * dim,), bias_init, fan_in)
         return self._emit(TypedLinear(self._new(x.domain, heads, dim), x, weight, bias, by, per_head))
 
     def param(self, name: str, like: Value, dim: int | None = None, by: ParamBy = "rel",
@@ -545,9 +556,10 @@ class ProgramBuilder:
         self._param(name, by, (like.heads,) if dim is None else (like.heads, dim), init)
         return self._emit(ParamRead(self._new(like.domain, like.heads, dim or 1), name, by, like.domain))
 
-    def linear(self, x: Value, weight: str, out: tuple[int, int], bias: str | None = None) -> Value:
+    def linear(self, x: Value, weight: str, out: tuple[int, int], bias: str | None = None,
+               init: ParamInit = "glorot", bias_init: ParamInit = "zeros") -> Value:
         """``x @ weight + bias`` with one weight for all rows."""
-        return self.typed_linear(x, weight, out, by="none", bias=bias)
+        return self.typed_linear(x, weight, out, by="none", bias=bias, init=init, bias_init=bias_init)
 
     def inv_dst_rel_degree(self) -> Value:
         """Per edge ``1/|N_r(dst)|``: a mean over each relation's in-neighbours."""
@@ -573,6 +585,9 @@ class ProgramBuilder:
 
     def leaky_relu(self, x: Value, slope: float = 0.2) -> Value:
         return self._emit(Unary(self._new(x.domain, x.heads, x.dim), "leaky_relu", x, float(slope)))
+
+    def relu(self, x: Value) -> Value:
+        return self._emit(Unary(self._new(x.domain, x.heads, x.dim), "relu", x))
 
     def gelu(self, x: Value) -> Value:
         return self._emit(Unary(self._new(x.domain, x.heads, x.dim), "gelu", x))
