@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from rgtune.ir.program import IRError, Program, ProgramBuilder, inv_sqrt
+from rgtune.ir.program import IRError, ParamInit, Program, ProgramBuilder, inv_sqrt
 
 
 def rgcn(in_dim: int, out_dim: int, heads: int = 1) -> Program:
@@ -62,7 +62,8 @@ def hgt(in_dim: int, out_dim: int, heads: int = 1) -> Program:
 def film(in_dim: int, out_dim: int, heads: int = 1) -> Program:
     """GNN-FiLM (Brockschmidt, ICML 2020) as PyG ``FiLMConv`` (act ReLU, aggr mean), per node ``i``:
 
-    ``h'_i = relu(gamma_i * (h_i W_skip) + beta_i) + sum_r mean_{j in N_r(i)} relu(gamma_{r,i} * (h_j W_r) + beta_{r,i})``
+    ``h'_i = relu(gamma_i * (h_i W_skip) + beta_i)
+    + sum_r mean_{j in N_r(i)} relu(gamma_{r,i} * (h_j W_r) + beta_{r,i})``
 
     with ``beta_i = h_i B_skip``, ``gamma_i = h_i G_skip`` and, per relation, from the destination,
     ``beta_{r,i} = h_i B_r + b_r``, ``gamma_{r,i} = h_i G_r + g_r``. PyG's ``films[r]`` (``film_skip``)
@@ -73,13 +74,15 @@ def film(in_dim: int, out_dim: int, heads: int = 1) -> Program:
         raise IRError(f"film has one head, got heads={heads}; use heads=1")
     p = ProgramBuilder("film", in_dim, heads)
     x, out = p.x, (1, out_dim)
-    init = {"init": "uniform", "bias_init": "uniform"}  # PyG's Linear: U(+-1/sqrt(in_dim)), weight and bias
+    # PyG's Linear starts weight and bias U(+-1/sqrt(in_dim))
+    init: dict[str, ParamInit] = {"init": "uniform", "bias_init": "uniform"}
     skip = p.mul(p.linear(x, "film_skip_gamma", out=out, **init), p.linear(x, "lin_skip", out=out, **init))
     skip = p.relu(p.add(skip, p.linear(x, "film_skip_beta", out=out, **init)))
     beta = p.typed_linear(p.dst(x), "films_beta", out=out, by="rel", bias="films_beta_bias", **init)
     gamma = p.typed_linear(p.dst(x), "films_gamma", out=out, by="rel", bias="films_gamma_bias", **init)
     message = p.relu(p.add(p.mul(gamma, p.typed_linear(p.src(x), "lins", out=out, by="rel", **init)), beta))
     return p.finish(p.add(skip, p.aggregate(p.mul(message, p.inv_dst_rel_degree()))))
+
 
 def _head_dim(out_dim: int, heads: int) -> int:
     if heads < 1 or out_dim % heads:
