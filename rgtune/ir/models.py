@@ -1,4 +1,5 @@
-"""The built-in models, written in the inter-operator IR and registered (:mod:`rgtune.ir.registry`).
+"""The built-in models (RGCN, RGAT, HGT, FiLM), written in the inter-operator IR and registered
+(:mod:`rgtune.ir.registry`).
 
 Each function reads like the model's equations (DESIGN.md, "The models"); its keyword-only
 parameters are the model's options. A program declares its parameters (names, slice shapes,
@@ -18,10 +19,10 @@ import math
 import numbers
 from typing import Literal
 
-from rgtune.ir.program import IRError, Program, ProgramBuilder, inv_sqrt
+from rgtune.ir.program import IRError, ParamInit, Program, ProgramBuilder, inv_sqrt
 from rgtune.ir.registry import build_model, register_model
 
-__all__ = ["rgcn", "rgat", "hgt", "build_model"]
+__all__ = ["rgcn", "rgat", "hgt", "film", "build_model"]
 
 
 def rgcn(in_dim: int, out_dim: int, heads: int = 1, *, num_bases: int | None = None,
@@ -118,11 +119,36 @@ def hgt(in_dim: int, out_dim: int, heads: int = 1) -> Program:
     return p.finish(p.gated_residual(out, x, "skip") if in_dim == out_dim else out)
 
 
+def film(in_dim: int, out_dim: int, heads: int = 1) -> Program:
+    """GNN-FiLM (Brockschmidt, ICML 2020) as PyG ``FiLMConv`` (act ReLU, aggr mean), per node ``i``:
+
+    ``h'_i = relu(gamma_i * (h_i W_skip) + beta_i)
+    + sum_r mean_{j in N_r(i)} relu(gamma_{r,i} * (h_j W_r) + beta_{r,i})``
+
+    with ``beta_i = h_i B_skip``, ``gamma_i = h_i G_skip`` and, per relation, from the destination,
+    ``beta_{r,i} = h_i B_r + b_r``, ``gamma_{r,i} = h_i G_r + g_r``. PyG's ``films[r]`` (``film_skip``)
+    computes ``[beta | gamma]`` in one linear; here they are two, whose weights concatenate to PyG's
+    (:func:`rgtune.models.pyg.to_pyg_film`). Every weight and bias starts as PyG's ``Linear``'s.
+    """
+    if heads != 1:
+        raise IRError(f"film has one head, got heads={heads}; use heads=1")
+    p = ProgramBuilder("film", in_dim, heads)
+    x, out = p.x, (1, out_dim)
+    # PyG's Linear starts weight and bias U(+-1/sqrt(in_dim))
+    init: dict[str, ParamInit] = {"init": "uniform", "bias_init": "uniform"}
+    skip = p.mul(p.linear(x, "film_skip_gamma", out=out, **init), p.linear(x, "lin_skip", out=out, **init))
+    skip = p.relu(p.add(skip, p.linear(x, "film_skip_beta", out=out, **init)))
+    beta = p.typed_linear(p.dst(x), "films_beta", out=out, by="rel", bias="films_beta_bias", **init)
+    gamma = p.typed_linear(p.dst(x), "films_gamma", out=out, by="rel", bias="films_gamma_bias", **init)
+    message = p.relu(p.add(p.mul(gamma, p.typed_linear(p.src(x), "lins", out=out, by="rel", **init)), beta))
+    return p.finish(p.add(skip, p.aggregate(p.mul(message, p.inv_dst_rel_degree()))))
+
+
 def _head_dim(out_dim: int, heads: int) -> int:
     if heads < 1 or out_dim % heads:
         raise IRError(f"out_dim={out_dim} is not divisible by heads={heads}")
     return out_dim // heads
 
 
-for _builder in (rgcn, rgat, hgt):
+for _builder in (rgcn, rgat, hgt, film):
     register_model(_builder.__name__, _builder)

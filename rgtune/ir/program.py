@@ -38,9 +38,11 @@ PAIR_OF_SIDE = {"src": SRC_PAIR, "dst": DST_PAIR}
 
 ParamBy = Literal["ntype", "rel", "none"]
 #: how a learnable param starts: Glorot uniform over the last two dims of its full tensor (PyG's ``glorot``: a
-#: slice's own two for a matrix slice; types x entries for a per-type vector, RGCN's ``comp (R, B)``), 0, or 1
-ParamInit = Literal["glorot", "zeros", "ones"]
-PARAM_INITS = ("glorot", "zeros", "ones")
+#: slice's own two for a matrix slice; types x entries for a per-type vector, RGCN's ``comp (R, B)``), 0, 1,
+#: or ``uniform``: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) with the param's ``fan_in`` (the default of torch's and
+#: PyG's ``Linear``, for its weight and its bias alike)
+ParamInit = Literal["glorot", "zeros", "ones", "uniform"]
+PARAM_INITS = ("glorot", "zeros", "ones", "uniform")
 
 UNARY_OPS = ("leaky_relu", "gelu", "exp", "sigmoid", "relu", "neg")
 #: what an edge softmax normalizes over: each destination's in-edges (all relations), or each destination's
@@ -61,7 +63,8 @@ class Param:
 
     ``shape`` is the shape of one slice. ``per_head`` linears have slices ``(H, Din, Dout)``.
     ``derived`` params are computed from others each call (linear reordering folds weights);
-    they are not in the state_dict. ``init`` says how a layer initializes a learnable one.
+    they are not in the state_dict. ``init`` says how a layer initializes a learnable one; ``fan_in``
+    is the input size the ``uniform`` init scales by (a bias's is its linear's, not in its shape).
     """
 
     name: str
@@ -71,6 +74,7 @@ class Param:
     #: the gradient of this param (an adjoint program's output; see :mod:`rgtune.ir.autodiff`)
     grad_of: str | None = None
     init: ParamInit = "glorot"
+    fan_in: int | None = None
 
     def __str__(self) -> str:
         kind = "derived " if self.derived else f"grad({self.grad_of}) " if self.grad_of else ""
@@ -535,17 +539,22 @@ class ProgramBuilder:
         self.ops.append(op)
         return op.out
 
-    def _param(self, name: str, by: ParamBy, shape: tuple[int, ...], init: ParamInit = "glorot") -> str:
+    def _param(self, name: str, by: ParamBy, shape: tuple[int, ...], init: ParamInit = "glorot",
+               fan_in: int | None = None) -> str:
         if init not in PARAM_INITS:
             raise IRError(f"param {name!r}: unknown init {init!r}; choose one of {list(PARAM_INITS)}")
-        p = Param(name, by, tuple(int(s) for s in shape), init=init)
+        if init == "uniform" and fan_in is None:
+            raise IRError(f"param {name!r}: the uniform init needs the fan-in (the linear's input size)")
+        p = Param(name, by, tuple(int(s) for s in shape), init=init,
+                  fan_in=int(fan_in) if init == "uniform" and fan_in is not None else None)
         old = self.params.get(name)
         if old is not None and old != p:
             raise IRError(f"param {name!r} declared as {old} and again as {p}")
         self.params[name] = p
         return name
 
-    def _weight(self, name: str, by: ParamBy, shape: tuple[int, ...]) -> str:
+    def _weight(self, name: str, by: ParamBy, shape: tuple[int, ...], init: ParamInit = "glorot",
+                fan_in: int | None = None) -> str:
         """A linear's weight: a learnable param declared here, or a derived one declared before (a fold's)."""
         old = self.params.get(name)
         if old is not None and old.derived:
@@ -553,7 +562,7 @@ class ProgramBuilder:
                 need = f"{by}[{'x'.join(map(str, shape))}]"
                 raise IRError(f"param {name!r} is derived as {old}; this linear needs {need}")
             return name
-        return self._param(name, by, shape)
+        return self._param(name, by, shape, init, fan_in)
 
     # -- ops -----------------------------------------------------------------
     def src(self, x: Value) -> Value:
@@ -570,9 +579,12 @@ class ProgramBuilder:
         return self._emit(Gather(self._new(EDGE, x.heads, x.dim), x, end))
 
     def typed_linear(self, x: Value, weight: str, out: tuple[int, int], by: ParamBy = "rel",
-                     bias: str | None = None, per_head: bool = False) -> Value:
-        """``x @ weight[type] + bias[type]`` with ``type`` the node type (``by="ntype"``) or relation."""
+                     bias: str | None = None, per_head: bool = False, init: ParamInit = "glorot",
+                     bias_init: ParamInit = "zeros") -> Value:
+        """``x @ weight[type] + bias[type]`` with ``type`` the node type (``by="ntype"``) or relation;
+        ``init``, ``bias_init`` as :class:`Param`'s (a ``uniform`` one scales by this linear's fan-in)."""
         heads, dim = out
+        fan_in = x.dim if per_head else x.heads * x.dim
         if by == "ntype" and x.domain != NODE:
             raise IRError("a typed linear by node type reads node values; gather after it")
         if by == "rel" and x.domain == NODE:
@@ -580,11 +592,11 @@ class ProgramBuilder:
         if per_head:
             if x.heads != heads:
                 raise IRError(f"per-head linear keeps heads: input has {x.heads}, output {heads}")
-            self._weight(weight, by, (heads, x.dim, dim))
+            self._weight(weight, by, (heads, x.dim, dim), init, fan_in)
         else:
-            self._weight(weight, by, (x.heads * x.dim, heads * dim))
+            self._weight(weight, by, (x.heads * x.dim, heads * dim), init, fan_in)
         if bias:
-            self._param(bias, by, (heads * dim,), init="zeros")
+            self._param(bias, by, (heads * dim,), bias_init, fan_in)
         return self._emit(TypedLinear(self._new(x.domain, heads, dim), x, weight, bias, by, per_head))
 
     def basis_weight(self, name: str, bases: str, comp: str, num_bases: int, shape: tuple[int, int]) -> str:
@@ -620,9 +632,10 @@ class ProgramBuilder:
         self._param(name, by, (like.heads,) if dim is None else (like.heads, dim), init)
         return self._emit(ParamRead(self._new(like.domain, like.heads, dim or 1), name, by, like.domain))
 
-    def linear(self, x: Value, weight: str, out: tuple[int, int], bias: str | None = None) -> Value:
+    def linear(self, x: Value, weight: str, out: tuple[int, int], bias: str | None = None,
+               init: ParamInit = "glorot", bias_init: ParamInit = "zeros") -> Value:
         """``x @ weight + bias`` with one weight for all rows."""
-        return self.typed_linear(x, weight, out, by="none", bias=bias)
+        return self.typed_linear(x, weight, out, by="none", bias=bias, init=init, bias_init=bias_init)
 
     def inv_dst_rel_degree(self) -> Value:
         """Per edge ``1/|N_r(dst)|``: a mean over each relation's in-neighbours."""
@@ -648,6 +661,9 @@ class ProgramBuilder:
 
     def leaky_relu(self, x: Value, slope: float = 0.2) -> Value:
         return self._emit(Unary(self._new(x.domain, x.heads, x.dim), "leaky_relu", x, float(slope)))
+
+    def relu(self, x: Value) -> Value:
+        return self._emit(Unary(self._new(x.domain, x.heads, x.dim), "relu", x))
 
     def gelu(self, x: Value) -> Value:
         return self._emit(Unary(self._new(x.domain, x.heads, x.dim), "gelu", x))

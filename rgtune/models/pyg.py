@@ -1,10 +1,11 @@
-"""PyG's ``RGCNConv`` and ``HGTConv`` with the weights of rgtune's reference layers copied in.
+"""PyG's ``RGCNConv``, ``HGTConv`` and ``FiLMConv`` with rgtune's weights copied in.
 
 The parameter mapping is the one documented in :class:`~rgtune.models.RGCN` and
 :class:`~rgtune.models.HGT`; with it, PyG's layers compute the same numbers as ours (the tests
 check it, the benchmarks rely on it). The returned module has the layer's dtype and device.
 :func:`to_pyg_rgcn_state` does the same for a state (name -> tensor) of the RGCN program with a
-weight decomposition (``num_bases`` or ``num_blocks``, :func:`rgtune.ir.models.rgcn`).
+weight decomposition (``num_bases`` or ``num_blocks``, :func:`rgtune.ir.models.rgcn`). FiLM has no
+reference layer: :func:`to_pyg_film` maps the state of the IR model :func:`rgtune.ir.models.film`.
 
 Example (needs ``torch_geometric``):
     >>> import torch
@@ -28,7 +29,7 @@ from rgtune.data.graph import HeteroGraph
 from rgtune.models.hgt import HGT
 from rgtune.models.rgcn import RGCN
 
-__all__ = ["to_pyg_rgcn", "to_pyg_rgcn_state", "to_pyg_hgt"]
+__all__ = ["to_pyg_rgcn", "to_pyg_rgcn_state", "to_pyg_hgt", "to_pyg_film"]
 
 
 def _like(conv: torch.nn.Module, layer: torch.nn.Module) -> torch.nn.Module:
@@ -97,4 +98,30 @@ def to_pyg_hgt(layer: HGT) -> torch.nn.Module:
             for h in range(H):
                 conv.k_rel.weight[h * R + r].copy_(layer.w_att[r, h])  # head-major type index
                 conv.v_rel.weight[h * R + r].copy_(layer.w_msg[r, h])
+    return conv
+
+
+def to_pyg_film(graph: HeteroGraph, state: Mapping[str, torch.Tensor], in_dim: int, out_dim: int) -> torch.nn.Module:
+    """``torch_geometric.nn.FiLMConv(in_dim, out_dim, graph.num_rels)`` (act ReLU, aggr mean) computing the IR
+    model :func:`rgtune.ir.models.film` with the params ``state``; call it as ``conv(x, edge_index, edge_type)``
+    with ``edge_index = [graph.src, graph.dst]`` and ``edge_type = graph.etype``.
+
+    PyG's linears hold ``W^T`` (``(out, in)``); ``films[r]`` and ``film_skip`` hold ``[beta | gamma]``
+    stacked, in that order (``forward`` splits beta first).
+    """
+    from torch_geometric.nn import FiLMConv
+
+    ref = state["lins"]
+    if graph.num_rels < 1 or tuple(ref.shape) != (graph.num_rels, in_dim, out_dim):
+        raise ValueError(f"state['lins'] has shape {tuple(ref.shape)}; a film layer of {in_dim} -> {out_dim} on "
+                         f"{graph.name} ({graph.num_rels} relations) has ({graph.num_rels}, {in_dim}, {out_dim})")
+    # before the copy: a float32 PyG module would round float64 weights
+    conv = FiLMConv(in_dim, out_dim, graph.num_rels).to(device=ref.device, dtype=ref.dtype)
+    with torch.no_grad():
+        for r in range(graph.num_rels):
+            conv.lins[r].weight.copy_(state["lins"][r].T)
+            conv.films[r].weight.copy_(torch.cat([state["films_beta"][r].T, state["films_gamma"][r].T], 0))
+            conv.films[r].bias.copy_(torch.cat([state["films_beta_bias"][r], state["films_gamma_bias"][r]]))
+        conv.lin_skip.weight.copy_(state["lin_skip"].T)
+        conv.film_skip.weight.copy_(torch.cat([state["film_skip_beta"].T, state["film_skip_gamma"].T], 0))
     return conv

@@ -263,13 +263,17 @@ def _compiled(space: SearchSpace, config: Mapping[str, Any], who: str) -> Point:
 def init_param(p: Param, count: int | None, *, dtype: torch.dtype, device: torch.device | str | None) -> torch.nn.Parameter:
     """A fresh parameter for ``p``: one slice per type (``count`` of them; None: one for all),
     initialized as the program declares (``glorot``: uniform in ``±sqrt(6 / (fan_in + fan_out))``
-    over the last two dims, as PyG's ``glorot``; ``zeros``; ``ones``)."""
+    over the last two dims of the full tensor, as PyG's ``glorot``; ``zeros``; ``ones``; ``uniform``:
+    in ``±1 / sqrt(p.fan_in)``, torch's ``Linear``)."""
     t = torch.empty(((count,) if count is not None else ()) + tuple(p.shape), dtype=dtype, device=device)
     with torch.no_grad():
         if p.init == "zeros":
             t.zero_()
         elif p.init == "ones":
             t.fill_(1.0)
+        elif p.init == "uniform":
+            bound = 1.0 / math.sqrt(p.fan_in or 1)
+            t.uniform_(-bound, bound)
         else:
             fans = t.shape[-2:] if t.dim() >= 2 else (t.numel(), 1) if t.dim() == 1 else (1, 1)
             bound = math.sqrt(6.0 / (int(fans[0]) + int(fans[1])))
