@@ -9,7 +9,8 @@ A model (or option) a library has no layer for raises :class:`Unavailable`. This
 :mod:`rgtune.models` are where models are named: they pin rgtune's semantics to the libraries'.
 The differences:
 
-* PyG ``RGCNConv(aggr="mean")``, DGL ``RelGraphConv`` (norm = 1/|N_r(i)|), PyG ``HGTConv``: same math.
+* PyG ``RGCNConv(aggr="mean")``, DGL ``RelGraphConv`` (norm = 1/|N_r(i)|), also with bases or blocks
+  (``num_bases``/``num_blocks``; DGL's ``basis``/``bdd``), PyG ``HGTConv``, PyG ``FiLMConv``: same math.
 * PyG ``RGATConv`` (across-relation softmax, additive attention): its attention kernels ``q``,
   ``k`` are shared by all relations, rgtune's ``attn_src``/``attn_dst`` are per relation. The
   same math when the attention vectors are equal across relations: :func:`tie_rgat_attention`
@@ -45,10 +46,10 @@ from torch import Tensor
 from rgtune.data.interop import to_dgl, to_pyg_homogeneous
 from rgtune.models import HGT, RGAT, RGCN, RelationalLayer
 from rgtune.models._base import edge_softmax, segment_matmul
-from rgtune.models.pyg import to_pyg_hgt, to_pyg_rgcn
+from rgtune.models.pyg import to_pyg_film, to_pyg_hgt, to_pyg_rgcn_state
 
 __all__ = ["Baseline", "BUILDERS", "Unavailable", "oracle", "prepare_weights", "torch_layer", "tie_rgat_attention",
-           "pyg_rgcn", "pyg_rgat", "pyg_hgt", "dgl_rgcn", "dgl_rgat", "dgl_hgt"]
+           "pyg_rgcn", "pyg_rgat", "pyg_hgt", "pyg_film", "dgl_rgcn", "dgl_rgat", "dgl_hgt"]
 
 #: sigmoid(30) = 1 - 9e-14: DGL's skip gate fully open, so its (zeroed) projected skip has no weight
 _OPEN_GATE = 30.0
@@ -161,9 +162,11 @@ def _pyg():
 
 
 def pyg_rgcn(layer: torch.nn.Module) -> Baseline:
+    """PyG's ``RGCNConv(aggr="mean")``, with ``num_bases``/``num_blocks`` as rgtune's options."""
     _pyg()
-    _plain_options(layer, "PyG RGCNConv")
-    conv = to_pyg_rgcn(layer)  # type: ignore[arg-type]
+    opts = _options(layer, "PyG RGCNConv", supported=("num_bases", "num_blocks"))
+    state = {k: v.detach() for k, v in layer.state_dict().items()}
+    conv = to_pyg_rgcn_state(layer.graph, state, layer.in_dim, layer.out_dim, **opts)  # type: ignore[arg-type]
     edge_index, edge_type, _ = to_pyg_homogeneous(layer.graph)  # type: ignore[attr-defined]
     edge_index, edge_type = edge_index.to(_device(layer)), edge_type.to(_device(layer))
     return Baseline("PyG RGCNConv", conv, lambda x: conv(x, edge_index, edge_type), oracle(layer), True, "same math")
@@ -229,13 +232,19 @@ def _dgl_homogeneous(layer: RelationalLayer):
 
 
 def dgl_rgcn(layer: torch.nn.Module) -> Baseline:
+    """DGL's ``RelGraphConv``; with ``num_bases``/``num_blocks`` its ``basis``/``bdd`` regularizer, whose
+    weights are laid out as PyG's and rgtune's (bases ``(B, in, out)`` and coefficients ``(R, B)``; blocks
+    ``(R, B * in/B * out/B)``, row-major the same as ``(R, B, in/B, out/B)``)."""
     from dgl.nn.pytorch import RelGraphConv
 
-    _plain_options(layer, "DGL RelGraphConv")
-
-    conv = RelGraphConv(layer.in_dim, layer.out_dim, layer.num_rels, regularizer=None, bias=True, self_loop=True)
+    opts = _options(layer, "DGL RelGraphConv", supported=("num_bases", "num_blocks"))
+    regularizer = "basis" if "num_bases" in opts else "bdd" if "num_blocks" in opts else None
+    conv = RelGraphConv(layer.in_dim, layer.out_dim, layer.num_rels, regularizer=regularizer,
+                        num_bases=opts.get("num_bases", opts.get("num_blocks")), bias=True, self_loop=True)
     with torch.no_grad():
-        conv.linear_r.W.copy_(layer.weight)
+        conv.linear_r.W.copy_(layer.weight.reshape(conv.linear_r.W.shape))
+        if regularizer == "basis":
+            conv.linear_r.coeff.copy_(layer.comp)
         conv.loop_weight.copy_(layer.root)
         conv.h_bias.copy_(layer.bias)
     dev, dt = _device(layer), _dtype(layer)
@@ -322,7 +331,18 @@ def _reference(layer: torch.nn.Module, options: dict[str, object]) -> torch.nn.M
     return other
 
 
+def pyg_film(layer: torch.nn.Module) -> Baseline:
+    """PyG's ``FiLMConv`` (ReLU, mean per relation): :func:`rgtune.ir.models.film`'s math."""
+    _pyg()
+    _plain_options(layer, "PyG FiLMConv")
+    state = {k: v.detach() for k, v in layer.state_dict().items()}
+    conv = to_pyg_film(layer.graph, state, layer.in_dim, layer.out_dim)  # type: ignore[arg-type]
+    edge_index, edge_type, _ = to_pyg_homogeneous(layer.graph)  # type: ignore[attr-defined]
+    edge_index, edge_type = edge_index.to(_device(layer)), edge_type.to(_device(layer))
+    return Baseline("PyG FiLMConv", conv, lambda x: conv(x, edge_index, edge_type), oracle(layer), True, "same math")
+
+
 BUILDERS: dict[str, dict[str, Callable[..., Baseline]]] = {
-    "pyg": {"rgcn": pyg_rgcn, "rgat": pyg_rgat, "hgt": pyg_hgt},
+    "pyg": {"rgcn": pyg_rgcn, "rgat": pyg_rgat, "hgt": pyg_hgt, "film": pyg_film},
     "dgl": {"rgcn": dgl_rgcn, "rgat": dgl_rgat, "hgt": dgl_hgt},
 }
