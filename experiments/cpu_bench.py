@@ -11,9 +11,13 @@ repeat's time to ``--json``). Then per row rgtune's speedup over the faster of P
 and training step, and their geometric means (``--summary-only``: from the JSON lines of earlier
 runs).
 
+A model with options is written as ``rgtune bench`` names its row: ``rgcn(num_bases=30)``
+(each option becomes a ``--model-opt``).
+
 Examples::
 
     python experiments/cpu_bench.py --db sqlite:///bench.db --trials 100 --threads 2 --repeats 7 --warmup 2
+    python experiments/cpu_bench.py --models "rgcn(num_bases=30),rgat(softmax=relation),film" --trials 20
     python experiments/cpu_bench.py --summary-only
 """
 
@@ -33,8 +37,28 @@ BASELINES = ("pyg", "dgl")
 COLUMNS = {"inference": "fwd", "training": "fwd+bwd"}
 
 
+def _model_args(named: str) -> list[str]:
+    """``rgcn(num_bases=30,...)`` -> ``--model rgcn --model-opt num_bases=30 ...``."""
+    name, _, rest = named.partition("(")
+    opts = [o.strip() for o in rest.rstrip(")").split(",") if o.strip()]
+    return ["--model", name.strip(), *(a for o in opts for a in ("--model-opt", o))]
+
+
+def _split_models(text: str) -> list[str]:
+    """Comma-separated models, where a model's options (in parentheses) may hold commas too."""
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        depth += (ch == "(") - (ch == ")")
+        if ch == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    return [m for m in out + [cur.strip()] if m]
+
+
 def tune_and_bench(args: argparse.Namespace, model: str, dataset: str) -> None:
-    common = ["--model", model, "--dataset", dataset, *(["--data-dir", args.data_dir] if args.data_dir else []),
+    common = [*_model_args(model), "--dataset", dataset, *(["--data-dir", args.data_dir] if args.data_dir else []),
               "--hidden", str(args.hidden)]
     cmds = [["tune", *common, "--mode", mode, "--trials", str(args.trials), "--backend", "cpu", "--db", args.db,
              "--cost-model", "off", "--seed", str(args.seed), "--quiet"] for mode in args.modes.split(",")]
@@ -55,11 +79,13 @@ def _speedup(ms: dict[str, dict[str, float | None]], column: str) -> tuple[float
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The latest run per (model, dataset, sizes, threads): rgtune vs the faster baseline, per column."""
-    latest = {(r["model"], r["dataset"], r["in_dim"], r["out_dim"], r["heads"], r["threads"]): r for r in rows}
+    latest = {(r["model"], r.get("options", ""), r["dataset"], r["in_dim"], r["out_dim"], r["heads"], r["threads"]): r
+              for r in rows}
     out = []
     for r in (latest[key] for key in sorted(latest)):
         ms = {k: v["median_ms"] for k, v in r["impls"].items()}
-        row: dict[str, Any] = {"model": r["model"], "dataset": r["dataset"], "threads": r["threads"],
+        named = f"{r['model']}({r['options']})" if r.get("options") else r["model"]
+        row: dict[str, Any] = {"model": named, "dataset": r["dataset"], "threads": r["threads"],
                                "schedule": r["schedule"]}
         for column in COLUMNS.values():
             speedup, faster = _speedup(ms, column)
@@ -110,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         sep = ";" if "synthetic:" in args.datasets else ","  # a synthetic spec holds commas
         for dataset in args.datasets.split(sep):
-            for model in args.models.split(","):
+            for model in _split_models(args.models):
                 tune_and_bench(args, model.strip(), dataset.strip())
     if not args.json.exists():
         print(f"no results at {args.json}", file=sys.stderr)
