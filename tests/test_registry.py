@@ -204,3 +204,28 @@ def test_no_model_name_outside_the_model_definitions_and_fixtures():
                 if node.value.lower() in names or (words & names and len(node.value) < 40):
                     offenders.append(f"{rel}:{node.lineno}: {node.value!r}")
     assert not offenders, "\n".join(offenders)
+
+
+def test_exports_keep_loading_and_carry_the_options(tmp_path):
+    """An export names the model's options; one written before options existed (no ``options`` key) loads
+    as the model without them."""
+    import json
+    import warnings
+
+    from rgtune.runtime import export, load_exported
+
+    g = random_graph((10, 20), num_relations=3, num_edges=100, seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = export(tmp_path / "bases", "rgcn", g, 8, 8, db=None, backend="reference", options={"num_bases": 2},
+                     allow_default=True)
+        plain = export(tmp_path / "plain", "rgcn", g, 8, 8, db=None, backend="reference", allow_default=True)
+    schedule = json.loads((out / "schedule.json").read_text())
+    assert schedule["options"] == "num_bases=2" and schedule["model_source"] == "rgtune.ir.models:rgcn"
+    assert "options={'num_bases': '2'}" in (out / "README.txt").read_text()
+    layer = load_exported(out, g)
+    assert layer.options["num_bases"] == 2 and set(layer.state_dict()) == {"weight", "comp", "root", "bias"}
+    old = json.loads((plain / "schedule.json").read_text())
+    del old["options"], old["model_source"]  # as written before model options
+    (plain / "schedule.json").write_text(json.dumps(old))
+    assert load_exported(plain, g).options == {"num_bases": None, "num_blocks": None}

@@ -62,7 +62,7 @@ def model_name(text: str) -> str:
 
 def model_help(what: str) -> str:
     return (f"{what}: {', '.join(list_models())}, or a builder of your own as package.module:function "
-            "(see README, 'Adding a model')")
+            "(README, 'Extending it')")
 
 
 def add_model_args(p: argparse.ArgumentParser, required: bool = True, what: str = "the layer") -> None:
