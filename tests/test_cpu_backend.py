@@ -95,6 +95,8 @@ _WORKLOADS: dict[tuple[str, tuple[int, int, int], str], Workload] = {}
 
 
 def workload(model: str, dims: tuple[int, int, int], graph: HeteroGraph) -> Workload:
+    if model == "rgcn":  # no attention heads
+        dims = (*dims[:2], 1)
     key = (model, dims, graph.name)
     if key not in _WORKLOADS:
         space = SearchSpace(build_model(model, *dims), graph, "cpu")

@@ -111,6 +111,7 @@ def _check(backend: CudaBackend, graph: Any, model: str, cfg: dict[str, Any], he
     from rgtune.ir.models import build_model
     from rgtune.search_spaces.space import SearchSpace
 
+    heads = 1 if model == "rgcn" else heads  # no attention heads
     space = SearchSpace(build_model(model, dims[0], dims[1], heads), graph, "cuda")
     point = space.compile({**space.default(), **cfg})
     assert point.valid, f"{model} {cfg}: {point.problems}"

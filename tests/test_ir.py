@@ -45,6 +45,7 @@ def _reference(model: str, graph, in_dim: int, out_dim: int, heads: int, seed: i
 
 def _check_all_configs(model: str, graph, in_dim: int, out_dim: int, heads: int) -> int:
     """Run every distinct IR configuration; return how many distinct kernel programs ran."""
+    heads = 1 if model == "rgcn" else heads  # no attention heads
     x, params, ref = _reference(model, graph, in_dim, out_dim, heads)
     space = SearchSpace(build_model(model, in_dim, out_dim, heads), graph, "cpu")
     seen: set[str] = set()
