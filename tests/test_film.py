@@ -338,7 +338,7 @@ def test_cuda_emulator_matches_reference(nvrtc_ok: None) -> None:
     schedule, and random schedules that take every value of every scatter, weight-gradient and
     ``autodiff.save`` knob, on ``test_cuda_training``'s edge-case graph: the emulated training step
     (forward phase, then backward phase, buffers poisoned with NaN) against the reference."""
-    from test_cuda_training import (COVERED_KNOBS, _compare, _covering_schedules, _edge_case_graph, _inputs,
+    from test_cuda_training import (_compare, _covered, _covering_schedules, _edge_case_graph, _inputs,
                                     _needs_cxx, _phased, _save_in_turn, _valid_point, tolerance)
 
     from rgtune.codegen.cuda.emulate import EmulatedProgram
@@ -354,7 +354,7 @@ def test_cuda_emulator_matches_reference(nvrtc_ok: None) -> None:
             chosen = _save_in_turn(space)[::14]
         else:
             chosen = _covering_schedules(space, random.Random("film-emulated"), cfgs)
-            for name in COVERED_KNOBS:
+            for name in _covered(space):
                 assert {c[name] for c in chosen} == set(space.knob(name).choices), name
         for i, cfg in enumerate(chosen):
             point = _valid_point(space, cfg)
