@@ -60,6 +60,7 @@ from rgtune.data.synthetic import random_graph
 from rgtune.ir.bind import graph_arrays, row_types
 from rgtune.ir.kernels import KernelProgram, ScatterKernel, WeightGradKernel
 from rgtune.ir.models import build_model
+from rgtune.ir.program import Program
 from rgtune.search_spaces.space import SearchSpace
 
 pytestmark = pytest.mark.skipif(not CpuBackend.available()[0], reason=f"cpu backend: {CpuBackend.available()[1]}")
@@ -130,16 +131,23 @@ _WORKLOADS: dict[tuple[str, tuple[int, int, int], str], Workload] = {}
 def workload(model: str, dims: tuple[int, int, int], graph: HeteroGraph) -> Workload:
     key = (model, dims, graph.name)
     if key not in _WORKLOADS:
-        space = SearchSpace(build_model(model, *dims), graph, "cpu", mode="training")
-        kp = space.compile(space.default()).kernels
-        params = init_params(kp, graph, seed=1)
-        gen = torch.Generator().manual_seed(2)
-        x = torch.randn(graph.num_nodes(), dims[0], generator=gen)
-        dout = torch.randn(graph.num_nodes(), kp.buffers[kp.dout].width, generator=gen)  # type: ignore[index]
-        w = Workload(space, graph, x, dout, params, None)  # type: ignore[arg-type]
-        w.ref = own_reference(kp, w, learnable=True)
-        _WORKLOADS[key] = w
+        _WORKLOADS[key] = program_workload(build_model(model, *dims), graph)
     return _WORKLOADS[key]
+
+
+def program_workload(program: Program, graph: HeteroGraph, mode: str = "training") -> Workload:
+    """``program``'s search space on ``graph``, float32 inputs and params (fixed seeds), and (training mode)
+    the float64 reference of its default configuration."""
+    space = SearchSpace(program, graph, "cpu", mode=mode)
+    kp = space.compile(space.default()).kernels
+    params = init_params(kp, graph, seed=1)
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(graph.num_nodes(), program.in_dim, generator=gen)
+    dout = torch.randn(graph.num_nodes(), program.out_dim, generator=gen)
+    w = Workload(space, graph, x, dout, params, None)  # type: ignore[arg-type]
+    if mode == "training":
+        w.ref = own_reference(kp, w, learnable=True)
+    return w
 
 
 def own_reference(kp: KernelProgram, w: Workload,

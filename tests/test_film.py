@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import torch
 
-from rgtune.codegen.reference import ReferenceExecutor, init_params
+from rgtune.codegen.reference import ReferenceExecutor
 from rgtune.data import load_dataset
 from rgtune.data.graph import HeteroGraph
 from rgtune.data.synthetic import random_graph
@@ -260,16 +260,9 @@ def test_every_lowered_training_configuration_computes_what_the_interpreter_does
 
 def _cpu_workload(graph: HeteroGraph, dims: tuple[int, int]) -> Any:
     """``test_cpu_training``'s workload (float32 inputs, the float64 reference) for ``film(*dims)``."""
-    from test_cpu_training import Workload, own_reference
+    from test_cpu_training import program_workload
 
-    space = SearchSpace(film(*dims), graph, "cpu", mode="training")
-    kp = space.compile(space.default()).kernels
-    gen = torch.Generator().manual_seed(2)
-    x = torch.randn(graph.num_nodes(), dims[0], generator=gen)
-    dout = torch.randn(graph.num_nodes(), dims[1], generator=gen)
-    w = Workload(space, graph, x, dout, init_params(kp, graph, seed=1), None)
-    w.ref = own_reference(kp, w, learnable=True)
-    return w
+    return program_workload(film(*dims), graph)
 
 
 @pytest.fixture(scope="module")

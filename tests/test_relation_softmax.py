@@ -45,7 +45,8 @@ from rgtune.ir.program import EDGE, EdgeSoftmax, IRError, Program, ProgramBuilde
 from rgtune.search_spaces import SearchSpace
 from test_autodiff import _check as check_adjoint
 from test_autodiff import _distinct, _lowered_equals_interpreter
-from test_cpu_training import Workload, own_reference, rel_error, runnable, verify
+from test_cpu_training import Workload, program_workload, rel_error, runnable, verify
+from test_cuda_training import ledger  # noqa: F401  (the session's NVRTC compile ledger, a module fixture)
 
 TOL = 1e-10
 
@@ -319,15 +320,7 @@ DIMS = (13, 10, 2)  # feature sizes that are not multiples of 8, two heads
 
 
 def _workload(program: Program, graph: HeteroGraph) -> Workload:
-    space = SearchSpace(program, graph, "cpu", mode="training")
-    kp = space.compile(space.default()).kernels
-    params = init_params(kp, graph, seed=1)
-    gen = torch.Generator().manual_seed(2)
-    x = torch.randn(graph.num_nodes(), program.in_dim, generator=gen)
-    dout = torch.randn(graph.num_nodes(), program.out_dim, generator=gen)
-    w = Workload(space, graph, x, dout, params, None)  # type: ignore[arg-type]
-    w.ref = own_reference(kp, w, learnable=True)
-    return w
+    return program_workload(program, graph)
 
 
 @pytest.fixture(scope="module")
@@ -412,16 +405,6 @@ def _cuda_space(program: Program, graph: HeteroGraph, mode: str = "training") ->
     if not ok:
         pytest.skip(f"NVRTC unavailable: {why}")
     return SearchSpace(program, graph, "cuda", mode=mode)
-
-
-@pytest.fixture(scope="module")
-def ledger(request: pytest.FixtureRequest):
-    from test_cuda_training import _Ledger, _print_at_end
-
-    led = _Ledger()
-    yield led
-    if led.groups:
-        _print_at_end(request, led.summary())
 
 
 def _compile(ledger: Any, group: str, programs: list[Any], every_arch: bool) -> None:

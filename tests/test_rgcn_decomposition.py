@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import torch
 
-from rgtune.codegen.reference import ReferenceExecutor, init_params
+from rgtune.codegen.reference import ReferenceExecutor
 from rgtune.data import load_dataset
 from rgtune.data.graph import HeteroGraph
 from rgtune.data.synthetic import random_graph
@@ -37,13 +37,13 @@ from rgtune.ir.counts import count
 from rgtune.ir.interpret import Interpreter, param_full_shape, random_params
 from rgtune.ir.kernels import GemmKernel, Load, MapKernel, TraversalKernel, WeightKernel
 from rgtune.ir.models import build_model, rgcn
-from rgtune.ir.pipeline import apply_passes, compile_program
+from rgtune.ir.pipeline import compile_program
 from rgtune.ir.program import IRError, Program
 from rgtune.search_spaces import SearchSpace
 
 # helpers of the existing suites (tests/ is on sys.path under pytest)
 from test_autodiff import _check, _derived_tensor, _distinct, param_grads_through_folds
-from test_cpu_training import Workload, own_reference, rel_error, runnable, verify
+from test_cpu_training import Workload, program_workload, rel_error, runnable, verify
 
 TOL = 1e-10
 #: the options the float64 checks cover (``num_bases=30`` is capped at the graph's relations)
@@ -293,16 +293,7 @@ def _workload(option: dict[str, int], graph: HeteroGraph, mode: str = "training"
     key = (tuple(option.items()), graph.name, mode)
     if key not in _WORKLOADS:
         dims = (12, 10) if "num_blocks" in option else (13, 10)
-        space = SearchSpace(rgcn(*dims, **option), graph, "cpu", mode=mode)
-        kp = space.compile(space.default()).kernels
-        params = init_params(kp, graph, seed=1)
-        gen = torch.Generator().manual_seed(2)
-        x = torch.randn(graph.num_nodes(), dims[0], generator=gen)
-        dout = torch.randn(graph.num_nodes(), dims[1], generator=gen)
-        w = Workload(space, graph, x, dout, params, None)  # type: ignore[arg-type]
-        if mode == "training":
-            w.ref = own_reference(kp, w, learnable=True)
-        _WORKLOADS[key] = w
+        _WORKLOADS[key] = program_workload(rgcn(*dims, **option), graph, mode)
     return _WORKLOADS[key]
 
 

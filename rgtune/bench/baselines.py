@@ -99,18 +99,13 @@ def _options(layer: torch.nn.Module, what: str, supported: tuple[str, ...] = ())
     return changed
 
 
-def _plain_options(layer: torch.nn.Module, what: str) -> None:
-    """Refuse a layer whose model options are not the defaults (the library layer computes the plain model)."""
-    _options(layer, what)
-
-
 def torch_layer(layer: torch.nn.Module, dtype: torch.dtype | None = None) -> RelationalLayer:
     """The plain torch layer of ``layer``'s model (:mod:`rgtune.models`) with its weights, on its device
     (``dtype``: default the layer's); :class:`Unavailable` for a model or options it does not have."""
     cls = _TORCH_LAYERS.get(layer.model)  # type: ignore[attr-defined]
     if cls is None:
         raise Unavailable(f"rgtune.models has no plain torch layer of model {layer.model!r}")  # type: ignore[attr-defined]
-    _plain_options(layer, f"rgtune.models.{cls.__name__}")
+    _options(layer, f"rgtune.models.{cls.__name__}")
     kwargs = {} if cls is RGCN else {"heads": layer.heads}  # type: ignore[attr-defined]
     p = next(layer.parameters())
     plain = cls(layer.graph, layer.in_dim, layer.out_dim, **kwargs).to(device=p.device, dtype=dtype or p.dtype)  # type: ignore[attr-defined]
@@ -203,7 +198,7 @@ def pyg_rgat(layer: torch.nn.Module) -> Baseline:
 
 def pyg_hgt(layer: torch.nn.Module) -> Baseline:
     _pyg()
-    _plain_options(layer, "PyG HGTConv")
+    _options(layer, "PyG HGTConv")
     g = layer.graph
     conv = to_pyg_hgt(layer)  # the mapping documented in rgtune.models.HGT
     edge_index = {c: torch.stack(g.edges(c)).to(_device(layer)) for c in g.canonical_etypes}
@@ -261,7 +256,7 @@ def dgl_rgcn(layer: torch.nn.Module) -> Baseline:
 def dgl_hgt(layer: torch.nn.Module) -> Baseline:
     from dgl.nn.pytorch import HGTConv
 
-    _plain_options(layer, "DGL HGTConv")
+    _options(layer, "DGL HGTConv")
     H, D, g = layer.heads, layer.head_dim, layer.graph
     conv = HGTConv(layer.in_dim, D, H, layer.num_ntypes, layer.num_rels, dropout=0.0, use_norm=False)
     with torch.no_grad():
@@ -334,7 +329,7 @@ def _reference(layer: torch.nn.Module, options: dict[str, object]) -> torch.nn.M
 def pyg_film(layer: torch.nn.Module) -> Baseline:
     """PyG's ``FiLMConv`` (ReLU, mean per relation): :func:`rgtune.ir.models.film`'s math."""
     _pyg()
-    _plain_options(layer, "PyG FiLMConv")
+    _options(layer, "PyG FiLMConv")
     state = {k: v.detach() for k, v in layer.state_dict().items()}
     conv = to_pyg_film(layer.graph, state, layer.in_dim, layer.out_dim)  # type: ignore[arg-type]
     edge_index, edge_type, _ = to_pyg_homogeneous(layer.graph)  # type: ignore[attr-defined]

@@ -57,12 +57,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal, Mapping
 
-from rgtune.ir.passes.base import Knob
+from rgtune.ir.passes.base import KNOB_CACHE, Knob
 from rgtune.ir.program import (DST_PAIR, EDGE, NODE, SRC_PAIR, PARAM_OPS, Aggregate, Binary, Broadcast, Concat,
-                               EdgeSoftmax,
-                               Expand, FoldWeights, Gather, GatedResidual, GatherPair, GraphConst, Inner, IRError, Op,
-                               Param, ParamRead, Program, ReduceSum, Scale, TypedLinear, Unary, Value, View,
-                               WeightGrad)
+                               EdgeSoftmax, Expand, FoldWeights, Gather, GatedResidual, GatherPair, GraphConst, Inner,
+                               IRError, Op, Param, ParamRead, Program, ReduceSum, Scale, TypedLinear, Unary, Value,
+                               View, WeightGrad, sums_features)
 
 __all__ = ["adjoint", "grad_name", "transposed_name", "SAVE", "REUSE", "training_knobs", "saved_values"]
 
@@ -299,19 +298,18 @@ class _Adjoint:
 
 def training_knobs(program: Program) -> list[Knob]:
     """The knobs the adjoint adds to a program's (a training search space's): ``autodiff.reuse``
-    only where the backward has a feature reduction read twice."""
-    backward = _backward_reads(adjoint(program))[1]
-    users: dict[str, int] = {}
-    for op in backward:
-        for v in op.inputs():
-            users[v.name] = users.get(v.name, 0) + 1
-    shared = any(_reduces(op) and users.get(op.out.name, 0) >= 2 for op in backward)
-    return [SAVE, REUSE] if shared else [SAVE]
-
-
-def _reduces(op: Op) -> bool:
-    """Whether ``op`` sums over features (an inner product or a sum over more than one feature)."""
-    return (isinstance(op, Inner) and op.a.dim > 1) or (isinstance(op, ReduceSum) and op.x.dim > 1)
+    only where the backward has a feature reduction read twice. Cached per program (every compile of a
+    training point asks, and the answer needs the adjoint)."""
+    key = ("training", str(program))
+    if key not in KNOB_CACHE:
+        backward = _backward_reads(adjoint(program))[1]
+        users: dict[str, int] = {}
+        for op in backward:
+            for v in op.inputs():
+                users[v.name] = users.get(v.name, 0) + 1
+        shared = any(sums_features(op) and users.get(op.out.name, 0) >= 2 for op in backward)
+        KNOB_CACHE[key] = [SAVE, REUSE] if shared else [SAVE]
+    return list(KNOB_CACHE[key])
 
 
 def adjoint(program: Program, save: str = SAVE.default, config: Mapping[str, Any] | None = None) -> Program:

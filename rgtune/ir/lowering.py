@@ -32,7 +32,8 @@ from rgtune.ir.kernels import (Acc, AggregateStage, BinaryE, BroadcastE, Buffer,
 from rgtune.ir.passes.fusion import softmax_aggregations
 from rgtune.ir.program import (DST_PAIR, EDGE, NODE, SRC_PAIR, Aggregate, Binary, Broadcast, Concat, EdgeSoftmax,
                                Expand, FoldWeights, Gather, GatedResidual, GatherPair, GraphConst, Inner, IRError,
-                               ParamRead, Program, ReduceSum, Scale, TypedLinear, Unary, Value, View, WeightGrad)
+                               ParamRead, Program, ReduceSum, Scale, TypedLinear, Unary, Value, View, WeightGrad,
+                               sums_features)
 
 
 class LoweringError(IRError):
@@ -62,16 +63,12 @@ def shared_reductions(program: Program, materialized: set[str]) -> set[str]:
                 inlined(w, seen)
         return seen
 
-    def reduces(v: str) -> bool:
-        op = prod.get(v)
-        return (isinstance(op, Inner) and op.a.dim > 1) or (isinstance(op, ReduceSum) and op.x.dim > 1)
-
     chosen: set[str] = set()
     for op in program.ops[start:]:
         v = op.out.name
         if v in m or v not in prod or not isinstance(op, (Inner, ReduceSum, Binary, Unary, Scale)):
             continue
-        if not any(reduces(w) for w in inlined(op.out, set())):
+        if not any(sums_features(prod.get(w)) for w in inlined(op.out, set())):
             continue
         readers = [r for r in m if r in prod and v in inlined(prod[r].out, set()) - {r}]
         if len(readers) >= 2:

@@ -379,6 +379,12 @@ class WeightGrad(Op):
 PARAM_OPS = (FoldWeights, WeightGrad)
 
 
+def sums_features(op: Op | None) -> bool:
+    """Whether ``op`` sums over more than one feature (an inner product, or a sum of a wider value): what
+    makes a value costly to recompute in every kernel that reads it (``autodiff.reuse``)."""
+    return (isinstance(op, Inner) and op.a.dim > 1) or (isinstance(op, ReduceSum) and op.x.dim > 1)
+
+
 _OPNAMES: dict[type, str] = {
     Gather: "gather",
     GatherPair: "gather_pair",

@@ -25,7 +25,7 @@ from rgtune.ir.program import EDGE, NODE, Aggregate, Binary, EdgeSoftmax, Gather
 
 def softmax_aggregations(program: Program) -> list[tuple[EdgeSoftmax, Aggregate]]:
     """``aggregate(softmax(s) * m)`` occurrences, the form the fused traversals compute."""
-    prod, users = program.producers(), program.users()
+    users = program.users()
     found = []
     for op in program.ops:
         if not isinstance(op, EdgeSoftmax):
