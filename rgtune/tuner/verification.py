@@ -1,0 +1,235 @@
+"""What a trial's kernels must compute, and how close: the float64 reference on all rows or on a sample.
+
+A :class:`Verifier` makes a trial's *case* (:meth:`Verifier.case`): random inputs and parameters
+(seeded), for a training workload a random output gradient ``dout``, and what the oracle computes
+from them (the unoptimized program run op by op by :class:`~rgtune.ir.interpret.Interpreter`, in
+float64; in training mode its gradients by autograd), each result with its tolerance.
+
+**Full or sampled.** On a small graph the reference covers every row. On a big one (more than
+``SAMPLE_ABOVE_EDGES`` edges, or ``mode="sampled"``) recomputing the whole float64 reference every
+trial would cost more than the kernels it checks (HGT on AM: tens of seconds and gigabytes), so
+the case checks ``rows`` sampled destination nodes exactly instead
+(:func:`~rgtune.data.neighbourhood.sample_destinations`: the biggest hubs, nodes without in-edges,
+a destination of every relation, random ones): the reference runs on their in-neighbourhood
+(:func:`~rgtune.data.neighbourhood.in_neighbourhood`), where it computes those rows exactly as on
+the whole graph. In training mode ``dout`` is zero outside the sampled rows, so the gradients of
+the input and of every parameter that the kernels compute on the whole graph depend only on the
+neighbourhood too, and are checked whole (the input gradient is zero outside the neighbourhood's
+nodes, and checked to be). The sample is new for every seed; what it covered is in
+:meth:`Case.describe` (the trial's ``info["verified"]``).
+
+**Tolerances.** A result's relative error is ``max|got - expected| / max|expected|``. Its
+tolerance is the largest of: the base (``1e-4``); :data:`FLOAT32_MARGIN` times the error of the
+same reference computed in float32 on the same inputs (some inputs are ill-conditioned in
+float32: a softmax whose gradient cancels); and :data:`REDUCTION_MARGIN` x sqrt(L) x 2^-24 for
+the longest float32 sum L the result needs (a destination's in-edges for the output and the input
+gradient; every edge of the checked neighbourhood for a parameter's gradient): a float32 sum of L
+terms is typically sqrt(L) units of rounding off, so a 150,000-in-edge hub is allowed 3.7e-4.
+
+Example:
+    >>> from rgtune.data.synthetic import random_graph
+    >>> from rgtune.ir.registry import build_model
+    >>> g = random_graph((300, 300), num_relations=3, num_edges=3000, seed=0)
+    >>> v = Verifier(build_model("rgcn", 8, 8), g, training=True, mode="sampled", rows=32)
+    >>> case = v.case(seed=0)
+    >>> case.describe()["rows"], sorted(case.expected)
+    (32, ['gradient of bias', 'gradient of root', 'gradient of weight', 'input gradient', 'output'])
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import torch
+
+from rgtune.data.graph import HeteroGraph
+from rgtune.data.neighbourhood import Neighbourhood, in_neighbourhood, sample_destinations
+from rgtune.ir.interpret import Interpreter, random_params
+
+__all__ = ["Case", "Verifier", "FLOAT32_MARGIN", "REDUCTION_MARGIN", "SAMPLE_ABOVE_EDGES", "VERIFY_MODES",
+           "relative_error", "shown"]
+
+#: a kernel may be this many times as far off float64 as the reference computed in float32 (both
+#: round at every step, in other orders)
+FLOAT32_MARGIN = 8.0
+#: a float32 sum of L terms may be this many times sqrt(L) units of rounding (2^-24) off
+REDUCTION_MARGIN = 16.0
+#: ``mode="auto"`` samples rows on graphs with more edges than this
+SAMPLE_ABOVE_EDGES = 200_000
+VERIFY_MODES = ("auto", "full", "sampled")
+_UNIT = 2.0 ** -24
+
+
+@dataclass
+class Expected:
+    """One result the kernels must compute: ``value`` at the rows ``rows`` of theirs (None: all rows) out of
+    ``total`` rows; ``zero_elsewhere``: their other rows must be exactly zero."""
+
+    value: torch.Tensor
+    rows: torch.Tensor | None = None
+    total: int = 0
+    zero_elsewhere: bool = False
+
+    def error(self, got: torch.Tensor) -> float:
+        """``got``'s relative error (inf for a wrong shape)."""
+        got = got.detach().to("cpu", torch.float64)
+        if self.rows is None:
+            return relative_error(got, self.value) if tuple(got.shape) == tuple(self.value.shape) else math.inf
+        if tuple(got.shape) != (self.total, *self.value.shape[1:]):
+            return math.inf
+        err = relative_error(got[self.rows], self.value)
+        if self.zero_elsewhere:
+            rest = torch.ones(got.shape[0], dtype=torch.bool)
+            rest[self.rows] = False
+            stray = float(got[rest].abs().max()) if bool(rest.any()) and got.numel() else 0.0
+            err = max(err, stray / (float(self.value.abs().max()) or 1.0))
+        return err
+
+
+@dataclass
+class Case:
+    """A trial's inputs (float64 on the host, or float32 on the device), what the reference computed from
+    them, each result's tolerance, and (sampled) the neighbourhood it covered."""
+
+    x: Any
+    params: dict[str, Any]
+    dout: Any
+    expected: dict[str, Expected]
+    tolerances: dict[str, float] = field(default_factory=dict)
+    hood: Neighbourhood | None = None
+
+    def on(self, device: str) -> "Case":
+        """The inputs in float32 on ``device`` (the expected results stay on the host)."""
+        move = lambda t: None if t is None else t.to(device=device, dtype=torch.float32)  # noqa: E731
+        return Case(move(self.x), {k: move(v) for k, v in self.params.items()}, move(self.dout), self.expected,
+                    self.tolerances, self.hood)
+
+    def describe(self) -> dict[str, Any]:
+        """What this case checks, as JSON values: ``{"rows": "all"}`` or the sample's rows, nodes, edges."""
+        return {"rows": "all"} if self.hood is None else {"sampled": True, **self.hood.describe()}
+
+
+class Verifier:
+    """Cases of ``program`` on ``graph`` and the errors of results against them (see the module docstring).
+
+    ``mode``: ``"full"``, ``"sampled"`` (``rows`` destinations), or ``"auto"`` (sampled on graphs with
+    more than :data:`SAMPLE_ABOVE_EDGES` edges).
+    """
+
+    def __init__(self, program: Any, graph: HeteroGraph, *, training: bool, base_tolerance: float = 1e-4,
+                 mode: str = "auto", rows: int = 512) -> None:
+        if mode not in VERIFY_MODES:
+            raise ValueError(f"unknown verification mode {mode!r}; choose one of {list(VERIFY_MODES)}")
+        if rows < 1:
+            raise ValueError(f"rows must be at least 1 sampled destination, got {rows}")
+        self.program, self.graph, self.training = program, graph, training
+        self.base, self.rows = base_tolerance, rows
+        self.sampled = mode == "sampled" or (mode == "auto" and graph.num_edges() > SAMPLE_ABOVE_EDGES)
+        self._full = None if self.sampled else Interpreter(program, graph)
+
+    def inputs(self, seed: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Random float64 input (all rows) and parameters of ``seed``."""
+        params = random_params(self.program, self.graph, seed=seed)
+        gen = torch.Generator().manual_seed(seed * 7919 + 2)
+        return torch.randn(self.graph.num_nodes(), self.program.x.heads * self.program.x.dim, generator=gen,
+                           dtype=torch.float64), params
+
+    def case(self, seed: int) -> Case:
+        """The inputs of ``seed`` and what the reference computes from them, with tolerances."""
+        x, params = self.inputs(seed)
+        n, out_dim = self.graph.num_nodes(), self.program.output.heads * self.program.output.dim
+        gen = torch.Generator().manual_seed(seed * 7919 + 1)
+        if not self.sampled:
+            dout = torch.randn(n, out_dim, generator=gen, dtype=torch.float64) if self.training else None
+            run = lambda x_, p_, d_: _reference(self._full, x_, p_, d_)  # noqa: E731
+            hood, lengths = None, self._lengths(self.graph)
+        else:
+            hood = in_neighbourhood(self.graph, sample_destinations(self.graph, self.rows, seed=seed))
+            dout = None
+            if self.training:
+                dout = torch.zeros(n, out_dim, dtype=torch.float64)
+                dout[hood.dst] = torch.randn(hood.dst.numel(), out_dim, generator=gen, dtype=torch.float64)
+            interp = Interpreter(self.program, hood.graph)
+            nodes = hood.nodes
+            run = lambda x_, p_, d_: _reference(interp, x_[nodes], p_, None if d_ is None else d_[nodes])  # noqa: E731
+            lengths = self._lengths(hood.graph)
+        exact = run(x, params, dout)
+        rounded = run(x.float(), {k: v.float() for k, v in params.items()}, None if dout is None else dout.float())
+        expected = {name: _expected(name, value, hood, n) for name, value in exact.items()}
+        tolerances = {name: max(self.base, FLOAT32_MARGIN * relative_error(rounded[name].double(), value),
+                                REDUCTION_MARGIN * math.sqrt(lengths["rows" if name in ("output", "input gradient")
+                                                                     else "params"]) * _UNIT)
+                      for name, value in exact.items()}
+        return Case(x, params, dout, expected, tolerances, hood)
+
+    def _lengths(self, graph: HeteroGraph) -> dict[str, int]:
+        deg = int(torch.bincount(graph.dst, minlength=graph.num_nodes()).max()) if graph.num_edges() else 0
+        return {"rows": max(deg, 1), "params": max(graph.num_edges(), graph.num_nodes(), 1)}
+
+    def error(self, got: Mapping[str, Any], case: Case) -> tuple[float, str, float]:
+        """The result furthest off the reference relative to its tolerance: its relative error, its name,
+        its tolerance (error inf and a reason as the name for a missing or misshapen result)."""
+        worst, which, tol = 0.0, "", self.base
+        for name, want in case.expected.items():
+            a = got.get(name)
+            err = math.inf if a is None else want.error(a)
+            if err == math.inf:
+                shape = None if a is None else tuple(a.shape)
+                return math.inf, f"{name}: shape {shape} does not match {tuple(want.value.shape)}", self.base
+            mine = case.tolerances.get(name, self.base)
+            if not err / mine <= worst / tol:  # NaN wins too
+                worst, which, tol = err, name, mine
+        return worst, which, tol
+
+
+def _expected(name: str, value: torch.Tensor, hood: Neighbourhood | None, total: int) -> Expected:
+    """Where the whole graph's result (``total`` rows for the output and the input gradient) must equal the
+    neighbourhood's ``value``."""
+    if hood is None:
+        return Expected(value)
+    if name == "output":
+        return Expected(value[hood.rows], hood.dst, total)
+    if name == "input gradient":
+        return Expected(value, hood.nodes, total, zero_elsewhere=True)
+    return Expected(value)  # a parameter's gradient: dout is zero outside the sample, so it is the whole one
+
+
+def _reference(interp: Interpreter, x: torch.Tensor, params: Mapping[str, torch.Tensor],
+               dout: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """The interpreter's results by name, in the dtype of ``x`` (gradients of ``dout`` by autograd)."""
+    if dout is None:
+        with torch.no_grad():
+            return {"output": interp.run(x, params).output}
+    with torch.enable_grad():
+        names = list(params)
+        leaves = [t.clone().requires_grad_(True) for t in (x, *params.values())]
+        out = interp.run(leaves[0], dict(zip(names, leaves[1:]))).output
+        grads = torch.autograd.grad(out, leaves, dout, allow_unused=True)
+    expected = {"output": out.detach(), "input gradient": grads[0]}
+    expected.update({f"gradient of {n}": torch.zeros_like(t) if g is None else g
+                     for n, t, g in zip(names, leaves[1:], grads[1:])})
+    return expected
+
+
+def relative_error(a: torch.Tensor, ref: torch.Tensor) -> float:
+    """``max|a - ref| / max|ref|`` (``max|a - ref|`` where ``ref`` is all zero; 0 for no elements).
+
+    Example:
+        >>> relative_error(torch.tensor([1.0, 2.1]), torch.tensor([1.0, 2.0]))
+        0.04999...
+    """
+    return float((a - ref).abs().max()) / (float(ref.abs().max()) or 1.0) if ref.numel() else 0.0
+
+
+def shown(tol: float, base: float) -> str:
+    """A tolerance as a message says it: where it is above the base, why.
+
+    Example:
+        >>> shown(1e-4, 1e-4), shown(3e-4, 1e-4).startswith("0.0003 (")
+        ('0.0001', True)
+    """
+    return f"{tol:.3g}" if tol == base else \
+        f"{tol:.3g} (the float32 reference's own error on these inputs x {FLOAT32_MARGIN:g}, or the longest float32 " \
+        f"sum's expected rounding; base {base:g})"

@@ -1,0 +1,103 @@
+"""Sampled verification: the float64 reference on sampled destinations' in-neighbourhoods is exactly the
+whole graph's at those rows (outputs, input gradient, every parameter gradient), for every built-in model;
+tolerances grow with the reduction length; a wrong kernel is still caught."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rgtune.data.neighbourhood import in_neighbourhood, sample_destinations
+from rgtune.data.synthetic import random_graph
+from rgtune.ir.registry import build_model
+from rgtune.tuner.verification import REDUCTION_MARGIN, Verifier
+
+MODELS = [("rgcn", {}, 1), ("rgcn", {"num_bases": 2}, 1), ("rgcn", {"num_blocks": 2}, 1), ("rgat", {}, 2),
+          ("rgat", {"softmax": "relation"}, 2), ("hgt", {}, 2), ("film", {}, 1)]
+
+
+@pytest.fixture(scope="module")
+def graph():
+    # a hub with many in-edges, nodes without in-edges, an empty relation
+    g = random_graph((150, 250), num_relations=4, num_edges=2500, seed=3)
+    return g
+
+
+@pytest.mark.parametrize("model,options,heads", MODELS, ids=[f"{m}{o or ''}" for m, o, _ in MODELS])
+def test_sampled_reference_equals_the_whole_graphs_rows(graph, model, options, heads):
+    program = build_model(model, 8, 8, heads, options)
+    full = Verifier(program, graph, training=True, mode="full")
+    sampled = Verifier(program, graph, training=True, mode="sampled", rows=20)
+    case, whole = sampled.case(seed=5), full.case(seed=5)
+    assert torch.equal(case.x, whole.x) and all(torch.equal(case.params[k], whole.params[k]) for k in case.params)
+    # the whole graph's gradients for the sampled dout: what the kernels compute on the whole graph
+    from rgtune.tuner.verification import _reference
+    from rgtune.ir.interpret import Interpreter
+
+    got = _reference(Interpreter(program, graph), case.x, case.params, case.dout)
+    err, which, _ = sampled.error(got, case)
+    assert err < 1e-12, which
+    assert case.describe()["sampled"] and case.describe()["rows"] == 20
+    hood = case.hood
+    assert hood is not None and int(torch.bincount(graph.dst, minlength=graph.num_nodes()).argmax()) in hood.dst
+
+
+def test_a_wrong_row_outside_the_neighbourhood_is_caught(graph):
+    program = build_model("rgcn", 8, 8)
+    v = Verifier(program, graph, training=True, mode="sampled", rows=10)
+    case = v.case(seed=1)
+    from rgtune.tuner.verification import _reference
+    from rgtune.ir.interpret import Interpreter
+
+    got = _reference(Interpreter(program, graph), case.x, case.params, case.dout)
+    assert v.error(got, case)[0] < 1e-12
+    outside = torch.ones(graph.num_nodes(), dtype=torch.bool)
+    outside[case.hood.nodes] = False
+    bad = dict(got)
+    bad["input gradient"] = got["input gradient"].clone()
+    bad["input gradient"][outside.nonzero()[0]] = 1.0  # a stray write where the gradient must be zero
+    err, which, tol = v.error(bad, case)
+    assert err > tol and which == "input gradient"
+    bad = dict(got)
+    bad["output"] = got["output"].clone()
+    bad["output"][case.hood.dst[0]] += 1.0
+    assert v.error(bad, case)[1] == "output"
+    bad = dict(got)
+    bad["output"] = got["output"][:-1]
+    assert v.error(bad, case)[0] == math.inf
+
+
+def test_tolerance_grows_with_the_longest_reduction():
+    # one hub with 20,000 in-edges: its float32 sum may be sqrt(20000) units of rounding off
+    n = 20_001
+    from rgtune.data.graph import HeteroGraph
+
+    g = HeteroGraph({"n": n}, {("n", "r", "n"): (torch.arange(1, n), torch.zeros(n - 1, dtype=torch.int64))})
+    v = Verifier(build_model("rgcn", 4, 4), g, training=False, mode="full")
+    case = v.case(seed=0)
+    assert case.tolerances["output"] >= REDUCTION_MARGIN * math.sqrt(n - 1) * 2.0 ** -24 > 1e-4
+
+
+def test_sample_covers_every_relation_and_sourceless_nodes(graph):
+    d = sample_destinations(graph, 30, seed=2)
+    assert 25 <= d.numel() <= 40
+    deg = torch.bincount(graph.dst, minlength=graph.num_nodes())
+    if bool((deg == 0).any()):
+        assert bool((deg[d] == 0).any())
+    hood = in_neighbourhood(graph, d)
+    rels = {r for r in range(graph.num_rels) if graph.num_edges(graph.canonical_etypes[r])}
+    assert {r for r in range(hood.graph.num_rels) if hood.graph.num_edges(hood.graph.canonical_etypes[r])} == rels
+    with pytest.raises(ValueError, match="count must be at least 1"):
+        sample_destinations(graph, 0)
+    with pytest.raises(ValueError, match=r"destination ids must be in \[0, 400\)"):
+        in_neighbourhood(graph, torch.tensor([400]))
+
+
+def test_auto_samples_only_big_graphs(graph):
+    program = build_model("rgcn", 4, 4)
+    assert not Verifier(program, graph, training=False).sampled
+    assert Verifier(program, graph, training=False, mode="sampled").sampled
+    with pytest.raises(ValueError, match="unknown verification mode 'some'.*'auto', 'full', 'sampled'"):
+        Verifier(program, graph, training=False, mode="some")
