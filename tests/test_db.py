@@ -413,7 +413,7 @@ def test_head_revision_matches_models() -> None:
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
 
-    assert known_revisions() == ["0001", "0002", "0003", "0004", "0005"] and known_revisions()[-1] == SCHEMA_VERSION
+    assert known_revisions() == ["0001", "0002", "0003", "0004", "0005", "0006"] and known_revisions()[-1] == SCHEMA_VERSION
     db = TrialDatabase("sqlite://")
     with db.engine.connect() as conn:
         ctx = MigrationContext.configure(conn, opts=_COMPARE_OPTS)

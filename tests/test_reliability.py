@@ -82,7 +82,7 @@ class _DefaultFastest(Tuner):
         super()._setup()
         real, default = self.worker.measure, self.space.default()
 
-        def measure(config, seed=0):
+        def measure(config, seed=0, best=None):
             result = real(config, seed)
             if result.status == "ok":
                 ms = 1.0 if dict(config) == default else 2.0

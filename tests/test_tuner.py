@@ -129,15 +129,15 @@ def test_a_wrong_kernel_is_a_wrong_result_with_its_error():
 def test_the_tolerance_follows_float32s_own_error_on_ill_conditioned_inputs():
     """A kernel may be as far off float64 as the float32 reference is (times a margin), never less
     strict than the base tolerance; the message says which tolerance a wrong result exceeded."""
-    from rgtune.tuner.measure import FLOAT32_MARGIN, _shown, _tolerances
+    from rgtune.tuner.verification import FLOAT32_MARGIN, shown, tolerance
 
-    ref = {"output": torch.tensor([1.0, 2.0], dtype=torch.float64),
-           "gradient of w": torch.tensor([1.0, -1.0], dtype=torch.float64)}
+    exact = {"output": torch.tensor([1.0, 2.0], dtype=torch.float64),
+             "gradient of w": torch.tensor([1.0, -1.0], dtype=torch.float64)}
     rounded = {"output": torch.tensor([1.0, 2.0]), "gradient of w": torch.tensor([1.0, -1.003])}
-    tol = _tolerances(ref, rounded, 1e-4)
+    tol = {name: tolerance(1e-4, exact[name], rounded[name], 10) for name in exact}
     assert tol["output"] == 1e-4 and tol["gradient of w"] == pytest.approx(FLOAT32_MARGIN * 3e-3, rel=1e-3)
-    assert "x the float32 reference's own error" in _shown(tol["gradient of w"], 1e-4)
-    assert _shown(1e-4, 1e-4) == "0.0001"
+    assert "the float32 reference's own error" in shown(tol["gradient of w"], 1e-4)
+    assert shown(1e-4, 1e-4) == "0.0001"
 
 
 def test_measure_rounds_times_every_schedule_in_every_round_and_only_ok_ones():
@@ -267,7 +267,7 @@ class _ScriptedTimes(Tuner):
         super()._setup()
         real = self.worker.measure
 
-        def measure(config, seed=0):
+        def measure(config, seed=0, best=None):
             result = real(config, seed)
             self.calls += 1
             if result.status == "ok":

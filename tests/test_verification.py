@@ -28,15 +28,15 @@ def graph():
 @pytest.mark.parametrize("model,options,heads", MODELS, ids=[f"{m}{o or ''}" for m, o, _ in MODELS])
 def test_sampled_reference_equals_the_whole_graphs_rows(graph, model, options, heads):
     program = build_model(model, 8, 8, heads, options)
-    full = Verifier(program, graph, training=True, mode="full")
     sampled = Verifier(program, graph, training=True, mode="sampled", rows=20)
-    case, whole = sampled.case(seed=5), full.case(seed=5)
-    assert torch.equal(case.x, whole.x) and all(torch.equal(case.params[k], whole.params[k]) for k in case.params)
+    sampled.case(seed=4)  # the kept inputs change rows between cases: the second case must be as exact
+    case = sampled.case(seed=5)
     # the whole graph's gradients for the sampled dout: what the kernels compute on the whole graph
     from rgtune.tuner.verification import _reference
     from rgtune.ir.interpret import Interpreter
 
-    got = _reference(Interpreter(program, graph), case.x, case.params, case.dout)
+    got = _reference(Interpreter(program, graph), case.x.double(), case.params, case.dout.double())
+    assert int((case.dout != 0).any(1).sum()) == 20  # dout only on the sampled rows
     err, which, _ = sampled.error(got, case)
     assert err < 1e-12, which
     assert case.describe()["sampled"] and case.describe()["rows"] == 20
@@ -51,7 +51,7 @@ def test_a_wrong_row_outside_the_neighbourhood_is_caught(graph):
     from rgtune.tuner.verification import _reference
     from rgtune.ir.interpret import Interpreter
 
-    got = _reference(Interpreter(program, graph), case.x, case.params, case.dout)
+    got = _reference(Interpreter(program, graph), case.x.double(), case.params, case.dout.double())
     assert v.error(got, case)[0] < 1e-12
     outside = torch.ones(graph.num_nodes(), dtype=torch.bool)
     outside[case.hood.nodes] = False

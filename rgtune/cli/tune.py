@@ -36,8 +36,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--db", default=None, help="SQLAlchemy URL of the trial database (default sqlite:///results.db)")
     p.add_argument("--sampler", default="tpe", help="tpe (default), random, gp, cmaes")
     p.add_argument("--seed", type=int, default=None, help="seed of the sampler and of the test inputs")
-    p.add_argument("--trial-timeout", type=positive_seconds, default=60.0, metavar="SECONDS",
-                   help="a trial taking longer is killed and recorded as timeout (default 60)")
+    p.add_argument("--trial-timeout", type=positive_seconds, default=None, metavar="SECONDS",
+                   help="a trial taking longer is killed and recorded as timeout (default: adaptive, 5 x the slowest "
+                        "verified trial so far and at least 60 s; 900 s for the first trial)")
+    p.add_argument("--memory-limit", type=float, default=None, metavar="GB",
+                   help="a candidate whose buffers are estimated to need more (GiB) is refused before it runs and "
+                        "recorded as out_of_memory (default: 80%% of the memory free when the measuring process "
+                        "starts: host memory for cpu, device memory for cuda)")
+    p.add_argument("--stop-slower", type=float, default=3.0, metavar="X",
+                   help="stop a candidate whose first run takes more than X times the best time so far; recorded as "
+                        "stopped (pruned in Optuna's study), it counts as a trial (default 3; 0 turns it off)")
+    p.add_argument("--verify", default="auto", choices=("auto", "full", "sampled"),
+                   help="how a trial's results are checked against the float64 reference: every row (full), or "
+                        "exactly on --verify-rows sampled destination nodes and their in-neighbourhoods (sampled: "
+                        "the biggest hubs, nodes without in-edges, one per relation, random ones); auto (default) "
+                        "samples on graphs of more than 200,000 edges")
+    p.add_argument("--verify-rows", type=positive_int, default=512, metavar="N",
+                   help="destination rows a sampled verification checks (default 512)")
     p.add_argument("--timing", default="plain", choices=TIMINGS,
                    help="plain (default): a trial's time is the median of its runs; paired (CPU backends): every "
                         "run alternates with a run of the default schedule and the trial's time is their ratio "
@@ -83,6 +98,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "(default 5; 0 turns it off)")
     p.add_argument("--confirm-rounds", type=positive_int, default=5, metavar="R",
                    help="rounds of the confirmation (default 5; each costs one measurement per schedule)")
+    p.add_argument("--confirm-share", type=float, default=0.25, metavar="F",
+                   help="the confirmation takes at most this share of the search's time, or 30 s if that is more: "
+                        "fewer rounds (at least 3), then fewer schedules (at least the fastest and the default), else "
+                        "none (default 0.25; 1: at most as long as the search)")
     p.add_argument("--reverify", type=positive_int, default=3, metavar="N",
                    help="at the end, verify the best schedule again on N fresh inputs (each run twice) before it is "
                         "trusted; one that fails is never the best again, and the next one is checked (default 3)")
@@ -101,6 +120,12 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(f"unknown sampler {args.sampler!r}; choose one of {list(SAMPLERS)}")
     if args.time_budget is not None and args.time_budget <= 0:
         raise CLIError(f"--time-budget must be positive, got {args.time_budget}")
+    if args.memory_limit is not None and not args.memory_limit > 0:
+        raise CLIError(f"--memory-limit must be a positive number of GiB, got {args.memory_limit}")
+    if args.stop_slower != 0 and not args.stop_slower > 1:
+        raise CLIError(f"--stop-slower must be a factor above 1, or 0 (off), got {args.stop_slower}")
+    if not 0 < args.confirm_share <= 1:
+        raise CLIError(f"--confirm-share must be in (0, 1], got {args.confirm_share}")
     if args.confirm < 0 or args.confirm == 1:
         raise CLIError(f"--confirm must be 0 (off) or at least 2 schedules to compare, got {args.confirm}")
     backend = resolve_backend(args.backend)
@@ -111,9 +136,13 @@ def run(args: argparse.Namespace) -> int:
                         args.data_dir, args.mode, model_options(args))
     options = TuneOptions(trials=trials, time_budget=args.time_budget, sampler=args.sampler, seed=args.seed,
                           fresh=args.fresh, progress=not args.quiet and sys.stderr.isatty(),
-                          measure=MeasureOptions(timeout=args.trial_timeout, timing=args.timing),
+                          measure=MeasureOptions(
+                              timeout=args.trial_timeout, timing=args.timing, verify=args.verify,
+                              verify_rows=args.verify_rows, stop_slower=args.stop_slower or None,
+                              memory_limit=None if args.memory_limit is None else int(args.memory_limit * 2**30)),
                           guide=_cost_model_guide(args),
-                          confirm_top=args.confirm, confirm_rounds=args.confirm_rounds, recheck=args.recheck,
+                          confirm_top=args.confirm, confirm_rounds=args.confirm_rounds, confirm_share=args.confirm_share,
+                          recheck=args.recheck,
                           reverify_inputs=args.reverify)
     named = f"{workload.model}({workload.options})" if workload.options else workload.model
     print(f"tuning {named} on {graph.name} ({graph.num_nodes():,} nodes, {graph.num_edges():,} edges, "

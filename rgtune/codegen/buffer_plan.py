@@ -21,9 +21,15 @@ Example:
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
+
+import numpy as np
 
 from rgtune.ir.kernels import Kernel
+
+if TYPE_CHECKING:
+    from rgtune.data.graph import HeteroGraph
+    from rgtune.ir.kernels import KernelProgram
 
 
 def live_intervals(kernels: Sequence[Kernel], names: Iterable[str]) -> dict[str, tuple[int, int]]:
@@ -61,3 +67,39 @@ def plan_slots(intervals: Mapping[str, tuple[int, int]],
         free_after[slot] = last
         slot_of[name] = slot
     return slot_of, slot_sizes
+
+
+def footprint_bytes(kp: "KernelProgram", graph: "HeteroGraph", share_slots: bool = True) -> int:
+    """The memory a run of ``kp`` on ``graph`` holds at its peak, estimated before building it: the caller's
+    buffers (input, output, a training step's output gradient, input gradient and saved values), the
+    intermediate buffers (sharing slots as :func:`plan_slots` plans them where the backend does,
+    ``share_slots``; each its own otherwise), the params (and their gradients), the graph's index arrays.
+    Float32 values; what a backend adds on top (scratch rows, compiled code) is small next to a big
+    graph's per-edge buffers.
+
+    Example:
+        >>> from rgtune.data.synthetic import random_graph
+        >>> from rgtune.ir.pipeline import compile_program
+        >>> from rgtune.ir.registry import build_model
+        >>> g = random_graph((100, 100), num_relations=2, num_edges=1000, seed=0)
+        >>> kp = compile_program(build_model("rgat", 16, 16), {}, g, training=True).kernels
+        >>> footprint_bytes(kp, g) <= footprint_bytes(kp, g, share_slots=False)
+        True
+    """
+    from rgtune.codegen.reference import param_full_shape
+    from rgtune.ir.bind import graph_arrays
+
+    a = graph_arrays(graph, kp.layout, kp.index_bits)
+    size = {n: a.rows(b.domain) * b.width * 4 for n, b in kp.buffers.items()}
+    own = {kp.input, kp.dout, kp.output, kp.input_grad, *kp.saved} - {None}
+    names = [n for n in kp.buffers if n not in own]
+    if share_slots:
+        intervals = live_intervals(kp.kernels, names)
+        for j, n in enumerate(n for n in names if n not in intervals):
+            intervals[n] = (len(kp.kernels) + j, len(kp.kernels) + j)
+        intermediate = sum(plan_slots(intervals, {n: size[n] for n in intervals})[1])
+    else:
+        intermediate = sum(size[n] for n in names)
+    params = sum(int(np.prod(param_full_shape(kp, p, a))) * 4 for p in kp.param_shapes)
+    index = sum(t.numel() * t.element_size() for t in a.index_tensors().values())
+    return int(sum(size[n] for n in own) + intermediate + params + index)

@@ -35,7 +35,7 @@ from rgtune.data.graph import HeteroGraph
 __all__ = ["Neighbourhood", "in_neighbourhood", "sample_destinations", "HUBS", "SOURCELESS"]
 
 #: the destinations with the most in-edges that every sample includes
-HUBS = 4
+HUBS = 2
 #: destinations without any in-edge that every sample includes (when the graph has some)
 SOURCELESS = 2
 

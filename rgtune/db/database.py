@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 import random
 import time
@@ -209,7 +210,7 @@ class TrialDatabase:
     Example:
         >>> with TrialDatabase("sqlite://") as db:
         ...     db.schema_version, db.count_trials()
-        ('0005', 0)
+        ('0006', 0)
         >>> TrialDatabase("postgres://")
         Traceback (most recent call last):
         ...
@@ -584,6 +585,8 @@ class TrialDatabase:
         error: str | None = None,
         source_hash: str | None = None,
         predicted_ms: float | None = None,
+        peak_bytes: int | None = None,
+        details: Mapping[str, Any] | None = None,
     ) -> None:
         """Record a trial's outcome (any status but ``running``).
 
@@ -612,6 +615,10 @@ class TrialDatabase:
             values["source_hash"] = source_hash
         if predicted_ms is not None:
             values["predicted_ms"] = finite_or_none(predicted_ms, "predicted_ms")
+        if peak_bytes is not None:
+            values["peak_bytes"] = int(peak_bytes)
+        if details is not None:
+            values["details"] = json.loads(canonical_json(dict(details)))
 
         def fn(s: Session) -> None:
             if rowcount(s.execute(sa.update(Trial).where(Trial.id == trial_id).values(**values))) != 1:

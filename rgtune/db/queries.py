@@ -111,6 +111,8 @@ def trial_record(t: Trial, w: Workload, g: Graph, d: Device, sch: Schedule) -> T
         finished_at=t.finished_at,
         heartbeat_at=t.heartbeat_at,
         confirmation_id=t.confirmation_id,
+        peak_bytes=t.peak_bytes,
+        details=dict(t.details) if t.details is not None else None,
     )
 
 

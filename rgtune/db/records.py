@@ -42,6 +42,8 @@ class TrialStatus(StrEnum):
     WRONG_RESULT = "wrong_result"  # ran, but differs from the float64 reference
     TIMEOUT = "timeout"
     PRUNED = "pruned"  # skipped on the cost model's word
+    STOPPED = "stopped"  # its first run was much slower than the best so far: not timed further
+    OUT_OF_MEMORY = "out_of_memory"  # refused before running (estimated over the memory limit), or failed to allocate
     FAILED = "failed"  # anything else, including a worker that died mid-trial
 
 
@@ -221,6 +223,8 @@ class TrialRecord(_Exportable):
     confirmation_id: int | None = None  # a round of this confirmation (None: a trial of the search)
     #: fresh inputs its schedule passed re-verification on (set by ``TrialDatabase.best``; None elsewhere)
     verified_inputs: int | None = None
+    peak_bytes: int | None = None  # the trial's memory growth (or, refused, its estimated need)
+    details: dict[str, Any] | None = None  # what the trial verified and measured besides its times
 
 
 @dataclass(frozen=True)

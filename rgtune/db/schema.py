@@ -23,7 +23,7 @@ __all__ = ["SCHEMA_VERSION", "VERSION_TABLE", "TABLE_PREFIX", "Base", "Device", 
            "Confirmation", "Verification", "Trial"]
 
 #: the Alembic revision these classes describe; a test checks it is the migrations' head
-SCHEMA_VERSION = "0005"
+SCHEMA_VERSION = "0006"
 VERSION_TABLE = "rg_alembic_version"
 TABLE_PREFIX = "rg_"
 
@@ -185,6 +185,9 @@ class Trial(Base):
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime)  # last sign of life while running
     # --- added by revision 0003
     confirmation_id: Mapped[int | None] = mapped_column(ForeignKey("rg_confirmations.id"), index=True)
+    # --- added by revision 0006
+    peak_bytes: Mapped[int | None] = mapped_column(BigInteger)  # memory growth over the trial (or estimated need)
+    details: Mapped[dict[str, Any] | None] = mapped_column()  # what it verified, verify seconds, estimates...
 
     workload: Mapped[Workload] = relationship()
     schedule: Mapped[Schedule] = relationship(lazy="joined")

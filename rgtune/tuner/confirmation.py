@@ -24,7 +24,12 @@ search ends (:class:`Confirmation`):
    shows) is the schedule ``rgtune best`` returns.
 
 Rounds cost ``schedules x confirm_rounds`` measurements and the re-verification a few runs, not
-budget; ``confirm_top=0`` skips the rounds. An interrupted confirmation is recorded but never
+budget; ``confirm_top=0`` skips the rounds. With a time budget (``budget_s``, the tuner gives it a
+share of the search's time, and ``measurement_s``, what one measurement took in the search), the
+rounds fit in it: fewer rounds (at least :data:`MIN_ROUNDS`, so that a median means something),
+then fewer of the fastest schedules (at least the fastest and the default), else no rounds at all;
+contenders are timed only while budget is left. On a big graph, where one measurement takes
+seconds, a fixed 5 x 5 re-timing would otherwise cost more than the search. An interrupted confirmation is recorded but never
 trusted by :meth:`TrialDatabase.best`.
 """
 
@@ -51,6 +56,8 @@ __all__ = ["Confirmed", "Confirmation"]
 MAX_CONTENDER_ROUNDS = 3
 #: schedules re-verified at most at the end of a run (each failure makes the next best a candidate)
 MAX_REVERIFIED = 5
+#: rounds a budgeted confirmation runs at least (else it confirms fewer schedules, or none)
+MIN_ROUNDS = 3
 
 
 @dataclass
@@ -71,11 +78,13 @@ class Confirmation:
 
     def __init__(self, db: "TrialDatabase", workload: "WorkloadRecord", worker: MeasureWorker, study: "optuna.Study",
                  default: "TrialRecord | None", distributions: Mapping[str, Any], *, top: int, rounds: int,
-                 reverify_inputs: int = 3,
+                 reverify_inputs: int = 3, budget_s: float | None = None, measurement_s: float | None = None,
                  record: Callable[[int, MeasureResult], None], progress: Callable[..., Any] | None = None) -> None:
         self.db, self.workload, self.worker, self.study = db, workload, worker, study
         self.default, self.distributions = default, dict(distributions)  # default: its first ok trial
         self.top, self.rounds, self.reverify_inputs = top, rounds, reverify_inputs
+        self.budget_s, self.measurement_s = budget_s, measurement_s
+        self._t0 = time.time()
         self._record, self._progress = record, progress
 
     def run(self) -> Confirmed | None:
@@ -101,6 +110,7 @@ class Confirmation:
             knobs.setdefault(previous.schedule_hash, previous.knobs)  # the last winner defends its place
         if self.default is not None:  # the speedup compares two confirmed medians
             knobs.setdefault(self.default.schedule_hash, self.default.knobs)
+        knobs = self._fit(knobs, previous.schedule_hash if previous is not None else None)
         if len(knobs) < 2:
             return None
         cid = self.db.start_confirmation(self.workload, schedules=len(knobs), rounds=self.rounds)
@@ -110,7 +120,7 @@ class Confirmation:
             self._time(cid, knobs)
             for _ in range(MAX_CONTENDER_ROUNDS):
                 contenders = self._contenders(self.db.confirmation_medians(cid))
-                if not contenders:
+                if not contenders or not self._affords(len(contenders) * self.rounds):
                     break
                 self._time(cid, contenders)
             self.db.finish_confirmation(cid)
@@ -119,6 +129,35 @@ class Confirmation:
             pass  # the rounds so far stay recorded; best() ignores an unfinished confirmation
         medians = self.db.confirmation_medians(cid)
         return Confirmed(cid, len(medians), self.rounds, time.time() - t0, finished, fastest, medians)
+
+    def _fit(self, knobs: dict[str, dict[str, Any]], previous: str | None) -> dict[str, dict[str, Any]]:
+        """The schedules to confirm, and ``self.rounds``, within the time budget (see the module docstring);
+        an empty dict when not even two schedules fit."""
+        if self.budget_s is None or not self.measurement_s:
+            return knobs
+        fits = int(self.budget_s // self.measurement_s)  # measurements the budget affords
+        if fits >= len(knobs) * self.rounds:
+            return knobs
+        if fits >= len(knobs) * MIN_ROUNDS:
+            self.rounds = fits // len(knobs)
+            return knobs
+        self.rounds = MIN_ROUNDS
+        keep = fits // MIN_ROUNDS
+        if keep < 2:
+            log.info("the confirmation's budget (%.0f s) affords %d measurements of %.1f s: no rounds",
+                     self.budget_s, fits, self.measurement_s)
+            return {}
+        # the fastest first, then the default (the run's speedup), the last winner, the next fastest
+        default = self.default.schedule_hash if self.default is not None else None
+        top = [h for h in knobs if h not in (default, previous)]
+        order = top[:1] + [h for h in (default, previous) if h in knobs] + top[1:]
+        return {h: knobs[h] for h in order[:keep]}
+
+    def _affords(self, measurements: int) -> bool:
+        """Whether ``measurements`` more fit in what is left of the budget."""
+        if self.budget_s is None or not self.measurement_s:
+            return True
+        return time.time() - self._t0 + measurements * self.measurement_s <= self.budget_s
 
     def _time(self, cid: int, knobs: Mapping[str, Mapping[str, Any]]) -> None:
         """``self.rounds`` interleaved rounds of ``knobs``, each measurement a trial of confirmation ``cid``."""

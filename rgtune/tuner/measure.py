@@ -3,12 +3,23 @@
 A :class:`MeasureWorker` owns one worker process per workload. The worker loads the graph,
 builds the search space and the float64 reference layer once, then serves trials:
 
-1. compile the configuration with the backend (a :class:`CompileError` is ``compile_error``);
-2. verify it on fresh random inputs and parameters (seeded by the trial): the float32 output
-   against the float64 reference layer, relative error ``max|out - ref| / max|ref|`` below the
-   tolerance, or ``wrong_result`` with the error; a wrong kernel is never timed;
-3. time it: warm-up runs, then repeats until both a count and a minimum time are reached;
-   the median is the trial's time (the backend synchronizes around each run on a GPU).
+1. estimate the memory the candidate's buffers need; one over the memory limit is refused
+   (``out_of_memory``, never built; :mod:`.memory`);
+2. compile the configuration with the backend (a :class:`CompileError` is ``compile_error``);
+3. verify it on fresh random inputs and parameters (seeded by the trial) against the float64
+   reference, on every row or, on a big graph, on sampled rows (:mod:`.verification`: relative error
+   ``max|out - ref| / max|ref|`` below each result's tolerance), or ``wrong_result`` with the error;
+   a wrong kernel is never timed;
+4. time it: the first run is timed on its own, and a candidate whose first run takes more than
+   ``stop_slower`` times the best time so far (the parent passes it) is ``stopped`` there; else
+   the rest of the warm-up (the verification's run and the first run count as two of it), then repeats until both a count and a minimum time are reached, or
+   ``max_seconds`` were measured (at least :data:`MIN_TIMED_RUNS` runs); the median is the trial's time
+   (the backend synchronizes around each run on a GPU).
+
+Every result has ``info["peak_bytes"]`` (the worker's memory growth over the trial, :mod:`.memory`),
+``info["verified"]`` (what verification covered) and ``info["verify_seconds"]``. A failed
+allocation, or a worker killed by the system's out-of-memory killer, is ``out_of_memory``: it costs
+the trial, not the study.
 
 A training workload (``Workload.mode == "training"``) measures one training step: the training
 program (:mod:`rgtune.ir.autodiff`) computes the output, then the gradients of the input and of
@@ -33,7 +44,9 @@ restarted worker keeps that scale).
 drift). Every timed run of the candidate costs a run of the reference too (``min_seconds`` counts
 the candidate's time only); compiling and verifying do not change.
 
-The parent waits at most ``timeout`` seconds for a trial: a hanging kernel is killed with
+The parent waits at most ``timeout`` seconds for a trial; ``timeout=None`` (the default) adapts it to
+the workload: :data:`ADAPTIVE_TIMEOUT_FACTOR` times the slowest trial that verified so far, at least
+:data:`ADAPTIVE_TIMEOUT_MIN` s, and ``first_timeout`` for the first one. A hanging kernel is killed with
 its process (``timeout``); a crash (segfault, illegal memory access that kills the process)
 is ``runtime_error`` with the signal; either way the next trial gets a fresh worker. A worker
 that cannot be restarted costs the trial (``failed``), not the study. While it waits, the
@@ -70,10 +83,18 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from rgtune.tuner.device_lock import device_lock, lock_timeout
+from rgtune.tuner.memory import MemoryBudget
+from rgtune.tuner.verification import VERIFY_MODES, Case, Verifier, shown
 
 TIMINGS = ("plain", "paired")
 STATUSES = ("running", "ok", "invalid", "compile_error", "runtime_error", "wrong_result", "timeout", "pruned",
-            "failed")
+            "stopped", "out_of_memory", "failed")
+#: ``MeasureOptions.timeout=None``: a trial may take this many times the slowest verified trial so far ...
+ADAPTIVE_TIMEOUT_FACTOR = 5.0
+#: ... and at least this long (seconds); the first trial (nothing measured yet) gets ``first_timeout``
+ADAPTIVE_TIMEOUT_MIN = 60.0
+#: timed runs always made before ``max_seconds`` may end the repeats
+MIN_TIMED_RUNS = 3
 
 
 @dataclass(frozen=True)
@@ -119,9 +140,15 @@ class MeasureOptions:
     repeats: int = 7
     min_seconds: float = 0.05  # keep repeating fast kernels until this much time was measured
     max_repeats: int = 200
+    max_seconds: float = 2.0  # ... but stop repeating once this much was measured (after MIN_TIMED_RUNS runs)
     tolerance: float = 1e-4
-    timeout: float = 60.0  # seconds for one trial (compile + verify + time)
+    timeout: float | None = None  # seconds for one trial (compile + verify + time); None: adaptive (docstring)
+    first_timeout: float = 900.0  # adaptive: the first trial's limit, before anything was measured
     startup_timeout: float = 300.0  # loading the graph and imports in a fresh worker
+    verify: str = "auto"  # "full", "sampled" (verify_rows destinations), "auto": sampled on big graphs
+    verify_rows: int = 512
+    stop_slower: float | None = 3.0  # stop a candidate whose first run is this many times the best (None: never)
+    memory_limit: int | None = None  # bytes a candidate may need (None: a share of the free memory)
     timing: str = "plain"  # "paired": alternate every run with the default schedule's (see the module docstring)
     reference_ms: float | None = None  # paired timing's scale; None: the worker calibrates it when it starts
     heartbeat_s: float = 60.0  # while waiting for a trial, the parent calls ``on_wait`` this often
@@ -129,10 +156,18 @@ class MeasureOptions:
     def __post_init__(self) -> None:
         if self.timing not in TIMINGS:
             raise ValueError(f"unknown timing {self.timing!r}; choose one of {list(TIMINGS)}")
-        for name in ("timeout", "startup_timeout", "heartbeat_s"):
+        for name in ("timeout", "first_timeout", "startup_timeout", "heartbeat_s", "max_seconds"):
             value = getattr(self, name)
+            if name == "timeout" and value is None:
+                continue
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        if self.verify not in VERIFY_MODES:
+            raise ValueError(f"unknown verification {self.verify!r}; choose one of {list(VERIFY_MODES)}")
+        if self.stop_slower is not None and not self.stop_slower > 1:
+            raise ValueError(f"stop_slower must be a factor above 1 (or None: never stop), got {self.stop_slower}")
+        if self.memory_limit is not None and not self.memory_limit > 0:
+            raise ValueError(f"memory_limit must be a positive number of bytes, got {self.memory_limit}")
         if self.reference_ms is not None and not self.reference_ms > 0:
             raise ValueError(f"reference_ms must be a positive time in ms, got {self.reference_ms}")
 
@@ -161,7 +196,6 @@ class _Session:
 
         from rgtune.codegen.base import create
         from rgtune.data import load_dataset
-        from rgtune.ir.interpret import Interpreter
         from rgtune.search_spaces import SearchSpace
 
         self.w, self.o = workload, options
@@ -173,9 +207,13 @@ class _Session:
         if self.training and options.timing == "paired":
             raise ValueError("paired timing alternates with the default schedule's forward; a training workload "
                              "is timed plain")
-        # the oracle: the unoptimized program, op by op in torch (float64; float32 for its own rounding)
-        self.reference = Interpreter(self.program, self.graph)
+        # the oracle: the unoptimized program, op by op in torch (float64; float32 for its own rounding), on
+        # sampled rows of a big graph
+        self.verifier = Verifier(self.program, self.graph, training=self.training, base_tolerance=options.tolerance,
+                                 mode=options.verify, rows=options.verify_rows)
         self.device = getattr(self.backend, "device", None) or "cpu"
+        self.memory = MemoryBudget("cpu" if self.device == "cpu" else "cuda", options.memory_limit,
+                                   share_slots=self.device == "cpu")
         self.torch = torch
         self.reference_run: Callable[[Any, dict[str, Any]], Any] | None = None
         self.reference_ms = options.reference_ms
@@ -191,7 +229,8 @@ class _Session:
         if not point.valid:
             raise ValueError(f"paired timing: the default schedule is not valid ({'; '.join(point.problems)})")
         built = self.backend.build(point.kernels, self.graph, point.config)
-        x32, p32, _ = self.device_inputs(0)
+        x, params = self.verifier.inputs(0)
+        x32, p32 = _on_device(x, self.device), {k: _on_device(v, self.device) for k, v in params.items()}
         self.reference_run = built.run
         if self.reference_ms is None:
             # three blocks, the median of their medians: one block is as noisy as a plain trial
@@ -199,62 +238,8 @@ class _Session:
                       for _ in range(3)]
             self.reference_ms = statistics.median(blocks) * 1e3
 
-    def device_inputs(self, seed: int) -> tuple[Any, dict[str, Any], Any]:
-        """:meth:`inputs` in float32 on the backend's device, and the float64 reference output."""
-        x, params, ref = self.inputs(seed)
-        return (*self._to_device(x, params), ref)
-
-    def _to_device(self, x: Any, params: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
-        f32 = self.torch.float32
-        return x.to(device=self.device, dtype=f32), {k: v.to(device=self.device, dtype=f32) for k, v in params.items()}
-
-    def inputs(self, seed: int) -> tuple[Any, dict[str, Any], Any]:
-        """Fresh random input and parameters; the float64 reference output."""
-        x, params = self._random_inputs(seed)
-        with self.torch.no_grad():
-            return x, params, self.reference.run(x, params).output
-
-    def _random_inputs(self, seed: int) -> tuple[Any, dict[str, Any]]:
-        from rgtune.ir.interpret import random_params
-
-        torch = self.torch
-        params = random_params(self.program, self.graph, seed=seed)
-        gen = torch.Generator().manual_seed(seed * 7919 + 2)
-        return torch.randn(self.graph.num_nodes(), self.w.in_dim, generator=gen, dtype=torch.float64), params
-
-    def case(self, seed: int) -> "_Case":
-        """The inputs of ``seed``, what the float64 reference computes from them (for a training workload:
-        with autograd, the gradients of a random output gradient ``dout``) and each result's tolerance
-        (see :func:`_tolerances`)."""
-        torch = self.torch
-        x, params = self._random_inputs(seed)
-        dout = None
-        if self.training:
-            gen = torch.Generator().manual_seed(seed * 7919 + 1)
-            dout = torch.randn(self.graph.num_nodes(), self.w.out_dim, generator=gen, dtype=torch.float64)
-        expected = self._reference(x, params, dout)
-        rounded = self._reference(x.float(), {k: v.float() for k, v in params.items()},
-                                  None if dout is None else dout.float())
-        return _Case(x, params, dout, expected, _tolerances(expected, rounded, self.o.tolerance))
-
-    def _reference(self, x: Any, params: Mapping[str, Any], dout: Any) -> dict[str, Any]:
-        """The reference's results by name, in the dtype of ``x``."""
-        torch = self.torch
-        if dout is None:
-            with torch.no_grad():
-                return {"output": self.reference.run(x, params).output}
-        with torch.enable_grad():
-            names = list(params)
-            leaves = [t.clone().requires_grad_(True) for t in (x, *params.values())]
-            out = self.reference.run(leaves[0], dict(zip(names, leaves[1:]))).output
-            grads = torch.autograd.grad(out, leaves, dout, allow_unused=True)
-        expected = {"output": out.detach(), "input gradient": grads[0]}
-        expected.update({f"gradient of {n}": torch.zeros_like(t) if g is None else g
-                         for n, t, g in zip(names, leaves[1:], grads[1:])})
-        return expected
-
-    def _run_case(self, built: Any, kp: Any, dev: "_Case") -> dict[str, Any]:
-        """What the built program computes for ``dev`` (on the device), named as :meth:`case` names it."""
+    def _run_case(self, built: Any, kp: Any, dev: Case) -> dict[str, Any]:
+        """What the built program computes for ``dev`` (on the device), named as the verifier names it."""
         if not self.training:
             return {"output": built.run(dev.x, dev.params)}
         from rgtune.codegen.training import train_step
@@ -262,53 +247,62 @@ class _Session:
         out, dx, grads = train_step(built, kp, self.graph, dev.x, dev.params, dev.dout)
         return {"output": out, "input gradient": dx, **{f"gradient of {n}": g for n, g in grads.items()}}
 
-    def _error(self, got: Mapping[str, Any], case: "_Case") -> tuple[float, str, float]:
-        """The result furthest off the reference relative to its tolerance: its relative error
-        ``max|a - b| / max|b|``, its name, its tolerance."""
-        torch = self.torch
-        worst, which, tol = 0.0, "", self.o.tolerance
-        for name, ref in case.expected.items():
-            a = got.get(name)
-            if a is None or tuple(a.shape) != tuple(ref.shape):
-                shape = None if a is None else tuple(a.shape)
-                return float("inf"), f"{name}: shape {shape} != {tuple(ref.shape)}", tol
-            err = _relative_error(a.detach().to("cpu", torch.float64), ref)
-            mine = case.tolerances.get(name, self.o.tolerance)
-            if not err / mine <= worst / tol:  # NaN wins too
-                worst, which, tol = err, name, mine
-        return worst, which, tol
-
-    def measure(self, config: Mapping[str, Any], seed: int) -> MeasureResult:
+    def measure(self, config: Mapping[str, Any], seed: int, stop_after: float | None = None) -> MeasureResult:
+        """One trial (see the module docstring); ``stop_after``: seconds a first run may take before the
+        candidate is stopped (``stopped``)."""
         from rgtune.codegen.base import CompileError
 
         point = self.space.compile(config)
         if not point.valid:
             return MeasureResult("invalid", error="; ".join(point.problems))
+        need = self.memory.estimate(point.kernels, self.graph)
+        if need > self.memory.limit:
+            return MeasureResult("out_of_memory", error=f"refused before running: its buffers need about "
+                                 f"{_gb(need)} (estimated), over the memory limit of {_gb(self.memory.limit)}",
+                                 info={"memory_refused": True, "estimated_bytes": need,
+                                       "memory_limit_bytes": self.memory.limit})
+        self.memory.start()
         t0 = time.perf_counter()
         try:
             built = self.backend.build(point.kernels, self.graph, point.config)
         except CompileError as e:
             return MeasureResult("compile_error", error=f"{e}\n{e.log}".strip())
         compile_s = time.perf_counter() - t0
-        case = self.case(seed)  # on the host, outside the device's lock
+        t1 = time.perf_counter()
+        case = self.verifier.case(seed)  # on the host, outside the device's lock
+        reference_s = time.perf_counter() - t1
+        times: list[float] = []
+        median = first = None
         with self._exclusive_device() as waited:
-            dev = case.on(self.device, self.torch)
+            dev = case.on(self.device)
+            t2 = time.perf_counter()
             got = self._run_case(built, point.kernels, dev)
             self.backend.synchronize()
-            err, which, tol = self._error(got, case)
+            t3 = time.perf_counter()
+            err, which, tol = self.verifier.error(got, case)
+            del got
+            reference_s += time.perf_counter() - t3
+            # the oracle's time; the kernels' own run is the first of the warm-up when the candidate is timed
             base = dict(compile_seconds=compile_s, max_error=err, source_hash=built.source_hash,
-                        info={"cache_hit": built.cache_hit, **built.info})
+                        info={"cache_hit": built.cache_hit, **built.info, "verify_seconds": reference_s,
+                              "verify_run_seconds": t3 - t2, "verified": case.describe(), "estimated_bytes": need})
             if tol > self.o.tolerance:
-                base["info"]["tolerance"] = tol  # float32 is this far off on these inputs
+                base["info"]["tolerance"] = tol  # float32 is this far off on these inputs, or the sums are long
             verified = err < tol  # also False for NaN
             if verified:
-                times, median = self._time(built, point.kernels, dev, base["info"])
+                first, times, median = self._time(built, point.kernels, dev, base["info"], stop_after)
         if waited():
             base["info"]["device_wait_s"] = waited()
+        base["info"].update(self.memory.peak())
         if not verified:
             why = which if err == float("inf") else \
-                f"relative error {err:.3g} of the {which} exceeds the tolerance {_shown(tol, self.o.tolerance)}"
+                f"relative error {err:.3g} of the {which} exceeds the tolerance {shown(tol, self.o.tolerance)}"
             return MeasureResult("wrong_result", error=why, **base)
+        if median is None:
+            assert first is not None and stop_after is not None
+            base["info"]["first_run_ms"] = first * 1e3
+            return MeasureResult("stopped", error=f"stopped after its first run: {first * 1e3:.4g} ms, over "
+                                 f"{stop_after * 1e3:.4g} ms ({self.o.stop_slower:g} x the best so far)", **base)
         return MeasureResult("ok", median=median, times=times, **base)
 
     def reverify(self, config: Mapping[str, Any], seeds: Sequence[int], runs: int) -> MeasureResult:
@@ -320,22 +314,22 @@ class _Session:
         built = self.backend.build(point.kernels, self.graph, point.config)
         worst = 0.0
         for seed in seeds:
-            case = self.case(seed)
+            case = self.verifier.case(seed)
             with self._exclusive_device():
-                dev = case.on(self.device, self.torch)
+                dev = case.on(self.device)
                 for run in range(runs):
                     got = self._run_case(built, point.kernels, dev)
                     self.backend.synchronize()
-                    err, which, tol = self._error(got, case)
+                    err, which, tol = self.verifier.error(got, case)
                     if not err < tol:
                         return MeasureResult("wrong_result", max_error=err, source_hash=built.source_hash,
                                              error=f"relative error {err:.3g} of the {which} exceeds the tolerance "
-                                                   f"{_shown(tol, self.o.tolerance)} on fresh input {seed} "
+                                                   f"{shown(tol, self.o.tolerance)} on fresh input {seed} "
                                                    f"(run {run + 1} of {runs})",
-                                             info={"inputs": list(seeds), "runs": runs})
+                                             info={"inputs": list(seeds), "runs": runs, "verified": case.describe()})
                     worst = max(worst, err)
         return MeasureResult("ok", max_error=worst, source_hash=built.source_hash,
-                             info={"inputs": list(seeds), "runs": runs})
+                             info={"inputs": list(seeds), "runs": runs, "verified": case.describe()})
 
     def _exclusive_device(self) -> Any:
         """The GPU's cross-process lock (:mod:`.device_lock`) for a GPU backend; nothing to hold on a CPU."""
@@ -343,84 +337,51 @@ class _Session:
             return device_lock(None)
         index = self.torch.cuda.current_device() if self.device == "cuda" else 0
         # wait at most half the trial's timeout: a busy lock fails this trial with its own error, not a kill
-        return device_lock(f"{self.device}:{index}", timeout=lock_timeout(self.o.timeout / 2))
+        return device_lock(f"{self.device}:{index}", timeout=lock_timeout((self.o.timeout or self.o.first_timeout) / 2))
 
     def _run(self, run: Callable[[Any, dict[str, Any]], Any], x: Any, params: dict[str, Any]) -> None:
         run(x, params)
         self.backend.synchronize()
 
-    def _time(self, built: Any, kp: Any, dev: "_Case", info: dict[str, Any]) -> tuple[list[float], float]:
-        """The candidate's runs (seconds) and the trial's time: their median, or paired with the reference
-        (then ``info`` gets the ratio, the scale and the reference's time now). A training workload's run is
-        one training step, timed on the host around a synchronization."""
+    def _time(self, built: Any, kp: Any, dev: Case, info: dict[str, Any],
+              stop_after: float | None) -> tuple[float, list[float], float | None]:
+        """The first run's seconds, the candidate's timed runs (seconds) and the trial's time: their median, or
+        paired with the reference (then ``info`` gets the ratio, the scale and the reference's time now); no
+        timed runs and None when the first run took longer than ``stop_after``. A training workload's run is
+        one training step, timed on the host around a synchronization. The verification's run and the first run are
+        two of the warm-up's."""
         x, params = dev.x, dev.params
         if self.training:
             from rgtune.codegen.training import train_step
 
-            def step() -> None:
+            def run() -> None:
                 train_step(built, kp, self.graph, x, params, dev.dout)
                 self.backend.synchronize()
+        else:
+            def run() -> None:
+                self._run(built.run, x, params)
 
-            times = _plain_times(step, self.o)
-            return times, statistics.median(times)
+        t = time.perf_counter()
+        run()
+        first = time.perf_counter() - t
+        if stop_after is not None and first > stop_after:
+            return first, [], None
+        o = replace(self.o, warmup=max(0, self.o.warmup - 2))  # the verification's run and the first one
         timer = getattr(self.backend, "time_runs", None)
-        if timer is not None:  # GPU backends time with events
-            times = list(timer(built, x, params, self.o.warmup, self.o.repeats))
-            return times, statistics.median(times)
-
-        def run() -> None:
-            self._run(built.run, x, params)
-
-        if self.reference_run is None:
-            times = _plain_times(run, self.o)
-            return times, statistics.median(times)
+        if timer is not None and not self.training:  # GPU backends time forwards with events
+            times = list(timer(built, x, params, o.warmup, o.repeats))
+            return first, times, statistics.median(times)
+        if self.reference_run is None or self.training:
+            times = _plain_times(run, o)
+            return first, times, statistics.median(times)
         reference, scale_ms = self.reference_run, self.reference_ms
         assert scale_ms is not None  # calibrated with the reference
+        # the full warm-up: it warms the reference too (in a restarted worker it has not run yet)
         times, reference_times = paired_times(run, lambda: self._run(reference, x, params), self.o)
         ratio = statistics.median(c / r for c, r in zip(times, reference_times))
         info.update(timing="paired", vs_reference=ratio, reference_ms=scale_ms,
                     reference_now_ms=statistics.median(reference_times) * 1e3)
-        return times, ratio * scale_ms / 1e3
-
-
-@dataclass
-class _Case:
-    """A trial's inputs (float64 on the host, or float32 on the device) and the reference's results by name."""
-
-    x: Any
-    params: dict[str, Any]
-    dout: Any
-    expected: dict[str, Any]
-    tolerances: dict[str, float] = field(default_factory=dict)  # by name; missing: MeasureOptions.tolerance
-
-    def on(self, device: str, torch: Any) -> "_Case":
-        f32 = torch.float32
-        move = lambda t: None if t is None else t.to(device=device, dtype=f32)  # noqa: E731
-        return _Case(move(self.x), {k: move(v) for k, v in self.params.items()}, move(self.dout), self.expected,
-                     self.tolerances)
-
-
-#: a kernel may be this many times as far off float64 as the reference computed in float32 (both
-#: round at every step, in other orders)
-FLOAT32_MARGIN = 8.0
-
-
-def _relative_error(a: Any, ref: Any) -> float:
-    return float((a - ref).abs().max()) / (float(ref.abs().max()) or 1.0) if ref.numel() else 0.0
-
-
-def _tolerances(expected: Mapping[str, Any], rounded: Mapping[str, Any], base: float) -> dict[str, float]:
-    """Each result's tolerance: ``base``, or :data:`FLOAT32_MARGIN` times the error of the reference itself
-    computed in float32 where that is larger. Some inputs are ill-conditioned in float32 (a softmax whose
-    gradient cancels: on one random RGAT input float32 torch is 3.6e-3 off float64), and a kernel cannot
-    be asked to round less than the reference does."""
-    return {name: max(base, FLOAT32_MARGIN * _relative_error(rounded[name].double(), ref))
-            for name, ref in expected.items()}
-
-
-def _shown(tol: float, base: float) -> str:
-    return f"{tol:.3g}" if tol == base else \
-        f"{tol:.3g} ({FLOAT32_MARGIN:g} x the float32 reference's own error on these inputs; base {base:g})"
+        return first, times, ratio * scale_ms / 1e3
 
 
 def _plain_times(run: Callable[[], Any], options: MeasureOptions) -> list[float]:
@@ -429,7 +390,8 @@ def _plain_times(run: Callable[[], Any], options: MeasureOptions) -> list[float]
         run()
     times: list[float] = []
     spent = 0.0
-    while len(times) < options.max_repeats and (len(times) < options.repeats or spent < options.min_seconds):
+    while len(times) < options.max_repeats and (len(times) < options.repeats or spent < options.min_seconds) \
+            and not (len(times) >= MIN_TIMED_RUNS and spent >= options.max_seconds):
         t = time.perf_counter()
         run()
         dt = time.perf_counter() - t
@@ -461,7 +423,8 @@ def paired_times(run: Callable[[], Any], run_reference: Callable[[], Any], optio
     times: list[float] = []
     reference: list[float] = []
     spent = 0.0
-    while len(times) < options.max_repeats and (len(times) < options.repeats or spent < options.min_seconds):
+    while len(times) < options.max_repeats and (len(times) < options.repeats or spent < options.min_seconds) \
+            and not (len(times) >= MIN_TIMED_RUNS and spent >= options.max_seconds):
         for is_candidate in ((True, False) if len(times) % 2 == 0 else (False, True)):
             t = clock()
             (run if is_candidate else run_reference)()
@@ -504,7 +467,8 @@ def _worker_main(conn: Any, workload: Workload, options: MeasureOptions, parent:
         try:
             result = session.measure(*args) if kind == "measure" else session.reverify(*args)
         except Exception as e:  # noqa: BLE001 - any failure of the kernel is this trial's result
-            result = MeasureResult("runtime_error", error=f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}")
+            status = "out_of_memory" if _allocation_failed(e) else "runtime_error"
+            result = MeasureResult(status, error=f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}")
             if getattr(e, "poisons_process", False):
                 # e.g. a CUDA illegal address: the context is unusable; the parent starts a fresh worker
                 result.info["worker_exits"] = True
@@ -533,6 +497,7 @@ class MeasureWorker:
         self.device_info: dict[str, Any] = {}
         self.restarts = 0
         self._started = False
+        self._slowest: float | None = None  # the longest request that verified (adaptive timeout)
 
     def start(self) -> dict[str, Any]:
         """Start the worker (if needed) and return the backend's device info."""
@@ -559,9 +524,24 @@ class MeasureWorker:
         self._started = True
         return payload
 
-    def measure(self, config: Mapping[str, Any], seed: int = 0) -> MeasureResult:
-        """One trial; never raises for a fault of the kernel (see the module docstring)."""
-        return self._request(("measure", dict(config), seed))
+    def measure(self, config: Mapping[str, Any], seed: int = 0, best: float | None = None) -> MeasureResult:
+        """One trial; never raises for a fault of the kernel (see the module docstring). ``best``: the best
+        time so far (seconds): a candidate whose first run takes ``stop_slower`` times longer is stopped."""
+        stop = self.options.stop_slower
+        stop_after = best * stop if best is not None and stop is not None else None
+        result = self._request(("measure", dict(config), seed, stop_after))
+        if result.status in ("ok", "stopped") and "elapsed" in result.info:
+            self._slowest = max(self._slowest or 0.0, result.info["elapsed"])
+        return result
+
+    @property
+    def timeout(self) -> float:
+        """Seconds the next request may take: ``options.timeout``, or adaptive (see the module docstring)."""
+        if self.options.timeout is not None:
+            return self.options.timeout
+        if self._slowest is None:
+            return self.options.first_timeout
+        return max(ADAPTIVE_TIMEOUT_MIN, ADAPTIVE_TIMEOUT_FACTOR * self._slowest)
 
     def reverify(self, config: Mapping[str, Any], seeds: Sequence[int], runs: int = 2) -> MeasureResult:
         """``config`` verified again on the inputs of ``seeds``, each run ``runs`` times, not timed:
@@ -579,6 +559,7 @@ class MeasureWorker:
             else:
                 self.start()
         t0 = time.perf_counter()
+        oom_kills = _oom_kills()
         try:
             self._conn.send(message)
             ready = self._wait(t0)
@@ -586,15 +567,23 @@ class MeasureWorker:
             ready = True  # the recv below reports the death
         if not ready:
             self._kill()
-            return MeasureResult("timeout", error=f"no result within {self.options.timeout:g} s; worker killed",
-                                 info={"elapsed": time.perf_counter() - t0})
+            adaptive = "" if self.options.timeout is not None else \
+                (" (the first trial's limit)" if self._slowest is None else
+                 f" ({ADAPTIVE_TIMEOUT_FACTOR:g} x the slowest verified trial so far, at least {ADAPTIVE_TIMEOUT_MIN:g} s)")
+            return MeasureResult("timeout", error=f"no result within {self.timeout:g} s{adaptive}; worker killed",
+                                 info={"elapsed": time.perf_counter() - t0, "timeout_s": self.timeout})
         try:
             kind, result = self._conn.recv()
         except (EOFError, ConnectionResetError, OSError):
             self._proc.join(5)
-            reason = _exit_reason(self._proc.exitcode)
+            code = self._proc.exitcode
             self._proc = None
-            return MeasureResult("runtime_error", error=f"the kernel crashed its process ({reason}); worker restarted")
+            if code == -signal.SIGKILL and _oom_kills() > oom_kills:  # the kernel's out-of-memory killer
+                return MeasureResult("out_of_memory", error="the worker was killed by the system's out-of-memory "
+                                     "killer (SIGKILL); worker restarted")
+            return MeasureResult("runtime_error", error=f"the kernel crashed its process ({_exit_reason(code)}); "
+                                 "worker restarted")
+        result.info["elapsed"] = time.perf_counter() - t0
         if result.info.pop("worker_exits", False):
             self._proc.join(10)
             self._proc = None
@@ -607,7 +596,7 @@ class MeasureWorker:
     def _wait(self, t0: float) -> bool:
         """Wait for the worker's answer until the timeout; ``on_wait()`` every ``heartbeat_s`` meanwhile."""
         while True:
-            left = self.options.timeout - (time.perf_counter() - t0)
+            left = self.timeout - (time.perf_counter() - t0)
             if left <= 0:
                 return False
             if self._conn.poll(min(left, self.options.heartbeat_s)):
@@ -729,3 +718,32 @@ def _exit_reason(code: int | None) -> str:
     return f"exit code {code}"
 
 
+
+
+def _gb(n: int) -> str:
+    return f"{n / 2**30:.3g} GiB"
+
+
+def _on_device(t: Any, device: str) -> Any:
+    import torch
+
+    return t.to(device=device, dtype=torch.float32)
+
+
+def _allocation_failed(e: BaseException) -> bool:
+    """An exception that says memory could not be allocated (torch on the CPU or CUDA, NumPy, Python)."""
+    if isinstance(e, MemoryError):
+        return True
+    text = str(e).lower()
+    return "out of memory" in text or "can't allocate memory" in text or "cannot allocate memory" in text
+
+
+def _oom_kills() -> int:
+    """The kernel's count of processes its out-of-memory killer killed (``/proc/vmstat``; 0 where unknown)."""
+    try:
+        for line in open("/proc/vmstat"):
+            if line.startswith("oom_kill "):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0

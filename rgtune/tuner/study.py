@@ -27,7 +27,14 @@ Confirmation: one measurement of a schedule varies by tens of percent between ru
 machine, so the fastest of many single measurements is biased low and often not the fastest
 schedule. When the search ends, the fastest schedules are timed again in interleaved rounds,
 the best is verified again on fresh inputs, and the study is told the confirmed result
-(:mod:`.confirmation`). ``confirm_top=0`` skips the rounds, not the re-verification.
+(:mod:`.confirmation`). ``confirm_top=0`` skips the rounds, not the re-verification. The rounds fit
+in ``confirm_share`` of the search's time (at least :data:`CONFIRM_MIN_BUDGET_S`), each measurement
+counted at the median time of the search's verified measurements.
+
+Slow candidates: each measurement is given the best time so far; a candidate whose first run takes
+``MeasureOptions.stop_slower`` times as long is ``stopped`` there (told to Optuna as pruned; it counts
+as a measured trial). On a big graph where a bad schedule runs for a minute, that is most of a
+search's time saved.
 
 Recheck: the fastest of many single measurements is biased low during the search too, and the
 search steers by it (the sampler's good trials, the cost model's fastest schedules, the
@@ -60,6 +67,7 @@ Example:
 
 from __future__ import annotations
 
+import statistics
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -83,6 +91,8 @@ SAMPLERS = ("tpe", "random", "gp", "cmaes")
 UNMEASURED = ("pruned",)
 #: the study's objective, as optuna-dashboard and ``study.metric_names`` show it
 METRIC = "milliseconds"
+#: the confirmation may always take this long (seconds), whatever its share of a short search
+CONFIRM_MIN_BUDGET_S = 30.0
 #: failed restarts of the measurement worker in a row that end the run
 MAX_RESTART_FAILURES = 3
 
@@ -158,6 +168,8 @@ class TuneOptions:
     max_proposals_per_trial: int = 10  # candidates proposed in all <= this x trials (pruned ones included)
     confirm_top: int = 5  # at the end, time this many fastest schedules again (0: off; see the module docstring)
     confirm_rounds: int = 5  # ... in this many interleaved rounds (odd: the median is one of the rounds)
+    #: ... within this share of the search's time (fewer rounds, then fewer schedules; None: no limit)
+    confirm_share: float | None = 0.25
     recheck: int = 3  # a measurement beating the best so far is repeated to this many; the median counts (1: off)
     reverify_inputs: int = 3  # at the end, the best schedule is verified again on this many fresh inputs
 
@@ -224,11 +236,15 @@ class Tuner:
         if self.options.confirm_top < 0 or self.options.confirm_top == 1 or self.options.confirm_rounds < 1:
             raise ValueError(f"confirm_top must be 0 (off) or >= 2 schedules to compare and confirm_rounds >= 1, got "
                              f"{self.options.confirm_top} and {self.options.confirm_rounds}")
+        share = self.options.confirm_share
+        if share is not None and not 0 < share <= 1:
+            raise ValueError(f"confirm_share must be a share of the search's time in (0, 1] (None: no limit), got {share}")
         if self.options.recheck < 1:
             raise ValueError(f"recheck must be >= 1 measurements of a new best (1: off), got {self.options.recheck}")
         if self.options.reverify_inputs < 1:
             raise ValueError(f"reverify_inputs must be >= 1 fresh inputs, got {self.options.reverify_inputs}")
         self._restart_failures = 0  # failed restarts of the measurement worker in a row
+        self._walls: list[float] = []  # seconds of each ok measurement of this run (the confirmation budgets them)
 
     # ------------------------------------------------------------------ setup
     def _setup(self) -> None:
@@ -369,6 +385,9 @@ class Tuner:
                 confirmed = Confirmation(
                     self.db, self.record, self.worker, self.study, self._default_trial(), self.space.distributions(),
                     top=opts.confirm_top, rounds=opts.confirm_rounds, reverify_inputs=opts.reverify_inputs,
+                    budget_s=None if opts.confirm_share is None else
+                    max(CONFIRM_MIN_BUDGET_S, opts.confirm_share * (time.time() - start)),
+                    measurement_s=statistics.median(self._walls) if self._walls else None,
                     record=self._record,
                     progress=(lambda **kw: _progress(opts, **kw)) if opts.progress else None).run()
                 interrupted = confirmed is not None and not confirmed.finished
@@ -480,7 +499,9 @@ class Tuner:
     def _measure_once(self, tid: int, config: dict[str, Any], seed: int) -> MeasureResult:
         """One measurement; a worker that cannot be restarted costs the trial, and :data:`MAX_RESTART_FAILURES`
         in a row end the run."""
-        result = self.worker.measure(config, seed=seed)
+        result = self.worker.measure(config, seed=seed, best=self._best_s())
+        if result.status == "ok" and "elapsed" in result.info:
+            self._walls.append(result.info["elapsed"])  # what a confirmation's measurement will cost
         if result.status == "failed" and (result.error or "").startswith("the measurement worker could not be restarted"):
             self._restart_failures += 1
             if self._restart_failures >= MAX_RESTART_FAILURES:
@@ -490,6 +511,11 @@ class Tuner:
         else:
             self._restart_failures = 0
         return result
+
+    def _best_s(self) -> float | None:
+        """The best verified time of the workload so far, in seconds (a candidate much slower is stopped)."""
+        best = self.db.best(self.record)
+        return None if best is None or best.median_ms is None else best.median_ms / 1e3
 
     def _beats_best(self, result: MeasureResult) -> bool:
         if result.status != "ok" or result.median is None:
@@ -571,7 +597,10 @@ def record_measurement(db: "TrialDatabase", trial_id: int, result: MeasureResult
     db.finish_trial(
         trial_id, result.status, median_ms=ms, times_ms=[t * 1e3 for t in result.times] or None,
         compile_s=result.compile_seconds, max_error=result.max_error,
-        error=result.error, source_hash=result.source_hash, predicted_ms=result.info.get("predicted_ms"))
+        error=result.error, source_hash=result.source_hash, predicted_ms=result.info.get("predicted_ms"),
+        peak_bytes=result.info.get("peak_bytes", result.info.get("estimated_bytes") if result.info.get("memory_refused")
+                                   else None),
+        details=result.info or None)
 
 def _progress(opts: TuneOptions, total: int | None = None, desc: str = "tuning") -> Any:
     if not opts.progress:
@@ -587,4 +616,4 @@ def _optuna_outcome(result: MeasureResult) -> tuple["optuna.trial.TrialState", f
 
     if result.status == "ok" and result.median is not None:
         return TrialState.COMPLETE, result.median * 1e3
-    return (TrialState.PRUNED if result.status == "pruned" else TrialState.FAIL), None
+    return (TrialState.PRUNED if result.status in ("pruned", "stopped") else TrialState.FAIL), None

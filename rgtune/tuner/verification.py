@@ -49,7 +49,7 @@ from rgtune.data.neighbourhood import Neighbourhood, in_neighbourhood, sample_de
 from rgtune.ir.interpret import Interpreter, random_params
 
 __all__ = ["Case", "Verifier", "FLOAT32_MARGIN", "REDUCTION_MARGIN", "SAMPLE_ABOVE_EDGES", "VERIFY_MODES",
-           "relative_error", "shown"]
+           "relative_error", "shown", "tolerance"]
 
 #: a kernel may be this many times as far off float64 as the reference computed in float32 (both
 #: round at every step, in other orders)
@@ -128,6 +128,9 @@ class Verifier:
         self.base, self.rows = base_tolerance, rows
         self.sampled = mode == "sampled" or (mode == "auto" and graph.num_edges() > SAMPLE_ABOVE_EDGES)
         self._full = None if self.sampled else Interpreter(program, graph)
+        self._x32: torch.Tensor | None = None  # sampled: the whole graph's input, kept between cases
+        self._dout32: torch.Tensor | None = None
+        self._dout_rows: torch.Tensor | None = None  # the rows of _dout32 that the last case set
 
     def inputs(self, seed: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Random float64 input (all rows) and parameters of ``seed``."""
@@ -137,32 +140,57 @@ class Verifier:
                            dtype=torch.float64), params
 
     def case(self, seed: int) -> Case:
-        """The inputs of ``seed`` and what the reference computes from them, with tolerances."""
-        x, params = self.inputs(seed)
+        """The inputs of ``seed`` and what the reference computes from them, with tolerances.
+
+        Sampled, the inputs are float32 tensors of the whole graph that the verifier keeps and reuses: only
+        the rows the check reads (the neighbourhood's nodes; ``dout``: the sampled rows, zero elsewhere)
+        are drawn anew for ``seed``, since drawing every row of a big graph costs more than the check. A
+        case's inputs are therefore valid until the next :meth:`case`."""
         n, out_dim = self.graph.num_nodes(), self.program.output.heads * self.program.output.dim
         gen = torch.Generator().manual_seed(seed * 7919 + 1)
         if not self.sampled:
+            x, params = self.inputs(seed)
             dout = torch.randn(n, out_dim, generator=gen, dtype=torch.float64) if self.training else None
             run = lambda x_, p_, d_: _reference(self._full, x_, p_, d_)  # noqa: E731
             hood, lengths = None, self._lengths(self.graph)
+            exact = run(x, params, dout)
+            rounded = run(x.float(), {k: v.float() for k, v in params.items()},
+                          None if dout is None else dout.float())
         else:
             hood = in_neighbourhood(self.graph, sample_destinations(self.graph, self.rows, seed=seed))
-            dout = None
-            if self.training:
-                dout = torch.zeros(n, out_dim, dtype=torch.float64)
-                dout[hood.dst] = torch.randn(hood.dst.numel(), out_dim, generator=gen, dtype=torch.float64)
+            x, params, dout = self._sampled_inputs(seed, hood, gen)
             interp = Interpreter(self.program, hood.graph)
             nodes = hood.nodes
-            run = lambda x_, p_, d_: _reference(interp, x_[nodes], p_, None if d_ is None else d_[nodes])  # noqa: E731
+            x_rows, dout_rows = x[nodes].double(), None if dout is None else dout[nodes].double()
+            exact = _reference(interp, x_rows, params, dout_rows)
+            rounded = _reference(interp, x_rows.float(), {k: v.float() for k, v in params.items()},
+                                 None if dout_rows is None else dout_rows.float())
             lengths = self._lengths(hood.graph)
-        exact = run(x, params, dout)
-        rounded = run(x.float(), {k: v.float() for k, v in params.items()}, None if dout is None else dout.float())
         expected = {name: _expected(name, value, hood, n) for name, value in exact.items()}
-        tolerances = {name: max(self.base, FLOAT32_MARGIN * relative_error(rounded[name].double(), value),
-                                REDUCTION_MARGIN * math.sqrt(lengths["rows" if name in ("output", "input gradient")
-                                                                     else "params"]) * _UNIT)
+        tolerances = {name: tolerance(self.base, value, rounded[name],
+                                      lengths["rows" if name in ("output", "input gradient") else "params"])
                       for name, value in exact.items()}
         return Case(x, params, dout, expected, tolerances, hood)
+
+    def _sampled_inputs(self, seed: int, hood: Neighbourhood, gen: torch.Generator
+                        ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor | None]:
+        """The kept float32 input (and output gradient) with the rows ``hood`` reads drawn for ``seed``;
+        float64 parameters (float32-representable, as the rows are)."""
+        n, in_dim = self.graph.num_nodes(), self.program.x.heads * self.program.x.dim
+        out_dim = self.program.output.heads * self.program.output.dim
+        if self._x32 is None:
+            self._x32 = torch.randn(n, in_dim, generator=torch.Generator().manual_seed(7), dtype=torch.float32)
+        self._x32[hood.nodes] = torch.randn(hood.nodes.numel(), in_dim, generator=gen, dtype=torch.float32)
+        dout = None
+        if self.training:
+            if self._dout32 is None:
+                self._dout32 = torch.zeros(n, out_dim, dtype=torch.float32)
+            if self._dout_rows is not None:
+                self._dout32[self._dout_rows] = 0.0
+            self._dout32[hood.dst] = torch.randn(hood.dst.numel(), out_dim, generator=gen, dtype=torch.float32)
+            self._dout_rows, dout = hood.dst, self._dout32
+        params = {k: v.float().double() for k, v in random_params(self.program, self.graph, seed=seed).items()}
+        return self._x32, params, dout
 
     def _lengths(self, graph: HeteroGraph) -> dict[str, int]:
         deg = int(torch.bincount(graph.dst, minlength=graph.num_nodes()).max()) if graph.num_edges() else 0
@@ -211,6 +239,22 @@ def _reference(interp: Interpreter, x: torch.Tensor, params: Mapping[str, torch.
     expected.update({f"gradient of {n}": torch.zeros_like(t) if g is None else g
                      for n, t, g in zip(names, leaves[1:], grads[1:])})
     return expected
+
+
+def tolerance(base: float, exact: torch.Tensor, rounded: torch.Tensor, length: int) -> float:
+    """A result's tolerance: ``base``, :data:`FLOAT32_MARGIN` x the error of the reference computed in float32
+    (``rounded``) against float64 (``exact``), or :data:`REDUCTION_MARGIN` x sqrt(``length``) units of float32
+    rounding for its longest sum, whichever is largest.
+
+    Example:
+        >>> exact = torch.tensor([1.0, -1.0], dtype=torch.float64)
+        >>> tolerance(1e-4, exact, torch.tensor([1.0, -1.0]), 10), tolerance(1e-4, exact, torch.tensor([1.0, -1.003]), 10)
+        (0.0001, 0.024000...)
+        >>> round(tolerance(1e-4, exact, exact.float(), 150_000), 5)  # a 150,000-edge hub
+        0.00037
+    """
+    return max(base, FLOAT32_MARGIN * relative_error(rounded.double(), exact),
+               REDUCTION_MARGIN * math.sqrt(length) * _UNIT)
 
 
 def relative_error(a: torch.Tensor, ref: torch.Tensor) -> float:

@@ -1,0 +1,109 @@
+"""Memory as a measured quantity of a trial: a budget checked before a candidate runs, its peak after.
+
+**Budget.** Before a candidate is built, its buffers are estimated
+(:func:`~rgtune.codegen.buffer_plan.footprint_bytes`: per-edge and per-pair buffers, slots shared where
+the backend plans them, params, index arrays). One over the limit is refused and recorded as
+``out_of_memory`` (with ``info["memory_refused"]``): on a big graph one careless candidate (a per-edge
+buffer per head and feature materialized for a 42M-edge graph) would otherwise take the machine's
+memory and the study with it. The limit is ``MeasureOptions.memory_limit`` (bytes; ``tune
+--memory-limit GB``), by default :data:`DEFAULT_SHARE` of what is free when the worker starts (on the
+CPU ``MemAvailable`` plus what the worker holds then; on a GPU the device's free memory).
+
+**Peak.** A trial records its peak memory (``info["peak_bytes"]``: growth over the worker's memory
+when the trial started, compiled kernels, workspace, verification and timing included):
+
+* CPU: the resident set's high-water mark (``VmHWM``), reset at the trial's start through
+  ``/proc/self/clear_refs`` (Linux; elsewhere nothing is recorded);
+* CUDA: ``torch.cuda.max_memory_allocated`` over what was allocated at the start.
+
+Example:
+    >>> m = MemoryBudget("cpu", limit=10**12)
+    >>> m.start(); _ = bytearray(50_000_000)
+    >>> m.peak().get("peak_bytes", 50_000_000) >= 40_000_000
+    True
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+__all__ = ["MemoryBudget", "DEFAULT_SHARE", "available_bytes"]
+
+#: the default memory limit: this share of what is free when the worker starts
+DEFAULT_SHARE = 0.8
+_STATUS = Path("/proc/self/status")
+_CLEAR_REFS = Path("/proc/self/clear_refs")
+
+
+def available_bytes(device: str = "cpu") -> int | None:
+    """Memory free for a new allocation: ``MemAvailable`` on the CPU, the device's free memory on CUDA
+    (None where it cannot be read)."""
+    if device != "cpu":
+        import torch
+
+        return int(torch.cuda.mem_get_info()[0])
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _status_bytes(field: str) -> int | None:
+    try:
+        for line in _STATUS.read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+class MemoryBudget:
+    """The worker's memory limit and each trial's peak (see the module docstring)."""
+
+    def __init__(self, device: str, limit: int | None = None, share_slots: bool = True) -> None:
+        self.device, self.share_slots = device, share_slots
+        if limit is None:
+            free = available_bytes(device)
+            held = (_status_bytes("VmRSS") or 0) if device == "cpu" else 0
+            limit = int(DEFAULT_SHARE * (free + held)) if free is not None else 2**62
+        if limit <= 0:
+            raise ValueError(f"the memory limit must be a positive number of bytes, got {limit}")
+        self.limit = int(limit)
+        self._base: int | None = None
+
+    def estimate(self, kernels: Any, graph: Any) -> int:
+        """The bytes a candidate's kernels hold at their peak (estimated before building them)."""
+        from rgtune.codegen.buffer_plan import footprint_bytes
+
+        return footprint_bytes(kernels, graph, share_slots=self.share_slots)
+
+    def start(self) -> None:
+        """A trial starts: reset the high-water mark; the memory now is its baseline."""
+        if self.device == "cpu":
+            try:
+                _CLEAR_REFS.write_text("5")  # resets VmHWM to the current resident set
+            except OSError:
+                self._base = None
+                return
+            self._base = _status_bytes("VmRSS")
+        else:
+            import torch
+
+            torch.cuda.reset_peak_memory_stats()
+            self._base = int(torch.cuda.memory_allocated())
+
+    def peak(self) -> dict[str, int]:
+        """``{"peak_bytes": growth over the baseline}`` since :meth:`start` (empty where unmeasurable)."""
+        if self._base is None:
+            return {}
+        if self.device == "cpu":
+            high = _status_bytes("VmHWM")
+            return {} if high is None else {"peak_bytes": max(0, high - self._base)}
+        import torch
+
+        return {"peak_bytes": max(0, int(torch.cuda.max_memory_allocated()) - self._base)}

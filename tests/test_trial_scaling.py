@@ -1,0 +1,132 @@
+"""Trials that scale to big graphs: sampled verification in the worker, early stop of slow candidates,
+the adaptive timeout, memory refused before running and measured after, the confirmation's budget."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rgtune.db import TrialDatabase
+from rgtune.tuner.confirmation import MIN_ROUNDS, Confirmation
+from rgtune.tuner.measure import ADAPTIVE_TIMEOUT_MIN, MeasureOptions, MeasureWorker, Workload
+from rgtune.tuner.study import TuneOptions, Tuner
+
+GRAPH = "synthetic:custom,nodes=400,edges=3000,ntypes=2,rels=4,seed=2"
+FAST = MeasureOptions(warmup=1, repeats=2, min_seconds=0.0)
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _workload(mode: str = "inference", model: str = "rgat") -> Workload:
+    return Workload(model, GRAPH, 8, 8, 2 if model == "rgat" else 1, "cpu", mode=mode)
+
+
+@pytest.mark.parametrize("mode", ["inference", "training"])
+def test_a_sampled_trial_verifies_the_sampled_rows_and_records_what_it_covered(mode):
+    opts = MeasureOptions(warmup=1, repeats=2, min_seconds=0.0, verify="sampled", verify_rows=16)
+    with MeasureWorker(_workload(mode), opts) as w:
+        r = w.measure({}, seed=3)
+    assert r.status == "ok" and r.max_error < 1e-4, r.error
+    v = r.info["verified"]
+    assert v["sampled"] and v["rows"] == 16 and 0 < v["edges"] < 3000
+    assert r.info["verify_seconds"] > 0 and r.info["peak_bytes"] > 0 and r.info["estimated_bytes"] > 0
+
+
+def test_a_wrong_kernel_fails_sampled_verification():
+    opts = MeasureOptions(warmup=1, repeats=2, verify="sampled", verify_rows=16)
+    with MeasureWorker(Workload("rgcn", GRAPH, 8, 8, 1, "_faulty_backends:Wrong"), opts) as w:
+        r = w.measure({}, seed=0)
+    assert r.status == "wrong_result" and "relative error" in r.error and r.info["verified"]["sampled"]
+
+
+def test_a_candidate_much_slower_than_the_best_is_stopped_after_its_first_run():
+    with MeasureWorker(_workload(), FAST) as w:
+        r = w.measure({}, seed=1, best=1e-9)  # a best of a nanosecond: anything is 3x slower
+        assert r.status == "stopped" and r.median is None and r.times == []
+        assert r.info["first_run_ms"] > 0 and "stopped after its first run" in r.error
+        assert w.measure({}, seed=1, best=1e3).status == "ok"  # a best of 1000 s: never stopped
+    with MeasureWorker(_workload(), MeasureOptions(warmup=1, repeats=2, stop_slower=None)) as w:
+        assert w.measure({}, seed=1, best=1e-9).status == "ok"  # stop_slower None: never stopped
+
+
+def test_the_timeout_adapts_to_the_slowest_verified_trial():
+    opts = MeasureOptions(warmup=1, repeats=2, first_timeout=123.0)
+    with MeasureWorker(_workload(), opts) as w:
+        assert w.timeout == 123.0  # nothing measured yet
+        r = w.measure({}, seed=0)
+        assert r.status == "ok" and w.timeout == max(ADAPTIVE_TIMEOUT_MIN, 5 * r.info["elapsed"])
+    with MeasureWorker(_workload(), MeasureOptions(timeout=7.0)) as w:
+        assert w.timeout == 7.0  # given: fixed
+
+
+def test_a_candidate_over_the_memory_limit_is_refused_before_running():
+    with MeasureWorker(_workload(), MeasureOptions(memory_limit=1000)) as w:
+        r = w.measure({}, seed=0)
+    assert r.status == "out_of_memory" and r.info["memory_refused"] and r.compile_seconds is None
+    assert r.info["estimated_bytes"] > 1000 and "over the memory limit" in r.error
+
+
+def test_options_are_checked():
+    with pytest.raises(ValueError, match="unknown verification 'some'"):
+        MeasureOptions(verify="some")
+    with pytest.raises(ValueError, match="stop_slower must be a factor above 1"):
+        MeasureOptions(stop_slower=0.5)
+    with pytest.raises(ValueError, match="memory_limit must be a positive number of bytes"):
+        MeasureOptions(memory_limit=0)
+
+
+def test_a_study_records_peak_memory_and_refusals(tmp_path):
+    db = TrialDatabase(f"sqlite:///{tmp_path / 'results.db'}")
+    Tuner(_workload("training", "rgcn"), db, TuneOptions(trials=2, seed=0, progress=False, confirm_top=0,
+                                                          measure=FAST)).run()
+    ok = db.history(status="ok")
+    assert ok and all(t.peak_bytes and t.peak_bytes > 0 for t in ok)
+    assert all(t.details["verified"] == {"rows": "all"} for t in ok)
+    small = replace_limit(FAST, 1000)
+    Tuner(_workload("inference", "rgcn"), db, TuneOptions(trials=2, seed=0, progress=False, confirm_top=0,
+                                                           measure=small)).run()
+    refused = db.history(status="out_of_memory")
+    assert len(refused) == 2 and all(t.details["memory_refused"] and t.peak_bytes > 1000 for t in refused)
+
+
+def replace_limit(options: MeasureOptions, limit: int) -> MeasureOptions:
+    from dataclasses import replace
+
+    return replace(options, memory_limit=limit)
+
+
+class _Default:
+    schedule_hash = "default"
+
+
+@pytest.mark.parametrize("budget,expect", [
+    (None, (7, 5)),        # no budget: every schedule, every round
+    (1000.0, (7, 5)),      # affords 100 measurements: all 35
+    (25.0, (7, MIN_ROUNDS)),  # 25 measurements: 3 rounds of 7 (21)
+    (9.5, (3, MIN_ROUNDS)),   # 9 measurements: the fastest, the default and the last winner, 3 rounds
+    (6.0, (2, MIN_ROUNDS)),   # 6: the fastest and the default
+    (5.0, (0, MIN_ROUNDS)),   # 5: not even two schedules three times: no rounds
+])
+def test_the_confirmation_fits_its_budget(budget, expect):
+    c = Confirmation.__new__(Confirmation)
+    c.rounds, c.budget_s, c.measurement_s, c.default = 5, budget, 1.0, _Default()
+    knobs = {h: {} for h in ("f1", "f2", "f3", "f4", "f5", "previous", "default")}
+    kept = c._fit(knobs, "previous")
+    assert (len(kept), c.rounds) == expect
+    if 2 <= len(kept) < len(knobs):  # trimmed: the fastest and the default first
+        assert list(kept)[:2] == ["f1", "default"]
+
+
+def test_tune_memory_limit_on_the_command_line(tmp_path):
+    db = tmp_path / "r.db"
+    r = subprocess.run([sys.executable, "-m", "rgtune.cli", "tune", "--model", "rgcn", "--dataset", GRAPH, "--hidden", "8",
+                        "--trials", "2", "--backend", "cpu", "--db", f"sqlite:///{db}", "--memory-limit", "0.000001",
+                        "--cost-model", "off", "--quiet"], capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "out_of_memory 2" in r.stdout, r.stdout
+    bad = subprocess.run([sys.executable, "-m", "rgtune.cli", "tune", "--model", "rgcn", "--dataset", GRAPH,
+                          "--memory-limit", "-1", "--db", f"sqlite:///{db}"], capture_output=True, text=True, cwd=REPO,
+                         timeout=300)
+    assert bad.returncode != 0 and "--memory-limit must be a positive number of GiB, got -1" in bad.stderr
