@@ -11,7 +11,7 @@ import pytest
 
 from rgtune.db import TrialDatabase
 from rgtune.tuner.confirmation import MIN_ROUNDS, Confirmation
-from rgtune.tuner.measure import ADAPTIVE_TIMEOUT_MIN, MeasureOptions, MeasureWorker, Workload
+from rgtune.tuner.measure import ADAPTIVE_TIMEOUT_MIN, STOP_MIN_S, MeasureOptions, MeasureWorker, Workload
 from rgtune.tuner.study import TuneOptions, Tuner
 
 GRAPH = "synthetic:custom,nodes=400,edges=3000,ntypes=2,rels=4,seed=2"
@@ -43,7 +43,11 @@ def test_a_wrong_kernel_fails_sampled_verification():
 
 def test_a_candidate_much_slower_than_the_best_is_stopped_after_its_first_run():
     with MeasureWorker(_workload(), FAST) as w:
-        r = w.measure({}, seed=1, best=1e-9)  # a best of a nanosecond: anything is 3x slower
+        r = w.measure({}, seed=1, best=1e-9)  # a best of a nanosecond: anything is 3x slower ...
+        assert r.status == "ok" and r.median < STOP_MIN_S  # ... but a first run under STOP_MIN_S is never stopped
+    slow = Workload("rgcn", GRAPH, 8, 8, 1, "_faulty_backends:Slow")
+    with MeasureWorker(slow, FAST) as w:
+        r = w.measure({}, seed=1, best=1e-9)
         assert r.status == "stopped" and r.median is None and r.times == []
         assert r.info["first_run_ms"] > 0 and "stopped after its first run" in r.error
         assert w.measure({}, seed=1, best=1e3).status == "ok"  # a best of 1000 s: never stopped

@@ -11,7 +11,8 @@ builds the search space and the float64 reference layer once, then serves trials
    ``max|out - ref| / max|ref|`` below each result's tolerance), or ``wrong_result`` with the error;
    a wrong kernel is never timed;
 4. time it: the first run is timed on its own, and a candidate whose first run takes more than
-   ``stop_slower`` times the best time so far (the parent passes it) is ``stopped`` there; else
+   ``stop_slower`` times the best time so far (the parent passes it; never under :data:`STOP_MIN_S`)
+   is ``stopped`` there; else
    the rest of the warm-up (the verification's run and the first run count as two of it), then repeats until both a count and a minimum time are reached, or
    ``max_seconds`` were measured (at least :data:`MIN_TIMED_RUNS` runs); the median is the trial's time
    (the backend synchronizes around each run on a GPU).
@@ -93,6 +94,8 @@ STATUSES = ("running", "ok", "invalid", "compile_error", "runtime_error", "wrong
 ADAPTIVE_TIMEOUT_FACTOR = 5.0
 #: ... and at least this long (seconds); the first trial (nothing measured yet) gets ``first_timeout``
 ADAPTIVE_TIMEOUT_MIN = 60.0
+#: a candidate is never stopped for a first run shorter than this (seconds)
+STOP_MIN_S = 0.05
 #: timed runs always made before ``max_seconds`` may end the repeats
 MIN_TIMED_RUNS = 3
 
@@ -528,7 +531,8 @@ class MeasureWorker:
         """One trial; never raises for a fault of the kernel (see the module docstring). ``best``: the best
         time so far (seconds): a candidate whose first run takes ``stop_slower`` times longer is stopped."""
         stop = self.options.stop_slower
-        stop_after = best * stop if best is not None and stop is not None else None
+        # a first run of a few ms says little (cold caches) and stopping it saves nothing
+        stop_after = max(best * stop, STOP_MIN_S) if best is not None and stop is not None else None
         result = self._request(("measure", dict(config), seed, stop_after))
         if result.status in ("ok", "stopped") and "elapsed" in result.info:
             self._slowest = max(self._slowest or 0.0, result.info["elapsed"])

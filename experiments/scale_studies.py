@@ -1,0 +1,130 @@
+"""Real-size graphs: 30-trial studies on the BGS-, AM- and ogbn-mag-sized presets, and what a trial costs.
+
+Each study is the ``tune`` command a user runs (its own process; the cost model on, trained on whatever
+history the database holds: ``--collect-small`` first fills it with random-sampler studies of the same
+models on AIFB and MUTAG, so the big graphs' studies are steered by a model that never saw them).
+Per study it records the wall time, the trials' statuses, the default and best schedule, and from the
+trial database: the share of each trial's wall time spent compiling and verifying (the oracle's own
+time; the kernels' verification run doubles as a warm-up run), the sampled verification's coverage
+and the peak memory of the measuring process per trial. ``--transfer`` then measures how well the
+cost model trained on the small graphs ranks the big graphs' measured schedules (ordered pair
+accuracy, zero-shot top-1 error). JSON lines go to ``experiments/results/scale/``.
+
+Examples::
+
+    python experiments/scale_studies.py --collect-small
+    python experiments/scale_studies.py --models rgcn,rgat,hgt --datasets synthetic:bgs,synthetic:am
+    python experiments/scale_studies.py --transfer --datasets synthetic:bgs,synthetic:am
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results" / "scale"
+SMALL = ("aifb", "mutag")
+
+
+def _tune(model: str, dataset: str, args: argparse.Namespace, trials: int, extra: list[str]) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "rgtune.cli", "tune", "--model", model, "--dataset", dataset, "--hidden",
+           str(args.hidden), "--trials", str(trials), "--backend", "cpu", "--db", args.db, "--seed", str(args.seed),
+           "--quiet", *extra]
+    t0 = time.time()
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    row = {"model": model, "dataset": dataset, "trials": trials, "wall_s": round(time.time() - t0, 1),
+           "rc": r.returncode, "summary": r.stdout.strip().splitlines()[-12:], "stderr": r.stderr.strip()[-2000:]}
+    print(f"{model} {dataset}: rc {r.returncode} in {row['wall_s']} s", flush=True)
+    return row
+
+
+def _trial_costs(db_url: str, model: str, dataset: str) -> dict[str, Any]:
+    """From the database: statuses, default/best, and per verified trial the shares of its wall time."""
+    from rgtune.db import TrialDatabase
+
+    db = TrialDatabase(db_url, readonly=True)
+    trials = [t for t in db.history() if t.model == model and t.dataset == dataset and t.mode == "inference"]
+    search = [t for t in trials if t.confirmation_id is None]
+    shares, peaks, covered = [], [], None
+    for t in search:
+        d = t.details or {}
+        wall = d.get("elapsed")
+        if t.status == "ok" and wall:
+            shares.append(((t.compile_s or 0.0) + d.get("verify_seconds", 0.0)) / wall)
+            covered = d.get("verified", covered)
+        if t.peak_bytes is not None and not d.get("memory_refused"):
+            peaks.append(t.peak_bytes)
+    statuses: dict[str, int] = {}
+    for t in search:
+        statuses[t.status] = statuses.get(t.status, 0) + 1
+    ok = [t for t in search if t.status == "ok" and t.median_ms is not None]
+    best = db.best(trials[0].workload_id) if trials else None
+    return {"statuses": statuses, "default_ms": ok[0].median_ms if ok else None,
+            "best_ms": best.median_ms if best else None,
+            "compile_verify_share_median": statistics.median(shares) if shares else None,
+            "compile_verify_share_max": max(shares) if shares else None,
+            "peak_gb_max": max(peaks) / 2**30 if peaks else None, "verified": covered,
+            "trial_wall_s_median": statistics.median((t.details or {}).get("elapsed", 0.0) for t in ok) if ok else None}
+
+
+def _transfer(db_url: str, dataset: str) -> list[dict[str, Any]]:
+    """The cost model trained on every other graph's history ranks ``dataset``'s measured schedules."""
+    r = subprocess.run([sys.executable, "-m", "rgtune.cli", "costmodel", "--eval", "--db", db_url, "--holdout",
+                        dataset, "--json", "/dev/stdout"], capture_output=True, text=True)
+    print(r.stderr.strip()[-1000:], file=sys.stderr)
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{") or ln.startswith("[")]
+    return [{"dataset": dataset, "rc": r.returncode, "text": r.stdout.strip()[-3000:],
+             "json": json.loads(lines[-1]) if lines else None}]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default="rgcn,rgat,hgt")
+    p.add_argument("--datasets", default="synthetic:bgs,synthetic:am,synthetic:ogbn-mag")
+    p.add_argument("--trials", type=int, default=30)
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--time-budget", type=float, default=1200.0, help="seconds per study (the acceptance's 20 min)")
+    p.add_argument("--db", default=f"sqlite:///{RESULTS / 'results.db'}")
+    p.add_argument("--collect-small", action="store_true", help="random-sampler histories on AIFB and MUTAG")
+    p.add_argument("--small-trials", type=int, default=40)
+    p.add_argument("--transfer", action="store_true", help="rank each big graph's schedules zero-shot")
+    args = p.parse_args(argv)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    models = args.models.split(",")
+    datasets = args.datasets.split(",")
+    if args.collect_small:
+        for model in models:
+            for dataset in SMALL:
+                row = _tune(model, dataset, args, args.small_trials,
+                            ["--sampler", "random", "--cost-model", "off", "--confirm", "0", "--stop-slower", "0"])
+                _append("small_histories.jsonl", row)
+        return 0
+    if args.transfer:
+        for dataset in datasets:
+            for row in _transfer(args.db, dataset):
+                _append("transfer.jsonl", row)
+        return 0
+    for dataset in datasets:
+        for model in models:
+            row = _tune(model, dataset, args, args.trials, ["--time-budget", str(args.time_budget)])
+            row.update(_trial_costs(args.db, model, dataset))
+            row["threads"] = os.environ.get("OMP_NUM_THREADS", "default")
+            _append("studies.jsonl", row)
+    return 0
+
+
+def _append(name: str, row: dict[str, Any]) -> None:
+    with open(RESULTS / name, "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
