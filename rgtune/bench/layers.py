@@ -43,6 +43,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import statistics
@@ -457,6 +458,7 @@ def machine_info(threads: int) -> dict[str, Any]:
     return info
 
 
+@functools.cache
 def versions() -> dict[str, str]:
     import rgtune
 
