@@ -11,7 +11,8 @@ import torch
 
 from rgtune.bench import bench, format_table, result_json
 from rgtune.bench.isolated import run_isolated
-from rgtune.bench.layers import Impl, _program_expectation, check_impl, is_out_of_memory, sampled_error
+from rgtune.bench.layers import (BenchResult, Impl, _program_expectation, check_impl, impl_of, is_out_of_memory,
+                                 sampled_error)
 from rgtune.bench.baselines import oracle
 from rgtune.bench.report import _row_cells
 from rgtune.data import load_dataset
@@ -46,6 +47,24 @@ def test_a_child_killed_by_the_kernel_is_oom_and_one_that_fails_is_failed():
     assert ok.status == "ok" and ok.result == {"status": "ok", "x": 1}
 
 
+def test_a_child_stopped_in_its_training_step_keeps_its_forward():
+    done = {"status": "ok", "name": "a slow layer", "times": {"fwd": [0.002, 0.004], "fwd+bwd": []},
+            "peak_mb": {"fwd": 12.0}}
+    code = f"import time; print('rgtune-bench-result ' + {json.dumps(json.dumps(done))}, flush=True); time.sleep(60)"
+    out = run_isolated([sys.executable, "-c", code], timeout=2)
+    assert out.status == "timeout" and out.result == done
+    impl = impl_of("torch", out.status, out.result, out.message, 2)
+    res = bench_result([impl])
+    line = format_table(res).splitlines()[2]
+    assert line.startswith("a slow layer") and line.split()[3:5] == ["3", "–"] and line.count("> 2 s") == 2
+    assert _row_cells(res)[0][5:8] == ["– / – / 3 / – / –", "– / – / > 2 s / – / –", "– / – / > 2 s / – / –"]
+
+
+def bench_result(impls: list[Impl]) -> BenchResult:
+    return BenchResult("rgcn", "aifb", 8, 8, 1, "cpu", "default", 1, 2, impls, {"cpu": "x", "cores": 2, "threads": 1},
+                       {}, "rgtune bench", "2026-11-26", memory_limit_gb=1.0, impl_timeout_s=2)
+
+
 def test_allocation_errors_count_as_out_of_memory():
     with pytest.raises(RuntimeError) as caught:  # torch's CPU allocator refuses at once: nothing is touched
         torch.empty(2 ** 60, dtype=torch.uint8)
@@ -58,7 +77,7 @@ def test_bench_rows_say_oom_and_over_time_instead_of_times():
     oom = bench("rgcn", GRAPH, impls=("rgtune", "torch"), memory_limit_gb=0.05, **QUICK)  # torch alone is more
     assert [(i.key, i.status) for i in oom.impls] == [("rgtune", "oom"), ("torch", "oom")]
     table = format_table(oom)
-    assert table.count("OOM") == 6 and "0.05 GB" in table
+    assert table.count("OOM") == 8 and "0.05 GB" in table  # per row: both modes' times and peaks
     main, _ = _row_cells(oom)
     assert main[5] == "OOM / – / OOM / – / –" and main[7] == "OOM / – / OOM / – / –"
     slow = bench("rgcn", GRAPH, impls=("torch",), impl_timeout=0.5, **QUICK)  # its imports alone take longer

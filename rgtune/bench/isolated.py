@@ -17,8 +17,10 @@ and makes the input and output gradient (seeded, as every other child); takes th
 statistics); builds the implementation; per mode, warm-up and the timed repeats, the mode's peak
 being the highest of building and its runs above the baseline; last the float64 check of the
 output (:func:`rgtune.bench.layers.check_impl`, sampled rows on a big graph), after the peaks are
-read so that the reference's memory is not counted. It prints one line, :data:`MARKER` and the
-result's JSON.
+read so that the reference's memory is not counted. It prints a line, :data:`MARKER` and the
+result so far as JSON, after building, after each mode and at the end: a child killed in its
+training step still hands back its forward's times and peak (the parent takes the last line; the
+row's status then stands only for what is missing).
 
 Example:
     >>> import sys
@@ -40,7 +42,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 #: the seconds an implementation may take by default (its process: imports, build, runs, check)
 DEFAULT_TIMEOUT_S = 600.0
@@ -140,16 +142,27 @@ def run_isolated(argv: Sequence[str], *, timeout: float, memory_limit_gb: float 
     for line in stderr.splitlines():
         if line.startswith("bench:"):
             print(line, file=sys.stderr)
+    result = _last_result(stdout)  # a killed child's: what it finished before (a mode's times)
     if ours is not None:
-        return Outcome(ours[0], None, ours[1], peak, seconds)
+        return Outcome(ours[0], result, ours[1], peak, seconds)
     if proc.returncode == -signal.SIGKILL:
-        return Outcome("oom", None, "killed by SIGKILL (most likely the kernel's out-of-memory killer)", peak, seconds)
-    result = next((json.loads(ln[len(MARKER):]) for ln in reversed(stdout.splitlines()) if ln.startswith(MARKER)),
-                  None)
-    if result is None:
+        return Outcome("oom", result, "killed by SIGKILL (most likely the kernel's out-of-memory killer)", peak,
+                       seconds)
+    if result is None or proc.returncode != 0:
         last = (stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
-        return Outcome("failed", None, last, peak, seconds)
+        return Outcome("failed", result, last, peak, seconds)
     return Outcome(result.get("status", "ok"), result, result.get("problem") or "", peak, seconds)
+
+
+def _last_result(stdout: str) -> dict[str, Any] | None:
+    """The last complete result line of a child's stdout (a line cut off by a kill is not one)."""
+    for line in reversed(stdout.splitlines()):
+        if line.startswith(MARKER):
+            try:
+                return json.loads(line[len(MARKER):])
+            except json.JSONDecodeError:
+                continue
+    return None
 
 
 def child_env(threads: int | None) -> dict[str, str]:
@@ -173,10 +186,15 @@ def run_impl(args: dict[str, Any], *, timeout: float = DEFAULT_TIMEOUT_S,
 
 
 # ---------------------------------------------------------------------- the child
-def measure_impl(a: dict[str, Any]) -> dict[str, Any]:
+def _emit(res: dict[str, Any]) -> None:
+    print(MARKER + json.dumps(res), flush=True)
+
+
+def measure_impl(a: dict[str, Any], emit: Callable[[dict[str, Any]], None] = _emit) -> dict[str, Any]:
     """Build, time, measure and check ``a["impl"]`` (see the module docstring); ``a``: model, dataset,
     in_dim, out_dim, heads, backend, db, seed, threads, data_dir, options, repeats, warmup,
-    sample_above (None: check every row), check_rows. The result as JSON values."""
+    sample_above (None: check every row), check_rows. The result as JSON values; ``emit`` gets the
+    result so far after building and after each mode."""
     import torch
 
     from rgtune.bench.layers import MODES, bench_input, build_with_reference, check_impl, time_impl, upstream_grad
@@ -213,30 +231,41 @@ def measure_impl(a: dict[str, Any]) -> dict[str, Any]:
                            "times": {m: [] for m in MODES}, "peak_mb": {}}
     if impl.forward is None:
         return res
+    res["times"] = impl.times
+    emit(res)
     for mode in MODES:
         meter.restart_peak()
         time_impl(impl, mode, x, grad, a["repeats"], a["warmup"])
         mode_mb = meter.peak_mb()
         if impl.times[mode]:
             res["peak_mb"][mode] = None if mode_mb is None or built_mb is None else max(built_mb, mode_mb)
-    res["times"] = impl.times
+        res["problem"] = impl.problem
+        emit(res)
     check_impl(impl, ref, x, sample_above=a.get("sample_above"), rows=a.get("check_rows", 512), seed=a["seed"])
     res.update(problem=impl.problem, error=impl.error, checked=impl.checked)
     return res
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m rgtune.bench.isolated '<json arguments>'``: one implementation, one result line."""
+    """``python -m rgtune.bench.isolated '<json arguments>'``: one implementation, its result lines."""
     from rgtune.bench.layers import is_out_of_memory
 
     a = json.loads((sys.argv[1:] if argv is None else argv)[0])
+    so_far: dict[str, Any] = {}
+
+    def emit(res: dict[str, Any]) -> None:
+        so_far.clear()
+        so_far.update(json.loads(json.dumps(res)))  # a copy: the result grows on
+        _emit(res)
+
     try:
-        res = measure_impl(a)
+        res = measure_impl(a, emit)
     except BaseException as e:  # noqa: BLE001 - an allocation failing is a result, anything else a failure
         if not is_out_of_memory(e):
             raise
-        res = {"status": "oom", "problem": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
-    print(MARKER + json.dumps(res), flush=True)
+        why = str(e).splitlines()[0][:200] if str(e) else ""
+        res = {**so_far, "status": "oom", "problem": f"{type(e).__name__}: {why}"}
+    _emit(res)
     return 0
 
 

@@ -33,15 +33,17 @@ def _mb(v: float | None) -> str:
     return "–" if v is None else f"{v:.0f}" if v >= 10 else f"{v:.2g}"
 
 
-def outcome_cell(impl: Impl) -> str | None:
-    """What stands for ``impl``'s numbers when its process did not finish: "OOM", "> N s" (its time
-    limit), "failed"; None when it finished.
+def outcome_cell(impl: Impl, mode: str | None = None) -> str | None:
+    """What stands for ``impl``'s numbers (in ``mode``: None, any) when its process did not finish: "OOM",
+    "> N s" (its time limit), "failed"; None when it finished, or finished ``mode`` before it was stopped.
 
     Example:
-        >>> outcome_cell(Impl("dgl", "DGL", None, status="timeout", limit_s=600.0)), outcome_cell(Impl("x", "x", None))
-        ('> 600 s', None)
+        >>> slow = Impl("dgl", "DGL", None, status="timeout", limit_s=600.0)
+        >>> slow.times["fwd"] = [0.5]
+        >>> outcome_cell(slow), outcome_cell(slow, "fwd"), outcome_cell(slow, "fwd+bwd"), outcome_cell(Impl("x", "x", None))
+        ('> 600 s', None, '> 600 s', None)
     """
-    if impl.status == "ok":
+    if impl.status == "ok" or (mode is not None and impl.times[mode]):
         return None
     if impl.status == "timeout":
         return f"> {impl.limit_s:g} s" if impl.limit_s is not None else "timeout"
@@ -70,18 +72,16 @@ def format_table(res: BenchResult) -> str:
              f"{'implementation':<44} {'fwd ms':>9} {'x':>6} {'fwd+bwd ms':>11} {'x':>6} {'peak MB':>14} {'err':>9} "
              f"{'checked':>12}  math"]
     for i in res.impls:
-        cell = outcome_cell(i)
-        if cell is not None:
-            lines.append(f"{i.name:<44} {cell:>9} {'':>6} {cell:>11} {'':>6} {cell:>14} {'':>9} {'':>12}  {i.problem}")
-            continue
-        if i.problem is not None and not i.times["fwd"]:
+        if i.problem is not None and i.status == "ok" and not i.times["fwd"]:
             lines.append(f"{i.name:<44} {'n/a':>9} {'':>6} {'n/a':>11} {'':>6} {'':>14} {'':>9} {'':>12}  {i.problem}")
             continue
         fwd, step = i.median_ms("fwd"), i.median_ms("fwd+bwd")
-        peak = f"{_mb(i.peak_mb.get('fwd'))} / {_mb(i.peak_mb.get('fwd+bwd'))}" if i.peak_mb else "–"
+        shown = {m: outcome_cell(i, m) or _ms(i.median_ms(m)) for m in MODES}
+        peaks = {m: outcome_cell(i, m) or _mb(i.peak_mb.get(m)) for m in MODES}
+        peak = f"{peaks['fwd']} / {peaks['fwd+bwd']}" if i.peak_mb or i.status != "ok" else "–"
         err = f"{i.error:.1e}" if i.error is not None else "–"
-        note = i.math + (f" [{i.problem}]" if i.problem else "")
-        lines.append(f"{i.name:<44} {_ms(fwd):>9} {_ratio(base['fwd'], fwd):>6} {_ms(step):>11} "
+        note = (i.problem or "") if i.status != "ok" else i.math + (f" [{i.problem}]" if i.problem else "")
+        lines.append(f"{i.name:<44} {shown['fwd']:>9} {_ratio(base['fwd'], fwd):>6} {shown['fwd+bwd']:>11} "
                      f"{_ratio(base['fwd+bwd'], step):>6} {peak:>14} {err:>9} {_checked(i):>12}  {note}")
     limits = [f"{res.memory_limit_gb:g} GB" if res.memory_limit_gb else "no memory limit",
               f"{res.impl_timeout_s:g} s" if res.impl_timeout_s else "no time limit"]
@@ -97,13 +97,13 @@ def format_table(res: BenchResult) -> str:
 def _row_cells(res: BenchResult) -> tuple[list[str], list[str]]:
     by = {i.key: i for i in res.impls}
 
-    def cell(k: str, number: Callable[[Impl], str]) -> str:
+    def cell(k: str, mode: str, number: Callable[[Impl], str]) -> str:
         if k not in by:
             return "–"
-        return outcome_cell(by[k]) or number(by[k])
+        return outcome_cell(by[k], mode) or number(by[k])
 
-    per_mode = [" / ".join(cell(k, lambda i: _ms(i.median_ms(m))) for k in IMPLS) for m in MODES]  # noqa: B023
-    peaks = " / ".join(cell(k, lambda i: _mb(i.peak_mb.get("fwd+bwd"))) for k in IMPLS)
+    per_mode = [" / ".join(cell(k, m, lambda i: _ms(i.median_ms(m))) for k in IMPLS) for m in MODES]  # noqa: B023
+    peaks = " / ".join(cell(k, "fwd+bwd", lambda i: _mb(i.peak_mb.get("fwd+bwd"))) for k in IMPLS)
     key = [res.named_model, res.dataset, res.sizes, res.backend]
     main = key + [res.schedule, *per_mode, peaks, str(res.threads), res.date]
     m = res.machine
