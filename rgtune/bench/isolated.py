@@ -15,9 +15,10 @@ and lazy initialization are not counted as the layer's memory (as :mod:`.memory`
 and makes the input and output gradient (seeded, as every other child); takes the memory baseline
 (:class:`rgtune.bench.memory._Meter`: the resident set's high-water mark reset, or CUDA's peak
 statistics); builds the implementation; per mode, warm-up and the timed repeats, the mode's peak
-being the highest of building and its runs above the baseline; last the float64 check of the
-output (:func:`rgtune.bench.layers.check_impl`, sampled rows on a big graph), after the peaks are
-read so that the reference's memory is not counted. It prints a line, :data:`MARKER` and the
+being the highest of building and its runs above the baseline; between the forward and the
+training step the float64 check of the output (:func:`rgtune.bench.layers.check_impl`, sampled
+rows on a big graph): after the forward's peak is read and before the training step's is
+restarted, so that the reference's memory is counted in neither. It prints a line, :data:`MARKER` and the
 result so far as JSON, after building, after each mode and at the end: a child killed in its
 training step still hands back its forward's times and peak (the parent takes the last line; the
 row's status then stands only for what is missing).
@@ -239,10 +240,16 @@ def measure_impl(a: dict[str, Any], emit: Callable[[dict[str, Any]], None] = _em
         mode_mb = meter.peak_mb()
         if impl.times[mode]:
             res["peak_mb"][mode] = None if mode_mb is None or built_mb is None else max(built_mb, mode_mb)
+        if mode == "fwd" and impl.forward is not None:
+            # between the modes: the forward's peak is read, the training step's is restarted after it
+            check_impl(impl, ref, x, sample_above=a.get("sample_above"), rows=a.get("check_rows", 512),
+                       seed=a["seed"])
+            res.update(error=impl.error, checked=impl.checked)
+            if impl.forward is None:  # its forward raised in the check: no training step either
+                res["problem"] = impl.problem
+                break
         res["problem"] = impl.problem
         emit(res)
-    check_impl(impl, ref, x, sample_above=a.get("sample_above"), rows=a.get("check_rows", 512), seed=a["seed"])
-    res.update(problem=impl.problem, error=impl.error, checked=impl.checked)
     return res
 
 

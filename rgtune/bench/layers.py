@@ -214,6 +214,7 @@ def reference_layer(model: str, graph: Any, in_dim: int, out_dim: int, heads: in
 
 
 def ref_device(ref: Any) -> torch.device:
+    """Where the reference layer's weights (and so every implementation) live."""
     return next(ref.parameters()).device
 
 
@@ -361,11 +362,12 @@ def sampled_error(out: Tensor, out_rows: Tensor | None, expectation: Callable[[A
                         backend="reference", dtype=torch.float32)
     local.load_state_dict({k: v.detach().cpu() for k, v in ref.state_dict().items()})
     expected_fn, local_rows = expectation(local)
-    expected = expected_fn(x.detach().double().cpu()[hood.nodes])
+    # rows first, then float64 on the host: never a float64 copy of the whole graph's input or output
+    expected = expected_fn(x.detach()[hood.nodes.to(x.device)].double().cpu())
     at_out, in_out = _positions(hood.dst, out_rows)
     at_exp, in_exp = _positions(hood.rows, local_rows)
     both = in_out & in_exp  # a destination a library leaves out of its output is not checked
-    got = out.detach().double().cpu()[at_out[both]]
+    got = out.detach()[at_out[both].to(out.device)].double().cpu()
     err = _rel_err(got, expected[at_exp[both]]) if bool(both.any()) else 0.0
     return err, {"sampled": True, **hood.describe(), "rows": int(both.sum())}
 
