@@ -1,13 +1,18 @@
 """One layer, side by side: rgtune's tuned kernels, rgtune's torch lowering, the reference layer, PyG, DGL.
 
 Every implementation gets the same graph, sizes, weights (copied; see :mod:`.baselines` for
-where a library's math differs), input, thread count and device. Warm-up, then ``repeats``
-rounds; each round times every implementation once, in a rotating order, so that drift of a
-noisy machine spreads over all of them; the median is reported. Forward runs without autograd
-(inference); forward+backward is one training step of the layer without the optimizer (Hector's
-protocol): the forward, then the backward of ``sum(out * g)`` to the input and every parameter.
-``memory=True`` also measures each implementation's peak memory in its own process
-(:mod:`.memory`).
+where a library's math differs), input, thread count and device: each is derived from the seed
+again in the implementation's own process. Each implementation runs alone in a process of its own
+(:mod:`.isolated`), one after another, never two at once: the child loads the graph, builds the
+implementation, times it, measures its peak memory and checks its output, and hands the result
+back as JSON. So one implementation that runs out of memory or time is a row ("OOM", "> N s"),
+not the end of the benchmark, and no implementation's memory (or the float64 reference's) weighs
+on another's. Timing: warm-up, then ``repeats`` runs of one implementation in a block, per mode;
+the median is reported. (The rounds are no longer interleaved across implementations in a
+rotating order, as they were when all ran in one process: drift of a noisy machine now falls on
+whichever implementation runs at the time.) Forward runs without autograd (inference);
+forward+backward is one training step of the layer without the optimizer (Hector's protocol): the
+forward, then the backward of ``sum(out * g)`` to the input and every parameter.
 
 Implementations:
 
@@ -18,21 +23,27 @@ Implementations:
 * ``torch``: the model's plain torch layer of :mod:`rgtune.models`, where it has one (float32);
 * ``pyg``, ``dgl``: the libraries' layers (:mod:`.baselines`: which exist for which model and options).
 
-Each output is checked against what its math should give (float64: the model's program,
+Each forward output is checked against what its math should give (float64: the model's program,
 interpreted op by op; for a library whose math differs, the program of that math): ``error`` of
-each :class:`Impl`. ``rgtune bench`` (:mod:`rgtune.cli.bench`) prints the table and writes a row to
-BENCHMARKS.md (:mod:`.report`).
+each :class:`Impl`. On a graph with more than ``sample_above`` edges
+(:data:`rgtune.tuner.verification.SAMPLE_ABOVE_EDGES` by default) the float64 reference of the whole
+graph would cost more than the layers it checks, so the check covers ``check_rows`` sampled
+destination rows exactly (:func:`rgtune.data.neighbourhood.sample_destinations`), the reference
+running on their in-neighbourhood (:func:`rgtune.data.neighbourhood.in_neighbourhood`); ``checked``
+of each :class:`Impl` says which. ``rgtune bench`` (:mod:`rgtune.cli.bench`) prints the table and
+writes a row to BENCHMARKS.md (:mod:`.report`).
 
 Example:
     >>> spec = "synthetic:custom,nodes=200,edges=1500,ntypes=2,rels=3"
     >>> res = bench("rgcn", spec, in_dim=8, out_dim=8, backend="reference", db=None, impls=("rgtune", "torch"),
     ...             repeats=1, warmup=0)              # no database: rgtune runs the default schedule
-    >>> [(i.key, i.error < 1e-5, len(i.times["fwd"])) for i in res.impls]
-    [('rgtune', True, 1), ('torch', True, 1)]
+    >>> [(i.key, i.status, i.error < 1e-5, len(i.times["fwd"]), i.checked["rows"]) for i in res.impls]
+    [('rgtune', 'ok', True, 1, 200), ('torch', 'ok', True, 1, 200)]
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import statistics
@@ -49,6 +60,9 @@ from torch import Tensor
 from rgtune.bench.baselines import BUILDERS, Unavailable, oracle, prepare_weights, torch_layer
 
 IMPLS = ("rgtune", "lowering", "torch", "pyg", "dgl")
+#: an implementation's name where its process gave none (it ran out of memory or time)
+LABELS = {"rgtune": "rgtune tuned", "lowering": "rgtune torch lowering", "torch": "plain torch layer", "pyg": "PyG",
+          "dgl": "DGL"}
 MODES = ("fwd", "fwd+bwd")
 
 
@@ -56,10 +70,19 @@ MODES = ("fwd", "fwd+bwd")
 Layer = Callable[[Tensor], Tensor]
 
 
+#: an implementation's outcome: it ran; its process went over the memory limit (or the kernel's OOM
+#: killer or an allocation error stopped it); over the time limit; it failed otherwise
+STATUSES = ("ok", "oom", "timeout", "failed")
+
+
 @dataclass
 class Impl:
     """One implementation under test: ``forward(x)``, its parameters, its check; ``train`` and
-    ``train_params`` where a training step runs another module (rgtune's training schedule)."""
+    ``train_params`` where a training step runs another module (rgtune's training schedule).
+
+    In the parent process (:func:`bench`) only the results are filled in: ``status`` (one of
+    :data:`STATUSES`), ``times``, ``peak_mb``, ``error`` and ``checked``; ``limit_s`` is the time
+    limit a ``timeout`` ran into."""
 
     key: str
     name: str
@@ -67,12 +90,20 @@ class Impl:
     params: list[Tensor] = field(default_factory=list)
     train: Layer | None = None
     train_params: list[Tensor] | None = None
-    error: float | None = None  # max |out - expected| / max |expected|
+    error: float | None = None  # max |out - expected| / max |expected| over the checked rows
     math: str = "same math"
     problem: str | None = None  # why it could not run
     rows: Tensor | None = None
     times: dict[str, list[float]] = field(default_factory=lambda: {m: [] for m in MODES})
-    peak_mb: dict[str, float | None] = field(default_factory=dict)  # mode -> peak MB (:mod:`.memory`)
+    peak_mb: dict[str, float | None] = field(default_factory=dict)  # mode -> peak MB above graph and input
+    status: str = "ok"
+    limit_s: float | None = None
+    #: what the check covered: ``{"rows": n}`` (every row) or ``{"sampled": True, "rows": n, "nodes": ...,
+    #: "edges": ...}`` (sampled destination rows and their in-neighbourhood)
+    checked: dict[str, Any] | None = None
+    #: ``expectation(layer)``: what this implementation should compute with ``layer``'s weights on
+    #: ``layer``'s graph (float64 ``x -> out``) and the global ids of those rows (None: every node)
+    expectation: Callable[[Any], tuple[Callable[[Tensor], Tensor], Tensor | None]] | None = None
 
     def step(self, mode: str) -> tuple[Layer, list[Tensor]]:
         """What runs in ``mode``: the module's forward and the parameters it trains."""
@@ -103,6 +134,8 @@ class BenchResult:
     command: str
     date: str
     options: str = ""  # the model's options, canonical text
+    memory_limit_gb: float | None = None  # each implementation's, None: none
+    impl_timeout_s: float | None = None  # each implementation's
 
     @property
     def sizes(self) -> str:
@@ -123,22 +156,26 @@ def _rel_err(out: Tensor, expected: Tensor) -> float:
 
 def build_impls(model: str, graph: Any, in_dim: int, out_dim: int, heads: int, backend: Any, db: Any,
                 impls: Sequence[str], seed: int = 0, check: bool = True,
-                config: Mapping[str, Any] | None = None, options: str = "") -> tuple[list[Impl], Tensor, str]:
-    """Every implementation with the same weights and input; also the input and rgtune's schedules
-    (a label). ``check=False`` leaves the float64 checks out (:mod:`.memory` measures without them);
-    ``config``: rgtune runs this schedule (both modes) instead of the database's; ``options``: the
-    model's (canonical text)."""
-    from rgtune.ir.registry import parse_key
-    from rgtune.runtime import Layer as TunedModule
+                config: Mapping[str, Any] | None = None, options: str = "",
+                x: Tensor | None = None) -> tuple[list[Impl], Tensor, str]:
+    """:func:`build_with_reference` without the reference layer."""
+    impls, x, schedule, _ = build_with_reference(model, graph, in_dim, out_dim, heads, backend, db, impls, seed, check,
+                                                 config, options, x)
+    return impls, x, schedule
 
-    device = torch.device("cuda" if backend.target == "cuda" else "cpu")
-    torch.manual_seed(seed)
-    # the weights every implementation gets: the program's parameters at their declared init
-    ref = TunedModule(model, graph, in_dim, out_dim, heads, options=parse_key(options), backend="reference",
-                      dtype=torch.float32).to(device)
-    prepare_weights(ref)  # what a library's layer needs of them (e.g. PyG's RGATConv: shared attention)
-    x = torch.randn(graph.num_nodes(), in_dim, generator=torch.Generator().manual_seed(seed + 1)).to(device)
-    expected = oracle(ref)(x.double().cpu()) if check else None
+
+def build_with_reference(model: str, graph: Any, in_dim: int, out_dim: int, heads: int, backend: Any, db: Any,
+                         impls: Sequence[str], seed: int = 0, check: bool = True,
+                         config: Mapping[str, Any] | None = None, options: str = "",
+                         x: Tensor | None = None) -> tuple[list[Impl], Tensor, str, Any]:
+    """Every implementation with the same weights and input; also the input and rgtune's schedules
+    (a label). ``check``: also check each output on the whole graph (:func:`check_impl` checks
+    later, or on sampled rows); ``config``: rgtune runs this schedule (both modes) instead of the
+    database's; ``options``: the model's (canonical text); ``x``: the input, when the caller made it
+    already (:func:`bench_input`). Each :class:`Impl` keeps its ``expectation``; the last value is the
+    reference layer whose weights they all got (what :func:`check_impl` takes)."""
+    ref = reference_layer(model, graph, in_dim, out_dim, heads, backend, seed, options)
+    x = bench_input(graph, in_dim, seed, ref_device(ref)) if x is None else x
 
     out: list[Impl] = []
     schedule = "not run"
@@ -150,12 +187,45 @@ def build_impls(model: str, graph: Any, in_dim: int, out_dim: int, heads: int, b
     if "torch" in impls:
         out.append(_torch_impl(ref))
     for impl in out:
-        if impl.forward is not None and expected is not None:
-            impl.error = _check(impl, x, expected)
+        impl.expectation = _program_expectation
     for lib in ("pyg", "dgl"):
         if lib in impls:
-            out.append(_library_impl(lib, ref, x, check))
-    return out, x, schedule
+            out.append(_library_impl(lib, ref))
+    if check:
+        for impl in out:
+            if impl.forward is not None:
+                check_impl(impl, ref, x, sample_above=None)
+    return out, x, schedule, ref
+
+
+def reference_layer(model: str, graph: Any, in_dim: int, out_dim: int, heads: int, backend: Any, seed: int = 0,
+                    options: str = "") -> Any:
+    """The weights every implementation gets: the program's parameters at their declared init (seeded),
+    in a reference-backend layer, made to fit every library (:func:`~rgtune.bench.baselines.prepare_weights`)."""
+    from rgtune.ir.registry import parse_key
+    from rgtune.runtime import Layer as TunedModule
+
+    device = torch.device("cuda" if backend.target == "cuda" else "cpu")
+    torch.manual_seed(seed)
+    ref = TunedModule(model, graph, in_dim, out_dim, heads, options=parse_key(options), backend="reference",
+                      dtype=torch.float32).to(device)
+    prepare_weights(ref)  # what a library's layer needs of them (e.g. PyG's RGATConv: shared attention)
+    return ref
+
+
+def ref_device(ref: Any) -> torch.device:
+    """Where the reference layer's weights (and so every implementation) live."""
+    return next(ref.parameters()).device
+
+
+def bench_input(graph: Any, in_dim: int, seed: int, device: torch.device) -> Tensor:
+    """The input every implementation gets (seeded: the same in every process)."""
+    return torch.randn(graph.num_nodes(), in_dim, generator=torch.Generator().manual_seed(seed + 1)).to(device)
+
+
+def _program_expectation(layer: Any) -> tuple[Callable[[Tensor], Tensor], Tensor | None]:
+    """rgtune's own implementations compute the model's program: every row."""
+    return oracle(layer), None
 
 
 def _rgtune_impl(model: str, graph: Any, in_dim: int, out_dim: int, heads: int, backend: Any, db: Any,
@@ -222,16 +292,7 @@ def _torch_impl(ref: Any) -> Impl:
     return Impl("torch", f"rgtune.models.{type(plain).__name__} (torch)", plain, list(plain.parameters()))
 
 
-def _check(impl: Impl, x: Tensor, expected: Tensor) -> float | None:
-    try:
-        with torch.no_grad():
-            return _rel_err(impl.forward(x), expected)  # type: ignore[misc]
-    except Exception as e:  # noqa: BLE001 - reported in the table, the others still run
-        impl.problem, impl.forward = f"{type(e).__name__}: {e}", None
-        return None
-
-
-def _library_impl(lib: str, ref: Any, x: Tensor, check: bool = True) -> Impl:
+def _library_impl(lib: str, ref: Any) -> Impl:
     label = {"pyg": "PyG", "dgl": "DGL"}[lib]
     try:
         builder = BUILDERS[lib].get(ref.model)
@@ -239,11 +300,87 @@ def _library_impl(lib: str, ref: Any, x: Tensor, check: bool = True) -> Impl:
             raise Unavailable(f"{label} has no layer of this model")
         b = builder(ref)
     except Exception as e:  # noqa: BLE001 - a missing or broken library is a row, not a crash
+        if is_out_of_memory(e):
+            raise  # the process's outcome (:mod:`.isolated`), not this library's
         return Impl(lib, label, None, problem=f"{type(e).__name__}: {str(e).splitlines()[0][:120]}")
-    impl = Impl(lib, b.name, b.run, list(b.module.parameters()), math=b.note, rows=b.rows)
-    if check:
-        impl.error = _check(impl, x, b.expected(x.double().cpu()))
-    return impl
+
+    def expectation(layer: Any) -> tuple[Callable[[Tensor], Tensor], Tensor | None]:
+        # the library's math on ``layer``'s graph: its builder says what that is (and which rows)
+        other = b if layer is ref else builder(layer)
+        return other.expected, other.rows
+
+    return Impl(lib, b.name, b.run, list(b.module.parameters()), math=b.note, rows=b.rows, expectation=expectation)
+
+
+# ---------------------------------------------------------------------- checks
+def check_impl(impl: Impl, ref: Any, x: Tensor, *, sample_above: int | None = None, rows: int = 512,
+               seed: int = 0) -> None:
+    """Fill ``impl.error`` and ``impl.checked``: its forward output against its float64 expectation
+    (:attr:`Impl.expectation` with ``ref``'s weights), on every row, or, on a graph with more than
+    ``sample_above`` edges (None: never), on ``rows`` sampled destinations (see the module docstring).
+    An implementation whose forward raises gets ``problem`` and no forward."""
+    assert impl.expectation is not None and impl.forward is not None
+    graph = ref.graph
+    try:
+        with torch.no_grad():
+            out = impl.forward(x)
+        if sample_above is None or graph.num_edges() <= sample_above:
+            expected, _ = impl.expectation(ref)
+            impl.error = _rel_err(out, expected(x.double().cpu()))
+            impl.checked = {"rows": int(out.shape[0])}
+            return
+        impl.error, impl.checked = sampled_error(out, impl.rows, impl.expectation, ref, x, rows, seed)
+    except Exception as e:  # noqa: BLE001 - reported in the table, the others still run
+        if is_out_of_memory(e):
+            raise
+        impl.problem, impl.forward = f"{type(e).__name__}: {e}", None
+
+
+def sampled_error(out: Tensor, out_rows: Tensor | None, expectation: Callable[[Any], tuple[Callable, Tensor | None]],
+                  ref: Any, x: Tensor, rows: int = 512, seed: int = 0) -> tuple[float, dict[str, Any]]:
+    """The relative error of ``out`` (the whole graph's output, its rows the global ids ``out_rows``; None:
+    every node) on about ``rows`` sampled destinations, against ``expectation`` evaluated on their
+    in-neighbourhood (a reference layer on that subgraph with ``ref``'s weights), and what was checked.
+
+    Example:
+        >>> from rgtune.data.synthetic import random_graph
+        >>> from rgtune.runtime import Layer
+        >>> g = random_graph((300, 300), num_relations=3, num_edges=3000, seed=0)
+        >>> ref, x = Layer("rgcn", g, 4, 4), torch.randn(600, 4)
+        >>> out = oracle(ref)(x.double()).float()
+        >>> err, checked = sampled_error(out, None, _program_expectation, ref, x, rows=32)
+        >>> err < 1e-6, checked["rows"], checked["sampled"]
+        (True, 32, True)
+    """
+    from rgtune.data.neighbourhood import in_neighbourhood, sample_destinations
+    from rgtune.runtime import Layer as TunedModule
+
+    graph = ref.graph
+    hood = in_neighbourhood(graph, sample_destinations(graph, rows, seed=seed))
+    # the same weights on the subgraph: it keeps every node type and relation, so they fit unchanged
+    local = TunedModule(ref.model, hood.graph, ref.in_dim, ref.out_dim, ref.heads, options=ref.options,
+                        backend="reference", dtype=torch.float32)
+    local.load_state_dict({k: v.detach().cpu() for k, v in ref.state_dict().items()})
+    expected_fn, local_rows = expectation(local)
+    # rows first, then float64 on the host: never a float64 copy of the whole graph's input or output
+    expected = expected_fn(x.detach()[hood.nodes.to(x.device)].double().cpu())
+    at_out, in_out = _positions(hood.dst, out_rows)
+    at_exp, in_exp = _positions(hood.rows, local_rows)
+    both = in_out & in_exp  # a destination a library leaves out of its output is not checked
+    got = out.detach()[at_out[both].to(out.device)].double().cpu()
+    err = _rel_err(got, expected[at_exp[both]]) if bool(both.any()) else 0.0
+    return err, {"sampled": True, **hood.describe(), "rows": int(both.sum())}
+
+
+def _positions(ids: Tensor, rows: Tensor | None) -> tuple[Tensor, Tensor]:
+    """Where each of ``ids`` is among ``rows`` (None: row i is id i), and whether it is there at all."""
+    if rows is None:
+        return ids, torch.ones(ids.numel(), dtype=torch.bool)
+    rows = rows.cpu()
+    order = torch.argsort(rows)
+    at = torch.searchsorted(rows[order], ids).clamp(max=max(rows.numel() - 1, 0))
+    found = rows[order][at] == ids if rows.numel() else torch.zeros(ids.numel(), dtype=torch.bool)
+    return order[at], found
 
 
 # ---------------------------------------------------------------------- timing
@@ -280,22 +417,33 @@ def upstream_grad(num_nodes: int, out_dim: int, device: torch.device) -> Tensor:
     return torch.randn(num_nodes, out_dim, generator=torch.Generator().manual_seed(7)).to(device)
 
 
-def time_impls(impls: list[Impl], x: Tensor, out_dim: int, repeats: int, warmup: int) -> None:
-    """Fill ``impl.times``: warm-up, then ``repeats`` interleaved rounds with a rotating order."""
-    grad = upstream_grad(x.shape[0], out_dim, x.device)
-    runnable = [i for i in impls if i.forward is not None]
-    for mode in MODES:
-        for impl in list(runnable):
-            try:
-                for _ in range(warmup):
-                    _once(impl, mode, x, grad)
-            except Exception as e:  # noqa: BLE001
-                impl.problem = f"{mode}: {type(e).__name__}: {e}"
-                runnable.remove(impl)
-        for r in range(repeats):
-            order = runnable[r % len(runnable):] + runnable[:r % len(runnable)] if runnable else []
-            for impl in order:
-                impl.times[mode].append(_once(impl, mode, x, grad))
+def time_impl(impl: Impl, mode: str, x: Tensor, grad: Tensor, repeats: int, warmup: int) -> None:
+    """Fill ``impl.times[mode]``: ``warmup`` untimed runs, then ``repeats`` timed ones in a block (an
+    implementation runs alone in its process: nothing to interleave with). A run that raises sets
+    ``impl.problem`` and leaves the mode's times empty."""
+    try:
+        for _ in range(warmup):
+            _once(impl, mode, x, grad)
+        impl.times[mode] = [_once(impl, mode, x, grad) for _ in range(repeats)]
+    except Exception as e:  # noqa: BLE001 - an allocation error is re-raised by the caller's check
+        impl.times[mode] = []
+        impl.problem = f"{mode}: {type(e).__name__}: {e}"
+        if is_out_of_memory(e):
+            raise
+
+
+def is_out_of_memory(e: BaseException) -> bool:
+    """Whether ``e`` is an allocation failing: Python's MemoryError, torch's CUDA out-of-memory error, or
+    torch's CPU allocator's RuntimeError ("can't allocate memory").
+
+    Example:
+        >>> is_out_of_memory(MemoryError()), is_out_of_memory(ValueError("x"))
+        (True, False)
+    """
+    if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError":
+        return True
+    text = str(e)
+    return isinstance(e, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text.lower())
 
 
 # ---------------------------------------------------------------------- environment
@@ -312,6 +460,7 @@ def machine_info(threads: int) -> dict[str, Any]:
     return info
 
 
+@functools.cache
 def versions() -> dict[str, str]:
     import rgtune
 
@@ -328,15 +477,22 @@ def versions() -> dict[str, str]:
 def bench(model: str, dataset: str, *, in_dim: int = 64, out_dim: int = 64, heads: int = 1, backend: str = "auto",
           db: str | None = "results.db", impls: Sequence[str] = IMPLS, repeats: int = 20, warmup: int = 3,
           threads: int | None = None, seed: int = 0, tune_trials: int = 0, data_dir: str | None = None,
-          memory: bool = False, command: str = "", options: Mapping[str, Any] | str | None = None) -> BenchResult:
-    """Time one layer side by side (see the module docstring); ``tune_trials`` > 0 tunes that many trials
-    first, per mode (inference, training), when this device has no record of the workload in that
-    mode (``db=None``: no database, the default schedules). ``memory``: also each implementation's
-    peak memory per mode, each in its own process (:func:`rgtune.bench.memory.peak_memory`).
-    ``command`` is recorded with the result; ``options``: the model's."""
-    from rgtune.data import load_dataset
+          memory: bool = True, command: str = "", options: Mapping[str, Any] | str | None = None,
+          impl_timeout: float | None = None, memory_limit_gb: float | None = None,
+          sample_above: int | None = None, check_rows: int = 512) -> BenchResult:
+    """Time one layer side by side (see the module docstring), each implementation in a watched process of its
+    own (:func:`rgtune.bench.isolated.run_impl`); ``tune_trials`` > 0 tunes that many trials first, per mode
+    (inference, training), when this device has no record of the workload in that mode (``db=None``: no
+    database, the default schedules). Every implementation's peak memory per mode comes with its run
+    (``memory`` is kept for callers that still pass it; it changes nothing). ``impl_timeout``: seconds per
+    implementation (default :data:`~rgtune.bench.isolated.DEFAULT_TIMEOUT_S`); ``memory_limit_gb``: its
+    resident set's limit (default :func:`~rgtune.bench.isolated.default_memory_limit_gb`); ``sample_above``:
+    check sampled rows on graphs with more edges (default
+    :data:`~rgtune.tuner.verification.SAMPLE_ABOVE_EDGES`), ``check_rows`` of them. ``command`` is recorded
+    with the result; ``options``: the model's."""
+    from rgtune.bench.isolated import DEFAULT_TIMEOUT_S, default_memory_limit_gb, run_impl
     from rgtune.runtime._lookup import check_model, resolve_backend
-    from rgtune.runtime.load import select_schedule
+    from rgtune.tuner.verification import SAMPLE_ABOVE_EDGES
 
     model, opts = check_model(model, options)
 
@@ -345,31 +501,69 @@ def bench(model: str, dataset: str, *, in_dim: int = 64, out_dim: int = 64, head
         raise ValueError(f"unknown implementations {unknown}; choose from {list(IMPLS)}")
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats} and {warmup}")
+    impl_timeout = DEFAULT_TIMEOUT_S if impl_timeout is None else impl_timeout
+    if impl_timeout <= 0:
+        raise ValueError(f"impl_timeout must be > 0 seconds, got {impl_timeout}")
+    if memory_limit_gb is not None and memory_limit_gb <= 0:
+        raise ValueError(f"memory_limit_gb must be > 0 (or None: a share of the available memory), got "
+                         f"{memory_limit_gb}")
+    if check_rows < 1:
+        raise ValueError(f"check_rows must be at least 1 sampled destination, got {check_rows}")
     if threads:
         torch.set_num_threads(threads)
         os.environ["OMP_NUM_THREADS"] = str(threads)  # a tuning worker (spawned) then matches this process
     threads = torch.get_num_threads()
-    graph = load_dataset(dataset, root=data_dir)
     be = resolve_backend(backend)
     if tune_trials > 0 and db is not None:
-        for mode in ("inference", "training"):
-            sel = select_schedule(model, graph, in_dim, out_dim, heads, db, be, mode=mode, options=opts)
-            if sel.missing is not None or not sel.provenance.get("same_device", False):
-                _tune(model, dataset, in_dim, out_dim, heads, be.name, db, tune_trials, seed, data_dir, mode, opts)
-    built, x, schedule = build_impls(model, graph, in_dim, out_dim, heads, be, db, impls, seed, options=opts)
-    time_impls(built, x, out_dim, repeats, warmup)
-    if memory:
-        from rgtune.bench.memory import peak_memory
+        _tune_missing(model, dataset, in_dim, out_dim, heads, be, db, tune_trials, seed, data_dir, opts)
+    limit = default_memory_limit_gb() if memory_limit_gb is None else memory_limit_gb
+    args = {"model": model, "dataset": dataset, "in_dim": in_dim, "out_dim": out_dim, "heads": heads,
+            "backend": be.name, "db": db, "seed": seed, "threads": threads, "data_dir": data_dir, "options": opts,
+            "repeats": repeats, "warmup": warmup, "check_rows": check_rows,
+            "sample_above": SAMPLE_ABOVE_EDGES if sample_above is None else sample_above}
+    built, schedule, name = [], "not run", None
+    for key in (k for k in IMPLS if k in impls):  # one at a time: two would time and crowd each other
+        print(f"bench: {key} in its own process ...", file=sys.stderr, flush=True)
+        out = run_impl({**args, "impl": key}, timeout=impl_timeout, memory_limit_gb=limit)
+        impl = impl_of(key, out.status, out.result, out.message, impl_timeout)
+        built.append(impl)
+        if out.result is not None:
+            name = out.result.get("dataset", name)
+            if key == "rgtune" and out.status == "ok":
+                schedule = out.result.get("schedule", schedule)
+    return BenchResult(model, name or dataset, in_dim, out_dim, heads, be.name, schedule, threads, repeats, built,
+                       machine_info(threads), versions(), command, datetime.now(UTC).strftime("%Y-%m-%d"), opts,
+                       memory_limit_gb=limit, impl_timeout_s=impl_timeout)
 
-        for impl in built:
-            if impl.forward is None:
-                continue
-            for mode in MODES:
-                impl.peak_mb[mode] = peak_memory(model, dataset, impl.key, mode, in_dim=in_dim, out_dim=out_dim,
-                                                 heads=heads, backend=be.name, db=db, seed=seed, threads=threads,
-                                                 data_dir=data_dir, options=opts)
-    return BenchResult(model, graph.name, in_dim, out_dim, heads, be.name, schedule, threads, repeats, built,
-                       machine_info(threads), versions(), command, datetime.now(UTC).strftime("%Y-%m-%d"), opts)
+
+def impl_of(key: str, status: str, result: Mapping[str, Any] | None, message: str, limit_s: float) -> Impl:
+    """The parent's :class:`Impl` of a child's outcome (:class:`rgtune.bench.isolated.Outcome`)."""
+    r = dict(result or {})
+    impl = Impl(key, r.get("name", LABELS[key]), None, math=r.get("math", "same math"), problem=r.get("problem"),
+                status=status, error=r.get("error"), checked=r.get("checked"))
+    impl.times = {m: list(r.get("times", {}).get(m, [])) for m in MODES}
+    impl.peak_mb = dict(r.get("peak_mb", {}))
+    if status != "ok":
+        impl.problem = message or impl.problem
+        impl.limit_s = limit_s if status == "timeout" else None
+    return impl
+
+
+def _tune_missing(model: str, dataset: str, in_dim: int, out_dim: int, heads: int, be: Any, db: str, trials: int,
+                  seed: int, data_dir: str | None, options: str) -> None:
+    """Tune each mode this device has no record of (the graph is loaded here only for the lookup)."""
+    from rgtune.data import load_dataset
+    from rgtune.runtime.load import select_schedule
+
+    graph = load_dataset(dataset, root=data_dir)
+    todo = []
+    for mode in ("inference", "training"):
+        sel = select_schedule(model, graph, in_dim, out_dim, heads, db, be, mode=mode, options=options)
+        if sel.missing is not None or not sel.provenance.get("same_device", False):
+            todo.append(mode)
+    del graph  # the children load their own: this process holds no graph while they run
+    for mode in todo:
+        _tune(model, dataset, in_dim, out_dim, heads, be.name, db, trials, seed, data_dir, mode, options)
 
 
 def _tune(model: str, dataset: str, in_dim: int, out_dim: int, heads: int, backend: str, db: str, trials: int,

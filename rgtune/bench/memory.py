@@ -109,6 +109,15 @@ class _Meter:
             self.base = (_status_kb("VmRSS") or 0) * 1024
             self.ok = _reset_peak() and self.base > 0
 
+    def restart_peak(self) -> None:
+        """Forget the peak so far (the baseline stays): the next :meth:`peak_mb` is the highest since now."""
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        elif self.ok:
+            gc.collect()
+            self.ok = _reset_peak()
+
     def peak_mb(self) -> float | None:
         if not self.ok:
             return None

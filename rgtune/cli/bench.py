@@ -20,6 +20,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from rgtune.bench.layers import IMPLS
+    from rgtune.tuner.verification import SAMPLE_ABOVE_EDGES
 
     p = argparse.ArgumentParser(
         prog="rgtune bench",
@@ -39,8 +40,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--impls", default=",".join(IMPLS), help=f"comma-separated subset of {','.join(IMPLS)}")
     p.add_argument("--seed", type=int, default=0, help="seed of weights and input")
     p.add_argument("--memory", action="store_true",
-                   help="also measure each implementation's peak memory (forward, training step), each in its "
-                        "own process (slower: a process per implementation and mode)")
+                   help="kept for old command lines: every implementation's peak memory (forward, training step) "
+                        "is now measured with its run, in its own process")
+    p.add_argument("--impl-timeout", type=float, default=None, metavar="SECONDS",
+                   help="each implementation's process may take this long (imports, build, runs, check); past "
+                        "it, it is killed and its row says '> N s' (default 600)")
+    p.add_argument("--memory-limit", type=float, default=None, metavar="GB",
+                   help="each implementation's process may hold this much resident memory; past it, it is "
+                        "killed and its row says OOM (default: 75%% of the memory available at the start)")
+    p.add_argument("--check-rows", type=int, default=512, metavar="N",
+                   help=f"on a graph of more than {SAMPLE_ABOVE_EDGES:,} edges, check N sampled destination rows of each output "
+                        "against the float64 reference on their in-neighbourhood (default 512)")
     p.add_argument("--output", default="BENCHMARKS.md", help="the markdown file to update (default BENCHMARKS.md)")
     p.add_argument("--no-write", action="store_true", help="print only")
     p.add_argument("--json", default=None, metavar="PATH",
@@ -57,14 +67,21 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
     impls = [s.strip() for s in args.impls.split(",") if s.strip()]
     unknown = sorted(set(impls) - set(IMPLS))
     if unknown or args.repeats < 1 or args.warmup < 0:
-        print(f"rgtune bench: error: unknown --impls {unknown}" if unknown else
-              "rgtune bench: error: --repeats must be >= 1 and --warmup >= 0", file=sys.stderr)
+        print(f"rgtune bench: error: unknown --impls {unknown}; choose from {','.join(IMPLS)}" if unknown else
+              f"rgtune bench: error: --repeats must be >= 1 and --warmup >= 0, got {args.repeats} and {args.warmup}",
+              file=sys.stderr)
         return 2
+    for flag, value in (("--impl-timeout", args.impl_timeout), ("--memory-limit", args.memory_limit),
+                        ("--check-rows", args.check_rows)):
+        if value is not None and value <= 0:
+            print(f"rgtune bench: error: {flag} must be > 0, got {value:g}", file=sys.stderr)
+            return 2
     try:
         res = bench(args.model, args.dataset, in_dim=args.in_dim or args.hidden, out_dim=args.out_dim or args.hidden,
                     heads=args.heads, backend=args.backend, db=args.db, impls=impls, repeats=args.repeats,
                     warmup=args.warmup, threads=args.threads, seed=args.seed, tune_trials=args.tune_trials,
-                    data_dir=args.data_dir, memory=args.memory, command="rgtune bench " + shlex.join(_portable(argv)),
+                    data_dir=args.data_dir, impl_timeout=args.impl_timeout, memory_limit_gb=args.memory_limit,
+                    check_rows=args.check_rows, command="rgtune bench " + shlex.join(_portable(argv)),
                     options=model_options(args))
     except Exception as e:  # noqa: BLE001 - one line, as every rgtune command
         if os.environ.get("RGTUNE_DEBUG"):
