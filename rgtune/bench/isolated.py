@@ -6,7 +6,7 @@ session of its own and polls it: over ``timeout`` seconds, or with a resident se
 ``/proc/<pid>/status``) over the memory limit, the whole session is killed (SIGKILL) and the
 outcome is ``"timeout"`` or ``"oom"``. A child that the kernel kills with SIGKILL (its
 out-of-memory killer) and one whose allocation fails (MemoryError, torch's CPU allocator or CUDA
-out of memory: :func:`rgtune.bench.layers.is_out_of_memory`) are ``"oom"`` too; any other failure
+out of memory: :func:`rgtune.tuner.memory.is_out_of_memory`) are ``"oom"`` too; any other failure
 is ``"failed"`` with the child's last line of stderr. The RSS is polled every ``poll`` seconds, so a
 child that allocates fast may go somewhat over the limit before it is killed; leave headroom.
 
@@ -45,6 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from rgtune.tuner.memory import available_bytes
+
 #: the seconds an implementation may take by default (its process: imports, build, runs, check)
 DEFAULT_TIMEOUT_S = 600.0
 #: the share of the machine's available memory (``MemAvailable``) an implementation may use by default
@@ -69,14 +71,8 @@ class Outcome:
 
 def available_memory_gb() -> float | None:
     """``MemAvailable`` of ``/proc/meminfo`` in GB (None where there is none)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024 / 1e9
-    except OSError:
-        pass
-    return None
+    avail = available_bytes("cpu")
+    return None if avail is None else avail / 1e9
 
 
 def default_memory_limit_gb() -> float | None:

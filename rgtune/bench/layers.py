@@ -58,6 +58,7 @@ import torch
 from torch import Tensor
 
 from rgtune.bench.baselines import BUILDERS, Unavailable, oracle, prepare_weights, torch_layer
+from rgtune.tuner.memory import is_out_of_memory
 
 IMPLS = ("rgtune", "lowering", "torch", "pyg", "dgl")
 #: an implementation's name where its process gave none (it ran out of memory or time)
@@ -430,20 +431,6 @@ def time_impl(impl: Impl, mode: str, x: Tensor, grad: Tensor, repeats: int, warm
         impl.problem = f"{mode}: {type(e).__name__}: {e}"
         if is_out_of_memory(e):
             raise
-
-
-def is_out_of_memory(e: BaseException) -> bool:
-    """Whether ``e`` is an allocation failing: Python's MemoryError, torch's CUDA out-of-memory error, or
-    torch's CPU allocator's RuntimeError ("can't allocate memory").
-
-    Example:
-        >>> is_out_of_memory(MemoryError()), is_out_of_memory(ValueError("x"))
-        (True, False)
-    """
-    if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError":
-        return True
-    text = str(e)
-    return isinstance(e, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text.lower())
 
 
 # ---------------------------------------------------------------------- environment

@@ -84,7 +84,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from rgtune.tuner.device_lock import device_lock, lock_timeout
-from rgtune.tuner.memory import MemoryBudget
+from rgtune.tuner.memory import MemoryBudget, is_out_of_memory
 from rgtune.tuner.verification import VERIFY_MODES, Case, Verifier, shown
 
 TIMINGS = ("plain", "paired")
@@ -470,7 +470,7 @@ def _worker_main(conn: Any, workload: Workload, options: MeasureOptions, parent:
         try:
             result = session.measure(*args) if kind == "measure" else session.reverify(*args)
         except Exception as e:  # noqa: BLE001 - any failure of the kernel is this trial's result
-            status = "out_of_memory" if _allocation_failed(e) else "runtime_error"
+            status = "out_of_memory" if is_out_of_memory(e) else "runtime_error"
             result = MeasureResult(status, error=f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}")
             if getattr(e, "poisons_process", False):
                 # e.g. a CUDA illegal address: the context is unusable; the parent starts a fresh worker
@@ -732,14 +732,6 @@ def _on_device(t: Any, device: str) -> Any:
     import torch
 
     return t.to(device=device, dtype=torch.float32)
-
-
-def _allocation_failed(e: BaseException) -> bool:
-    """An exception that says memory could not be allocated (torch on the CPU or CUDA, NumPy, Python)."""
-    if isinstance(e, MemoryError):
-        return True
-    text = str(e).lower()
-    return "out of memory" in text or "can't allocate memory" in text or "cannot allocate memory" in text
 
 
 def _oom_kills() -> int:

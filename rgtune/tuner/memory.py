@@ -28,7 +28,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MemoryBudget", "DEFAULT_SHARE", "available_bytes"]
+__all__ = ["MemoryBudget", "DEFAULT_SHARE", "available_bytes", "is_out_of_memory"]
 
 #: the default memory limit: this share of what is free when the worker starts
 DEFAULT_SHARE = 0.8
@@ -50,6 +50,20 @@ def available_bytes(device: str = "cpu") -> int | None:
     except OSError:
         pass
     return None
+
+
+def is_out_of_memory(e: BaseException) -> bool:
+    """Whether ``e`` is an allocation failing: Python's MemoryError, torch's CUDA out-of-memory error, or
+    an allocator's "can't / cannot allocate memory" (torch's CPU allocator, NumPy).
+
+    Example:
+        >>> is_out_of_memory(MemoryError()), is_out_of_memory(ValueError("x"))
+        (True, False)
+    """
+    if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError":
+        return True
+    text = str(e).lower()
+    return "out of memory" in text or "can't allocate memory" in text or "cannot allocate memory" in text
 
 
 def _status_bytes(field: str) -> int | None:
