@@ -6,6 +6,10 @@ arrays are built once per (graph, layout, index width) and cached on the graph.
 Edge arrays are in the layout's order: position ``i`` is the ``i``-th edge in memory, and
 per-edge buffers are stored in that order. ``e_rel_order`` lists edge positions relation by
 relation (what a GEMM over edge rows iterates); ``rel_offsets`` delimits its relations.
+
+32-bit indices (:func:`index32_problem`): the *values* of the arrays (node and edge ids, pair
+ids, CSR offsets) must fit an ``int32``; the kernels compute every element offset (an index
+times a row width) in 64 bits, so the width of the rows does not matter.
 """
 
 from __future__ import annotations
@@ -89,6 +93,29 @@ def concrete_device(device: torch.device | str) -> torch.device:
     return device
 
 
+#: the largest node or edge count 32-bit indices serve. Below ``2**31 - 1`` by a margin: generated
+#: loops keep idx_t counters that step past a range's end before the test ends them (a CUDA tile's
+#: ``row0 + blockIdx.x * tile_rows``, up to 128 rows; a warp's ``rid += 32``; a gradient's
+#: ``r0 += tile_r``), and a signed overflow there is undefined behaviour, not a wrap
+INDEX32_MAX_COUNT = 2**31 - 1 - 2**16
+
+
+def index32_problem(num_nodes: int, num_edges: int) -> str | None:
+    """Why 32-bit indices cannot serve a graph with these counts, or None when they can (pairs and
+    CSR offsets never exceed the edge count).
+
+    >>> index32_problem(1_939_743, 42_182_144) is None  # ogbn-mag with reverse relations
+    True
+    >>> print(index32_problem(10, 2**31 - 100))
+    2147483548 edges exceed 2147418111, the most 32-bit indices serve (idx_t loops step past their end); use layout.index_bits=64
+    """
+    for what, n in (("nodes", num_nodes), ("edges", num_edges)):
+        if n > INDEX32_MAX_COUNT:
+            return (f"{n} {what} exceed {INDEX32_MAX_COUNT}, the most 32-bit indices serve "
+                    "(idx_t loops step past their end); use layout.index_bits=64")
+    return None
+
+
 LAYOUT_PERMUTATIONS = {
     "csr_dst": lambda g: g.csr_by_dst.eid,
     "coo_rel_dst": lambda g: g.layout("dst").eid,
@@ -102,6 +129,11 @@ def graph_arrays(graph: HeteroGraph, layout: str = "csr_dst", index_bits: int = 
         raise ValueError(f"unknown layout {layout!r}; choose one of {sorted(LAYOUT_PERMUTATIONS)}")
     if index_bits not in (32, 64):
         raise ValueError(f"index_bits must be 32 or 64, got {index_bits}")
+    if index_bits == 32:
+        # a silent int32 cast of larger ids would wrap them: kernels would read the wrong rows
+        problem = index32_problem(graph.num_nodes(), graph.num_edges())
+        if problem:
+            raise ValueError(f"graph {graph.name}: {problem}")
     cache = graph.__dict__.setdefault("_rgtune_arrays", {})
     key = (layout, index_bits)
     if key not in cache:

@@ -398,7 +398,7 @@ def _scatter_owner(f: CFunction, k: ScatterKernel, kp: KernelProgram, chunk: int
     ob = kp.buffers[k.out]
     w, out = ob.width, f.use(k.out, writes=True)
     perm, offsets = f.use(f"{k.name}_perm"), f.use(f"{k.name}_offsets")
-    targets, rows = f.use(ROW_COUNTS[ob.domain]), f.use(ROW_COUNTS[k.rows])
+    targets, rows = f.use(ROW_COUNTS[ob.domain]), ROW_COUNTS[k.rows]  # rows: a field only if prefetching
     B = f.body
     B.line(f"#pragma omp parallel for schedule(dynamic, {chunk}) num_threads(c->num_threads)")
     with B.block(f"for (int64_t tn = 0; tn < {targets}; ++tn)"):
@@ -421,7 +421,7 @@ def _permuted_prefetch(f: CFunction, kp: KernelProgram, message: Expr, perm: str
     bufs = list(dict.fromkeys(x.buffer for x in message.walk() if isinstance(x, Load) and x.via == "row"))
     if not bufs:
         return []
-    out = [f"if (i + {PREFETCH} < {rows}) {{", f"    const int64_t q_row = {perm}[i + {PREFETCH}];"]
+    out = [f"if (i + {PREFETCH} < {f.use(rows)}) {{", f"    const int64_t q_row = {perm}[i + {PREFETCH}];"]
     for b in bufs:
         width = kp.buffers[b].width
         for line in range(0, min(width, 8 * 16), 16):

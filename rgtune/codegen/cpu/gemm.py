@@ -229,15 +229,24 @@ def _blas_finish(k: GemmKernel, shape: GemmShape, kp: KernelProgram) -> CFunctio
                                          f"{k.name}_staged (rows in segment order);\nthis adds bias and epilogues "
                                          f"and stores the rows.\n{k.describe()}")
     B = f.body
-    order, staged, types = f.use(f"{k.name}_order"), f.use(f"{k.name}_staged", writes=True), f.use(f"{k.name}_types")
-    n, inplace = f.use(f"{k.name}_rows"), f.use(f"{k.name}_inplace")
+    order, staged, types, n, inplace = (f"{k.name}_{a}" for a in ("order", "staged", "types", "rows", "inplace"))
     store = "copy" if not k.accumulate and k.out is not None else "none"  # torch accumulates staged rows
     B.line("#pragma omp parallel for schedule(static) num_threads(c->num_threads)")
     with B.block(f"for (int64_t i = 0; i < {n}; ++i)"):
         if k.bias and k.by != "none":
             B.line(f"const int64_t ty = {types}[i];")
+        head = len(B.lines)
         B.line(f"float* restrict acc = {staged} + i * {shape.nout};")
         _finish_row(f, k, shape, kp, "ty", store, copy_guard=f"!{inplace}", row=f"{order}[i]")
+        rest = B.lines[head + 1:]
+    if not any(re.search(r"\bacc\b", ln) for ln in rest):
+        # accumulating without bias or epilogue: torch's index_add_ did it all; an empty loop would
+        # leave unused locals (-Wall)
+        B.lines = ["    /* nothing to finish: torch accumulated the staged rows */"]
+    text = B.text()
+    for name in (order, types, n, inplace, staged):  # the context fields the body reads, as locals
+        if re.search(rf"\b{name}\b", text):
+            f.use(name, writes=name == staged)
     return f
 
 

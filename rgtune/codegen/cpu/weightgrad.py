@@ -130,7 +130,7 @@ def generate_weightgrad(k: WeightGradKernel, s: Mapping[str, Any], kp: KernelPro
                                   f"{what}):\n{k.describe()}")
     B = f.body
     grad = f.use(f"P_{k.grad}", writes=True)
-    ng, nt = f.use(f"{k.name}_ngroups"), f.use(f"{k.name}_ntypes")
+    ng = f.use(f"{k.name}_ngroups")
     ws = shape.wsize
     partial = f.use(f"{k.name}_partial", writes=True) if reduce == "split" else None
     if k.x is not None:
@@ -142,7 +142,8 @@ def generate_weightgrad(k: WeightGradKernel, s: Mapping[str, Any], kp: KernelPro
             if not k.accumulate:
                 B.line("/* the gradient starts at zero (the barrier after this loop orders it before the adds) */")
                 B.line("#pragma omp for schedule(static)")
-                B.line(f"for (int64_t i = 0; i < {nt} * {ws}; ++i) {grad}[i] = 0.0f;")
+                # the type count only here (and in the split reduction): an unused local is a -Wall warning
+                B.line(f"for (int64_t i = 0; i < {f.use(f'{k.name}_ntypes')} * {ws}; ++i) {grad}[i] = 0.0f;")
         if k.x is not None:
             B.line(f"/* per thread: a chunk's input rows ({ch} x {shape.xw}) then its dy rows ({ch} x {shape.dw}), packed */")
             B.line(f"float* pack = rg_alloc({ch * (shape.xw + shape.dw)});")

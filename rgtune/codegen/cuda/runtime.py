@@ -72,6 +72,8 @@ from rgtune.ir.kernels import GemmKernel, KernelProgram, ScatterKernel, WeightGr
 STICKY_NOTE = ("a CUDA fault is sticky: this process's CUDA context is unusable now; "
                "measure in a worker process and restart it")
 _MAX_GRID_YZ = 65535
+#: gridDim.x's limit (compute capability 3.0 and later); the kernels index blocks in 64 bits past it
+_MAX_GRID_X = 2**31 - 1
 
 #: the dtype every generated kernel reads and writes: inputs, params, buffers, temps
 KERNEL_DTYPE = torch.float32
@@ -120,21 +122,42 @@ def balanced_tiles(seg_off: torch.Tensor, tile_rows: int) -> tuple[torch.Tensor,
 
 def grid_of(grid: Grid, rows: Mapping[str, int], tables: Mapping[str, torch.Tensor] | None = None
             ) -> tuple[int, int, int]:
-    """The launch grid (``(0, 0, 0)``-like with a zero when there is nothing to do)."""
+    """The launch grid (``(0, 0, 0)``-like with a zero when there is nothing to do).
+
+    A grid past the device's limits (``x`` up to ``2**31 - 1`` blocks, ``y`` and ``z`` up to 65535)
+    is a :class:`BackendError` naming the dimension, not a launch that fails or runs part of the rows:
+
+    >>> grid_of(Grid("items", "edge", 64, 128), {"edge": 42_182_144})  # ogbn-mag with reverse relations
+    (21091072, 1, 1)
+    >>> grid_of(Grid("items", "edge", 64, 32), {"edge": 2**31})
+    Traceback (most recent call last):
+    ...
+    rgtune.codegen.base.BackendError: launch grid (4294967296, 1, 1) over 2147483648 edge rows: grid.x 4294967296 exceeds 2147483647; choose more work per block (tile_rows, threads or coarsening)
+    """
     if grid.kind == "items":
-        return (math.ceil(rows[grid.domain] * grid.items_per_row / grid.per_block), 1, 1)
+        # integer ceiling: a float quotient rounds past 2**53 work items
+        return _within_limits((-(-rows[grid.domain] * grid.items_per_row // grid.per_block), 1, 1), grid, rows)
     assert tables is not None
     if grid.kind == "chunks":
-        return (int(tables["chunk_row0"].numel()), grid.col_blocks, 1)
+        return _within_limits((int(tables["chunk_row0"].numel()), grid.col_blocks, 1), grid, rows)
     seg_off = tables["seg_off"]
     if grid.partition == "balanced":
-        return (int(tables["tile_row0"].numel()), grid.col_blocks, 1)
+        return _within_limits((int(tables["tile_row0"].numel()), grid.col_blocks, 1), grid, rows)
     counts = seg_off[1:] - seg_off[:-1]
     most = int(((counts + grid.tile_rows - 1) // grid.tile_rows).max()) if counts.numel() else 0
     nseg = int(counts.numel())
     if nseg > _MAX_GRID_YZ:
         raise BackendError(f"{nseg} type segments exceed grid.z ({_MAX_GRID_YZ}); use block_partition=balanced")
-    return (most, grid.col_blocks, nseg)
+    return _within_limits((most, grid.col_blocks, nseg), grid, rows)
+
+
+def _within_limits(dims: tuple[int, int, int], grid: Grid, rows: Mapping[str, int]) -> tuple[int, int, int]:
+    """``dims``, or a :class:`BackendError` naming the dimension past its limit."""
+    for axis, n, limit in (("x", dims[0], _MAX_GRID_X), ("y", dims[1], _MAX_GRID_YZ), ("z", dims[2], _MAX_GRID_YZ)):
+        if n > limit:
+            raise BackendError(f"launch grid {dims} over {rows.get(grid.domain, '?')} {grid.domain} rows: grid.{axis} "
+                               f"{n} exceeds {limit}; choose more work per block (tile_rows, threads or coarsening)")
+    return dims
 
 
 def gemm_tables(unit: KernelUnit, a: GraphArrays) -> dict[str, torch.Tensor]:
