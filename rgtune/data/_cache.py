@@ -192,7 +192,8 @@ def derived_path(graph_hash: str, structure: str, version: int, directory: Path 
     for label, value in (("graph_hash", graph_hash), ("structure", structure)):
         if not value or not all(c.isalnum() or c in "-_" for c in value):
             raise ValueError(f"{label} must be a non-empty name of letters, digits, '-' and '_', got {value!r}")
-    return (directory if directory is not None else processed_dir()) / "derived" / f"{graph_hash}-{structure}-v{version}.pt"
+    folder = (directory if directory is not None else processed_dir()) / "derived"
+    return folder / f"{graph_hash}-{structure}-v{version}.pt"
 
 
 def load_derived(

@@ -387,7 +387,8 @@ class HeteroGraph:
             primary, secondary = (self.dst, self.src) if order == "dst" else (self.src, self.dst)
             n = self.num_nodes()
             eid = _lexsort([(self.etype, self.num_rels), (primary, n), (secondary, n)])
-            return {"src": _take(self.src, eid), "dst": _take(self.dst, eid), "etype": _take(self.etype, eid), "eid": eid}
+            return {"src": _take(self.src, eid), "dst": _take(self.dst, eid), "etype": _take(self.etype, eid),
+                    "eid": eid}
 
         e = self.num_edges()
         t = self._disk_cached(f"layout-{order}", "layout", build, {"src": e, "dst": e, "etype": e, "eid": e})
@@ -466,7 +467,7 @@ class HeteroGraph:
             if same_length and same_length[0] in got:
                 want.update({name: got[same_length[0]].numel() for name in same_length})
             bad = [name for name in [*lengths, *same_length] if name not in got or got[name].dtype != torch.int64
-                   or got[name].dim() != 1 or got[name].numel() != want[name]]
+                   or got[name].dim() != 1 or got[name].numel() != want.get(name, -1)]
             if not bad:
                 return got
             _cache.log.warning("ignoring cached %s of graph %s (fields %s do not fit it); rebuilding it",
