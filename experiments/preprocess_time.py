@@ -18,6 +18,7 @@ Examples::
 
     python experiments/preprocess_time.py --datasets synthetic:bgs synthetic:am --label cold --cache-dir /tmp/c
     python experiments/preprocess_time.py --datasets synthetic:ogbn-mag --label warm --cache-dir /tmp/c
+    python experiments/preprocess_time.py --datasets synthetic:ogbn-mag,reverse=1 --no-arrays --label cold
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results" / "preprocess_time.jsonl"
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -67,11 +69,12 @@ class _PeakRSS:
         self._thread.join()
         now = _rss_bytes()
         # Without /proc, the lifetime peak (ru_maxrss is KiB on Linux) is the best there is.
-        self.peak = max(self.peak, now) if now is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        lifetime = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        self.peak = max(self.peak, now) if now is not None else lifetime
 
 
-def measure(dataset: str, label: str) -> list[dict[str, Any]]:
-    """Every step's seconds and memory for ``dataset``, in this process."""
+def measure(dataset: str, label: str, arrays: bool = True) -> list[dict[str, Any]]:
+    """Every step's seconds and memory for ``dataset``, in this process (``arrays``: graph_arrays too)."""
     from rgtune.data.datasets import load_dataset
     from rgtune.ir.bind import graph_arrays
     from rgtune.ir.passes.layout import LAYOUTS, LayoutPass
@@ -105,10 +108,11 @@ def measure(dataset: str, label: str) -> list[dict[str, Any]]:
     ]
     for name, fn in steps:
         step(name, fn)
-    bits_knob = next(k for k in LayoutPass().knobs(None, graph) if k.name == "layout.index_bits")  # type: ignore[arg-type]
-    for layout in LAYOUTS:
+    knobs = LayoutPass().knobs(None, graph)  # type: ignore[arg-type]
+    bits_knob = next(k for k in knobs if k.name == "layout.index_bits")
+    for layout in LAYOUTS if arrays else ():
         for bits in bits_knob.choices:
-            step(f"graph_arrays:{layout}:{bits}", lambda: graph_arrays(graph, layout, int(bits)))
+            step(f"graph_arrays:{layout}:{bits}", lambda lay=layout, b=bits: graph_arrays(graph, lay, int(b)))
             graph.__dict__.pop("_rgtune_arrays", None)
     for r in rows:
         r.update(num_edges=graph.num_edges(), num_nodes=graph.num_nodes())
@@ -130,18 +134,20 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cache-dir", type=Path, default=None,
                    help="RGTUNE_CACHE_DIR for the measured processes (default: the environment's)")
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--no-arrays", action="store_true",
+                   help="skip graph_arrays (the largest graphs: six sets of arrays would not fit the memory)")
     p.add_argument("--one", help=argparse.SUPPRESS)  # the child process's dataset
     args = p.parse_args(argv)
     if args.one:
-        print(json.dumps(measure(args.one, args.label)))
+        print(json.dumps(measure(args.one, args.label, arrays=not args.no_arrays)))
         return
     env = dict(os.environ)
     if args.cache_dir is not None:
         env["RGTUNE_CACHE_DIR"] = str(args.cache_dir)
     rows: list[dict[str, Any]] = []
     for dataset in args.datasets:
-        out = subprocess.run([sys.executable, __file__, "--one", dataset, "--label", args.label], env=env,
-                             check=True, stdout=subprocess.PIPE, text=True).stdout
+        child = [sys.executable, __file__, "--one", dataset, "--label", args.label] + ["--no-arrays"] * args.no_arrays
+        out = subprocess.run(child, env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
         rows += json.loads(out.strip().splitlines()[-1])
     print(_table(rows))
     args.out.parent.mkdir(parents=True, exist_ok=True)
