@@ -174,7 +174,7 @@ def _write_atomic(path: Path, payload: Mapping[str, Any], what: str) -> None:
         os.chmod(tmp, 0o644)  # mkstemp makes it owner-only; a cache may be shared read-only
         os.replace(tmp, path)
         tmp = None
-    except OSError as e:
+    except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError
         log.warning("could not write the %s to %s (%s); continuing without the cache", what, path, e)
     finally:
         if tmp is not None:
