@@ -9,6 +9,11 @@ the loader version and the construction, so editing a raw file or the loader inv
 Files are written to a temporary name and ``os.replace``-d into place, so a reader never sees
 half a file; one that fails to load anyway (disk trouble, an older format) is ignored and rebuilt.
 
+Derived structures of a graph (its edge layouts, CSR, unique pairs: seconds each on a graph of tens
+of millions of edges) are cached the same way under ``derived/`` in the same folder, one file per
+structure, named by the graph's ``content_hash``, the structure and its format version
+(:func:`load_derived`, :func:`save_derived`), so a changed graph or format never reads a stale file.
+
 Example:
     >>> import torch, tempfile
     >>> from rgtune.data.graph import HeteroGraph
@@ -43,6 +48,9 @@ __all__ = [
     "cache_key",
     "load_graph",
     "save_graph",
+    "derived_path",
+    "load_derived",
+    "save_derived",
 ]
 
 log = logging.getLogger("rgtune.data")
@@ -50,6 +58,7 @@ log = logging.getLogger("rgtune.data")
 #: Bump when a loader changes what it builds: every processed graph is rebuilt.
 LOADER_VERSION = 1
 _FORMAT = "rgtune-processed-graph"
+_DERIVED_FORMAT = "rgtune-derived-structure"
 
 
 def user_cache_dir() -> Path:
@@ -148,20 +157,87 @@ def load_graph(key: str, directory: Path | None = None) -> HeteroGraph | None:
 
 def save_graph(key: str, g: HeteroGraph, directory: Path | None = None) -> None:
     """Write ``g`` under ``key`` atomically; a cache that cannot be written only costs a warning."""
-    path = _path(key, directory)
+    _write_atomic(_path(key, directory), _to_payload(key, g), "processed graph")
+
+
+def _write_atomic(path: Path, payload: Mapping[str, Any], what: str) -> None:
+    """``torch.save`` ``payload`` to a temporary file beside ``path`` and rename it into place, so a
+    reader sees the old file or the whole new one; an unwritable cache is only a warning."""
     tmp: str | None = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{key}.", suffix=".tmp", dir=path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "wb") as f:
-            torch.save(_to_payload(key, g), f)
+            torch.save(dict(payload), f)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)  # mkstemp makes it owner-only; a cache may be shared read-only
         os.replace(tmp, path)
         tmp = None
-    except OSError as e:
-        log.warning("could not write the processed graph to %s (%s); continuing without the cache", path, e)
+    except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError
+        log.warning("could not write the %s to %s (%s); continuing without the cache", what, path, e)
     finally:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
+
+
+def derived_path(graph_hash: str, structure: str, version: int, directory: Path | None = None) -> Path:
+    """The file of one derived ``structure`` (format ``version``) of the graph whose ``content_hash``
+    is ``graph_hash``.
+
+    Example:
+        >>> derived_path("0123456789abcdef", "layout-dst", 1, Path("cache")).as_posix()
+        'cache/derived/0123456789abcdef-layout-dst-v1.pt'
+    """
+    for label, value in (("graph_hash", graph_hash), ("structure", structure)):
+        if not value or not all(c.isalnum() or c in "-_" for c in value):
+            raise ValueError(f"{label} must be a non-empty name of letters, digits, '-' and '_', got {value!r}")
+    folder = (directory if directory is not None else processed_dir()) / "derived"
+    return folder / f"{graph_hash}-{structure}-v{version}.pt"
+
+
+def load_derived(
+    graph_hash: str, structure: str, version: int, directory: Path | None = None
+) -> dict[str, torch.Tensor] | None:
+    """The cached tensors of a derived structure, or None when absent or unreadable (then the caller
+    builds and saves it).
+
+    The file is memory-mapped: the tensors are read from the page cache on first touch, and the
+    processes of one machine (tuner workers) that load the same structure share its pages.
+    """
+    path = derived_path(graph_hash, structure, version, directory)
+    if not path.is_file():
+        return None
+    try:
+        p = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        if (p.get("format"), p.get("structure"), p.get("version"), p.get("graph")) != (
+            _DERIVED_FORMAT, structure, version, graph_hash
+        ):
+            raise ValueError(f"not the {structure} v{version} of graph {graph_hash}")
+        tensors = p["tensors"]
+        if not isinstance(tensors, dict) or not all(isinstance(t, torch.Tensor) for t in tensors.values()):
+            raise ValueError("the payload holds no tensors")
+        return tensors
+    except Exception as e:  # noqa: BLE001 - any damage means "rebuild", never "fail"
+        log.warning("ignoring unreadable derived structure %s (%s: %s); rebuilding it", path, type(e).__name__, e)
+        return None
+
+
+def save_derived(
+    graph_hash: str, structure: str, version: int, tensors: Mapping[str, torch.Tensor], directory: Path | None = None
+) -> None:
+    """Write a derived structure's tensors atomically (see :func:`load_derived`).
+
+    Example:
+        >>> where = Path(tempfile.mkdtemp())
+        >>> save_derived("0123456789abcdef", "demo", 1, {"x": torch.arange(3)}, where)
+        >>> load_derived("0123456789abcdef", "demo", 1, where)["x"].tolist()
+        [0, 1, 2]
+        >>> load_derived("0123456789abcdef", "demo", 2, where) is None  # another format version
+        True
+    """
+    payload = {"format": _DERIVED_FORMAT, "structure": structure, "version": version, "graph": graph_hash,
+               # torch.save writes a view's whole storage: a slice of a bigger tensor is copied out first
+               "tensors": {k: v if v.is_contiguous() and v.untyped_storage().nbytes() == v.numel() * v.element_size()
+                           else v.contiguous().clone() for k, v in tensors.items()}}
+    _write_atomic(derived_path(graph_hash, structure, version, directory), payload, f"{structure} structure")

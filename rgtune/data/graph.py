@@ -13,7 +13,10 @@ that it numbers everything globally, the way generated kernels want it:
 
 Derived structures are built on first use and cached on the graph (the graph is immutable):
 relation-segmented layouts sorted by destination or source, CSR by destination, the unique
-(node, relation) pairs with the edge -> pair map, and statistics.
+(node, relation) pairs with the edge -> pair map, and statistics. The sorted ones take seconds
+on a graph of tens of millions of edges, so on a graph of at least :data:`DISK_CACHE_MIN_EDGES`
+edges they are also cached on disk beside the processed graphs (see :mod:`rgtune.data._cache`):
+the first process that builds one writes it, later ones (tuner workers, bench processes) read it.
 
 Example:
     >>> import torch
@@ -33,7 +36,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Iterable, Literal, Mapping, Sequence
+from typing import Callable, Iterable, Literal, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -49,7 +52,16 @@ __all__ = [
     "GraphStats",
     "NodeTask",
     "HeteroGraph",
+    "DISK_CACHE_MIN_EDGES",
 ]
+
+#: Graphs with fewer edges build their derived structures in less time than reading a file takes,
+#: so only larger ones use the disk cache (the tests lower it to exercise the cache on small graphs).
+DISK_CACHE_MIN_EDGES = 100_000
+
+#: The on-disk format version of each cached structure: bump one when its builder or its fields
+#: change, so no process ever reads a file of the old format.
+_DERIVED_VERSIONS = {"layout": 1, "csr": 1, "pairs": 1}
 
 
 @dataclass(frozen=True)
@@ -155,6 +167,56 @@ def _cv(x: torch.Tensor) -> float:
     if x.numel() == 0 or float(x.mean()) == 0.0:
         return 0.0
     return float(x.std(unbiased=False) / x.mean())
+
+
+_INT64_MAX = 2**63 - 1
+
+
+def _take(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``values[index]`` for a 1-d int64 ``index``: ``index_select`` does the same gather about twice
+    as fast on the CPU as advanced indexing, which matters at tens of millions of edges.
+
+    Example:
+        >>> _take(torch.tensor([10, 20, 30]), torch.tensor([2, 0])).tolist()
+        [30, 10]
+    """
+    return torch.index_select(values, 0, index)
+
+
+def _lexsort(keys: Sequence[tuple[torch.Tensor, int]]) -> torch.Tensor:
+    """The stable argsort of int64 ``keys``, most significant first, each ``(values, bound)`` with
+    ``0 <= values < bound``: what ``np.lexsort`` of the reversed keys gives, ties in index order.
+
+    Keys whose bounds multiply to within int64 are fused into one composite key, so the common case
+    is one stable sort of one array (several times faster than ``np.lexsort``'s pass per key);
+    keys too wide to fuse are sorted least significant first, each pass stable.
+
+    Example:
+        >>> a, b = torch.tensor([1, 0, 1, 0, 1]), torch.tensor([2, 2, 0, 2, 0])
+        >>> _lexsort([(a, 2), (b, 3)]).tolist()
+        [1, 3, 2, 4, 0]
+        >>> _lexsort([(a, 2**40), (b, 2**40)]).tolist()  # too wide to fuse: two passes
+        [1, 3, 2, 4, 0]
+    """
+    groups: list[torch.Tensor] = []
+    fused: torch.Tensor | None = None
+    span = 1
+    for values, bound in reversed(keys):
+        bound = max(int(bound), 1)
+        if fused is None:
+            fused, span = values, bound
+        elif span * bound <= _INT64_MAX:
+            fused, span = values * span + fused, span * bound
+        else:
+            groups.append(fused)
+            fused, span = values, bound
+    if fused is None:
+        raise ValueError("_lexsort needs at least one key")
+    groups.append(fused)
+    perm = torch.sort(groups[0], stable=True).indices
+    for key in groups[1:]:
+        perm = perm[torch.sort(key[perm], stable=True).indices]
+    return perm
 
 
 class HeteroGraph:
@@ -321,20 +383,31 @@ class HeteroGraph:
         return self._make_layout("src")
 
     def _make_layout(self, order: Side) -> EdgeLayout:
-        primary, secondary = (self.dst, self.src) if order == "dst" else (self.src, self.dst)
-        perm = np.lexsort((secondary.numpy(), primary.numpy(), self.etype.numpy()))
-        eid = torch.from_numpy(perm.astype(np.int64))
-        return EdgeLayout(order, self.src[eid], self.dst[eid], self.etype[eid], eid, self.rel_offsets)
+        def build() -> dict[str, torch.Tensor]:
+            primary, secondary = (self.dst, self.src) if order == "dst" else (self.src, self.dst)
+            n = self.num_nodes()
+            eid = _lexsort([(self.etype, self.num_rels), (primary, n), (secondary, n)])
+            return {"src": _take(self.src, eid), "dst": _take(self.dst, eid), "etype": _take(self.etype, eid),
+                    "eid": eid}
+
+        e = self.num_edges()
+        t = self._disk_cached(f"layout-{order}", "layout", build, {"src": e, "dst": e, "etype": e, "eid": e})
+        return EdgeLayout(order, t["src"], t["dst"], t["etype"], t["eid"], self.rel_offsets)
 
     @cached_property
     def csr_by_dst(self) -> CSR:
         """In-edges of every node, grouped by relation within a node, then by source."""
-        perm = np.lexsort((self.src.numpy(), self.etype.numpy(), self.dst.numpy()))
-        eid = torch.from_numpy(perm.astype(np.int64))
-        counts = torch.bincount(self.dst, minlength=self.num_nodes())
+
+        def build() -> dict[str, torch.Tensor]:
+            n = self.num_nodes()
+            eid = _lexsort([(self.dst, n), (self.etype, self.num_rels), (self.src, n)])
+            return {"src": _take(self.src, eid), "etype": _take(self.etype, eid), "eid": eid}
+
+        e = self.num_edges()
+        t = self._disk_cached("csr-dst", "csr", build, {"src": e, "etype": e, "eid": e})
         indptr = torch.zeros(self.num_nodes() + 1, dtype=torch.int64)
-        indptr[1:] = torch.cumsum(counts, 0)
-        return CSR(indptr, self.src[eid], self.etype[eid], eid)
+        indptr[1:] = torch.cumsum(self.in_degrees, 0)
+        return CSR(indptr, t["src"], t["etype"], t["eid"])
 
     def unique_pairs(self, side: Side) -> UniquePairs:
         """The unique (source or destination node, relation) pairs, with the edge -> pair map."""
@@ -351,15 +424,57 @@ class HeteroGraph:
         return self._make_pairs("dst")
 
     def _make_pairs(self, side: Side) -> UniquePairs:
-        node = self.src if side == "src" else self.dst
-        n = max(self.num_nodes(), 1)
-        key = self.etype * n + node
-        uniq, inverse, count = torch.unique(key, sorted=True, return_inverse=True, return_counts=True)
-        pair_etype = uniq // n
-        per_rel = torch.bincount(pair_etype, minlength=self.num_rels)
-        offsets = torch.zeros(self.num_rels + 1, dtype=torch.int64)
-        offsets[1:] = torch.cumsum(per_rel, 0)
-        return UniquePairs(side, uniq % n, pair_etype, offsets, inverse.to(torch.int64), count)
+        def build() -> dict[str, torch.Tensor]:
+            node = self.src if side == "src" else self.dst
+            n = max(self.num_nodes(), 1)
+            key = self.etype * n + node
+            uniq, inverse, count = torch.unique(key, sorted=True, return_inverse=True, return_counts=True)
+            pair_etype = uniq // n
+            per_rel = torch.bincount(pair_etype, minlength=self.num_rels)
+            offsets = torch.zeros(self.num_rels + 1, dtype=torch.int64)
+            offsets[1:] = torch.cumsum(per_rel, 0)
+            return {"node": uniq % n, "etype": pair_etype, "pair_offsets": offsets,
+                    "edge_to_pair": inverse.to(torch.int64), "pair_count": count}
+
+        t = self._disk_cached(f"pairs-{side}", "pairs", build,
+                              {"edge_to_pair": self.num_edges(), "pair_offsets": self.num_rels + 1},
+                              same_length=("node", "etype", "pair_count"))
+        return UniquePairs(side, t["node"], t["etype"], t["pair_offsets"], t["edge_to_pair"], t["pair_count"])
+
+    def _disk_cached(
+        self,
+        structure: str,
+        kind: str,
+        build: Callable[[], dict[str, torch.Tensor]],
+        lengths: Mapping[str, int],
+        same_length: Sequence[str] = (),
+    ) -> dict[str, torch.Tensor]:
+        """The tensors of ``structure`` from the disk cache, else from ``build()`` (then written there).
+
+        A cached file must hold 1-d int64 ``lengths[name]``-long tensors and ``same_length`` ones of
+        one common length (a file of another graph or a damaged one fails that): otherwise it is
+        ignored with a warning and rebuilt.
+        """
+        if self.num_edges() < DISK_CACHE_MIN_EDGES:
+            return build()
+        # Imported here: rgtune.data._cache imports this module (for HeteroGraph).
+        from rgtune.data import _cache
+
+        version = _DERIVED_VERSIONS[kind]
+        got = _cache.load_derived(self.content_hash, structure, version)
+        if got is not None:
+            want = dict(lengths)
+            if same_length and same_length[0] in got:
+                want.update({name: got[same_length[0]].numel() for name in same_length})
+            bad = [name for name in [*lengths, *same_length] if name not in got or got[name].dtype != torch.int64
+                   or got[name].dim() != 1 or got[name].numel() != want.get(name, -1)]
+            if not bad:
+                return got
+            _cache.log.warning("ignoring cached %s of graph %s (fields %s do not fit it); rebuilding it",
+                               structure, self.content_hash, bad)
+        built = build()
+        _cache.save_derived(self.content_hash, structure, version, built)
+        return built
 
     @cached_property
     def in_degrees(self) -> torch.Tensor:
