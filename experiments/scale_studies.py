@@ -96,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--collect-small", action="store_true", help="random-sampler histories on AIFB and MUTAG")
     p.add_argument("--small-trials", type=int, default=40)
     p.add_argument("--transfer", action="store_true", help="rank each big graph's schedules zero-shot")
+    p.add_argument("--report", action="store_true",
+                   help="print the markdown tables of studies.jsonl, bench.jsonl and transfer.jsonl")
     args = p.parse_args(argv)
     RESULTS.mkdir(parents=True, exist_ok=True)
     models = args.models.split(",")
@@ -106,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
                 row = _tune(model, dataset, args, args.small_trials,
                             ["--sampler", "random", "--cost-model", "off", "--confirm", "0", "--stop-slower", "0"])
                 _append("small_histories.jsonl", row)
+        return 0
+    if args.report:
+        print(report())
         return 0
     if args.transfer:
         for dataset in datasets:
@@ -119,6 +124,70 @@ def main(argv: list[str] | None = None) -> int:
             row["threads"] = os.environ.get("OMP_NUM_THREADS", "default")
             _append("studies.jsonl", row)
     return 0
+
+
+def _rows(name: str) -> list[dict[str, Any]]:
+    path = RESULTS / name
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
+
+
+def _ms(v: float | None) -> str:
+    return "–" if v is None else f"{v:.3g}"
+
+
+def report() -> str:
+    """The tables of BENCHMARKS.md's section on real-size graphs, from the JSON lines."""
+    out = ["| model | dataset | study wall | trials: statuses | default -> best ms | compile+verify share of a "
+           "trial (median / max) | trial wall (median) | peak per trial | verified |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in _rows("studies.jsonl"):
+        st = ", ".join(f"{k} {v}" for k, v in sorted(r.get("statuses", {}).items()))
+        v = r.get("verified") or {}
+        cov = "all rows" if v.get("rows") == "all" else f"{v.get('rows')} rows, {v.get('edges', 0):,} edges"
+        share = r.get("compile_verify_share_median")
+        out.append(f"| {r['model']} | {r['dataset']} | {r['wall_s'] / 60:.1f} min | {st} | {_ms(r.get('default_ms'))} -> "
+                   f"{_ms(r.get('best_ms'))} | " + ("–" if share is None else
+                   f"{share:.0%} / {r['compile_verify_share_max']:.0%}") +
+                   f" | {_ms(r.get('trial_wall_s_median'))} s | {_ms(r.get('peak_gb_max'))} GB | {cov} |")
+    out += ["", "| model | dataset | mode | rgtune ms | PyG ms | DGL ms | speedup over the faster | peak MB: rgtune / "
+            "PyG / DGL | memory vs the smaller |", "|---|---|---|---|---|---|---|---|---|"]
+    ratios: dict[str, list[float]] = {"fwd": [], "fwd+bwd": []}
+    mem: list[float] = []
+    for r in _rows("bench.jsonl"):
+        impls = r["impls"]
+        for mode in ("fwd", "fwd+bwd"):
+            cells, peaks = [], []
+            for key in ("rgtune", "pyg", "dgl"):
+                i = impls.get(key, {})
+                ms = (i.get("median_ms") or {}).get(mode)
+                cells.append(_ms(ms) if ms is not None else _outcome(i))
+                pk = (i.get("peak_mb") or {}).get(mode)
+                peaks.append(pk)
+            ours = (impls.get("rgtune", {}).get("median_ms") or {}).get(mode)
+            libs = [(impls.get(k, {}).get("median_ms") or {}).get(mode) for k in ("pyg", "dgl")]
+            libs = [x for x in libs if x is not None]
+            speed = f"{min(libs) / ours:.1f}x" if ours and libs else "–"
+            if ours and libs:
+                ratios[mode].append(min(libs) / ours)
+            lib_peaks = [x for x in peaks[1:] if x]
+            memcell = f"{peaks[0] / min(lib_peaks):.2f}x" if peaks[0] and lib_peaks else "–"
+            if peaks[0] and lib_peaks and mode == "fwd+bwd":
+                mem.append(peaks[0] / min(lib_peaks))
+            out.append(f"| {r['model']} | {r['dataset']} | {mode} | {' | '.join(cells)} | {speed} | "
+                       f"{' / '.join('–' if x is None else f'{x:.0f}' for x in peaks)} | {memcell} |")
+    for mode, xs in ratios.items():
+        if xs:
+            out.append(f"\n{mode}: geomean {statistics.geometric_mean(xs):.1f}x over the faster library "
+                       f"({len(xs)} rows, lowest {min(xs):.1f}x)")
+    if mem:
+        out.append(f"training-step peak memory: rgtune / the smaller library's, geomean {statistics.geometric_mean(mem):.2f}")
+    for r in _rows("transfer.jsonl"):
+        out.append(f"\ntransfer to {r['dataset']}: " + (r.get("text") or "").replace("\n", " / ")[:600])
+    return "\n".join(out)
+
+
+def _outcome(impl: dict[str, Any]) -> str:
+    status = impl.get("status")
+    return {"oom": "OOM", "timeout": "> limit", "failed": "failed"}.get(status or "", "–")
 
 
 def _append(name: str, row: dict[str, Any]) -> None:
