@@ -49,7 +49,7 @@ def _trial_costs(db_url: str, model: str, dataset: str) -> dict[str, Any]:
     """From the database: statuses, default/best, and per verified trial the shares of its wall time."""
     from rgtune.db import TrialDatabase
 
-    db = TrialDatabase(db_url, readonly=True)
+    db = TrialDatabase(db_url)
     trials = [t for t in db.history() if t.model == model and t.dataset == dataset and t.mode == "inference"]
     search = [t for t in trials if t.confirmation_id is None]
     shares, peaks, covered = [], [], None
@@ -74,14 +74,33 @@ def _trial_costs(db_url: str, model: str, dataset: str) -> dict[str, Any]:
             "trial_wall_s_median": statistics.median((t.details or {}).get("elapsed", 0.0) for t in ok) if ok else None}
 
 
-def _transfer(db_url: str, dataset: str) -> list[dict[str, Any]]:
-    """The cost model trained on every other graph's history ranks ``dataset``'s measured schedules."""
-    r = subprocess.run([sys.executable, "-m", "rgtune.cli", "costmodel", "--eval", "--db", db_url, "--holdout",
-                        dataset, "--json", "/dev/stdout"], capture_output=True, text=True)
-    print(r.stderr.strip()[-1000:], file=sys.stderr)
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{") or ln.startswith("[")]
-    return [{"dataset": dataset, "rc": r.returncode, "text": r.stdout.strip()[-3000:],
-             "json": json.loads(lines[-1]) if lines else None}]
+def _transfer(db_url: str, dataset: str, big: list[str]) -> list[dict[str, Any]]:
+    """The cost model trained on the small graphs' history alone ranks ``dataset``'s measured schedules: the
+    evaluation runs on a copy of the database without the other big graphs' trials."""
+    import shutil
+    import sqlite3
+    import tempfile
+
+    src = db_url.removeprefix("sqlite:///")
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / "history.db"
+        con = sqlite3.connect(src)
+        con.execute(f"VACUUM INTO '{copy}'")  # a consistent copy of a WAL database
+        con.close()
+        con = sqlite3.connect(copy)
+        others = [d for d in big if d != dataset]
+        con.execute(f"DELETE FROM rg_trials WHERE workload_id IN (SELECT w.id FROM rg_workloads w JOIN rg_graphs g ON "
+                    f"g.id = w.graph_id WHERE g.name IN ({','.join('?' * len(others))}))", others)
+        con.commit()
+        con.close()
+        out = Path(tmp) / "eval.json"
+        r = subprocess.run([sys.executable, "-m", "rgtune.cli", "costmodel", "--eval", "--db", f"sqlite:///{copy}",
+                            "--holdout", dataset, "--json", str(out)], capture_output=True, text=True)
+        result = json.loads(out.read_text()) if out.exists() else None
+        shutil.rmtree(Path(str(copy) + ".costmodel"), ignore_errors=True)
+    print(r.stdout.strip()[-2000:], r.stderr.strip()[-1000:], file=sys.stderr)
+    return [{"dataset": dataset, "trained_on": list(SMALL), "rc": r.returncode, "text": r.stdout.strip()[-3000:],
+             "json": result}]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.transfer:
         for dataset in datasets:
-            for row in _transfer(args.db, dataset):
+            for row in _transfer(args.db, dataset, datasets):
                 _append("transfer.jsonl", row)
         return 0
     for dataset in datasets:

@@ -101,3 +101,22 @@ def test_auto_samples_only_big_graphs(graph):
     assert Verifier(program, graph, training=False, mode="sampled").sampled
     with pytest.raises(ValueError, match="unknown verification mode 'some'.*'auto', 'full', 'sampled'"):
         Verifier(program, graph, training=False, mode="some")
+
+
+def test_the_float32_reference_runs_only_for_a_result_over_its_tolerance(graph):
+    from rgtune.ir.interpret import Interpreter
+    from rgtune.tuner.verification import _reference
+
+    program = build_model("rgcn", 8, 8)
+    v = Verifier(program, graph, training=False, mode="full")
+    case = v.case(seed=2)
+    got = _reference(Interpreter(program, graph), case.x, case.params, None)
+    calls = []
+    own = case.float32_reference
+    case.float32_reference = lambda: calls.append(own())
+    assert v.error(got, case)[0] < 1e-12 and calls == []  # correct: no second reference run
+    off = {"output": got["output"] * (1 + 3e-4)}
+    err, which, tol = v.error(off, case)
+    assert calls == [None] and case.float32_reference is None and err > tol  # ran once; still wrong
+    v.error(off, case)
+    assert len(calls) == 1  # never twice for one case
