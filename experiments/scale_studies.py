@@ -114,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--db", default=f"sqlite:///{RESULTS / 'results.db'}")
     p.add_argument("--collect-small", action="store_true", help="random-sampler histories on AIFB and MUTAG")
     p.add_argument("--small-trials", type=int, default=40)
+    p.add_argument("--fresh", action="store_true", help="start new studies (tune --fresh)")
     p.add_argument("--transfer", action="store_true", help="rank each big graph's schedules zero-shot")
     p.add_argument("--report", action="store_true",
                    help="print the markdown tables of studies.jsonl, bench.jsonl and transfer.jsonl")
@@ -138,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     for dataset in datasets:
         for model in models:
-            row = _tune(model, dataset, args, args.trials, ["--time-budget", str(args.time_budget)])
+            row = _tune(model, dataset, args, args.trials,
+                        ["--time-budget", str(args.time_budget), *(["--fresh"] if args.fresh else [])])
             row.update(_trial_costs(args.db, model, dataset))
             row["threads"] = os.environ.get("OMP_NUM_THREADS", "default")
             _append("studies.jsonl", row)
