@@ -30,7 +30,7 @@ from rgtune.codegen.base import available_backends
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOAD = ["--model", "hgt", "--dataset", "aifb"]
 #: placeholders in docs/tuner.md's flags (``--confirm K``) and the value each stands for here
-PLACEHOLDERS = {"D": "aifb", "K": "2", "N": "2", "R": "2"}
+PLACEHOLDERS = {"D": "aifb", "K": "2", "N": "2", "R": "2", "GB": "4", "X": "3", "F": "0.25"}
 CUDA = available_backends().get("cuda", (False, ""))[0]
 
 
