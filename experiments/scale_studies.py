@@ -49,8 +49,18 @@ def _trial_costs(db_url: str, model: str, dataset: str) -> dict[str, Any]:
     """From the database: statuses, default/best, and per verified trial the shares of its wall time."""
     from rgtune.db import TrialDatabase
 
-    db = TrialDatabase(db_url)
-    trials = [t for t in db.history() if t.model == model and t.dataset == dataset and t.mode == "inference"]
+    for attempt in range(5):  # twice the database read as malformed right after a study's process ended
+        try:
+            db = TrialDatabase(db_url)
+            break
+        except Exception as e:  # noqa: BLE001 - retried, then raised
+            print(f"opening {db_url} failed ({e}); again in 10 s", file=sys.stderr)
+            if attempt == 4:
+                raise
+            time.sleep(10)
+    with db:
+        trials = [t for t in db.history() if t.model == model and t.dataset == dataset and t.mode == "inference"]
+        best = db.best(trials[0].workload_id) if trials else None
     search = [t for t in trials if t.confirmation_id is None]
     shares, peaks, covered = [], [], None
     for t in search:
@@ -65,7 +75,6 @@ def _trial_costs(db_url: str, model: str, dataset: str) -> dict[str, Any]:
     for t in search:
         statuses[t.status] = statuses.get(t.status, 0) + 1
     ok = [t for t in search if t.status == "ok" and t.median_ms is not None]
-    best = db.best(trials[0].workload_id) if trials else None
     return {"statuses": statuses, "default_ms": ok[0].median_ms if ok else None,
             "best_ms": best.median_ms if best else None,
             "compile_verify_share_median": statistics.median(shares) if shares else None,
