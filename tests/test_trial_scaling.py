@@ -134,3 +134,20 @@ def test_tune_memory_limit_on_the_command_line(tmp_path):
                           "--memory-limit", "-1", "--db", f"sqlite:///{db}"], capture_output=True, text=True, cwd=REPO,
                          timeout=300)
     assert bad.returncode != 0 and "--memory-limit must be a positive number of GiB, got -1" in bad.stderr
+
+
+def test_a_big_graph_worker_frees_the_last_trials_memory_before_the_next(monkeypatch):
+    """A built program's buffers sit in reference cycles; on a big graph the worker collects them before
+    each trial (a few trials' workspaces took a worker past the machine's memory on AM)."""
+    import gc
+
+    from rgtune.tuner.measure import _Session
+
+    calls = []
+    monkeypatch.setattr(gc, "collect", lambda *a: calls.append(a) or 0)
+    sampled = _Session(_workload(), MeasureOptions(warmup=1, repeats=2, verify="sampled", verify_rows=16))
+    sampled.measure({}, seed=0)
+    assert len(calls) == 1
+    full = _Session(_workload(), MeasureOptions(warmup=1, repeats=2, verify="full"))
+    full.measure({}, seed=0)
+    assert len(calls) == 1  # a small graph's trial does not pay for a full collection
