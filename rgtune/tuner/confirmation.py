@@ -27,8 +27,9 @@ Rounds cost ``schedules x confirm_rounds`` measurements and the re-verification 
 budget; ``confirm_top=0`` skips the rounds. With a time budget (``budget_s``, the tuner gives it a
 share of the search's time, and ``measurement_s``, what one measurement took in the search), the
 rounds fit in it: fewer rounds (at least :data:`MIN_ROUNDS`, so that a median means something),
-then fewer of the fastest schedules (at least the fastest and the default), else no rounds at all;
-contenders are timed only while budget is left. On a big graph, where one measurement takes
+then fewer of the fastest schedules (at least the fastest and the default), else no rounds at all.
+Contenders are timed whatever is left of the budget (few, and without them a single measurement
+could undercut the confirmed best). On a big graph, where one measurement takes
 seconds, a fixed 5 x 5 re-timing would otherwise cost more than the search. An interrupted confirmation is recorded but never
 trusted by :meth:`TrialDatabase.best`.
 """
@@ -84,7 +85,6 @@ class Confirmation:
         self.default, self.distributions = default, dict(distributions)  # default: its first ok trial
         self.top, self.rounds, self.reverify_inputs = top, rounds, reverify_inputs
         self.budget_s, self.measurement_s = budget_s, measurement_s
-        self._t0 = time.time()
         self._record, self._progress = record, progress
 
     def run(self) -> Confirmed | None:
@@ -120,7 +120,7 @@ class Confirmation:
             self._time(cid, knobs)
             for _ in range(MAX_CONTENDER_ROUNDS):
                 contenders = self._contenders(self.db.confirmation_medians(cid))
-                if not contenders or not self._affords(len(contenders) * self.rounds):
+                if not contenders:  # timed whatever the budget: an unconfirmed faster one would undercut the best
                     break
                 self._time(cid, contenders)
             self.db.finish_confirmation(cid)
@@ -152,12 +152,6 @@ class Confirmation:
         top = [h for h in knobs if h not in (default, previous)]
         order = top[:1] + [h for h in (default, previous) if h in knobs] + top[1:]
         return {h: knobs[h] for h in order[:keep]}
-
-    def _affords(self, measurements: int) -> bool:
-        """Whether ``measurements`` more fit in what is left of the budget."""
-        if self.budget_s is None or not self.measurement_s:
-            return True
-        return time.time() - self._t0 + measurements * self.measurement_s <= self.budget_s
 
     def _time(self, cid: int, knobs: Mapping[str, Mapping[str, Any]]) -> None:
         """``self.rounds`` interleaved rounds of ``knobs``, each measurement a trial of confirmation ``cid``."""

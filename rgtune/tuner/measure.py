@@ -344,7 +344,7 @@ class _Session:
         on AM, where each trial needs under 5). A small graph's trials are too short to pay for it."""
         if self.verifier.sampled:
             gc.collect()
-            if self.device != "cpu":
+            if self.device != "cpu" and self.torch.cuda.is_available():
                 self.torch.cuda.empty_cache()
 
     def _exclusive_device(self) -> Any:

@@ -42,7 +42,7 @@ def available_bytes(device: str = "cpu") -> int | None:
     if device != "cpu":
         import torch
 
-        return int(torch.cuda.mem_get_info()[0])
+        return int(torch.cuda.mem_get_info()[0]) if torch.cuda.is_available() else None
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
@@ -108,6 +108,9 @@ class MemoryBudget:
         else:
             import torch
 
+            if not torch.cuda.is_available():  # a device backend without torch's CUDA: nothing to measure
+                self._base = None
+                return
             torch.cuda.reset_peak_memory_stats()
             self._base = int(torch.cuda.memory_allocated())
 
