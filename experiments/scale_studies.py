@@ -182,14 +182,15 @@ def report() -> str:
             "PyG / DGL | memory vs the smaller |", "|---|---|---|---|---|---|---|---|---|"]
     ratios: dict[str, list[float]] = {"fwd": [], "fwd+bwd": []}
     mem: list[float] = []
-    for r in _rows("bench.jsonl"):
+    latest = {(r["model"], r["dataset"]): r for r in _rows("bench.jsonl")}  # a re-run replaces a row
+    for r in latest.values():
         impls = r["impls"]
         for mode in ("fwd", "fwd+bwd"):
             cells, peaks = [], []
             for key in ("rgtune", "pyg", "dgl"):
                 i = impls.get(key, {})
                 ms = (i.get("median_ms") or {}).get(mode)
-                cells.append(_ms(ms) if ms is not None else _outcome(i))
+                cells.append(_ms(ms) if ms is not None else _outcome(i, r.get("impl_timeout_s")))
                 pk = (i.get("peak_mb") or {}).get(mode)
                 peaks.append(pk)
             ours = (impls.get("rgtune", {}).get("median_ms") or {}).get(mode)
@@ -215,9 +216,9 @@ def report() -> str:
     return "\n".join(out)
 
 
-def _outcome(impl: dict[str, Any]) -> str:
+def _outcome(impl: dict[str, Any], limit_s: float | None) -> str:
     status = impl.get("status")
-    return {"oom": "OOM", "timeout": "> limit", "failed": "failed"}.get(status or "", "–")
+    return {"oom": "OOM", "timeout": f"> {limit_s:g} s" if limit_s else "> limit", "failed": "failed"}.get(status or "", "–")
 
 
 def _append(name: str, row: dict[str, Any]) -> None:
