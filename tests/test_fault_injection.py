@@ -209,7 +209,10 @@ def test_a_study_under_every_fault_accounts_for_every_trial(tmp_path, disk):
     assert running == 0 and "RUNNING" not in optuna_states
     assert sum(statuses.values()) >= TRIALS
     assert all((by_number.get(n) == "COMPLETE") == (s == "ok") for n, s in ours.items()), (ours, by_number)
-    assert statuses["timeout"] >= 1 and statuses["runtime_error"] >= events["worker killed"] >= 1, (statuses, events)
+    # a killed worker costs at most its trial: runtime_error when the kill lands inside a trial; between two
+    # trials (they take a fraction of a second here) the next one just starts a fresh worker
+    assert statuses["timeout"] >= 1 and events["worker killed"] >= 1, (statuses, events)
+    assert statuses["runtime_error"] <= events["worker killed"], (statuses, events)
     assert statuses["failed"] >= 1  # the trial the killed tune left running
     assert verified and verified[-1][0] == "ok"
     assert _stale_left(cache) == []  # the stale temporary was cleaned
