@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from rgtune.tuner.memory import available_bytes
+from rgtune.tuner.memory import available_bytes, status_bytes
 
 #: the seconds an implementation may take by default (its process: imports, build, runs, check)
 DEFAULT_TIMEOUT_S = 600.0
@@ -82,14 +82,7 @@ def default_memory_limit_gb() -> float | None:
 
 
 def _rss_mb(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024 / 1e6  # kB (KiB) -> MB
-    except (OSError, ValueError):
-        pass
-    return 0.0
+    return (status_bytes("VmRSS", pid) or 0) / 1e6
 
 
 def _kill(proc: subprocess.Popen) -> None:

@@ -36,6 +36,8 @@ from typing import Any
 
 import torch
 
+from rgtune.tuner.memory import reset_peak, status_bytes
+
 #: glibc: blocks from 64 KiB up are mapped and unmapped on their own (no dynamic threshold), so a
 #: freed tensor leaves the resident set at once
 _MMAP_THRESHOLD = "65536"
@@ -73,27 +75,6 @@ def measure_step(model: str, dataset: str, impl: str, mode: str, *, in_dim: int 
 
 
 # ---------------------------------------------------------------------- the child
-def _status_kb(field: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
-def _reset_peak() -> bool:
-    """Reset the resident set's high-water mark to the current resident set (Linux >= 4.0)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
 class _Meter:
     """Memory above a baseline taken at construction: the device's allocator on CUDA, else the RSS."""
 
@@ -106,8 +87,8 @@ class _Meter:
             self.base = torch.cuda.memory_allocated(device)
             self.ok = True
         else:
-            self.base = (_status_kb("VmRSS") or 0) * 1024
-            self.ok = _reset_peak() and self.base > 0
+            self.base = status_bytes("VmRSS") or 0
+            self.ok = reset_peak() and self.base > 0
 
     def restart_peak(self) -> None:
         """Forget the peak so far (the baseline stays): the next :meth:`peak_mb` is the highest since now."""
@@ -116,7 +97,7 @@ class _Meter:
             torch.cuda.reset_peak_memory_stats()
         elif self.ok:
             gc.collect()
-            self.ok = _reset_peak()
+            self.ok = reset_peak()
 
     def peak_mb(self) -> float | None:
         if not self.ok:
@@ -124,7 +105,7 @@ class _Meter:
         if self.cuda:
             torch.cuda.synchronize()
             return (torch.cuda.max_memory_allocated() - self.base) / 1e6
-        return ((_status_kb("VmHWM") or 0) * 1024 - self.base) / 1e6
+        return ((status_bytes("VmHWM") or 0) - self.base) / 1e6
 
 
 #: the graph the child runs everything on once before its baseline (see :func:`_measure`)

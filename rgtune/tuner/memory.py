@@ -28,11 +28,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MemoryBudget", "DEFAULT_SHARE", "available_bytes", "is_out_of_memory"]
+__all__ = ["MemoryBudget", "DEFAULT_SHARE", "available_bytes", "is_out_of_memory", "reset_peak", "status_bytes"]
 
 #: the default memory limit: this share of what is free when the worker starts
 DEFAULT_SHARE = 0.8
-_STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 
 
@@ -66,14 +65,24 @@ def is_out_of_memory(e: BaseException) -> bool:
     return "out of memory" in text or "can't allocate memory" in text or "cannot allocate memory" in text
 
 
-def _status_bytes(field: str) -> int | None:
+def status_bytes(field: str, pid: int | str = "self") -> int | None:
+    """A memory field of ``/proc/<pid>/status`` (``VmRSS``, ``VmHWM``) in bytes; None where unreadable."""
     try:
-        for line in _STATUS.read_text().splitlines():
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
-    except OSError:
+    except (OSError, ValueError):
         pass
     return None
+
+
+def reset_peak() -> bool:
+    """Reset this process's resident-set high-water mark (``VmHWM``) to its resident set (Linux >= 4.0)."""
+    try:
+        _CLEAR_REFS.write_text("5")
+        return True
+    except OSError:
+        return False
 
 
 class MemoryBudget:
@@ -83,7 +92,7 @@ class MemoryBudget:
         self.device, self.share_slots = device, share_slots
         if limit is None:
             free = available_bytes(device)
-            held = (_status_bytes("VmRSS") or 0) if device == "cpu" else 0
+            held = (status_bytes("VmRSS") or 0) if device == "cpu" else 0
             limit = int(DEFAULT_SHARE * (free + held)) if free is not None else 2**62
         if limit <= 0:
             raise ValueError(f"the memory limit must be a positive number of bytes, got {limit}")
@@ -99,12 +108,7 @@ class MemoryBudget:
     def start(self) -> None:
         """A trial starts: reset the high-water mark; the memory now is its baseline."""
         if self.device == "cpu":
-            try:
-                _CLEAR_REFS.write_text("5")  # resets VmHWM to the current resident set
-            except OSError:
-                self._base = None
-                return
-            self._base = _status_bytes("VmRSS")
+            self._base = status_bytes("VmRSS") if reset_peak() else None
         else:
             import torch
 
@@ -119,7 +123,7 @@ class MemoryBudget:
         if self._base is None:
             return {}
         if self.device == "cpu":
-            high = _status_bytes("VmHWM")
+            high = status_bytes("VmHWM")
             return {} if high is None else {"peak_bytes": max(0, high - self._base)}
         import torch
 

@@ -482,12 +482,13 @@ class Tuner:
     def _measure(self, tid: int, config: dict[str, Any], seed: int) -> MeasureResult:
         """Measure a candidate (trial ``tid``); one that beats the best so far ``recheck`` times in all (see the
         module docstring)."""
-        result = self._measure_once(tid, config, seed)
-        if self.options.recheck <= 1 or not self._beats_best(result):
+        best = self._best_s()
+        result = self._measure_once(tid, config, seed, best)
+        if self.options.recheck <= 1 or not self._beats_best(result, best):
             return result
         measurements = [result]
         while len(measurements) < self.options.recheck:
-            again = self._measure_once(tid, config, seed)
+            again = self._measure_once(tid, config, seed, best)
             if again.status != "ok":  # it verified and ran once: whatever failed now is the trial's outcome
                 again.error = (f"{again.error or again.status} (in measurement {len(measurements) + 1} of "
                                f"{self.options.recheck}; the first was ok)")
@@ -496,10 +497,10 @@ class Tuner:
         self.rechecked += 1
         return combine_measurements(measurements)
 
-    def _measure_once(self, tid: int, config: dict[str, Any], seed: int) -> MeasureResult:
+    def _measure_once(self, tid: int, config: dict[str, Any], seed: int, best: float | None) -> MeasureResult:
         """One measurement; a worker that cannot be restarted costs the trial, and :data:`MAX_RESTART_FAILURES`
         in a row end the run."""
-        result = self.worker.measure(config, seed=seed, best=self._best_s())
+        result = self.worker.measure(config, seed=seed, best=best)
         if result.status == "ok" and "elapsed" in result.info:
             self._walls.append(result.info["elapsed"])  # what a confirmation's measurement will cost
         if result.status == "failed" and (result.error or "").startswith("the measurement worker could not be restarted"):
@@ -517,11 +518,11 @@ class Tuner:
         best = self.db.best(self.record)
         return None if best is None or best.median_ms is None else best.median_ms / 1e3
 
-    def _beats_best(self, result: MeasureResult) -> bool:
+    def _beats_best(self, result: MeasureResult, best: float | None) -> bool:
+        """Whether ``result`` is faster than ``best`` (seconds; None: nothing verified yet)."""
         if result.status != "ok" or result.median is None:
             return False
-        best = self.db.best(self.record)
-        return best is None or best.median_ms is None or result.median * 1e3 < best.median_ms
+        return best is None or result.median < best
 
     def _observe(self, config: dict[str, Any], point: Any, result: MeasureResult) -> None:
         if self._learner is not None and result.status != "invalid":
