@@ -75,7 +75,9 @@ def _trial_costs(db_url: str, model: str, dataset: str) -> dict[str, Any]:
     for t in search:
         statuses[t.status] = statuses.get(t.status, 0) + 1
     ok = [t for t in search if t.status == "ok" and t.median_ms is not None]
-    return {"statuses": statuses, "default_ms": ok[0].median_ms if ok else None,
+    default = min(search, key=lambda t: t.id) if search else None  # a fresh study measures the default first
+    return {"statuses": statuses, "default_ms": default.median_ms if default else None,
+            "default_status": default.status if default else None,
             "best_ms": best.median_ms if best else None,
             "compile_verify_share_median": statistics.median(shares) if shares else None,
             "compile_verify_share_max": max(shares) if shares else None,
@@ -174,7 +176,8 @@ def report() -> str:
         v = r.get("verified") or {}
         cov = "all rows" if v.get("rows") == "all" else f"{v.get('rows')} rows, {v.get('edges', 0):,} edges"
         share = r.get("compile_verify_share_median")
-        out.append(f"| {r['model']} | {r['dataset']} | {r['wall_s'] / 60:.1f} min | {st} | {_ms(r.get('default_ms'))} -> "
+        default = _ms(r.get("default_ms")) if r.get("default_status", "ok") == "ok" else r["default_status"]
+        out.append(f"| {r['model']} | {r['dataset']} | {r['wall_s'] / 60:.1f} min | {st} | {default} -> "
                    f"{_ms(r.get('best_ms'))} | " + ("–" if share is None else
                    f"{share:.0%} / {r['compile_verify_share_max']:.0%}") +
                    f" | {_ms(r.get('trial_wall_s_median'))} s | {_ms(r.get('peak_gb_max'))} GB | {cov} |")

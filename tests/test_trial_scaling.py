@@ -72,6 +72,23 @@ def test_a_candidate_over_the_memory_limit_is_refused_before_running():
     assert r.info["estimated_bytes"] > 1000 and "over the memory limit" in r.error
 
 
+def test_the_verifications_memory_counts_toward_the_limit():
+    from rgtune.codegen.base import create
+    from rgtune.codegen.buffer_plan import footprint_bytes
+    from rgtune.data import load_dataset
+    from rgtune.search_spaces import SearchSpace
+
+    w = _workload()
+    graph = load_dataset(GRAPH)
+    point = SearchSpace(w.program(), graph, create("cpu").target).compile({})
+    buffers = footprint_bytes(point.kernels, graph)
+    # the buffers alone fit; with the case's inputs and expected results (more than 400 x 8 floats) they do not
+    with MeasureWorker(w, MeasureOptions(memory_limit=buffers + 1000)) as m:
+        r = m.measure({}, seed=0)
+    assert r.status == "out_of_memory" and r.info["memory_refused"], r.error
+    assert r.info["estimated_bytes"] > buffers + 1000 and "verification's inputs and results" in r.error
+
+
 def test_options_are_checked():
     with pytest.raises(ValueError, match="unknown verification 'some'"):
         MeasureOptions(verify="some")

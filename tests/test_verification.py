@@ -67,6 +67,50 @@ def test_a_wrong_row_outside_the_neighbourhood_is_caught(graph):
     bad = dict(got)
     bad["output"] = got["output"][:-1]
     assert v.error(bad, case)[0] == math.inf
+    bad = dict(got)
+    bad["input gradient"] = got["input gradient"].float()  # the kernels' dtype: only checked rows become float64
+    bad["input gradient"][outside.nonzero()[-1]] = float("nan")
+    err, which, tol = v.error(bad, case)
+    assert not err < tol and which == "input gradient"  # a NaN where the gradient must be zero fails too
+
+
+def test_a_nan_fails_whichever_result_has_it(graph):
+    program = build_model("rgcn", 8, 8)
+    v = Verifier(program, graph, training=True, mode="full")
+    case = v.case(seed=2)
+    from rgtune.ir.interpret import Interpreter
+    from rgtune.tuner.verification import _reference
+
+    got = _reference(Interpreter(program, graph), case.x.double(), case.params, case.dout.double())
+    for name in got:  # the first result (the output), one in the middle, the last
+        bad = dict(got)
+        bad[name] = got[name].clone()
+        bad[name].view(-1)[0] = float("nan")
+        err, which, tol = v.error(bad, case)
+        assert not err < tol and which == name, (name, err, which)
+
+
+def test_largest_outside_reads_every_block():
+    from rgtune.tuner.verification import _largest_outside
+
+    got = torch.zeros(10, 3)
+    got[7, 2] = -5.0
+    got[2, 0] = 9.0
+    assert _largest_outside(got, torch.tensor([2]), block=3) == 5.0
+    assert _largest_outside(got, torch.tensor([2, 7]), block=4) == 0.0
+    assert _largest_outside(torch.zeros(0, 3), torch.tensor([], dtype=torch.long)) == 0.0
+
+
+def test_a_case_counts_what_it_holds(graph):
+    program = build_model("rgcn", 8, 8)
+    sampled = Verifier(program, graph, training=True, mode="sampled", rows=10).case(seed=0)
+    inputs = (sampled.x.numel() + sampled.dout.numel() + sum(p.numel() for p in sampled.params.values())) * 4
+    expected = sum(e.value.numel() * 8 for e in sampled.expected.values())
+    assert inputs + expected <= sampled.resident_bytes() < inputs + expected + 8 * graph.num_nodes()
+    whole = Verifier(program, graph, training=True, mode="full").case(seed=0)
+    # checked whole, the comparison copies the largest result to float64 too
+    largest = max(e.value.numel() * 8 for e in whole.expected.values())
+    assert whole.resident_bytes() > largest * 2
 
 
 def test_tolerance_grows_with_the_longest_reduction():

@@ -40,9 +40,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="a trial taking longer is killed and recorded as timeout (default: adaptive, 5 x the slowest "
                         "verified trial so far and at least 60 s; 900 s for the first trial)")
     p.add_argument("--memory-limit", type=float, default=None, metavar="GB",
-                   help="a candidate whose buffers are estimated to need more (GiB) is refused before it runs and "
-                        "recorded as out_of_memory (default: 80%% of the memory free when the measuring process "
-                        "starts: host memory for cpu, device memory for cuda)")
+                   help="a candidate whose buffers (estimated) and the verification's inputs and results need more "
+                        "(GiB) is refused before it runs and recorded as out_of_memory (default: 80%% of the memory "
+                        "free when the measuring process has loaded the graph: host memory for cpu, device memory "
+                        "for cuda)")
     p.add_argument("--stop-slower", type=float, default=3.0, metavar="X",
                    help="stop a candidate whose first run takes more than X times the best time so far; recorded as "
                         "stopped (pruned in Optuna's study), it counts as a trial (default 3; 0 turns it off)")
@@ -148,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"tuning {named} on {graph.name} ({graph.num_nodes():,} nodes, {graph.num_edges():,} edges, "
           f"{graph.num_rels} relations), hidden={args.hidden}, heads={args.heads}, backend={backend}, "
           f"{'' if args.mode == 'inference' else 'mode=training (forward + backward), '}db={db.name}", file=sys.stderr)
-    tuner = Tuner(workload, db, options)
+    tuner = Tuner(workload, db, options, graph=graph)
     summary = tuner.run()
     _print_summary(summary)
     return 130 if summary.interrupted else 0

@@ -126,8 +126,10 @@ LAYOUT_PERMUTATIONS = {
 }
 
 
-def graph_arrays(graph: HeteroGraph, layout: str = "csr_dst", index_bits: int = 64) -> GraphArrays:
-    """Index arrays of ``graph`` in ``layout`` with ``index_bits``-bit indices (cached)."""
+def graph_arrays(graph: HeteroGraph, layout: str = "csr_dst", index_bits: int = 64, keep: bool = True) -> GraphArrays:
+    """Index arrays of ``graph`` in ``layout`` with ``index_bits``-bit indices (cached on the graph; ``keep=False``
+    builds them without caching them when they are not cached yet: a one-off read of a big graph, whose
+    arrays take a gigabyte per layout)."""
     if layout not in LAYOUT_PERMUTATIONS:
         raise ValueError(f"unknown layout {layout!r}; choose one of {sorted(LAYOUT_PERMUTATIONS)}")
     if index_bits not in (32, 64):
@@ -139,10 +141,13 @@ def graph_arrays(graph: HeteroGraph, layout: str = "csr_dst", index_bits: int = 
             raise ValueError(f"graph {graph.name}: {problem}")
     cache = graph.__dict__.setdefault("_rgtune_arrays", {})
     key = (layout, index_bits)
-    if key not in cache:
-        other = cache.get((layout, 96 - index_bits))
-        cache[key] = _build(graph, layout, index_bits) if other is None else _rewidth(other, index_bits)
-    return cache[key]
+    if key in cache:
+        return cache[key]
+    other = cache.get((layout, 96 - index_bits))
+    built = _build(graph, layout, index_bits) if other is None else _rewidth(other, index_bits)
+    if keep:
+        cache[key] = built
+    return built
 
 
 def _rewidth(a: GraphArrays, bits: int) -> GraphArrays:

@@ -50,11 +50,12 @@ Example:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 import numpy as np
 
-from rgtune.ir.bind import GraphArrays, graph_arrays, row_types
+from rgtune.ir.bind import graph_arrays, row_types
 from rgtune.ir.kernels import (AggregateStage, EdgeStore, GemmKernel, KernelProgram, MapKernel, ScatterKernel,
                                SoftmaxAggregate, TraversalKernel, WeightGradKernel, WeightKernel, expr_loads)
 
@@ -70,15 +71,15 @@ def count(kp: KernelProgram, graph: "HeteroGraph", schedule: Mapping[str, Any] |
     ``schedule`` is a whole configuration (every knob set, as :meth:`SearchSpace.default` fills it):
     the GEMM tiles come from its ``gemm.tile_rows`` and ``gemm.impl``; without a tile size a GEMM
     counts a tile per type, as a per-type BLAS call does."""
-    a = graph_arrays(graph, kp.layout, kp.index_bits)
+    g = graph_counts(graph)
     idx_bytes = kp.index_bits // 8
-    rows = {d: a.rows(d) for d in ("node", "edge", "src_pair", "dst_pair")}
-    num_types = {"ntype": a.num_ntypes, "rel": a.num_rels, "none": 1}
+    rows = g.rows
+    num_types = g.num_types
     width = {name: b.width for name, b in kp.buffers.items()}
     schedule = schedule or {}
     flops = bytes_min = bytes_gathered = atomics = launches = weight_flops = folds = probes = 0
     tiles = rows_computed = tile_weight_bytes = 0
-    probes_per_lookup = a.bsearch_probes if kp.pair_index == "bsearch" else {}
+    probes_per_lookup = g.bsearch_probes if kp.pair_index == "bsearch" else {}
 
     def lookups(vias: Iterable[str]) -> int:  # binary-search reads of one kernel over edge rows
         return sum(probes_per_lookup.get(via, 0) for via in set(vias))
@@ -111,7 +112,7 @@ def count(kp: KernelProgram, graph: "HeteroGraph", schedule: Mapping[str, Any] |
                 atomics += n * k.out_heads * k.out_dim
             if k.rows == "edge":
                 probes += lookups([k.x_via, *(via for _, e in k.epilogue for _, via in expr_loads(e))])
-            t, computed = _gemm_tiles(a, k, schedule)
+            t, computed = _gemm_tiles(g, k, schedule)
             tiles += t
             rows_computed += computed
             tile_weight_bytes += t * _param_elems(kp, k.weight) * FLOAT_BYTES
@@ -177,9 +178,9 @@ def count(kp: KernelProgram, graph: "HeteroGraph", schedule: Mapping[str, Any] |
             "gemm_rows_computed": int(rows_computed), "gemm_tile_weight_bytes": int(tile_weight_bytes)}
 
 
-def _gemm_tiles(a: GraphArrays, k: GemmKernel, schedule: Mapping[str, Any]) -> tuple[int, int]:
+def _gemm_tiles(g: "GraphCounts", k: GemmKernel, schedule: Mapping[str, Any]) -> tuple[int, int]:
     """(tiles, rows computed) of one GEMM under ``schedule`` (see the module docstring)."""
-    per_type = _rows_per_type(a, k.rows, k.by, k.weight_end)
+    per_type = g.rows_per_type(k.rows, k.by, k.weight_end)
     per_type = per_type[per_type > 0]
     tile_rows = schedule.get("gemm.tile_rows")
     if schedule.get("gemm.impl") == "blas" or tile_rows is None:  # a call per type: no tiles, no padding
@@ -188,16 +189,40 @@ def _gemm_tiles(a: GraphArrays, k: GemmKernel, schedule: Mapping[str, Any]) -> t
     return t, t * int(tile_rows)
 
 
-def _rows_per_type(a: GraphArrays, rows: str, by: str, end: str | None) -> np.ndarray:
-    """How many of a GEMM's rows each weight slice (type) multiplies; cached on the arrays, since
-    the cost model counts every candidate schedule of a graph."""
-    cache = a.__dict__.setdefault("_rows_per_type", {})
-    key = (rows, by, end)
-    if key not in cache:
-        types = row_types(a, rows, by, end)
-        cache[key] = (np.array([a.rows(rows)], dtype=np.int64) if types is None
-                      else np.bincount(types.numpy(), minlength=1).astype(np.int64))
-    return cache[key]
+@dataclass(frozen=True)
+class GraphCounts:
+    """What :func:`count` reads of a graph: rows per domain, types, the binary search's reads and the rows of
+    every weight slice. They are the same in every layout and index width (a layout orders rows, it adds or
+    drops none), so a graph has one, made from one layout's arrays that are not kept: the cost model counts
+    every candidate of a study in the tuning process, and a layout's arrays of a 21M-edge graph are a
+    gigabyte each (several layouts' worth held there took the process to 7.6 GB on ogbn-mag)."""
+
+    rows: dict[str, int]
+    num_types: dict[str, int]
+    bsearch_probes: dict[str, int]
+    per_type: dict[tuple[str, str, str | None], np.ndarray]
+
+    def rows_per_type(self, rows: str, by: str, end: str | None) -> np.ndarray:
+        """How many of a GEMM's rows each weight slice (type) multiplies."""
+        if by == "none":
+            return np.array([self.rows[rows]], dtype=np.int64)
+        return self.per_type[(rows, by, (end or "dst") if rows == "edge" and by == "ntype" else None)]
+
+
+def graph_counts(graph: "HeteroGraph") -> GraphCounts:
+    """``graph``'s :class:`GraphCounts` (cached on the graph)."""
+    cached = graph.__dict__.get("_rgtune_counts")
+    if cached is None:
+        held = graph.__dict__.get("_rgtune_arrays") or {}
+        a = next(iter(held.values())) if held else graph_arrays(graph, keep=False)
+        keys = [(r, by, None) for r in ("node", "src_pair", "dst_pair") for by in ("ntype", "rel") if
+                not (r == "node" and by == "rel")]
+        keys += [("edge", "rel", None), ("edge", "ntype", "src"), ("edge", "ntype", "dst")]
+        per_type = {key: np.bincount(row_types(a, *key).numpy(), minlength=1).astype(np.int64) for key in keys}
+        cached = GraphCounts({d: a.rows(d) for d in ("node", "edge", "src_pair", "dst_pair")},
+                             {"ntype": a.num_ntypes, "rel": a.num_rels, "none": 1}, dict(a.bsearch_probes), per_type)
+        graph.__dict__["_rgtune_counts"] = cached
+    return cached
 
 
 def _param_elems(kp: KernelProgram, name: str) -> int:

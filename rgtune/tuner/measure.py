@@ -3,14 +3,16 @@
 A :class:`MeasureWorker` owns one worker process per workload. The worker loads the graph,
 builds the search space and the float64 reference layer once, then serves trials:
 
-1. estimate the memory the candidate's buffers need; one over the memory limit is refused
-   (``out_of_memory``, never built; :mod:`.memory`);
-2. compile the configuration with the backend (a :class:`CompileError` is ``compile_error``);
-3. verify it on fresh random inputs and parameters (seeded by the trial) against the float64
-   reference, on every row or, on a big graph, on sampled rows (:mod:`.verification`: relative error
+1. make the trial's verification case: fresh random inputs and parameters (seeded by the trial) and
+   the float64 reference's results on them, on every row or, on a big graph, on sampled rows
+   (:mod:`.verification`);
+2. estimate the memory the candidate's buffers need; one whose buffers and the case's inputs and
+   results are over the memory limit is refused (``out_of_memory``, never built; :mod:`.memory`);
+3. compile the configuration with the backend (a :class:`CompileError` is ``compile_error``);
+4. verify it against the case (relative error
    ``max|out - ref| / max|ref|`` below each result's tolerance), or ``wrong_result`` with the error;
    a wrong kernel is never timed;
-4. time it: the first run is timed on its own, and a candidate whose first run takes more than
+5. time it: the first run is timed on its own (``info["first_run_ms"]``), and a candidate whose first run takes more than
    ``stop_slower`` times the best time so far (the parent passes it; never under :data:`STOP_MIN_S`)
    is ``stopped`` there; else
    the rest of the warm-up (the verification's run and the first run count as two of it), then repeats until both a count and a minimum time are reached, or
@@ -260,22 +262,25 @@ class _Session:
         point = self.space.compile(config)
         if not point.valid:
             return MeasureResult("invalid", error="; ".join(point.problems))
-        need = self.memory.estimate(point.kernels, self.graph)
+        self.memory.start()
+        t1 = time.perf_counter()
+        # on the host, outside the device's lock; before the budget's check, which counts what it holds
+        case = self.verifier.case(seed)
+        reference_s = time.perf_counter() - t1
+        buffers = self.memory.estimate(point.kernels, self.graph)
+        need = buffers + case.resident_bytes()
         if need > self.memory.limit:
             return MeasureResult("out_of_memory", error=f"refused before running: its buffers need about "
-                                 f"{_gb(need)} (estimated), over the memory limit of {_gb(self.memory.limit)}",
+                                 f"{_gb(buffers)} (estimated) and the verification's inputs and results "
+                                 f"{_gb(need - buffers)}, over the memory limit of {_gb(self.memory.limit)}",
                                  info={"memory_refused": True, "estimated_bytes": need,
                                        "memory_limit_bytes": self.memory.limit})
-        self.memory.start()
         t0 = time.perf_counter()
         try:
             built = self.backend.build(point.kernels, self.graph, point.config)
         except CompileError as e:
             return MeasureResult("compile_error", error=f"{e}\n{e.log}".strip())
         compile_s = time.perf_counter() - t0
-        t1 = time.perf_counter()
-        case = self.verifier.case(seed)  # on the host, outside the device's lock
-        reference_s = time.perf_counter() - t1
         times: list[float] = []
         median = first = None
         with self._exclusive_device() as waited:
@@ -296,6 +301,7 @@ class _Session:
             verified = err < tol  # also False for NaN
             if verified:
                 first, times, median = self._time(built, point.kernels, dev, base["info"], stop_after)
+                base["info"]["first_run_ms"] = first * 1e3  # what the early stop compared
         if waited():
             base["info"]["device_wait_s"] = waited()
         base["info"].update(self.memory.peak())
@@ -305,7 +311,6 @@ class _Session:
             return MeasureResult("wrong_result", error=why, **base)
         if median is None:
             assert first is not None and stop_after is not None
-            base["info"]["first_run_ms"] = first * 1e3
             return MeasureResult("stopped", error=f"stopped after its first run: {first * 1e3:.4g} ms, over "
                                  f"{stop_after * 1e3:.4g} ms ({self.o.stop_slower:g} x the best so far)", **base)
         return MeasureResult("ok", median=median, times=times, **base)

@@ -6,8 +6,10 @@ the backend plans them, params, index arrays). One over the limit is refused and
 ``out_of_memory`` (with ``info["memory_refused"]``): on a big graph one careless candidate (a per-edge
 buffer per head and feature materialized for a 42M-edge graph) would otherwise take the machine's
 memory and the study with it. The limit is ``MeasureOptions.memory_limit`` (bytes; ``tune
---memory-limit GB``), by default :data:`DEFAULT_SHARE` of what is free when the worker starts (on the
-CPU ``MemAvailable`` plus what the worker holds then; on a GPU the device's free memory).
+--memory-limit GB``), by default :data:`DEFAULT_SHARE` of what is free when the worker starts, its graph
+loaded (on the CPU ``MemAvailable``, on a GPU the device's free memory): what a trial may add to what the
+worker and the tuning process already hold. The measurement counts the verification's inputs and
+expected results next to the candidate's buffers (:meth:`~rgtune.tuner.verification.Case.resident_bytes`).
 
 **Peak.** A trial records its peak memory (``info["peak_bytes"]``: growth over the worker's memory
 when the trial started, compiled kernels, workspace, verification and timing included):
@@ -92,8 +94,7 @@ class MemoryBudget:
         self.device, self.share_slots = device, share_slots
         if limit is None:
             free = available_bytes(device)
-            held = (status_bytes("VmRSS") or 0) if device == "cpu" else 0
-            limit = int(DEFAULT_SHARE * (free + held)) if free is not None else 2**62
+            limit = int(DEFAULT_SHARE * free) if free is not None else 2**62
         if limit <= 0:
             raise ValueError(f"the memory limit must be a positive number of bytes, got {limit}")
         self.limit = int(limit)

@@ -84,6 +84,7 @@ from rgtune.tuner.proposals import Proposal, ProposalPool
 if TYPE_CHECKING:
     import optuna
 
+    from rgtune.data.graph import HeteroGraph
     from rgtune.db import TrialDatabase, TrialRecord
 
 SAMPLERS = ("tpe", "random", "gp", "cmaes")
@@ -224,10 +225,13 @@ def make_sampler(name: str, seed: int | None) -> "optuna.samplers.BaseSampler":
 
 
 class Tuner:
-    """Tunes one workload, recording every trial in ``db``."""
+    """Tunes one workload, recording every trial in ``db``; ``graph``: the workload's dataset already loaded
+    (else loaded when the run starts; a big graph held twice costs a gigabyte)."""
 
-    def __init__(self, workload: Workload, db: "TrialDatabase", options: TuneOptions | None = None) -> None:
+    def __init__(self, workload: Workload, db: "TrialDatabase", options: TuneOptions | None = None,
+                 graph: "HeteroGraph | None" = None) -> None:
         self.workload = workload
+        self._graph = graph
         self.db = db
         self.options = options or TuneOptions()
         self.rechecked = 0  # trials of this run measured again as a new best (see ``recheck``)
@@ -254,7 +258,7 @@ class Tuner:
         from rgtune.search_spaces import SearchSpace
 
         w = self.workload
-        self.graph = load_dataset(w.dataset, root=w.data_dir)
+        self.graph = self._graph if self._graph is not None else load_dataset(w.dataset, root=w.data_dir)
         program = w.program()
         # while a trial runs, its row in the database shows that this process is alive
         self.worker = MeasureWorker(w, self.options.measure, on_wait=self.db.heartbeat_worker)

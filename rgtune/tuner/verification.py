@@ -75,19 +75,36 @@ class Expected:
     zero_elsewhere: bool = False
 
     def error(self, got: torch.Tensor) -> float:
-        """``got``'s relative error (inf for a wrong shape)."""
-        got = got.detach().to("cpu", torch.float64)
+        """``got``'s relative error (inf for a wrong shape). Sampled, only the checked rows are copied to
+        float64: a whole result of a big graph would be gigabytes next to the kernels' buffers."""
+        got = got.detach()
         if self.rows is None:
+            got = got.to("cpu", torch.float64)
             return relative_error(got, self.value) if tuple(got.shape) == tuple(self.value.shape) else math.inf
         if tuple(got.shape) != (self.total, *self.value.shape[1:]):
             return math.inf
-        err = relative_error(got[self.rows], self.value)
+        err = relative_error(got[self.rows.to(got.device)].to("cpu", torch.float64), self.value)
         if self.zero_elsewhere:
-            rest = torch.ones(got.shape[0], dtype=torch.bool)
-            rest[self.rows] = False
-            stray = float(got[rest].abs().max()) if bool(rest.any()) and got.numel() else 0.0
-            err = max(err, stray / (float(self.value.abs().max()) or 1.0))
+            stray = _largest_outside(got, self.rows) / (float(self.value.abs().max()) or 1.0)
+            err = err if stray <= err else stray  # a NaN outside the rows fails too
         return err
+
+    def nbytes(self) -> int:
+        """Bytes this expected result holds."""
+        return self.value.numel() * self.value.element_size() + (0 if self.rows is None else self.rows.numel() * 8)
+
+
+def _largest_outside(got: torch.Tensor, rows: torch.Tensor, block: int = 1 << 16) -> float:
+    """The largest magnitude in ``got``'s rows other than ``rows`` (0 where there are none), a block of rows at
+    a time so that no copy of the whole result is made."""
+    if got.numel() == 0:
+        return 0.0
+    per_row = torch.empty(got.shape[0], dtype=torch.float64)
+    flat = got.reshape(got.shape[0], -1)
+    for start in range(0, got.shape[0], block):
+        per_row[start:start + block] = flat[start:start + block].abs().amax(dim=1).to("cpu", torch.float64)
+    per_row[rows] = 0.0
+    return float(per_row.max())
 
 
 @dataclass
@@ -110,6 +127,17 @@ class Case:
         move = lambda t: None if t is None else t.to(device=device, dtype=torch.float32)  # noqa: E731
         return Case(move(self.x), {k: move(v) for k, v in self.params.items()}, move(self.dout), self.expected,
                     self.tolerances, self.hood, self.float32_reference)
+
+    def resident_bytes(self) -> int:
+        """Bytes the verification holds while a candidate runs: the float32 inputs and parameters the kernels
+        read, the expected results, and checked whole (not sampled), the largest result's float64 copy that
+        the comparison makes. The memory budget counts them next to the candidate's own buffers."""
+        inputs = [self.x, self.dout, *self.params.values()]
+        held = sum(t.numel() * 4 for t in inputs if t is not None)
+        held += sum(e.nbytes() for e in self.expected.values())
+        if self.hood is None:
+            held += max((e.value.numel() * 8 for e in self.expected.values()), default=0)
+        return held
 
     def describe(self) -> dict[str, Any]:
         """What this case checks, as JSON values: ``{"rows": "all"}`` or the sample's rows, nodes, edges."""
@@ -222,7 +250,9 @@ class Verifier:
                 case.float32_reference()
                 case.float32_reference = None
                 return self.error(got, case)
-            if not err / mine <= worst / tol:  # NaN wins too
+            if math.isnan(err):  # no later result may replace it: NaN compares false with anything
+                return err, name, mine
+            if err / mine > worst / tol:
                 worst, which, tol = err, name, mine
         return worst, which, tol
 
