@@ -39,14 +39,15 @@ def _tune(model: str, dataset: str, args: argparse.Namespace, trials: int, extra
            "--quiet", *extra]
     t0 = time.time()
     r = subprocess.run(cmd, capture_output=True, text=True)
-    row = {"model": model, "dataset": dataset, "trials": trials, "wall_s": round(time.time() - t0, 1),
+    row = {"model": model, "dataset": dataset, "trials": trials, "wall_s": round(time.time() - t0, 1), "started": t0,
            "rc": r.returncode, "summary": r.stdout.strip().splitlines()[-12:], "stderr": r.stderr.strip()[-2000:]}
     print(f"{model} {dataset}: rc {r.returncode} in {row['wall_s']} s", flush=True)
     return row
 
 
-def _trial_costs(db_url: str, model: str, dataset: str) -> dict[str, Any]:
-    """From the database: statuses, default/best, and per verified trial the shares of its wall time."""
+def _trial_costs(db_url: str, model: str, dataset: str, since: float) -> dict[str, Any]:
+    """From the database: statuses, default/best, and per verified trial the shares of its wall time, of the
+    trials started after ``since`` (seconds since the epoch: the study's own)."""
     from rgtune.db import TrialDatabase
 
     for attempt in range(5):  # twice the database read as malformed right after a study's process ended
@@ -59,7 +60,8 @@ def _trial_costs(db_url: str, model: str, dataset: str) -> dict[str, Any]:
                 raise
             time.sleep(10)
     with db:
-        trials = [t for t in db.history() if t.model == model and t.dataset == dataset and t.mode == "inference"]
+        trials = [t for t in db.history() if t.model == model and t.dataset == dataset and t.mode == "inference"
+                  and _epoch(t.started_at) >= since]
         best = db.best(trials[0].workload_id) if trials else None
     search = [t for t in trials if t.confirmation_id is None]
     shares, peaks, covered = [], [], None
@@ -83,6 +85,13 @@ def _trial_costs(db_url: str, model: str, dataset: str) -> dict[str, Any]:
             "compile_verify_share_max": max(shares) if shares else None,
             "peak_gb_max": max(peaks) / 2**30 if peaks else None, "verified": covered,
             "trial_wall_s_median": statistics.median((t.details or {}).get("elapsed", 0.0) for t in ok) if ok else None}
+
+
+def _epoch(when: Any) -> float:
+    """A recorded time (naive datetimes are UTC) in seconds since the epoch."""
+    from datetime import timezone
+
+    return (when if when.tzinfo else when.replace(tzinfo=timezone.utc)).timestamp()
 
 
 def _transfer(db_url: str, dataset: str, big: list[str]) -> list[dict[str, Any]]:
@@ -152,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         for model in models:
             row = _tune(model, dataset, args, args.trials,
                         ["--time-budget", str(args.time_budget), *(["--fresh"] if args.fresh else [])])
-            row.update(_trial_costs(args.db, model, dataset))
+            row.update(_trial_costs(args.db, model, dataset, row["started"]))
             row["threads"] = os.environ.get("OMP_NUM_THREADS", "default")
             _append("studies.jsonl", row)
     return 0
