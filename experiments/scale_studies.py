@@ -80,6 +80,7 @@ def _trial_costs(db_url: str, model: str, dataset: str, since: float) -> dict[st
     default = min(search, key=lambda t: t.id) if search else None  # a fresh study measures the default first
     return {"statuses": statuses, "default_ms": default.median_ms if default else None,
             "default_status": default.status if default else None,
+            "default_first_run_ms": (default.details or {}).get("first_run_ms") if default else None,
             "best_ms": best.median_ms if best else None,
             "compile_verify_share_median": statistics.median(shares) if shares else None,
             "compile_verify_share_max": max(shares) if shares else None,
@@ -180,12 +181,14 @@ def report() -> str:
     """The tables of BENCHMARKS.md's section on real-size graphs, from the JSON lines."""
     out = ["| model | dataset | study wall | trials: statuses | default -> best ms | compile+verify share of a "
            "trial (median / max) | trial wall (median) | peak per trial | verified |", "|---|---|---|---|---|---|---|---|---|"]
-    for r in _rows("studies.jsonl"):
+    for r in {(r["model"], r["dataset"]): r for r in _rows("studies.jsonl")}.values():  # a re-run replaces a row
         st = ", ".join(f"{k} {v}" for k, v in sorted(r.get("statuses", {}).items()))
         v = r.get("verified") or {}
         cov = "all rows" if v.get("rows") == "all" else f"{v.get('rows')} rows, {v.get('edges', 0):,} edges"
         share = r.get("compile_verify_share_median")
         default = _ms(r.get("default_ms")) if r.get("default_status", "ok") == "ok" else r["default_status"]
+        if r.get("default_first_run_ms") is not None and r.get("default_status") == "stopped":
+            default += f" (first run {_ms(r['default_first_run_ms'])})"
         out.append(f"| {r['model']} | {r['dataset']} | {r['wall_s'] / 60:.1f} min | {st} | {default} -> "
                    f"{_ms(r.get('best_ms'))} | " + ("–" if share is None else
                    f"{share:.0%} / {r['compile_verify_share_max']:.0%}") +
