@@ -192,7 +192,7 @@ def report() -> str:
         out.append(f"| {r['model']} | {r['dataset']} | {r['wall_s'] / 60:.1f} min | {st} | {default} -> "
                    f"{_ms(r.get('best_ms'))} | " + ("–" if share is None else
                    f"{share:.0%} / {r['compile_verify_share_max']:.0%}") +
-                   f" | {_ms(r.get('trial_wall_s_median'))} s | {_ms(r.get('peak_gb_max'))} GB | {cov} |")
+                   f" | {_ms(r.get('trial_wall_s_median'))} s | {_ms(r.get('peak_gb_max'))} GiB | {cov} |")
     out += ["", "| model | dataset | mode | rgtune ms | PyG ms | DGL ms | speedup over the faster | peak MB: rgtune / "
             "PyG / DGL | memory vs the smaller |", "|---|---|---|---|---|---|---|---|---|"]
     ratios: dict[str, list[float]] = {"fwd": [], "fwd+bwd": []}

@@ -72,6 +72,19 @@ def test_a_candidate_over_the_memory_limit_is_refused_before_running():
     assert r.info["estimated_bytes"] > 1000 and "over the memory limit" in r.error
 
 
+def test_a_refusal_after_the_first_costs_no_reference_run():
+    from rgtune.tuner.measure import _Session
+
+    session = _Session(_workload(), MeasureOptions(memory_limit=1000))
+    made = []
+    real = session.verifier.case
+    session.verifier.case = lambda seed: made.append(seed) or real(seed)
+    first, second = session.measure({}, seed=0), session.measure({}, seed=1)
+    assert first.status == second.status == "out_of_memory" and first.info["memory_refused"]
+    assert made == [0]  # the second was refused on the first case's size, before its oracle ran
+    assert second.info["estimated_bytes"] == first.info["estimated_bytes"]
+
+
 def test_the_verifications_memory_counts_toward_the_limit():
     from rgtune.codegen.base import create
     from rgtune.codegen.buffer_plan import footprint_bytes

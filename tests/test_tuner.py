@@ -502,6 +502,37 @@ def test_a_ranking_pruner_measures_its_pick_of_each_pool_and_the_study_holds_onl
     assert [t.value for t in study.trials] == pytest.approx([r.median_ms for r in rows])
 
 
+def test_a_pool_leaves_out_schedules_over_the_memory_limit_and_a_refusal_is_pruned(db):
+    import random
+    import statistics
+    from dataclasses import replace
+
+    import optuna
+
+    from rgtune.codegen.base import create
+    from rgtune.codegen.buffer_plan import footprint_bytes
+    from rgtune.data import load_dataset
+    from rgtune.search_spaces import SearchSpace
+
+    w = _workload("cpu", "rgat")
+    graph = load_dataset(GRAPH)
+    space = SearchSpace(w.program(), graph, create("cpu").target)
+    rng = random.Random(0)
+    sizes = [footprint_bytes(space.compile(space.sample(rng)).kernels, graph) for _ in range(40)]
+    limit = int(statistics.median(sizes))  # about half of the schedules are over it
+    ranker = _ScriptedRanker()
+    s = Tuner(w, db, TuneOptions(trials=5, seed=0, progress=False, measure=replace(FAST, memory_limit=limit),
+                                 confirm_top=0, guide=ranker)).run()
+    assert s.over_memory > 0
+    pools = [c for pool in ranker.pools for c in pool]
+    assert pools and all(footprint_bytes(space.compile(c).kernels, graph) <= limit for c in pools)
+    # what the worker refuses (its check's memory comes on top) is pruned in Optuna's study: TPE steers away
+    study = optuna.load_study(study_name=s.study_name, storage=db.url)
+    refused = {r.id for r in db.history(s.workload_id, status="out_of_memory")}
+    states = {t.user_attrs["rgtune.trial_id"]: t.state for t in study.trials}
+    assert all(states[tid] == optuna.trial.TrialState.PRUNED for tid in refused)
+
+
 def test_a_new_study_measures_the_rankers_opening_after_the_default_then_pools(db):
     from rgtune.db.records import canonical_knobs
 

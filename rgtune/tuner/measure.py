@@ -3,11 +3,12 @@
 A :class:`MeasureWorker` owns one worker process per workload. The worker loads the graph,
 builds the search space and the float64 reference layer once, then serves trials:
 
-1. make the trial's verification case: fresh random inputs and parameters (seeded by the trial) and
+1. estimate the memory the candidate's buffers need; one whose buffers and the verification case's
+   inputs and results (the last case's size, then this one's) are over the memory limit is refused
+   (``out_of_memory``, never built; :mod:`.memory`);
+2. make the trial's verification case: fresh random inputs and parameters (seeded by the trial) and
    the float64 reference's results on them, on every row or, on a big graph, on sampled rows
    (:mod:`.verification`);
-2. estimate the memory the candidate's buffers need; one whose buffers and the case's inputs and
-   results are over the memory limit is refused (``out_of_memory``, never built; :mod:`.memory`);
 3. compile the configuration with the backend (a :class:`CompileError` is ``compile_error``);
 4. verify it against the case (relative error
    ``max|out - ref| / max|ref|`` below each result's tolerance), or ``wrong_result`` with the error;
@@ -221,6 +222,7 @@ class _Session:
         self.memory = MemoryBudget("cpu" if self.device == "cpu" else "cuda", options.memory_limit,
                                    share_slots=self.device == "cpu")
         self.torch = torch
+        self._case_bytes: int | None = None  # what the last verification case held (Case.resident_bytes)
         self.reference_run: Callable[[Any, dict[str, Any]], Any] | None = None
         self.reference_ms = options.reference_ms
         if options.timing == "paired":
@@ -262,19 +264,19 @@ class _Session:
         point = self.space.compile(config)
         if not point.valid:
             return MeasureResult("invalid", error="; ".join(point.problems))
+        buffers = self.memory.estimate(point.kernels, self.graph)
+        # the check's inputs and results take about the same every trial: the last case's size refuses a
+        # candidate before the oracle runs (the first trial makes its case first)
+        if self._case_bytes is not None and buffers + self._case_bytes > self.memory.limit:
+            return self._refused(buffers, self._case_bytes)
         self.memory.start()
         t1 = time.perf_counter()
-        # on the host, outside the device's lock; before the budget's check, which counts what it holds
-        case = self.verifier.case(seed)
+        case = self.verifier.case(seed)  # on the host, outside the device's lock
         reference_s = time.perf_counter() - t1
-        buffers = self.memory.estimate(point.kernels, self.graph)
-        need = buffers + case.resident_bytes()
+        self._case_bytes = case.resident_bytes()
+        need = buffers + self._case_bytes
         if need > self.memory.limit:
-            return MeasureResult("out_of_memory", error=f"refused before running: its buffers need about "
-                                 f"{_gb(buffers)} (estimated) and the verification's inputs and results "
-                                 f"{_gb(need - buffers)}, over the memory limit of {_gb(self.memory.limit)}",
-                                 info={"memory_refused": True, "estimated_bytes": need,
-                                       "memory_limit_bytes": self.memory.limit})
+            return self._refused(buffers, self._case_bytes)
         t0 = time.perf_counter()
         try:
             built = self.backend.build(point.kernels, self.graph, point.config)
@@ -314,6 +316,14 @@ class _Session:
             return MeasureResult("stopped", error=f"stopped after its first run: {first * 1e3:.4g} ms, over "
                                  f"{stop_after * 1e3:.4g} ms ({self.o.stop_slower:g} x the best so far)", **base)
         return MeasureResult("ok", median=median, times=times, **base)
+
+    def _refused(self, buffers: int, case_bytes: int) -> MeasureResult:
+        """``out_of_memory`` before building: the candidate's buffers and the check's memory are over the limit."""
+        return MeasureResult("out_of_memory", error=f"refused before running: its buffers need about "
+                             f"{_gb(buffers)} (estimated) and the verification's inputs and results "
+                             f"{_gb(case_bytes)}, over the memory limit of {_gb(self.memory.limit)}",
+                             info={"memory_refused": True, "estimated_bytes": buffers + case_bytes,
+                                   "memory_limit_bytes": self.memory.limit})
 
     def reverify(self, config: Mapping[str, Any], seeds: Sequence[int], runs: int) -> MeasureResult:
         """Verify ``config`` again on the inputs of ``seeds``, each run ``runs`` times (no timing);
@@ -473,7 +483,7 @@ def _worker_main(conn: Any, workload: Workload, options: MeasureOptions, parent:
     _watch_parent(parent)
     try:
         session = _Session(workload, options)
-        conn.send(("ready", session.backend.device_info()))
+        conn.send(("ready", (session.backend.device_info(), session.memory.limit, session.memory.share_slots)))
     except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises it
         conn.send(("init_error", f"{type(e).__name__}: {e}"))
         return
@@ -516,6 +526,9 @@ class MeasureWorker:
         self._proc: Any = None
         self._conn: Any = None
         self.device_info: dict[str, Any] = {}
+        #: the bytes a candidate may need in the worker (its memory budget, :mod:`.memory`); known once started
+        self.memory_limit: int | None = None
+        self.memory_share_slots = True  # whether the worker's estimate shares buffer slots (the CPU runtime does)
         self.restarts = 0
         self._started = False
         self._slowest: float | None = None  # the longest request that verified (adaptive timeout)
@@ -541,9 +554,10 @@ class MeasureWorker:
         if kind != "ready":
             proc.join(5)
             raise WorkerStartError(str(payload))
-        self._proc, self._conn, self.device_info = proc, parent, payload
+        self._proc, self._conn = proc, parent
+        self.device_info, self.memory_limit, self.memory_share_slots = payload
         self._started = True
-        return payload
+        return self.device_info
 
     def measure(self, config: Mapping[str, Any], seed: int = 0, best: float | None = None) -> MeasureResult:
         """One trial; never raises for a fault of the kernel (see the module docstring). ``best``: the best

@@ -189,6 +189,7 @@ class TuneSummary:
     interrupted: bool = False
     measured: int = 0  # trials that cost a measurement (not pruned)
     rechecked: int = 0  # trials measured ``recheck`` times because their first measurement beat the best so far
+    over_memory: int = 0  # proposals of a ranked pool left out: their buffers alone were over the worker's memory limit
     guide: dict[str, Any] | None = None  # the guide's describe() at the end, if it has one
     confirmation: "Confirmed | None" = None  # the confirmation that ended the run, if one ran
     #: ``default_ms`` and ``best_ms`` are both medians of the same confirmation's rounds (like with like)
@@ -235,6 +236,7 @@ class Tuner:
         self.db = db
         self.options = options or TuneOptions()
         self.rechecked = 0  # trials of this run measured again as a new best (see ``recheck``)
+        self.over_memory = 0  # proposals left out of ranked pools: over the worker's memory limit (``_compile``)
         if self.options.sampler not in SAMPLERS:
             raise ValueError(f"unknown sampler {self.options.sampler!r}; choose one of {list(SAMPLERS)}")
         if self.options.confirm_top < 0 or self.options.confirm_top == 1 or self.options.confirm_rounds < 1:
@@ -457,9 +459,23 @@ class Tuner:
         return chosen.config, point, result
 
     def _compile(self, proposals: list[Proposal]) -> tuple[list[tuple[Proposal, Any]], list[tuple[Proposal, Any]]]:
-        """Each proposal with its compiled point, and the valid ones of those (what a ranker is shown)."""
+        """Each proposal with its compiled point, and the valid ones of those that fit the worker's memory limit
+        (what a ranker is shown); when none fits, the valid ones (the worker records the pick's refusal)."""
         compiled = [(p, self.space.compile(p.config)) for p in proposals]
-        return compiled, [(p, point) for p, point in compiled if point.valid]
+        valid = [(p, point) for p, point in compiled if point.valid]
+        fits = [(p, point) for p, point in valid if self._fits(point)]
+        self.over_memory += len(valid) - len(fits)
+        return compiled, fits or valid
+
+    def _fits(self, point: Any) -> bool:
+        """Whether a candidate's buffers (estimated; the worker adds the check's own memory) fit the worker's
+        memory limit: on a big graph most of a pool can be schedules that would be refused, each a trial lost."""
+        from rgtune.codegen.buffer_plan import footprint_bytes
+
+        limit = self.worker.memory_limit
+        if limit is None:
+            return True
+        return footprint_bytes(point.kernels, self.graph, share_slots=self.worker.memory_share_slots) <= limit
 
     def _pool_ready(self) -> bool:
         """Bring the in-memory copy up to date; False while trials wait in the study (the default
@@ -590,7 +606,7 @@ class Tuner:
         return TuneSummary(self.record.id, self.study.study_name, proposed, statuses, default_ms,
                            best.median_ms if best else None, best.knobs if best else None,
                            best.id if best else None, elapsed, interrupted, measured, rechecked=self.rechecked,
-                           guide=guide, confirmation=confirmed, default_confirmed=default_confirmed,
+                           over_memory=self.over_memory, guide=guide, confirmation=confirmed, default_confirmed=default_confirmed,
                            default_is_best=best is not None and default is not None and best.schedule_hash == default_hash,
                            best_verified_inputs=best.verified_inputs if best else None)
 
@@ -621,4 +637,6 @@ def _optuna_outcome(result: MeasureResult) -> tuple["optuna.trial.TrialState", f
 
     if result.status == "ok" and result.median is not None:
         return TrialState.COMPLETE, result.median * 1e3
-    return (TrialState.PRUNED if result.status in ("pruned", "stopped") else TrialState.FAIL), None
+    # a candidate over the memory limit is pruned too: TPE counts pruned trials among the bad ones and steers
+    # away (a failed trial it ignores, and on a big graph it kept proposing schedules that would not fit)
+    return (TrialState.PRUNED if result.status in ("pruned", "stopped", "out_of_memory") else TrialState.FAIL), None
