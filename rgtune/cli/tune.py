@@ -181,10 +181,12 @@ def _cost_model_guide(args: argparse.Namespace) -> Any:
 def _print_summary(s) -> None:
     status = ", ".join(f"{k} {v}" for k, v in sorted(s.statuses.items()))
     what = f"{s.measured} measured trials" + (f" ({s.rechecked} rechecked as a new best)" if s.rechecked else "") \
-        + (" and a confirmation" if s.confirmation is not None else "") \
-        + (f"; {s.over_memory} proposed schedules left out, over the memory limit" if s.over_memory else "")
+        + (" and a confirmation" if s.confirmation is not None else "")
     print(f"study {s.study_name}: {what} in {s.elapsed_s:.1f} s ({status or 'none'})"
           + (" -- interrupted; run the same command to resume" if s.interrupted else ""))
+    if s.over_memory:
+        print(f"memory: {s.over_memory} proposed schedules left out of the cost model's pools, their buffers over the "
+              "measuring process's memory limit (--memory-limit)")
     if s.guide is not None:
         c = s.guide.get("counts", {})
         if "pools" in c:  # the rank policy
