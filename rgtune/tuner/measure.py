@@ -13,12 +13,12 @@ builds the search space and the float64 reference layer once, then serves trials
 4. verify it against the case (relative error
    ``max|out - ref| / max|ref|`` below each result's tolerance), or ``wrong_result`` with the error;
    a wrong kernel is never timed;
-5. time it: the first run is timed on its own (``info["first_run_ms"]``), and a candidate whose first run takes more than
-   ``stop_slower`` times the best time so far (the parent passes it; never under :data:`STOP_MIN_S`)
-   is ``stopped`` there; else
-   the rest of the warm-up (the verification's run and the first run count as two of it), then repeats until both a count and a minimum time are reached, or
-   ``max_seconds`` were measured (at least :data:`MIN_TIMED_RUNS` runs); the median is the trial's time
-   (the backend synchronizes around each run on a GPU).
+5. time it: the first run is timed on its own (``info["first_run_ms"]``), and a candidate whose
+   first run takes more than ``stop_slower`` times the best time so far (the parent passes it; never
+   under :data:`STOP_MIN_S`) is ``stopped`` there; else the rest of the warm-up (the verification's
+   run and the first run count as two of it), then repeats until both a count and a minimum time are
+   reached, or ``max_seconds`` were measured (at least :data:`MIN_TIMED_RUNS` runs); the median is the
+   trial's time (the backend synchronizes around each run on a GPU).
 
 Every result has ``info["peak_bytes"]`` (the worker's memory growth over the trial, :mod:`.memory`),
 ``info["verified"]`` (what verification covered) and ``info["verify_seconds"]``. A failed
