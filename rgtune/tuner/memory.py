@@ -20,7 +20,7 @@ when the trial started, compiled kernels, workspace, verification and timing inc
 
 Example:
     >>> m = MemoryBudget("cpu", limit=10**12)
-    >>> m.start(); _ = bytearray(50_000_000)
+    >>> m.start(); _ = b"x" * 50_000_000  # written, so resident (a zeroed bytearray may stay unmapped)
     >>> m.peak().get("peak_bytes", 50_000_000) >= 40_000_000
     True
 """
