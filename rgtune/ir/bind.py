@@ -150,6 +150,13 @@ def graph_arrays(graph: HeteroGraph, layout: str = "csr_dst", index_bits: int = 
     return built
 
 
+def any_graph_arrays(graph: HeteroGraph) -> GraphArrays:
+    """Index arrays of ``graph`` in whichever layout is cached, else in ``csr_dst`` built without caching them:
+    for what every layout has alike (sizes, pairs, rows per type), without a layout's gigabyte held for it."""
+    held = graph.__dict__.get("_rgtune_arrays")
+    return next(iter(held.values())) if held else graph_arrays(graph, keep=False)
+
+
 def _rewidth(a: GraphArrays, bits: int) -> GraphArrays:
     """``a`` with ``bits``-bit indices: the same values, a cast instead of a rebuild (the layout
     pass offers 32 bits only when every index fits)."""

@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 import numpy as np
 
-from rgtune.ir.bind import graph_arrays, row_types
+from rgtune.ir.bind import any_graph_arrays, row_types
 from rgtune.ir.kernels import (AggregateStage, EdgeStore, GemmKernel, KernelProgram, MapKernel, ScatterKernel,
                                SoftmaxAggregate, TraversalKernel, WeightGradKernel, WeightKernel, expr_loads)
 
@@ -213,8 +213,7 @@ def graph_counts(graph: "HeteroGraph") -> GraphCounts:
     """``graph``'s :class:`GraphCounts` (cached on the graph)."""
     cached = graph.__dict__.get("_rgtune_counts")
     if cached is None:
-        held = graph.__dict__.get("_rgtune_arrays") or {}
-        a = next(iter(held.values())) if held else graph_arrays(graph, keep=False)
+        a = any_graph_arrays(graph)
         keys = [(r, by, None) for r in ("node", "src_pair", "dst_pair") for by in ("ntype", "rel") if
                 not (r == "node" and by == "rel")]
         keys += [("edge", "rel", None), ("edge", "ntype", "src"), ("edge", "ntype", "dst")]

@@ -483,7 +483,8 @@ def _worker_main(conn: Any, workload: Workload, options: MeasureOptions, parent:
     _watch_parent(parent)
     try:
         session = _Session(workload, options)
-        conn.send(("ready", (session.backend.device_info(), session.memory.limit, session.memory.share_slots)))
+        m = session.memory
+        conn.send(("ready", (session.backend.device_info(), (m.device, m.limit, m.share_slots))))
     except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises it
         conn.send(("init_error", f"{type(e).__name__}: {e}"))
         return
@@ -526,9 +527,8 @@ class MeasureWorker:
         self._proc: Any = None
         self._conn: Any = None
         self.device_info: dict[str, Any] = {}
-        #: the bytes a candidate may need in the worker (its memory budget, :mod:`.memory`); known once started
-        self.memory_limit: int | None = None
-        self.memory_share_slots = True  # whether the worker's estimate shares buffer slots (the CPU runtime does)
+        #: the worker's memory budget (its limit and how it estimates a candidate, :mod:`.memory`); once started
+        self.memory: MemoryBudget | None = None
         self.restarts = 0
         self._started = False
         self._slowest: float | None = None  # the longest request that verified (adaptive timeout)
@@ -555,7 +555,8 @@ class MeasureWorker:
             proc.join(5)
             raise WorkerStartError(str(payload))
         self._proc, self._conn = proc, parent
-        self.device_info, self.memory_limit, self.memory_share_slots = payload
+        self.device_info, (device, limit, share_slots) = payload
+        self.memory = MemoryBudget(device, limit, share_slots)
         self._started = True
         return self.device_info
 

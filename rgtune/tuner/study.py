@@ -470,12 +470,8 @@ class Tuner:
     def _fits(self, point: Any) -> bool:
         """Whether a candidate's buffers (estimated; the worker adds the check's own memory) fit the worker's
         memory limit: on a big graph most of a pool can be schedules that would be refused, each a trial lost."""
-        from rgtune.codegen.buffer_plan import footprint_bytes
-
-        limit = self.worker.memory_limit
-        if limit is None:
-            return True
-        return footprint_bytes(point.kernels, self.graph, share_slots=self.worker.memory_share_slots) <= limit
+        budget = self.worker.memory
+        return budget is None or budget.estimate(point.kernels, self.graph) <= budget.limit
 
     def _pool_ready(self) -> bool:
         """Bring the in-memory copy up to date; False while trials wait in the study (the default
