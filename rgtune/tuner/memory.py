@@ -19,8 +19,12 @@ when the trial started, compiled kernels, workspace, verification and timing inc
 * CUDA: ``torch.cuda.max_memory_allocated`` over what was allocated at the start.
 
 Example:
+    >>> import gc, mmap
     >>> m = MemoryBudget("cpu", limit=10**12)
-    >>> m.start(); _ = b"x" * 50_000_000  # written, so resident (a zeroed bytearray may stay unmapped)
+    >>> _ = gc.collect()  # garbage freed after start() would lower the resident set under the baseline
+    >>> m.start()
+    >>> buf = mmap.mmap(-1, 50_000_000)  # fresh pages: a heap block could reuse pages already resident
+    >>> _ = buf.write(b"x" * 50_000_000)  # written, so resident
     >>> m.peak().get("peak_bytes", 50_000_000) >= 40_000_000
     True
 """
