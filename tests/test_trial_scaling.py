@@ -85,21 +85,30 @@ def test_a_refusal_after_the_first_costs_no_reference_run():
     assert second.info["estimated_bytes"] == first.info["estimated_bytes"]
 
 
-def test_the_verifications_memory_counts_toward_the_limit():
+def test_the_limit_is_on_the_buffers_and_the_checks_memory_counts_against_the_free_memory():
     from rgtune.codegen.base import create
     from rgtune.codegen.buffer_plan import footprint_bytes
     from rgtune.data import load_dataset
     from rgtune.search_spaces import SearchSpace
+    from rgtune.tuner.measure import _Session
 
     w = _workload()
     graph = load_dataset(GRAPH)
     point = SearchSpace(w.program(), graph, create("cpu").target).compile({})
     buffers = footprint_bytes(point.kernels, graph)
-    # the buffers alone fit; with the case's inputs and expected results (more than 400 x 8 floats) they do not
-    with MeasureWorker(w, MeasureOptions(memory_limit=buffers + 1000)) as m:
-        r = m.measure({}, seed=0)
+    # the user's limit is what the schedule may take: the buffers fit, the check's memory is not the schedule's
+    fits = _Session(w, MeasureOptions(memory_limit=buffers + 1000)).measure({}, seed=0)
+    assert fits.status == "ok" and fits.info["buffer_bytes"] == buffers
+    assert fits.info["estimated_bytes"] > buffers + 1000  # the case's inputs and expected results (400 x 8 floats+)
+    over = _Session(w, MeasureOptions(memory_limit=buffers - 1)).measure({}, seed=0)
+    assert over.status == "out_of_memory" and "over the memory limit of" in over.error
+    # the machine's protection counts the case: buffers and check over the share of the free memory
+    session = _Session(w, MeasureOptions())
+    session.memory.free_limit = buffers + 1000
+    r = session.measure({}, seed=0)
     assert r.status == "out_of_memory" and r.info["memory_refused"], r.error
-    assert r.info["estimated_bytes"] > buffers + 1000 and "verification's inputs and results" in r.error
+    assert "verification's inputs and results" in r.error and "of the memory free" in r.error
+    assert r.info["estimated_bytes"] > r.info["free_limit_bytes"] == buffers + 1000
 
 
 def test_options_are_checked():

@@ -40,10 +40,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="a trial taking longer is killed and recorded as timeout (default: adaptive, 5 x the slowest "
                         "verified trial so far and at least 60 s; 900 s for the first trial)")
     p.add_argument("--memory-limit", type=float, default=None, metavar="GB",
-                   help="a candidate whose buffers (estimated) and the verification's inputs and results need more "
-                        "(GiB) is refused before it runs and recorded as out_of_memory (default: 80%% of the memory "
-                        "free when the measuring process has loaded the graph: host memory for cpu, device memory "
-                        "for cuda)")
+                   help="the memory (GiB) a schedule's buffers may take: a candidate estimated over it is refused "
+                        "before it runs and recorded as out_of_memory, so the study finds the fastest schedule "
+                        "that fits (default: none). Either way, one whose buffers with the verification's inputs "
+                        "and results need more than 80%% of the memory free when the measuring process has loaded "
+                        "the graph (host memory for cpu, device memory for cuda) is refused")
     p.add_argument("--stop-slower", type=float, default=3.0, metavar="X",
                    help="stop a candidate whose first run takes more than X times the best time so far; recorded as "
                         "stopped (pruned in Optuna's study), it counts as a trial (default 3; 0 turns it off)")
@@ -185,8 +186,8 @@ def _print_summary(s) -> None:
     print(f"study {s.study_name}: {what} in {s.elapsed_s:.1f} s ({status or 'none'})"
           + (" -- interrupted; run the same command to resume" if s.interrupted else ""))
     if s.over_memory:
-        print(f"memory: {s.over_memory} proposed schedules left out of the cost model's pools, their buffers over the "
-              "measuring process's memory limit (--memory-limit)")
+        print(f"memory: {s.over_memory} proposed schedules left out of the cost model's pools, their buffers over "
+              "--memory-limit or the measuring process's free memory")
     if s.guide is not None:
         c = s.guide.get("counts", {})
         if "pools" in c:  # the rank policy

@@ -3,9 +3,10 @@
 A :class:`MeasureWorker` owns one worker process per workload. The worker loads the graph,
 builds the search space and the float64 reference layer once, then serves trials:
 
-1. estimate the memory the candidate's buffers need; one whose buffers and the verification case's
-   inputs and results (the last case's size, then this one's) are over the memory limit is refused
-   (``out_of_memory``, never built; :mod:`.memory`);
+1. estimate the memory the candidate's buffers need; one whose buffers are over the user's memory
+   limit, or whose buffers and the verification case's inputs and results (the last case's size,
+   then this one's) are over a share of the free memory, is refused (``out_of_memory``, never built;
+   :mod:`.memory`);
 2. make the trial's verification case: fresh random inputs and parameters (seeded by the trial) and
    the float64 reference's results on them, on every row or, on a big graph, on sampled rows
    (:mod:`.verification`);
@@ -155,7 +156,7 @@ class MeasureOptions:
     verify: str = "auto"  # "full", "sampled" (verify_rows destinations), "auto": sampled on big graphs
     verify_rows: int = 512
     stop_slower: float | None = 3.0  # stop a candidate whose first run is this many times the best (None: never)
-    memory_limit: int | None = None  # bytes a candidate may need (None: a share of the free memory)
+    memory_limit: int | None = None  # bytes a candidate's buffers may take (None: no limit but the free memory)
     timing: str = "plain"  # "paired": alternate every run with the default schedule's (see the module docstring)
     reference_ms: float | None = None  # paired timing's scale; None: the worker calibrates it when it starts
     heartbeat_s: float = 60.0  # while waiting for a trial, the parent calls ``on_wait`` this often
@@ -267,15 +268,14 @@ class _Session:
         buffers = self.memory.estimate(point.kernels, self.graph)
         # the check's inputs and results take about the same every trial: the last case's size refuses a
         # candidate before the oracle runs (the first trial makes its case first)
-        if self._case_bytes is not None and buffers + self._case_bytes > self.memory.limit:
+        if self._case_bytes is not None and self.memory.refusal(buffers, self._case_bytes):
             return self._refused(buffers, self._case_bytes)
         self.memory.start()
         t1 = time.perf_counter()
         case = self.verifier.case(seed)  # on the host, outside the device's lock
         reference_s = time.perf_counter() - t1
         self._case_bytes = case.resident_bytes()
-        need = buffers + self._case_bytes
-        if need > self.memory.limit:
+        if self.memory.refusal(buffers, self._case_bytes):
             return self._refused(buffers, self._case_bytes)
         t0 = time.perf_counter()
         try:
@@ -297,7 +297,8 @@ class _Session:
             # the oracle's time; the kernels' own run is the first of the warm-up when the candidate is timed
             base = dict(compile_seconds=compile_s, max_error=err, source_hash=built.source_hash,
                         info={"cache_hit": built.cache_hit, **built.info, "verify_seconds": reference_s,
-                              "verify_run_seconds": t3 - t2, "verified": case.describe(), "estimated_bytes": need})
+                              "verify_run_seconds": t3 - t2, "verified": case.describe(), "buffer_bytes": buffers,
+                              "estimated_bytes": buffers + self._case_bytes})
             if tol > self.o.tolerance:
                 base["info"]["tolerance"] = tol  # float32 is this far off on these inputs, or the sums are long
             verified = err < tol  # also False for NaN
@@ -318,12 +319,13 @@ class _Session:
         return MeasureResult("ok", median=median, times=times, **base)
 
     def _refused(self, buffers: int, case_bytes: int) -> MeasureResult:
-        """``out_of_memory`` before building: the candidate's buffers and the check's memory are over the limit."""
-        return MeasureResult("out_of_memory", error=f"refused before running: its buffers need about "
-                             f"{_gb(buffers)} (estimated) and the verification's inputs and results "
-                             f"{_gb(case_bytes)}, over the memory limit of {_gb(self.memory.limit)}",
-                             info={"memory_refused": True, "estimated_bytes": buffers + case_bytes,
-                                   "memory_limit_bytes": self.memory.limit})
+        """``out_of_memory`` before building: the candidate's buffers, or they and the check's memory, are over
+        a limit (:meth:`MemoryBudget.refusal`)."""
+        m = self.memory
+        return MeasureResult("out_of_memory", error=f"refused before running: {m.refusal(buffers, case_bytes)}",
+                             info={"memory_refused": True, "buffer_bytes": buffers,
+                                   "estimated_bytes": buffers + case_bytes, "memory_limit_bytes": m.limit,
+                                   "free_limit_bytes": m.free_limit})
 
     def reverify(self, config: Mapping[str, Any], seeds: Sequence[int], runs: int) -> MeasureResult:
         """Verify ``config`` again on the inputs of ``seeds``, each run ``runs`` times (no timing);
@@ -484,7 +486,7 @@ def _worker_main(conn: Any, workload: Workload, options: MeasureOptions, parent:
     try:
         session = _Session(workload, options)
         m = session.memory
-        conn.send(("ready", (session.backend.device_info(), (m.device, m.limit, m.share_slots))))
+        conn.send(("ready", (session.backend.device_info(), (m.device, m.limit, m.share_slots, m.free_limit))))
     except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises it
         conn.send(("init_error", f"{type(e).__name__}: {e}"))
         return
@@ -555,8 +557,8 @@ class MeasureWorker:
             proc.join(5)
             raise WorkerStartError(str(payload))
         self._proc, self._conn = proc, parent
-        self.device_info, (device, limit, share_slots) = payload
-        self.memory = MemoryBudget(device, limit, share_slots)
+        self.device_info, (device, limit, share_slots, free_limit) = payload
+        self.memory = MemoryBudget(device, limit, share_slots, free_limit)
         self._started = True
         return self.device_info
 
@@ -755,10 +757,6 @@ def _exit_reason(code: int | None) -> str:
     return f"exit code {code}"
 
 
-
-
-def _gb(n: int) -> str:
-    return f"{n / 2**30:.3g} GiB"
 
 
 def _on_device(t: Any, device: str) -> Any:

@@ -2,14 +2,18 @@
 
 **Budget.** Before a candidate is built, its buffers are estimated
 (:func:`~rgtune.codegen.buffer_plan.footprint_bytes`: per-edge and per-pair buffers, slots shared where
-the backend plans them, params, index arrays). One over the limit is refused and recorded as
-``out_of_memory`` (with ``info["memory_refused"]``): on a big graph one careless candidate (a per-edge
-buffer per head and feature materialized for a 42M-edge graph) would otherwise take the machine's
-memory and the study with it. The limit is ``MeasureOptions.memory_limit`` (bytes; ``tune
---memory-limit GB``), by default :data:`DEFAULT_SHARE` of what is free when the worker starts, its graph
-loaded (on the CPU ``MemAvailable``, on a GPU the device's free memory): what a trial may add to what the
-worker and the tuning process already hold. The measurement counts the verification's inputs and
-expected results next to the candidate's buffers (:meth:`~rgtune.tuner.verification.Case.resident_bytes`).
+the backend plans them, params, index arrays). A candidate is refused, and recorded as
+``out_of_memory`` (with ``info["memory_refused"]``), when
+
+* its buffers are over the user's limit (``MeasureOptions.memory_limit``, bytes; ``tune
+  --memory-limit GB``): what the schedule may take where it will run, in a training loop, say. So a
+  study under a limit searches the fastest schedule that fits in it;
+* or its buffers and the verification's inputs and expected results
+  (:meth:`~rgtune.tuner.verification.Case.resident_bytes`) are over :data:`DEFAULT_SHARE` of the
+  memory free when the worker started, its graph loaded (on the CPU ``MemAvailable``, on a GPU the
+  device's free memory): what a trial may add to what the worker and the tuning process already
+  hold. On a big graph one careless candidate (a per-edge buffer per head and feature materialized
+  for a 42M-edge graph) would otherwise take the machine's memory and the study with it.
 
 **Peak.** A trial records its peak memory (``info["peak_bytes"]``: growth over the worker's memory
 when the trial started, compiled kernels, workspace, verification and timing included):
@@ -34,11 +38,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MemoryBudget", "DEFAULT_SHARE", "available_bytes", "is_out_of_memory", "reset_peak", "status_bytes"]
+__all__ = ["MemoryBudget", "DEFAULT_SHARE", "available_bytes", "gib", "is_out_of_memory", "reset_peak", "status_bytes"]
 
 #: the default memory limit: this share of what is free when the worker starts
 DEFAULT_SHARE = 0.8
 _CLEAR_REFS = Path("/proc/self/clear_refs")
+
+
+def gib(n: int) -> str:
+    """Bytes in GiB, three significant digits.
+
+    Example:
+        >>> gib(3 * 2**29)
+        '1.5 GiB'
+    """
+    return f"{n / 2**30:.3g} GiB"
 
 
 def available_bytes(device: str = "cpu") -> int | None:
@@ -92,17 +106,50 @@ def reset_peak() -> bool:
 
 
 class MemoryBudget:
-    """The worker's memory limit and each trial's peak (see the module docstring)."""
+    """The worker's memory limits and each trial's peak (see the module docstring).
 
-    def __init__(self, device: str, limit: int | None = None, share_slots: bool = True) -> None:
+    ``limit``: the user's limit on a schedule's buffers (None: none); ``free_limit``: what a trial may
+    add, the check included (None: :data:`DEFAULT_SHARE` of the memory free now).
+
+    Example:
+        >>> m = MemoryBudget("cpu", limit=2**30, free_limit=3 * 2**30)
+        >>> m.refusal(2**29, 2**30) is None, m.fits(2**29), m.fits(2**31)
+        (True, True, False)
+        >>> m.refusal(2**31, 0)
+        'its buffers need about 2 GiB (estimated), over the memory limit of 1 GiB'
+        >>> m.refusal(2**29, 3 * 2**30)
+        "its buffers need about 0.5 GiB (estimated) and the verification's inputs and results 3 GiB, over 3 GiB (80% of the memory free when the measuring process started)"
+    """
+
+    def __init__(self, device: str, limit: int | None = None, share_slots: bool = True,
+                 free_limit: int | None = None) -> None:
         self.device, self.share_slots = device, share_slots
-        if limit is None:
-            free = available_bytes(device)
-            limit = int(DEFAULT_SHARE * free) if free is not None else 2**62
-        if limit <= 0:
+        if limit is not None and limit <= 0:
             raise ValueError(f"the memory limit must be a positive number of bytes, got {limit}")
-        self.limit = int(limit)
-        self._base: int | None = None
+        if free_limit is None:
+            free = available_bytes(device)
+            free_limit = int(DEFAULT_SHARE * free) if free is not None else 2**62
+        self.limit = None if limit is None else int(limit)
+        self.free_limit = int(free_limit)
+
+    @property
+    def buffer_limit(self) -> int:
+        """The most a candidate's buffers may take (either limit)."""
+        return self.free_limit if self.limit is None else min(self.limit, self.free_limit)
+
+    def fits(self, buffers: int) -> bool:
+        """Whether buffers of this many bytes pass both limits (the check's own memory aside)."""
+        return buffers <= self.buffer_limit
+
+    def refusal(self, buffers: int, check_bytes: int) -> str | None:
+        """Why a candidate with these buffers, beside a check holding ``check_bytes``, is refused (None: it is not)."""
+        if self.limit is not None and buffers > self.limit:
+            return f"its buffers need about {gib(buffers)} (estimated), over the memory limit of {gib(self.limit)}"
+        if buffers + check_bytes > self.free_limit:
+            return (f"its buffers need about {gib(buffers)} (estimated) and the verification's inputs and results "
+                    f"{gib(check_bytes)}, over {gib(self.free_limit)} ({DEFAULT_SHARE:.0%} of the memory free when "
+                    "the measuring process started)")
+        return None
 
     def estimate(self, kernels: Any, graph: Any) -> int:
         """The bytes a candidate's kernels hold at their peak (estimated before building them)."""

@@ -189,7 +189,7 @@ class TuneSummary:
     interrupted: bool = False
     measured: int = 0  # trials that cost a measurement (not pruned)
     rechecked: int = 0  # trials measured ``recheck`` times because their first measurement beat the best so far
-    over_memory: int = 0  # proposals of a ranked pool left out: their buffers alone were over the worker's memory limit
+    over_memory: int = 0  # proposals of a ranked pool left out: their buffers alone were over a memory limit
     guide: dict[str, Any] | None = None  # the guide's describe() at the end, if it has one
     confirmation: "Confirmed | None" = None  # the confirmation that ended the run, if one ran
     #: ``default_ms`` and ``best_ms`` are both medians of the same confirmation's rounds (like with like)
@@ -471,7 +471,7 @@ class Tuner:
         """Whether a candidate's buffers (estimated; the worker adds the check's own memory) fit the worker's
         memory limit: on a big graph most of a pool can be schedules that would be refused, each a trial lost."""
         budget = self.worker.memory
-        return budget is None or budget.estimate(point.kernels, self.graph) <= budget.limit
+        return budget is None or budget.fits(budget.estimate(point.kernels, self.graph))
 
     def _pool_ready(self) -> bool:
         """Bring the in-memory copy up to date; False while trials wait in the study (the default
