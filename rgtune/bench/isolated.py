@@ -12,13 +12,17 @@ child that allocates fast may go somewhat over the limit before it is killed; le
 
 The child (:func:`measure_impl`) does, in order: everything once on a tiny graph, so that imports
 and lazy initialization are not counted as the layer's memory (as :mod:`.memory`); loads the graph
-and makes the input and output gradient (seeded, as every other child); takes the memory baseline
+and makes the input and output gradient (seeded, as every other child) and the reference layer the
+weights come from (:func:`rgtune.bench.layers.detached_reference`: what it derives from the graph
+stays its own, so the implementation pays for what it derives itself); takes the memory baseline
 (:class:`rgtune.bench.memory._Meter`: the resident set's high-water mark reset, or CUDA's peak
 statistics); builds the implementation; per mode, warm-up and the timed repeats, the mode's peak
 being the highest of building and its runs above the baseline; between the forward and the
 training step the float64 check of the output (:func:`rgtune.bench.layers.check_impl`, sampled
 rows on a big graph): after the forward's peak is read and before the training step's is
-restarted, so that the reference's memory is counted in neither. It prints a line, :data:`MARKER` and the
+restarted, so that the reference's memory is counted in neither. An implementation with a module of
+its own for the training step (rgtune's training schedule) lets its forward module go before the
+step is measured. It prints a line, :data:`MARKER` and the
 result so far as JSON, after building, after each mode and at the end: a child killed in its
 training step still hands back its forward's times and peak (the parent takes the last line; the
 row's status then stands only for what is missing).
@@ -187,7 +191,8 @@ def measure_impl(a: dict[str, Any], emit: Callable[[dict[str, Any]], None] = _em
     result so far after building and after each mode."""
     import torch
 
-    from rgtune.bench.layers import MODES, bench_input, build_with_reference, check_impl, time_impl, upstream_grad
+    from rgtune.bench.layers import (MODES, bench_input, build_with_reference, check_impl, detached_reference,
+                                     time_impl, upstream_grad)
     from rgtune.bench.memory import _WARMUP_GRAPH, _Meter
     from rgtune.data import load_dataset
     from rgtune.runtime._lookup import resolve_backend
@@ -196,15 +201,18 @@ def measure_impl(a: dict[str, Any], emit: Callable[[dict[str, Any]], None] = _em
         torch.set_num_threads(a["threads"])
     be = resolve_backend(a["backend"])
     device = torch.device("cuda" if be.target == "cuda" else "cpu")
-    build = lambda graph, x: build_with_reference(  # noqa: E731
-        a["model"], graph, a["in_dim"], a["out_dim"], a["heads"], be, a["db"], (a["impl"],), a["seed"], check=False,
-        options=a.get("options", ""), x=x)
+    sizes = (a["model"], a["in_dim"], a["out_dim"], a["heads"])
+    reference = lambda graph: detached_reference(sizes[0], graph, *sizes[1:], be, a["seed"],  # noqa: E731
+                                                 a.get("options", ""))
+    build = lambda graph, x, ref: build_with_reference(  # noqa: E731
+        sizes[0], graph, *sizes[1:], be, a["db"], (a["impl"],), a["seed"], check=False,
+        options=a.get("options", ""), x=x, ref=ref)
     # Everything once on a tiny graph (quietly: the real run reports its own problems), so that imports,
     # the libraries' and torch's lazy initialization and thread pools are part of the baseline.
     with contextlib.redirect_stderr(io.StringIO()), contextlib.suppress(Exception):
         tiny = load_dataset(_WARMUP_GRAPH)
         x0 = bench_input(tiny, a["in_dim"], a["seed"], device)
-        (warm,), _, _, _ = build(tiny, x0)
+        (warm,), _, _, _ = build(tiny, x0, reference(tiny))
         for mode in MODES:
             time_impl(warm, mode, x0, upstream_grad(tiny.num_nodes(), a["out_dim"], device), 1, 0)
         del warm, x0, tiny
@@ -212,8 +220,9 @@ def measure_impl(a: dict[str, Any], emit: Callable[[dict[str, Any]], None] = _em
     graph = load_dataset(a["dataset"], root=a["data_dir"])
     x = bench_input(graph, a["in_dim"], a["seed"], device)
     grad = upstream_grad(graph.num_nodes(), a["out_dim"], device)
+    ref = reference(graph)  # the weights' source, before the baseline: not the implementation's memory
     meter = _Meter(device)
-    (impl,), _, schedule, ref = build(graph, x)
+    (impl,), _, schedule, _ = build(graph, x, ref)
     built_mb = meter.peak_mb()
     res: dict[str, Any] = {"status": "ok", "key": impl.key, "name": impl.name, "math": impl.math,
                            "schedule": schedule, "dataset": graph.name, "edges": graph.num_edges(),
@@ -239,6 +248,10 @@ def measure_impl(a: dict[str, Any], emit: Callable[[dict[str, Any]], None] = _em
                 break
         res["problem"] = impl.problem
         emit(res)
+        if mode == "fwd" and impl.train is not None and impl.train is not impl.forward:
+            # a module of its own for the training step (rgtune's training schedule): the forward's, with
+            # its workspaces, is not part of the step's memory
+            impl.forward = impl.params = None
     return res
 
 

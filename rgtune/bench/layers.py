@@ -43,6 +43,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import functools
 import os
 import platform
@@ -158,24 +159,26 @@ def _rel_err(out: Tensor, expected: Tensor) -> float:
 def build_impls(model: str, graph: Any, in_dim: int, out_dim: int, heads: int, backend: Any, db: Any,
                 impls: Sequence[str], seed: int = 0, check: bool = True,
                 config: Mapping[str, Any] | None = None, options: str = "",
-                x: Tensor | None = None) -> tuple[list[Impl], Tensor, str]:
+                x: Tensor | None = None, ref: Any = None) -> tuple[list[Impl], Tensor, str]:
     """:func:`build_with_reference` without the reference layer."""
     impls, x, schedule, _ = build_with_reference(model, graph, in_dim, out_dim, heads, backend, db, impls, seed, check,
-                                                 config, options, x)
+                                                 config, options, x, ref)
     return impls, x, schedule
 
 
 def build_with_reference(model: str, graph: Any, in_dim: int, out_dim: int, heads: int, backend: Any, db: Any,
                          impls: Sequence[str], seed: int = 0, check: bool = True,
                          config: Mapping[str, Any] | None = None, options: str = "",
-                         x: Tensor | None = None) -> tuple[list[Impl], Tensor, str, Any]:
+                         x: Tensor | None = None, ref: Any = None) -> tuple[list[Impl], Tensor, str, Any]:
     """Every implementation with the same weights and input; also the input and rgtune's schedules
     (a label). ``check``: also check each output on the whole graph (:func:`check_impl` checks
     later, or on sampled rows); ``config``: rgtune runs this schedule (both modes) instead of the
     database's; ``options``: the model's (canonical text); ``x``: the input, when the caller made it
-    already (:func:`bench_input`). Each :class:`Impl` keeps its ``expectation``; the last value is the
+    already (:func:`bench_input`); ``ref``: the reference layer, when the caller made it already
+    (:func:`detached_reference`). Each :class:`Impl` keeps its ``expectation``; the last value is the
     reference layer whose weights they all got (what :func:`check_impl` takes)."""
-    ref = reference_layer(model, graph, in_dim, out_dim, heads, backend, seed, options)
+    if ref is None:
+        ref = reference_layer(model, graph, in_dim, out_dim, heads, backend, seed, options)
     x = bench_input(graph, in_dim, seed, ref_device(ref)) if x is None else x
 
     out: list[Impl] = []
@@ -211,6 +214,18 @@ def reference_layer(model: str, graph: Any, in_dim: int, out_dim: int, heads: in
     ref = TunedModule(model, graph, in_dim, out_dim, heads, options=parse_key(options), backend="reference",
                       dtype=torch.float32).to(device)
     prepare_weights(ref)  # what a library's layer needs of them (e.g. PyG's RGATConv: shared attention)
+    return ref
+
+
+def detached_reference(model: str, graph: Any, in_dim: int, out_dim: int, heads: int, backend: Any, seed: int = 0,
+                       options: str = "") -> Any:
+    """:func:`reference_layer` built on a shallow copy of ``graph`` (the same edges, caches of its own),
+    then pointed at ``graph``: what it derived to build its kernels (layouts, pairs, bound index arrays)
+    stays its own, so an implementation built afterwards on ``graph`` pays for whatever it derives
+    itself. The memory measurement builds it before its baseline: the weights' source is not the
+    implementation's memory."""
+    ref = reference_layer(model, copy.copy(graph), in_dim, out_dim, heads, backend, seed, options)
+    ref.graph = graph  # what the libraries' builders and the check read; the copy's runner is never run here
     return ref
 
 

@@ -3,8 +3,10 @@
 A process's peak is its own: run side by side in one process, each implementation's figure would
 include what the others left allocated, and the allocator's caches would hide its growth. So
 :func:`peak_memory` starts ``python -m rgtune.bench.memory`` per implementation and mode. The
-child imports everything, loads the graph, makes the input, then measures from that baseline:
-building the layer (parameters, compiled kernels, workspaces), one untimed step, one more step.
+child imports everything, loads the graph, makes the input and the reference layer that the
+weights come from (:func:`~rgtune.bench.layers.detached_reference`: what it derives from the graph
+stays its own), then measures from that baseline: building the layer (parameters, compiled
+kernels, workspaces), one untimed step, one more step.
 (Before the baseline, the child does all of it once on a tiny graph, so that imports and lazy
 initialization are not counted.) What it reports is the highest memory above the baseline over all of that: the layer's own state
 plus the most a step holds at once (for a training step the values the forward keeps for the
@@ -116,14 +118,16 @@ def _steps(a: dict[str, Any], graph: Any, backend: Any, steps: int) -> dict[str,
     """Build ``a``'s implementation for ``graph`` and run ``steps`` steps (the first builds what is
     built lazily: a training program, caches); the peak above the baseline taken just before
     building, and each step's seconds."""
-    from rgtune.bench.layers import _sync, build_impls, run_once, upstream_grad
+    from rgtune.bench.layers import _sync, build_impls, detached_reference, run_once, upstream_grad
 
     device = torch.device("cuda" if backend.target == "cuda" else "cpu")
     x = torch.randn(graph.num_nodes(), a["in_dim"], device=device)
     grad = upstream_grad(graph.num_nodes(), a["out_dim"], device)
+    sizes = (a["in_dim"], a["out_dim"], a["heads"])
+    ref = detached_reference(a["model"], graph, *sizes, backend, a["seed"], a.get("options", ""))  # not measured
     meter = _Meter(device)
-    impls, _, _ = build_impls(a["model"], graph, a["in_dim"], a["out_dim"], a["heads"], backend, a["db"],
-                              (a["impl"],), a["seed"], check=False, config=a.get("config"), options=a.get("options", ""))
+    impls, _, _ = build_impls(a["model"], graph, *sizes, backend, a["db"], (a["impl"],), a["seed"], check=False,
+                              config=a.get("config"), options=a.get("options", ""), ref=ref)
     impl = impls[0]
     if impl.forward is None:
         raise RuntimeError(impl.problem or f"{a['impl']} could not be built")
