@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -73,7 +74,8 @@ def footprint_bytes(kp: "KernelProgram", graph: "HeteroGraph", share_slots: bool
     """The memory a run of ``kp`` on ``graph`` holds at its peak, estimated before building it: the caller's
     buffers (input, output, a training step's output gradient, input gradient and saved values), the
     intermediate buffers (sharing slots as :func:`plan_slots` plans them where the backend does,
-    ``share_slots``; each its own otherwise), the params (and their gradients), the graph's index arrays.
+    ``share_slots``; each its own otherwise), the params (and their gradients), the graph's index arrays
+    and the per-edge constants the kernels read (float32, :meth:`~rgtune.ir.bind.GraphArrays.graph_constant`).
     Float32 values; what a backend adds on top (scratch rows, compiled code) is small next to a big
     graph's per-edge buffers.
 
@@ -102,4 +104,28 @@ def footprint_bytes(kp: "KernelProgram", graph: "HeteroGraph", share_slots: bool
         intermediate = sum(size[n] for n in names)
     params = sum(int(np.prod(param_full_shape(kp, p, a))) * 4 for p in kp.param_shapes)
     index = sum(t.numel() * t.element_size() for t in a.index_tensors().values())
-    return int(sum(size[n] for n in own) + intermediate + params + index)
+    constants = len(graph_constants(kp.kernels)) * a.num_edges * 4
+    return int(sum(size[n] for n in own) + intermediate + params + index + constants)
+
+
+def graph_constants(kernels: Sequence[Kernel]) -> set[str]:
+    """The per-edge graph constants (:class:`~rgtune.ir.kernels.GraphLoad` kinds) that ``kernels`` read."""
+    from rgtune.ir.kernels import GraphLoad
+
+    found: set[str] = set()
+
+    def walk(obj: object) -> None:
+        if isinstance(obj, GraphLoad):
+            found.add(obj.kind)
+        elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            for f in dataclasses.fields(obj):
+                walk(getattr(obj, f.name))
+        elif isinstance(obj, (list, tuple)):
+            for item in obj:
+                walk(item)
+        elif isinstance(obj, dict):
+            for item in obj.values():
+                walk(item)
+
+    walk(list(kernels))
+    return found

@@ -113,8 +113,7 @@ class Interpreter:
         if isinstance(op, ParamRead):
             return self._param_rows(op, prm)
         if isinstance(op, GraphConst):
-            consts = {"inv_dst_rel_degree": a.inv_dst_rel_degree, "inv_dst_degree": a.inv_dst_degree}
-            return consts[op.kind].to(self._dtype(v)).reshape(-1, 1, 1)
+            return a.graph_constant(op.kind, self._dtype(v)).reshape(-1, 1, 1)
         if isinstance(op, Inner):
             return (v[op.a.name] * v[op.b.name]).sum(-1, keepdim=True)
         if isinstance(op, Binary):

@@ -236,7 +236,7 @@ class CpuRuntime:
                 b.set(name, self._pointer(getattr(a, name)))
         for kind in GRAPH_CONSTANTS:
             if f"G_{kind}" in b.names:
-                b.set(f"G_{kind}", self._pointer(self._cached(("G", kind), lambda: getattr(a, kind).to(KERNEL_DTYPE))))
+                b.set(f"G_{kind}", self._pointer(self._cached(("G", kind), lambda: a.graph_constant(kind, KERNEL_DTYPE))))
         k = next(k for k in self.kp.kernels if k.name == src.kernel)
         if isinstance(k, GemmKernel):
             self._bind_gemm(k, b)

@@ -49,7 +49,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
-import math
 import statistics
 import threading
 import warnings
@@ -342,7 +341,7 @@ class ProgramRunner:
         self.device_arrays = on_dev = self.arrays.to(self.device)
         self.rows = {d: on_dev.rows(d) for d in ("node", "edge", "src_pair", "dst_pair")}
         self.graph = {n: getattr(on_dev, n).contiguous() for n in GRAPH_ARRAYS if getattr(on_dev, n) is not None}
-        self.consts = {n: getattr(on_dev, n).to(KERNEL_DTYPE).contiguous() for n in GRAPH_CONSTANTS}
+        self.consts = {n: on_dev.graph_constant(n, KERNEL_DTYPE).contiguous() for n in GRAPH_CONSTANTS}
         self.loaded: list[_Loaded] = []
         self._host_tables: dict[str, dict[str, torch.Tensor]] = {}  # unit -> its tables on the CPU (for grids)
         self._unit_rows: dict[str, dict[str, int]] = {}  # unit -> its own counts (a weight gradient's chunks)
