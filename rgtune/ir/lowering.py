@@ -24,6 +24,7 @@ the gradient params and where the forward's kernels end.
 
 from __future__ import annotations
 
+from rgtune.ir.addend import accumulate_into_addends
 from rgtune.ir.fusion_plan import plan_epilogues
 from rgtune.ir.kernels import (Acc, AggregateStage, BinaryE, BroadcastE, Buffer, ConcatE, EdgeSoftmaxStage, EdgeStore,
                                Expr, GatedE, GemmKernel, GraphLoad, InnerE, KernelProgram, Load, MapKernel, ParamLoad,
@@ -41,8 +42,9 @@ class LoweringError(IRError):
 
 
 def lower(program: Program) -> KernelProgram:
-    """Lower an (annotated) program to kernels."""
-    return _Lowering(program).run()
+    """Lower an (annotated) program to kernels (then a final sum folds into an accumulating GEMM where it
+    can: :mod:`rgtune.ir.addend`)."""
+    return accumulate_into_addends(_Lowering(program).run())
 
 
 def shared_reductions(program: Program, materialized: set[str]) -> set[str]:
