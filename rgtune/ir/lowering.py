@@ -13,7 +13,9 @@ own heads (a re-indexed :class:`~rgtune.ir.kernels.Load`).
 Kernels come out in program order: one GEMM per typed linear (gathers fused into its input
 index, epilogues into its output loop, a following pair -> node sum into an accumulating
 store), one traversal per edge-materialized value, softmax or aggregation, one map per
-other materialized node or pair value, one weight kernel per derived weight.
+other materialized node or pair value, one weight kernel per derived weight. Last, a final sum of
+which one term is accumulated (an aggregation, a scatter, an accumulating GEMM) folds into that
+accumulation (:mod:`rgtune.ir.addend`): two node buffers and a map less.
 
 A training program (:func:`rgtune.ir.autodiff.adjoint`) lowers the same way, plus: an aggregation
 into sources (or source pairs) becomes a :class:`ScatterKernel`, a weight gradient a
