@@ -196,7 +196,7 @@ def report() -> str:
     out += ["", "| model | dataset | mode | rgtune ms | PyG ms | DGL ms | speedup over the faster | peak MB: rgtune / "
             "PyG / DGL | memory vs the smaller |", "|---|---|---|---|---|---|---|---|---|"]
     ratios: dict[str, list[float]] = {"fwd": [], "fwd+bwd": []}
-    mem: list[float] = []
+    mem: dict[str, list[float]] = {"fwd": [], "fwd+bwd": []}
     latest = {(r["model"], r["dataset"]): r for r in _rows("bench.jsonl")}  # a re-run replaces a row
     for r in latest.values():
         impls = r["impls"]
@@ -216,16 +216,19 @@ def report() -> str:
                 ratios[mode].append(min(libs) / ours)
             lib_peaks = [x for x in peaks[1:] if x]
             memcell = f"{peaks[0] / min(lib_peaks):.2f}x" if peaks[0] and lib_peaks else "–"
-            if peaks[0] and lib_peaks and mode == "fwd+bwd":
-                mem.append(peaks[0] / min(lib_peaks))
+            if peaks[0] and lib_peaks:
+                mem[mode].append(peaks[0] / min(lib_peaks))
             out.append(f"| {r['model']} | {r['dataset']} | {mode} | {' | '.join(cells)} | {speed} | "
                        f"{' / '.join('–' if x is None else f'{x:.0f}' for x in peaks)} | {memcell} |")
     for mode, xs in ratios.items():
         if xs:
             out.append(f"\n{mode}: geomean {statistics.geometric_mean(xs):.1f}x over the faster library "
                        f"({len(xs)} rows, lowest {min(xs):.1f}x)")
-    if mem:
-        out.append(f"training-step peak memory: rgtune / the smaller library's, geomean {statistics.geometric_mean(mem):.2f}")
+    for mode, xs in mem.items():
+        if xs:
+            out.append(f"{mode} peak memory: rgtune / the smaller library's, geomean "
+                       f"{statistics.geometric_mean(xs):.2f} ({len(xs)} rows, {min(xs):.2f}-{max(xs):.2f}; "
+                       f"at most 0.5 on {sum(x <= 0.5 for x in xs)})")
     for r in _rows("transfer.jsonl"):
         out.append(f"\ntransfer to {r['dataset']}: " + (r.get("text") or "").replace("\n", " / ")[:600])
     return "\n".join(out)
