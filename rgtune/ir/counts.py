@@ -43,8 +43,8 @@ Example:
     >>> from rgtune.ir.pipeline import compile_program
     >>> g = random_graph((10, 20), num_relations=2, num_edges=50, seed=0)
     >>> kp = compile_program(build_model("rgcn", 4, 4)).kernels
-    >>> count(kp, g)["kernels"]  # edge GEMM, root GEMM, aggregation, the final sum
-    4
+    >>> count(kp, g)["kernels"]  # edge GEMM, root GEMM, the aggregation into the root's rows
+    3
 """
 
 from __future__ import annotations

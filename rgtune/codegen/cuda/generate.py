@@ -27,8 +27,8 @@ Example:
     >>> from rgtune.ir.pipeline import compile_program
     >>> kp = compile_program(build_model("rgcn", 8, 8)).kernels
     >>> prog = generate(kp, {})
-    >>> [u.name for u in prog.units]
-    ['gemm1', 'gemm2', 'aggregate1', 'map1']
+    >>> [u.name for u in prog.units]  # the aggregation adds into the root GEMM's rows (rgtune.ir.addend)
+    ['gemm1', 'gemm2', 'aggregate1']
     >>> print(prog.units[2].code.splitlines()[0])
     // template traversal: out[dst] += (in0@row * inv_dst_rel_degree); warp per destination, no atomics
     >>> "atomicAdd" in prog.units[2].code
