@@ -85,16 +85,6 @@ class GraphArrays:
             raise ValueError(f"unknown graph constant {kind!r}; choose inv_dst_rel_degree or inv_dst_degree")
         return torch.index_select(table.to(dtype), 0, index)
 
-    @property
-    def inv_dst_rel_degree(self) -> torch.Tensor:
-        """:meth:`graph_constant` ``inv_dst_rel_degree`` in float64 (made on each call)."""
-        return self.graph_constant("inv_dst_rel_degree")
-
-    @property
-    def inv_dst_degree(self) -> torch.Tensor:
-        """:meth:`graph_constant` ``inv_dst_degree`` in float64 (made on each call)."""
-        return self.graph_constant("inv_dst_degree")
-
     def to(self, device: torch.device | str) -> "GraphArrays":
         """The same arrays on ``device`` (``self`` when they are there already).
 

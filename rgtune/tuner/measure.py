@@ -268,15 +268,17 @@ class _Session:
         buffers = self.memory.estimate(point.kernels, self.graph)
         # the check's inputs and results take about the same every trial: the last case's size refuses a
         # candidate before the oracle runs (the first trial makes its case first)
-        if self._case_bytes is not None and self.memory.refusal(buffers, self._case_bytes):
-            return self._refused(buffers, self._case_bytes)
+        why = self._case_bytes is not None and self.memory.refusal(buffers, self._case_bytes)
+        if why:
+            return self._refused(buffers, self._case_bytes, why)
         self.memory.start()
         t1 = time.perf_counter()
         case = self.verifier.case(seed)  # on the host, outside the device's lock
         reference_s = time.perf_counter() - t1
         self._case_bytes = case.resident_bytes()
-        if self.memory.refusal(buffers, self._case_bytes):
-            return self._refused(buffers, self._case_bytes)
+        why = self.memory.refusal(buffers, self._case_bytes)
+        if why:
+            return self._refused(buffers, self._case_bytes, why)
         t0 = time.perf_counter()
         try:
             built = self.backend.build(point.kernels, self.graph, point.config)
@@ -318,11 +320,11 @@ class _Session:
                                  f"{stop_after * 1e3:.4g} ms ({self.o.stop_slower:g} x the best so far)", **base)
         return MeasureResult("ok", median=median, times=times, **base)
 
-    def _refused(self, buffers: int, case_bytes: int) -> MeasureResult:
+    def _refused(self, buffers: int, case_bytes: int, why: str) -> MeasureResult:
         """``out_of_memory`` before building: the candidate's buffers, or they and the check's memory, are over
         a limit (:meth:`MemoryBudget.refusal`)."""
         m = self.memory
-        return MeasureResult("out_of_memory", error=f"refused before running: {m.refusal(buffers, case_bytes)}",
+        return MeasureResult("out_of_memory", error=f"refused before running: {why}",
                              info={"memory_refused": True, "buffer_bytes": buffers,
                                    "estimated_bytes": buffers + case_bytes, "memory_limit_bytes": m.limit,
                                    "free_limit_bytes": m.free_limit})
