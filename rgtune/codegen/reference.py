@@ -332,7 +332,7 @@ class ReferenceExecutor:
                 return p.reshape(1, e.heads, e.dim).expand(n, -1, -1)
             return p[self._index(rows, e.via)].reshape(n, e.heads, e.dim)
         if isinstance(e, GraphLoad):
-            return getattr(self.a, e.kind).to(self.dtype).reshape(n, 1, 1)
+            return self.a.graph_constant(e.kind, self.dtype).reshape(n, 1, 1)
         if isinstance(e, InnerE):
             return (ev(e.a) * ev(e.b)).sum(-1, keepdim=True)
         if isinstance(e, BinaryE):
