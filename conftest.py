@@ -3,7 +3,9 @@
 * ``RGTUNE_DATA_DIR`` defaults to ``<repo>/../shared/datasets`` (found relative to this file).
 * ``RGTUNE_CACHE_DIR`` is always a fresh folder for the session, so tests never read or write
   the user's cache; ``RGTUNE_CONFIG_DIR`` (the cost model's signing key) is a folder inside it, so
-  tests never make or use the user's key; subprocesses started by tests inherit all three.
+  tests never make or use the user's key; ``RGTUNE_DEVICE_LOCK_DIR`` too, so that the test processes
+  of one run (``scripts/test`` runs two, pytest-xdist's workers) and a user's own ``tune`` never wait
+  on one another's device lock; subprocesses started by tests inherit all four.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ def pytest_configure(config: pytest.Config) -> None:
     _session_cache = tempfile.mkdtemp(prefix="rgtune-test-cache-")
     os.environ["RGTUNE_CACHE_DIR"] = _session_cache
     os.environ["RGTUNE_CONFIG_DIR"] = os.path.join(_session_cache, "config")
+    os.environ["RGTUNE_DEVICE_LOCK_DIR"] = os.path.join(_session_cache, "device-locks")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

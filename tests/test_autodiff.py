@@ -196,7 +196,7 @@ def _lowered_configs(model: str, graph, size: int, every: int) -> int:
 
 
 #: configurations checked in the default run: every one of RGCN's first size, every 2nd of RGAT's, every 16th
-#: of HGT's 2,880 (the slow test below checks all of every size)
+#: of HGT's 2,880 (the exhaustive test below checks all of every size)
 EVERY = {"rgcn": 1, "rgat": 2, "hgt": 16}
 
 
@@ -211,6 +211,7 @@ def test_the_lowered_training_program_computes_what_the_interpreter_does(model):
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive  # 2 minutes on 2 cores; the test above takes an even sample of the same matrix
 @pytest.mark.parametrize("model", ["rgat", "hgt"])
 def test_the_lowered_training_program_computes_what_the_interpreter_does_for_every_configuration(model):
     graph = _graph(2)

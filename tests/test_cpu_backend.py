@@ -181,14 +181,16 @@ def test_every_ir_configuration_matches_reference(model: str, backend: CpuBacken
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", MODELS)
-def test_random_schedules_match_reference(model: str, backend: CpuBackend, mutag: HeteroGraph,
+@pytest.mark.parametrize("model,count", [(m, 60) for m in MODELS]
+                         + [pytest.param(m, 200, marks=pytest.mark.exhaustive) for m in MODELS])
+def test_random_schedules_match_reference(model: str, count: int, backend: CpuBackend, mutag: HeteroGraph,
                                           edge_graph: HeteroGraph) -> None:
-    """200 random schedules on the edge-case graph; the first 60 of them on MUTAG too (3x AIFB's size)."""
+    """``count`` random schedules on the edge-case graph (200 in the exhaustive run, the first 60 of the
+    same draws in the default run); the first ``count // 3`` of them on MUTAG too (3x AIFB's size)."""
     rng = random.Random(1234)
-    configs = [workload(model, (64, 64, 1), edge_graph).space.sample(rng) for _ in range(200)]
+    configs = [workload(model, (64, 64, 1), edge_graph).space.sample(rng) for _ in range(count)]
     cases = [(model, workload(model, (64, 64, 1), edge_graph), c) for c in configs]
-    cases += [(model, workload(model, (64, 64, 1), mutag), c) for c in configs[:60]]
+    cases += [(model, workload(model, (64, 64, 1), mutag), c) for c in configs[:count // 3]]
     verify(backend, cases)
 
 

@@ -311,11 +311,12 @@ def nvrtc_ok() -> None:
 def test_cuda_training_programs_compile(nvrtc_ok: None, aifb: HeteroGraph) -> None:
     """Every IR configuration's training program at the default schedule (edge-parallel traversals where a
     layout forbids the default), then 20 random training schedules, at 64 -> 64 on AIFB."""
-    from test_cuda_training import _Ledger, _valid_point
+    from _nvrtc_ledger import Ledger
+    from test_cuda_training import _valid_point
 
     from rgtune.codegen.cuda.generate import generate
 
-    ledger = _Ledger()
+    ledger = Ledger()
     space = SearchSpace(film(64, 64), aifb, "cuda", mode="training")
     points = [_valid_point(space, c) for c in space.ir_configs()]
     rng = random.Random("film-cuda")

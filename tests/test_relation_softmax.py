@@ -18,7 +18,7 @@ and ``rgat(softmax="relation")``, through every layer that handles an edge softm
   configurations and 20 random training schedules on the edge-case graph and AIFB; the fused forms (a
   forward's: a training program's backward reads the softmax, so it is never fused there).
 * CUDA: every IR configuration's training program at the default schedule and 20 random schedules compile
-  with NVRTC within ptxas' launch limits (:mod:`test_cuda_training`'s ledger) for sm_90, and for sm_80 where
+  with NVRTC within ptxas' launch limits (:mod:`_nvrtc_ledger`) for sm_90, and for sm_80 where
   the code differs by architecture (both for every unit in the exhaustive run); training steps and fused
   forwards of every softmax form run on the emulator against the reference.
 """
@@ -46,7 +46,7 @@ from rgtune.search_spaces import SearchSpace
 from test_autodiff import _check as check_adjoint
 from test_autodiff import _distinct, _lowered_equals_interpreter
 from test_cpu_training import Workload, program_workload, rel_error, runnable, verify
-from test_cuda_training import ledger  # noqa: F401  (the session's NVRTC compile ledger, a module fixture)
+from _nvrtc_ledger import ledger  # noqa: F401  (the module's NVRTC compile ledger, a fixture)
 
 TOL = 1e-10
 
@@ -408,22 +408,12 @@ def _cuda_space(program: Program, graph: HeteroGraph, mode: str = "training") ->
 
 
 def _compile(ledger: Any, group: str, programs: list[Any], every_arch: bool) -> None:
-    """Compiles every unit of ``programs`` for sm_90 and, for sm_80, the units whose code differs by
-    architecture (``#if __CUDA_ARCH__``: vector atomics); with ``every_arch`` every unit for both. Asserts
-    that each compiles within the launch limits ptxas reports."""
-    from types import SimpleNamespace
-
+    """Compiles the units of ``programs`` (:mod:`_nvrtc_ledger`: every unit for sm_90, the ones whose code
+    differs by architecture, ``#if __CUDA_ARCH__`` for vector atomics, for sm_80 too; with ``every_arch``
+    every unit for both). Asserts that each compiles within the launch limits ptxas reports."""
     from rgtune.codegen.cuda import nvrtc
 
-    if every_arch:
-        problems = ledger.compile(group, programs)
-    else:
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(nvrtc, "ARCHS", ("sm_90",))
-            problems = ledger.compile(f"{group} (sm_90)", programs)
-            mp.setattr(nvrtc, "ARCHS", ("sm_80",))
-            specific = [SimpleNamespace(units=[u for u in p.units if "__CUDA_ARCH__" in u.code]) for p in programs]
-            problems += ledger.compile(f"{group} (sm_80: by-arch code)", specific)
+    problems = ledger.compile(group, programs, nvrtc.ARCHS if every_arch else None)
     assert not problems, "\n".join(problems[:5])
 
 

@@ -364,14 +364,15 @@ def test_cuda_training_programs_compile_with_nvrtc() -> None:
     """Every IR configuration's training program at the default schedule (the edge-parallel traversal where
     the layout forbids the default), bases and blocks, and 20 random training schedules (10 of each); each
     distinct unit compiled once."""
-    from test_cuda_training import _OK, _WHY, _Ledger, _valid_point
+    from _nvrtc_ledger import Ledger
+    from test_cuda_training import _OK, _WHY, _valid_point
 
     from rgtune.codegen.cuda.generate import generate
 
     if not _OK:
         pytest.skip(f"NVRTC unavailable: {_WHY}")
     graph = random_graph((50, 80, 30), num_relations=12, num_edges=800, seed=0)
-    ledger = _Ledger()
+    ledger = Ledger()
     for option in ({"num_bases": 4}, {"num_blocks": 4}):
         space = _cuda_space(option, graph)
         programs = []
