@@ -1,6 +1,6 @@
 """A training step on an AM-sized graph: rgtune's generated backward against DGL, time and peak memory.
 
-``synthetic:am`` has AM's statistics (1.9M nodes, 5.7M edges, 133 relations). Each implementation
+``synthetic:am`` has AM's statistics (881,680 nodes, 5.7M edges, 96 relations). Each implementation
 runs in its own process (:func:`rgtune.bench.memory.measure_step`): the graph and the input are
 loaded, then the layer is built and ``--steps`` training steps run (forward, then backward of
 ``sum(out * g)`` to the input and every parameter; no optimizer); reported: the peak memory above
