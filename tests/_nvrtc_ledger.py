@@ -5,7 +5,7 @@ Which architectures: by default every unit for ``sm_90`` (the GPUs rgtune is tun
 other architectures of :data:`rgtune.codegen.cuda.nvrtc.ARCHS` (``sm_80``), the units whose code differs
 by architecture (``#if __CUDA_ARCH__``: a scatter's vector atomics); the rest is the same source through
 the same front end, so a second architecture is mostly a second ptxas run. ``RGTUNE_EXHAUSTIVE=1``
-compiles every unit for every architecture; ``compile(..., archs=...)`` names them explicitly.
+compiles every unit for every architecture.
 
 Use from a test module::
 
@@ -44,29 +44,28 @@ def _every_arch() -> bool:
 
 @dataclass
 class Ledger:
-    """Every unit compiled (deduplicated by code and architecture), per group: programs, new units, wall
-    seconds, and each program's CPU seconds to compile all of its units cold."""
+    """Every unit compiled (deduplicated by code and architecture), per group: new units, wall seconds, and
+    each program's CPU seconds to compile all of its units cold."""
 
     cpu: dict[tuple[str, str], float] = field(default_factory=dict)  # (unit key, arch) -> CPU seconds
-    groups: dict[str, tuple[int, int, float]] = field(default_factory=dict)  # programs, new units, wall seconds
+    groups: dict[str, tuple[int, float]] = field(default_factory=dict)  # new units, wall seconds
     per_program: dict[str, list[float]] = field(default_factory=dict)
 
-    def archs_of(self, unit: Any, archs: Sequence[str] | None = None) -> tuple[str, ...]:
+    @staticmethod
+    def archs_of(unit: Any) -> tuple[str, ...]:
         """The architectures ``unit`` is compiled for (see the module's docstring)."""
-        if archs is not None:
-            return tuple(archs)
         if _every_arch() or "__CUDA_ARCH__" in unit.code:
             return tuple(nvrtc.ARCHS)
         return (PRIMARY_ARCH,)
 
-    def compile(self, group: str, programs: Sequence[Any], archs: Sequence[str] | None = None) -> list[str]:
+    def compile(self, group: str, programs: Sequence[Any]) -> list[str]:
         """Compiles every new unit of ``programs`` (objects with ``.units``) in parallel; the problems found
         (compile errors, launch limits), each naming its unit and architecture."""
         t0 = time.perf_counter()
         todo: dict[tuple[str, str], Any] = {}
         for prog in programs:
             for u in prog.units:
-                for arch in self.archs_of(u, archs):
+                for arch in self.archs_of(u):
                     if (u.key, arch) not in self.cpu:
                         todo.setdefault((u.key, arch), u)
         problems: list[str] = []
@@ -74,11 +73,11 @@ class Ledger:
             for key, (found, cpu) in zip(todo, pool.map(_compile_one, todo.items())):
                 problems += found
                 self.cpu[key] = cpu
-        n, units, wall = self.groups.get(group, (0, 0, 0.0))
-        self.groups[group] = (n + len(programs), units + len({k for k, _ in todo}), wall + time.perf_counter() - t0)
+        units, wall = self.groups.get(group, (0, 0.0))
+        self.groups[group] = (units + len({k for k, _ in todo}), wall + time.perf_counter() - t0)
         self.per_program.setdefault(group, []).extend(
             sum(self.cpu.get((u.key, arch), 0.0) for u in {u.key: u for u in prog.units}.values()
-                for arch in self.archs_of(u, archs))
+                for arch in self.archs_of(u))
             for prog in programs)
         return problems
 
@@ -87,9 +86,9 @@ class Ledger:
                  f"{'every unit for ' + ' + '.join(nvrtc.ARCHS) if _every_arch() else PRIMARY_ARCH + ', by-arch units for all'}"
                  f", {WORKERS} threads). Per program: CPU seconds to compile its units cold; units shared by "
                  "programs are compiled once"]
-        for group, (n, units, wall) in self.groups.items():
+        for group, (units, wall) in self.groups.items():
             s = sorted(self.per_program[group]) or [0.0]
-            lines.append(f"  {group:26s} {n:5d} programs, {units:5d} new unique units, wall {wall:6.1f} s; "
+            lines.append(f"  {group:26s} {len(self.per_program[group]):5d} programs, {units:5d} new unique units, wall {wall:6.1f} s; "
                          f"per program median {statistics.median(s):.2f} s, max {s[-1]:.2f} s")
         total = sum(self.cpu.values())
         lines.append(f"  all: {len(self.cpu)} compiles, {total:.1f} CPU s "

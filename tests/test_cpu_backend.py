@@ -48,6 +48,8 @@ from rgtune.data.synthetic import random_graph
 from rgtune.ir.models import build_model
 from rgtune.search_spaces.space import SearchSpace
 
+from _matrix import sampled
+
 pytestmark = pytest.mark.skipif(not CpuBackend.available()[0], reason=f"cpu backend: {CpuBackend.available()[1]}")
 
 TOL = 1e-4
@@ -175,8 +177,7 @@ IR_STRIDE = {"hgt": 3}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model,every", [(m, IR_STRIDE.get(m, 1)) for m in MODELS]
-                         + [pytest.param(m, 1, marks=pytest.mark.exhaustive) for m in sorted(IR_STRIDE)])
+@pytest.mark.parametrize("model,every", sampled(MODELS, IR_STRIDE, 1))
 def test_every_ir_configuration_matches_reference(model: str, every: int, backend: CpuBackend, aifb: HeteroGraph,
                                                   edge_graph: HeteroGraph) -> None:
     cases = []
@@ -188,8 +189,7 @@ def test_every_ir_configuration_matches_reference(model: str, every: int, backen
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model,count", [(m, 60) for m in MODELS]
-                         + [pytest.param(m, 200, marks=pytest.mark.exhaustive) for m in MODELS])
+@pytest.mark.parametrize("model,count", sampled(MODELS, 60, 200))
 def test_random_schedules_match_reference(model: str, count: int, backend: CpuBackend, mutag: HeteroGraph,
                                           edge_graph: HeteroGraph) -> None:
     """``count`` random schedules on the edge-case graph (200 in the exhaustive run, the first 60 of the

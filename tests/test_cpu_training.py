@@ -63,6 +63,8 @@ from rgtune.ir.models import build_model
 from rgtune.ir.program import Program
 from rgtune.search_spaces.space import SearchSpace
 
+from _matrix import sampled
+
 pytestmark = pytest.mark.skipif(not CpuBackend.available()[0], reason=f"cpu backend: {CpuBackend.available()[1]}")
 
 TOL = 1e-4
@@ -340,8 +342,7 @@ def test_shared_backward_reductions_stored_once_match_reference(model: str, back
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model,count", [(m, n) if n == 20 else pytest.param(m, n, marks=pytest.mark.exhaustive)
-                                         for m in sorted(MODELS) for n in (20, 200)])
+@pytest.mark.parametrize("model,count", sampled(sorted(MODELS), 20, 200))
 def test_random_training_schedules_match_reference(model: str, count: int, backend: CpuBackend,
                                                    synthetic: HeteroGraph, aifb: HeteroGraph) -> None:
     """``count`` random training schedules (IR and schedule knobs) on a synthetic graph, the first 4 on

@@ -41,6 +41,7 @@ from rgtune.ir.kernels import AggregateStage, EdgeSoftmaxStage, GemmKernel, Soft
 from rgtune.ir.models import build_model
 from rgtune.search_spaces.space import SearchSpace
 
+from _matrix import sampled
 from _nvrtc_ledger import Ledger, ledger  # noqa: F401  (``ledger``: the module's compile ledger, a fixture)
 
 _OK, _WHY = CudaBackend.compile_available()
@@ -89,8 +90,7 @@ def test_every_ir_configuration_compiles(model: str, graph, ledger: Ledger) -> N
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model,count", [(m, SAMPLED_SCHEDULES) for m in MODELS]
-                         + [pytest.param(m, RANDOM_SCHEDULES, marks=pytest.mark.exhaustive) for m in MODELS])
+@pytest.mark.parametrize("model,count", sampled(MODELS, SAMPLED_SCHEDULES, RANDOM_SCHEDULES))
 def test_random_schedules_compile(model: str, count: int, graph, ledger: Ledger) -> None:
     """``count`` random schedules compile (the default run: the first :data:`SAMPLED_SCHEDULES` of the same draws)."""
     space = SearchSpace(build_model(model), graph, "cuda")

@@ -54,6 +54,7 @@ from rgtune.ir.kernels import ReduceE, ScatterKernel, TraversalKernel, WeightGra
 from rgtune.ir.models import build_model
 from rgtune.search_spaces import SearchSpace
 
+from _matrix import sampled
 from _nvrtc_ledger import Ledger, ledger, print_at_end  # noqa: F401  (``ledger``: a module fixture)
 
 _OK, _WHY = CudaBackend.compile_available()
@@ -139,8 +140,7 @@ IR_STRIDE = {"hgt": 5}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model,every", [(m, IR_STRIDE.get(m, 1)) for m in sorted(MODELS)]
-                         + [pytest.param(m, 1, marks=pytest.mark.exhaustive) for m in sorted(IR_STRIDE)])
+@pytest.mark.parametrize("model,every", sampled(sorted(MODELS), IR_STRIDE, 1))
 def test_every_ir_configuration_compiles(model: str, every: int, graph, ledger: Ledger) -> None:
     """Every ``every``-th IR configuration's training program at the default schedule compiles
     (:data:`IR_STRIDE` in the default run, every one in the exhaustive run)."""
@@ -156,9 +156,7 @@ def test_every_ir_configuration_compiles(model: str, every: int, graph, ledger: 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # 200 schedules' new units, each for sm_80 and sm_90: over 600 s on a shared 2-core machine
-@pytest.mark.parametrize("model,count", [(m, 20) if full is False else pytest.param(m, RANDOM_SCHEDULES,
-                                                                                    marks=pytest.mark.exhaustive)
-                                         for m in sorted(MODELS) for full in (False, True)])
+@pytest.mark.parametrize("model,count", sampled(sorted(MODELS), 20, RANDOM_SCHEDULES))
 def test_random_training_schedules_compile(model: str, count: int, graph, ledger: Ledger) -> None:
     """``count`` random training schedules compile (the default run: the first 20 of the same draws)."""
     space = _space(model, graph)
@@ -548,8 +546,7 @@ def test_emulated_forward_program_runs_as_before() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # hgt has 960 forward IR configurations: about 0.4 s each on the emulator, more when cold
-@pytest.mark.parametrize("model,every", [(m, 1) if m == "rgcn" else (m, 13) for m in sorted(MODELS)]
-                         + [pytest.param(m, 1, marks=pytest.mark.exhaustive) for m in ("hgt", "rgat")])
+@pytest.mark.parametrize("model,every", sampled(sorted(MODELS), {"hgt": 13, "rgat": 13}, 1))
 def test_every_ir_configuration_on_the_emulator(model: str, every: int, errors: _Errors) -> None:
     """Every ``every``-th IR configuration's training program at the default schedule, on the edge-case
     graph: combinations of the forward's IR knobs, each with one ``autodiff.save`` in turn (all three

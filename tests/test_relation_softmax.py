@@ -407,20 +407,17 @@ def _cuda_space(program: Program, graph: HeteroGraph, mode: str = "training") ->
     return SearchSpace(program, graph, "cuda", mode=mode)
 
 
-def _compile(ledger: Any, group: str, programs: list[Any], every_arch: bool) -> None:
+def _compile(ledger: Any, group: str, programs: list[Any]) -> None:
     """Compiles the units of ``programs`` (:mod:`_nvrtc_ledger`: every unit for sm_90, the ones whose code
-    differs by architecture, ``#if __CUDA_ARCH__`` for vector atomics, for sm_80 too; with ``every_arch``
-    every unit for both). Asserts that each compiles within the launch limits ptxas reports."""
-    from rgtune.codegen.cuda import nvrtc
-
-    problems = ledger.compile(group, programs, nvrtc.ARCHS if every_arch else None)
+    differs by architecture, ``#if __CUDA_ARCH__`` for vector atomics, for sm_80 too; every unit for both
+    in the exhaustive run). Asserts that each compiles within the launch limits ptxas reports."""
+    problems = ledger.compile(group, programs)
     assert not problems, "\n".join(problems[:5])
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-@pytest.mark.parametrize("every_arch", [False, pytest.param(True, marks=pytest.mark.exhaustive)])
-def test_every_cuda_ir_configuration_compiles(every_arch: bool, ledger: Any, aifb: HeteroGraph) -> None:
+def test_every_cuda_ir_configuration_compiles(ledger: Any, aifb: HeteroGraph) -> None:
     """Every training IR configuration (1,680) at the default schedule (edge-parallel where the layout asks for
     it): 666 distinct units, for sm_90 (sm_80 compiles the same code: vector width 1 has no vector atomics);
     the exhaustive run compiles each for both."""
@@ -430,13 +427,12 @@ def test_every_cuda_ir_configuration_compiles(every_arch: bool, ledger: Any, aif
     space = _cuda_space(relation_rgat(64, 64, 2), aifb)
     programs = [generate(p.kernels, p.config) for p in (_valid_point(space, c) for c in space.ir_configs())]
     assert len(programs) == 1680
-    _compile(ledger, "rgat-relation ir-configs", programs, every_arch)
+    _compile(ledger, "rgat-relation ir-configs", programs)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize("every_arch", [False, pytest.param(True, marks=pytest.mark.exhaustive)])
-def test_random_cuda_training_schedules_compile(every_arch: bool, ledger: Any, aifb: HeteroGraph) -> None:
+def test_random_cuda_training_schedules_compile(ledger: Any, aifb: HeteroGraph) -> None:
     """20 random training schedules (IR and schedule knobs): every unit for sm_90, the ones with code by
     architecture (a scatter's vector atomics) for sm_80 too; every unit for both in the exhaustive run."""
     from rgtune.codegen.cuda.generate import generate
@@ -445,7 +441,7 @@ def test_random_cuda_training_schedules_compile(every_arch: bool, ledger: Any, a
     rng = random.Random("cuda-rel-softmax")
     programs = [generate(space.compile(c).kernels, c) for c in (space.sample(rng) for _ in range(20))]
     assert any("__CUDA_ARCH__" in u.code for p in programs for u in p.units)
-    _compile(ledger, "rgat-relation random", programs, every_arch)
+    _compile(ledger, "rgat-relation random", programs)
 
 
 def _emulated(program: Program, graph: HeteroGraph, cfg: dict[str, Any], mode: str, arch: str) -> None:
