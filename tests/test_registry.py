@@ -7,6 +7,7 @@ here, tunes it, loads the best schedule and trains it, with nothing else in the 
 
 from __future__ import annotations
 
+import pickle
 import re
 import subprocess
 import sys
@@ -70,14 +71,18 @@ def test_a_model_defined_in_a_test_is_tuned_loaded_and_trained(registered, tmp_p
 
 
 def test_the_worker_rebuilds_a_model_it_has_never_seen(registered):
-    """The measurement worker is a fresh (spawned) process: it imports the builder by its path."""
+    """The measurement worker is a fresh (spawned) process that receives the workload pickled: it imports
+    the builder by the path the parent's registry recorded (the user's own command made the workload)."""
     assert registered.source == f"{__name__}:gated_mean"
-    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
-            "from rgtune.ir.registry import model_spec, build_model; "
-            f"p = build_model('gated_mean', 4, 4, 1, 'gate=False', source={registered.source!r}); "
-            "print(sorted(p.state_params()))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
-    assert out.stdout.strip() == "['bias', 'root', 'weight']"
+    from rgtune.tuner.measure import Workload
+
+    w = Workload("gated_mean", SPEC, 4, 4, 1, "reference", options={"gate": False})
+    assert w.model_source == registered.source
+    code = (f"import pickle, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+            "w = pickle.loads(sys.stdin.buffer.read()); print(sorted(w.program().state_params()))")
+    out = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(w), capture_output=True, cwd=ROOT,
+                         check=True)
+    assert out.stdout.decode().strip() == "['bias', 'root', 'weight']"
 
 
 # ---------------------------------------------------------------------- options

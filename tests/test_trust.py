@@ -116,7 +116,7 @@ def test_another_users_model_is_refit_and_ones_own_is_reused(history: TrialDatab
 
 
 def test_the_key_is_private_and_an_exposed_one_is_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from rgtune.costmodel import signing
+    from rgtune import _signing as signing
 
     monkeypatch.setenv(CONFIG_VARIABLE, str(tmp_path / "config"))
     model = tmp_path / "m.rgcm"

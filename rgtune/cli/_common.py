@@ -110,6 +110,12 @@ def add_layer_args(p: argparse.ArgumentParser, dataset_help: str) -> None:
                                                      "reference")
 
 
+#: ``--trust-code``'s help: commands whose cost model reads the models a database's rows name
+TRUST_CODE_HELP = ("import the module a database row names for its model when this process has not registered it "
+                   "(running that module's code: only for a database whose writers you trust); without it, such "
+                   "rows are learnt without the IR's counts, and a warning names them")
+
+
 def add_mode_arg(p: argparse.ArgumentParser, what: str) -> None:
     """``--mode inference|training``: which of a workload's schedules (a forward's, or a training step's)."""
     p.add_argument("--mode", default="inference", choices=("inference", "training"),

@@ -19,6 +19,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from rgtune.cli._common import TRUST_CODE_HELP
     from rgtune.costmodel.model import ESTIMATORS, TARGETS
 
     p = argparse.ArgumentParser(
@@ -38,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default="log_default", choices=TARGETS,
                    help="per-workload normalization of the time (default log_default)")
     p.add_argument("--data-dir", default=None, help="where the history's graphs are loaded from")
+    p.add_argument("--trust-code", action="store_true", help=TRUST_CODE_HELP)
     p.add_argument("--json", metavar="PATH", help="also write the result as JSON to PATH")
     return p
 
@@ -60,7 +62,7 @@ def costmodel_main(argv: Sequence[str] | None = None) -> int:
         cm = CostModel(args.estimator, args.target)
         if args.eval:
             r = evaluate_holdout(db, args.holdout, model=args.model, backend=args.backend, device=args.device,
-                                 cost_model=cm, data_dir=args.data_dir)
+                                 cost_model=cm, data_dir=args.data_dir, trust_code=args.trust_code)
             _print_holdout(r)
             out: dict[str, Any] = r.as_dict()
         else:
@@ -97,7 +99,8 @@ def _train_all(db: "TrialDatabase", cm: "CostModel", args: argparse.Namespace) -
         print("no trials in the database yet: nothing to train on")
     out = []
     for be, dev in groups:
-        fit = fit_on_history(db, CostModel(**cm.params()), be, dev, graphs=GraphLoader(args.data_dir))
+        fit = fit_on_history(db, CostModel(**cm.params()), be, dev, graphs=GraphLoader(args.data_dir),
+                             trust_code=args.trust_code)
         if fit.path is None:
             where = "not saved (in-memory database)"
         else:

@@ -9,8 +9,8 @@ import argparse
 import sys
 from typing import Any
 
-from rgtune.cli._common import (CLIError, add_mode_arg, add_workload_args, load_graph, model_options, open_db,
-                                positive_int, positive_seconds, resolve_backend)
+from rgtune.cli._common import (TRUST_CODE_HELP, CLIError, add_mode_arg, add_workload_args, load_graph, model_options,
+                                open_db, positive_int, positive_seconds, resolve_backend)
 from rgtune.tuner.measure import TIMINGS
 
 #: ``tune --cost-model-policy`` unless given (BENCHMARKS.md, "Learned cost model", has how they compare)
@@ -67,6 +67,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="on (default): the learned cost model, trained on this device's history, steers the "
                         "search (see --cost-model-policy); it stays out of the way until the history is large "
                         "enough, and says so")
+    p.add_argument("--trust-code", action="store_true", help="cost model: " + TRUST_CODE_HELP)
     p.add_argument("--cost-model-policy", default=DEFAULT_POLICY, choices=("prune", "rank"),
                    help="prune: skip measuring candidates predicted clearly slower than the best so far (recorded "
                         "as pruned; they do not count against --trials); rank: the sampler proposes "
@@ -176,7 +177,7 @@ def _cost_model_guide(args: argparse.Namespace) -> Any:
             explore=args.cost_model_explore, seed=args.seed or 0, **given)
     except ValueError as e:
         raise CLIError(f"--cost-model-policy {name}: {e}") from e
-    return CostModelGuide(policy=policy, data_dir=args.data_dir)
+    return CostModelGuide(policy=policy, data_dir=args.data_dir, trust_code=args.trust_code)
 
 
 def _print_summary(s) -> None:

@@ -184,6 +184,8 @@ class ReferenceBackend(Backend):
 
 
 _BACKENDS: dict[str, Callable[[], Backend]] = {"reference": ReferenceBackend}
+#: plugins (``"package.module:Class"``) that :func:`create` imported in this process
+_LOADED_PLUGINS: set[str] = set()
 
 
 def register_backend(name: str, factory: Callable[[], Backend], schedule: TargetSchedule | None = None) -> None:
@@ -218,13 +220,18 @@ def auto_backend() -> str:
     return "cuda" if available_backends().get("cuda", (False, ""))[0] else "cpu"
 
 
-def backend_target(name: str) -> str:
-    """The target whose schedule knobs backend ``name`` runs (``cpu`` for ``reference``); ``cpu`` for a
-    backend that cannot be created here (a plugin that fails to load). Creating one needs no device."""
-    try:
-        return str(create(name).target)
-    except Exception:  # noqa: BLE001 - a plugin that does not load: its trials can only be CPU ones
-        return "cuda" if name.startswith("cuda") else "cpu"
+def backend_target(name: str, *, trust_code: bool = False) -> str:
+    """The target whose schedule knobs backend ``name`` runs (``cpu`` for ``reference``). Creating one
+    needs no device. A plugin (``"package.module:Class"``) that this process has not loaded is imported
+    only with ``trust_code`` (a name the user gave, not one read from a database row); otherwise, or
+    when it fails to load, the target is told by the name (``cuda...`` or else ``cpu``)."""
+    load_builtin_backends()
+    if name in _BACKENDS or name in _LOADED_PLUGINS or trust_code:
+        try:
+            return str(create(name).target)
+        except Exception:  # noqa: BLE001 - a plugin that does not load: its trials can only be told by name
+            pass
+    return "cuda" if name.rpartition(":")[2].lower().startswith("cuda") or name.startswith("cuda") else "cpu"
 
 
 def create(name: str) -> Backend:
@@ -236,9 +243,11 @@ def create(name: str) -> Backend:
 
         module, _, cls = name.partition(":")
         try:
-            return getattr(importlib.import_module(module), cls)()
+            factory = getattr(importlib.import_module(module), cls)
         except (ImportError, AttributeError) as e:
             raise BackendError(f"cannot load backend {name!r}: {e}") from None
+        _LOADED_PLUGINS.add(name)  # loaded on the caller's word: backend_target may create it again
+        return factory()
     if name not in _BACKENDS:
         raise BackendError(f"unknown backend {name!r}; choose one of {sorted(_BACKENDS)}")
     return _BACKENDS[name]()

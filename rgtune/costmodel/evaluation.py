@@ -57,7 +57,7 @@ def evaluate_holdout(db: "TrialDatabase", holdout_dataset: str, *, model: str | 
                      backend: str | None = None, device: str | None = None, cost_model: CostModel | None = None,
                      data_dir: str | None = None, graphs: GraphLoader | None = None,
                      exclude: Callable[["WorkloadRecord"], bool] | None = None,
-                     keep_predictions: bool = False) -> HoldoutResult:
+                     keep_predictions: bool = False, trust_code: bool = False) -> HoldoutResult:
     """Train on every other graph's ``ok`` history (same device and backend), rank the held-out one.
 
     The held-out graph is excluded by name and by content (a graph recorded under two names is
@@ -65,7 +65,8 @@ def evaluate_holdout(db: "TrialDatabase", holdout_dataset: str, *, model: str | 
     measured schedule once (the median of its repeated measurements); the result's metrics
     are the mean over those workloads. ``exclude`` leaves more workloads out of the training
     (ablations); ``keep_predictions`` adds each schedule's ``knobs``, ``pred``, ``true`` (ms) and
-    ``first`` (its first measurement, ms).
+    ``first`` (its first measurement, ms). ``trust_code``: import the models the history names that
+    this process has not registered (:mod:`.history`).
 
     Example:
         >>> from rgtune.db import TrialDatabase
@@ -88,7 +89,7 @@ def evaluate_holdout(db: "TrialDatabase", holdout_dataset: str, *, model: str | 
     hashes = {w.graph_hash for w in hold}
     graphs = graphs or GraphLoader(data_dir)
     template = cost_model or CostModel()
-    fit = fit_on_history(db, template, be, dev, path=None, graphs=graphs,
+    fit = fit_on_history(db, template, be, dev, path=None, graphs=graphs, trust_code=trust_code,
                          exclude=lambda w: w.dataset == holdout_dataset or w.graph_hash in hashes
                          or (exclude is not None and exclude(w)))
     result = HoldoutResult(holdout_dataset, be, dev, len(fit.samples), len({s.workload for s in fit.samples}),
@@ -99,7 +100,7 @@ def evaluate_holdout(db: "TrialDatabase", holdout_dataset: str, *, model: str | 
     stats = graph_stats(db)
     for w in hold:
         name, chash, st = stats[w.id]
-        ctx = context_for(w, name, st, graphs(name, chash))
+        ctx = context_for(w, name, st, graphs(name, chash), trust_code)
         times: dict[str, list[float]] = defaultdict(list)
         knobs: dict[str, dict[str, Any]] = {}
         for t in db.history(w, status="ok"):

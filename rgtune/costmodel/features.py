@@ -130,6 +130,8 @@ class WorkloadContext:
     target: str = "cpu"
     mode: str = "inference"  # "training": a point is the training program (forward and backward kernels)
     options: str = ""  # the model's options, canonical text
+    #: import the model's module when it is not registered here (the name comes from a database row)
+    trust_code: bool = False
     _space: "SearchSpace | None" = field(default=None, repr=False)
     _base_counts: dict[str, Any] | None = field(default=None, repr=False)
     _fixed: dict[str, float] | None = field(default=None, repr=False)
@@ -145,10 +147,11 @@ class WorkloadContext:
     def space(self) -> "SearchSpace":
         """The workload's search space (built on first use; needs the graph)."""
         if self._space is None:
-            from rgtune.ir.registry import build_model
+            from rgtune.ir.registry import recorded_model
             from rgtune.search_spaces import SearchSpace
 
-            self._space = SearchSpace(build_model(self.model, self.in_dim, self.out_dim, self.heads, self.options),
+            spec = recorded_model(self.model, origin="the trial database", trust_code=self.trust_code)
+            self._space = SearchSpace(spec.build(self.in_dim, self.out_dim, self.heads, self.options),
                                       self.graph, self.target, mode=self.mode)
         return self._space
 

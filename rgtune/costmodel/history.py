@@ -6,7 +6,10 @@ and loading every graph of the history is the expensive part of training, not th
 
 Graphs are found by the name the database keeps (``aifb``, ``synthetic:bgs,scale=0.1``)
 through :func:`rgtune.data.load_dataset`, and accepted only when their content hash is the
-recorded one; a graph that cannot be loaded here leaves its rows without counts.
+recorded one; a graph that cannot be loaded here leaves its rows without counts. So does a model
+that is not registered in this process: a row's model name is data (a shared database may name
+``"os:system"``), and its module is imported only with ``trust_code``
+(:func:`rgtune.ir.registry.recorded_model`).
 """
 
 from __future__ import annotations
@@ -94,9 +97,25 @@ def graph_stats(db: "TrialDatabase") -> dict[int, tuple[str, str, dict[str, Any]
         return {int(w): (str(n), str(h), dict(st or {})) for w, n, h, st in s.execute(q).all()}
 
 
-def context_for(w: "WorkloadRecord", name: str, stats: dict[str, Any], graph: "HeteroGraph | None") -> WorkloadContext:
+def context_for(w: "WorkloadRecord", name: str, stats: dict[str, Any], graph: "HeteroGraph | None",
+                trust_code: bool = False) -> WorkloadContext:
+    """The context of a history workload; without its graph, or a model that can be built here, its rows
+    have no counts."""
+    if graph is not None and not _model_available(w.model, trust_code):
+        graph = None
     return WorkloadContext(w.model, w.in_dim, w.out_dim, w.heads, w.backend, w.device, stats, graph,
-                           backend_target(w.backend), w.mode, w.options)
+                           backend_target(w.backend, trust_code=trust_code), w.mode, w.options, trust_code)
+
+
+def _model_available(model: str, trust_code: bool) -> bool:
+    from rgtune.ir.registry import UnknownModelError, recorded_model
+
+    try:
+        recorded_model(model, origin="a workload of the trial database", trust_code=trust_code)
+        return True
+    except UnknownModelError as e:
+        log.warning("%s; %s", e, _WITHOUT_COUNTS)
+        return False
 
 
 def matching_workloads(db: "TrialDatabase", backend: str, device: str | None,
@@ -111,10 +130,12 @@ def matching_workloads(db: "TrialDatabase", backend: str, device: str | None,
 
 
 def load_samples(db: "TrialDatabase", workloads: Iterable["WorkloadRecord"], graphs: GraphLoader,
-                 cache: dict[int, dict[str, float]], contexts: dict[int, WorkloadContext] | None = None) -> list[Sample]:
+                 cache: dict[int, dict[str, float]], contexts: dict[int, WorkloadContext] | None = None,
+                 trust_code: bool = False) -> list[Sample]:
     """Every ``ok`` trial of ``workloads`` as a :class:`Sample`; rows come from ``cache`` when there.
 
-    ``cache`` (trial id -> row) is filled with the rows computed here.
+    ``cache`` (trial id -> row) is filled with the rows computed here. ``trust_code``: import the
+    models the rows name that this process has not registered (see the module docstring).
     """
     stats = graph_stats(db)
     contexts = {} if contexts is None else contexts
@@ -132,19 +153,19 @@ def load_samples(db: "TrialDatabase", workloads: Iterable["WorkloadRecord"], gra
             row = cache.get(t.id)
             if row is None:
                 if ctx is None:
-                    ctx = contexts[w.id] = context_for(w, name, st, graphs(name, chash))
+                    ctx = contexts[w.id] = context_for(w, name, st, graphs(name, chash), trust_code)
                 row = cache[t.id] = ctx.features(t.knobs)
             if default is None:
-                default = _default_knobs(w, ctx, st, graphs, name, chash, contexts)
+                default = _default_knobs(w, ctx, st, graphs, name, chash, contexts, trust_code)
             samples.append(Sample(workload_key(w.id), row, float(t.median_ms), t.knobs == default, t.id,
                                   t.schedule_hash))
     return samples
 
 
 def _default_knobs(w: "WorkloadRecord", ctx: WorkloadContext | None, st: dict[str, Any], graphs: GraphLoader,
-                   name: str, chash: str, contexts: dict[int, WorkloadContext]) -> dict[str, Any]:
+                   name: str, chash: str, contexts: dict[int, WorkloadContext], trust_code: bool) -> dict[str, Any]:
     if ctx is None:
-        ctx = contexts[w.id] = context_for(w, name, st, graphs(name, chash))
+        ctx = contexts[w.id] = context_for(w, name, st, graphs(name, chash), trust_code)
     try:
         return canonical_knobs(ctx.space.default())[0]
     except Exception:  # noqa: BLE001 - a model this version cannot build: no default, median normalization

@@ -181,15 +181,19 @@ class CostModelGuide:
             else the per-user cache), a path, or None (never saved).
         data_dir: where the history's graphs are loaded from (their counts are features).
         graphs: a :class:`GraphLoader` to share loaded graphs with (instead of ``data_dir``).
+        trust_code: import the models that the history's workloads name and this process has not
+            registered (a shared database's rows are data; without this their trials have no counts).
     """
 
     def __init__(self, model: CostModel | None = None, policy: PrunePolicy | RankPolicy | None = None, *,
-                 model_path: Any = "auto", data_dir: str | None = None, graphs: GraphLoader | None = None) -> None:
+                 model_path: Any = "auto", data_dir: str | None = None, graphs: GraphLoader | None = None,
+                 trust_code: bool = False) -> None:
         self.template = model or CostModel()
         self.model = self.template
         self.policy = policy or PrunePolicy()
         self.model_path = model_path
         self.graphs = graphs or GraphLoader(data_dir)
+        self.trust_code = trust_code
         self._rng = random.Random(self.policy.seed)
         self._db: "TrialDatabase | None" = None
         self._record: "WorkloadRecord | None" = None
@@ -215,15 +219,16 @@ class CostModelGuide:
         """Train (or load) the model on the history of ``workload``'s device and backend; the status line."""
         self._db, self._record = db, workload
         self.graphs.add(graph)
+        target = space.target if space is not None else backend_target(workload.backend, trust_code=True)  # the user's
         ctx = WorkloadContext(workload.model, workload.in_dim, workload.out_dim, workload.heads, workload.backend,
-                              workload.device, dict(graph.stats.as_dict()), graph,
-                              space.target if space is not None else backend_target(workload.backend), workload.mode,
+                              workload.device, dict(graph.stats.as_dict()), graph, target, workload.mode,
                               workload.options)
         if space is not None:
             ctx._space = space
         self._contexts[workload.id] = ctx
         fit = fit_on_history(db, self.template, workload.backend, workload.device,
-                             path=self.model_path, graphs=self.graphs, current=workload, contexts=self._contexts)
+                             path=self.model_path, graphs=self.graphs, current=workload, contexts=self._contexts,
+                             trust_code=self.trust_code)
         self.model, self._rows, self._path = fit.model, fit.rows, fit.path
         key = workload_key(workload.id)
         self._others = [s for s in fit.samples if s.workload != key]
@@ -240,7 +245,7 @@ class CostModelGuide:
         if self._db is None or self._record is None or self.model.regressor is None:
             return
         save_history_rows(self._db, self.model, self._record.backend, self._record.device, self._path,
-                          self.graphs, self._rows, self._contexts)
+                          self.graphs, self._rows, self._contexts, self.trust_code)
 
     # ------------------------------------------------------------------ the hook
     def __call__(self, config: Mapping[str, Any], point: Any) -> tuple[bool, float | None]:

@@ -4,7 +4,7 @@ The file is one line of JSON (the header), a newline, and a pickle of the payloa
 carries a magic string, the format version, the scikit-learn and numpy versions the estimator
 was pickled with, what the model was trained for (device, backend, settings), the payload's
 sha256, and an HMAC of the whole file under this user's secret key
-(:mod:`rgtune.costmodel.signing`). :func:`read_model` returns None with a reason for anything it
+(:mod:`rgtune._signing`). :func:`read_model` returns None with a reason for anything it
 would not trust (another format, other library versions, another device, a truncated or edited
 payload, a payload that does not unpickle); the caller then retrains. Writes go through a
 temporary file and a rename, so a crash never leaves half a model behind.
@@ -36,7 +36,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
-from rgtune.costmodel import signing
+from rgtune import _signing as signing
 
 __all__ = ["FORMAT_VERSION", "MAGIC", "write_model", "read_model", "default_model_path"]
 

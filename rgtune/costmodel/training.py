@@ -54,11 +54,12 @@ def fit_on_history(db: "TrialDatabase", template: CostModel, backend: str, devic
                    current: "WorkloadRecord | None" = None,
                    exclude: Callable[["WorkloadRecord"], bool] | None = None,
                    contexts: dict[int, WorkloadContext] | None = None, rows: dict[int, dict[str, float]] | None = None,
-                   save: bool = True) -> HistoryFit:
+                   save: bool = True, trust_code: bool = False) -> HistoryFit:
     """Fit ``template``'s settings on every ``ok`` trial of one device (by name) and backend.
 
     ``path="auto"`` is :func:`model_path_for`; None neither reads nor writes a file. With an
-    ``exclude`` filter (holdout evaluation) nothing is read from or written to disk.
+    ``exclude`` filter (holdout evaluation) nothing is read from or written to disk. The models
+    the history names are imported only with ``trust_code`` (:mod:`.history`).
     """
     graphs = graphs or GraphLoader()
     contexts = {} if contexts is None else contexts
@@ -79,7 +80,7 @@ def fit_on_history(db: "TrialDatabase", template: CostModel, backend: str, devic
         if note and note != "no saved model":
             log.warning("cost model: not using %s: %s; retraining", path, note)
     workloads = matching_workloads(db, backend, device, exclude)
-    samples = load_samples(db, workloads, graphs, rows, contexts)
+    samples = load_samples(db, workloads, graphs, rows, contexts, trust_code)
     wanted = {s.trial_id for s in samples}
     rows = {k: v for k, v in rows.items() if k in wanted}  # trials that left the history leave the cache
     cur = None if current is None else f"w{current.id}"
@@ -99,12 +100,12 @@ def fit_on_history(db: "TrialDatabase", template: CostModel, backend: str, devic
 
 def save_history_rows(db: "TrialDatabase", model: CostModel, backend: str, device: str,
                       path: Path | None, graphs: GraphLoader, rows: dict[int, dict[str, float]],
-                      contexts: dict[int, WorkloadContext]) -> None:
+                      contexts: dict[int, WorkloadContext], trust_code: bool = False) -> None:
     """Save ``model`` with the rows of every ``ok`` trial now in the history (no fit: the next
     start refits when the history grew, and then only the new trials' rows are computed)."""
     if path is None:
         return
-    samples = load_samples(db, matching_workloads(db, backend, device), graphs, rows, contexts)
+    samples = load_samples(db, matching_workloads(db, backend, device), graphs, rows, contexts, trust_code)
     wanted = {s.trial_id for s in samples}
     key = {"device": device, "backend": backend, **model.params()}
     try:

@@ -6,6 +6,14 @@ runtime, export, bench -- goes through :func:`model_spec`. A model registers wit
 own code is registered by a call, or named by its import path ``"package.module:builder"``
 (which is also how a worker process rebuilds it: it imports the path).
 
+**Code is imported only where the user asked for it.** :func:`model_spec` is for a name the caller
+wrote (a ``--model`` argument, ``load_tuned("mypkg.models:f", ...)``): a path there is imported.
+A name read from a file or a database row (an export folder, a trial database someone shares) goes
+through :func:`recorded_model`: it is looked up among the models this process registered (or
+imported by their path), and its import path is imported only with ``trust_code=True``. Otherwise
+it is :class:`UntrustedModelError`, naming the path and how to load it deliberately: a file can name
+``"os:system"`` or a module it ships beside itself, and importing that runs its code.
+
 A builder is ``builder(in_dim, out_dim, heads=1, **options) -> Program``. Its *options* are its
 keyword-only parameters (``num_bases=30``; a ``Literal[...]`` annotation lists the values one
 takes): they are part of a workload's identity, written
@@ -43,8 +51,9 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 
 from rgtune.ir.program import IRError, Program
 
-__all__ = ["Option", "ModelSpec", "ModelOptionError", "UnknownModelError", "register_model", "unregister_model",
-           "model_spec", "list_models", "build_model", "parse_options", "parse_key"]
+__all__ = ["Option", "ModelSpec", "ModelOptionError", "UnknownModelError", "UntrustedModelError", "register_model",
+           "unregister_model", "model_spec", "registered_model", "recorded_model", "list_models", "build_model",
+           "parse_options", "parse_key"]
 
 Builder = Callable[..., Program]
 _TYPES: dict[str, type] = {"int": int, "float": float, "str": str, "bool": bool}
@@ -52,6 +61,11 @@ _TYPES: dict[str, type] = {"int": int, "float": float, "str": str, "bool": bool}
 
 class UnknownModelError(IRError):
     """No model of that name is registered (or importable)."""
+
+
+class UntrustedModelError(UnknownModelError):
+    """A file or database row names a model that is not registered here, by a module path that would
+    have to be imported (and so run) to build it; the caller did not allow that."""
 
 
 class ModelOptionError(IRError):
@@ -191,19 +205,71 @@ def list_models() -> list[str]:
     return list(_REGISTRY)
 
 
-def model_spec(name: str, source: str | None = None) -> ModelSpec:
-    """The model ``name``: a registered one, or one imported from ``"module:attr"`` (``name`` itself,
-    or ``source`` where the name was registered elsewhere: how a worker process rebuilds it). The
-    attribute may be a :class:`ModelSpec` or a builder (registered under ``name``)."""
-    _builtins()
-    if name in _REGISTRY:
-        return _REGISTRY[name]
-    if isinstance(name, str) and ":" not in name and name.lower() in _REGISTRY:
-        return _REGISTRY[name.lower()]
-    path = name if ":" in name else source
-    if path is None:
+def model_spec(name: str) -> ModelSpec:
+    """The model ``name`` as the caller wrote it: a registered one (any case), or one imported from
+    ``"module:attr"`` (registered under that path). The attribute may be a :class:`ModelSpec` or a
+    builder. A name read from a file or a database row goes through :func:`recorded_model` instead."""
+    spec = registered_model(name)
+    if spec is not None:
+        return spec
+    if ":" not in name:
         raise UnknownModelError(f"unknown model {name!r}; choose one of {list(_REGISTRY)}, register one with "
                                 "rgtune.register_model(name, builder), or name a builder as 'package.module:function'")
+    return _import_model(name, name)
+
+
+def registered_model(name: str, source: str | None = None) -> ModelSpec | None:
+    """The model registered in this process as ``name`` (any case), or else one registered from the
+    import path ``source`` (a builder this process imported by that path); None if neither. Imports
+    nothing."""
+    _builtins()
+    with _LOCK:
+        if name in _REGISTRY:
+            return _REGISTRY[name]
+        if isinstance(name, str) and ":" not in name and name.lower() in _REGISTRY:
+            return _REGISTRY[name.lower()]
+        path = name if isinstance(name, str) and ":" in name else source
+        if path is not None:
+            for spec in _REGISTRY.values():
+                if spec.source == path:
+                    return spec
+    return None
+
+
+def recorded_model(name: str, source: str | None = None, *, origin: str, trust_code: bool = False) -> ModelSpec:
+    """The model a file or a database row names: ``name``, and ``source``, the import path the writer
+    recorded for it.
+
+    A model registered here (:func:`registered_model`) is returned without importing anything. A
+    path (``name`` itself, or ``source``) is imported only with ``trust_code``: else this is
+    :class:`UntrustedModelError`, whose one line names ``origin`` (what was read, e.g. ``"export
+    folder tuned_rgcn/"``), the model, the path, and the two ways to load it deliberately.
+
+    Example:
+        >>> recorded_model("rgcn", "rgtune.ir.models:rgcn", origin="a test").name
+        'rgcn'
+        >>> recorded_model("planted", "os:system", origin="export folder planted/")
+        Traceback (most recent call last):
+        ...
+        rgtune.ir.registry.UntrustedModelError: export folder planted/ names model 'planted' from 'os:system', which is not registered in this process; rgtune imports no code a file or database names. Register the model first (import the module that defines it, which calls rgtune.register_model), or pass trust_code=True (--trust-code) if you trust whoever wrote it
+    """
+    spec = registered_model(name, source)
+    if spec is not None:
+        return spec
+    path = name if ":" in name else source
+    if path is None:
+        raise UnknownModelError(f"{origin} names model {name!r}, which is not registered in this process "
+                                f"(registered: {list(_REGISTRY)}); register it with rgtune.register_model first")
+    if not trust_code:
+        raise UntrustedModelError(
+            f"{origin} names model {name!r} from {path!r}, which is not registered in this process; rgtune imports "
+            "no code a file or database names. Register the model first (import the module that defines it, which "
+            "calls rgtune.register_model), or pass trust_code=True (--trust-code) if you trust whoever wrote it")
+    return _import_model(name, path)
+
+
+def _import_model(name: str, path: str) -> ModelSpec:
+    """Import the builder at ``path`` (``"module:attr"``) and register it as ``name``."""
     module_name, _, attr = path.partition(":")
     try:
         target: Any = importlib.import_module(module_name)
@@ -221,10 +287,10 @@ def model_spec(name: str, source: str | None = None) -> ModelSpec:
 
 
 def build_model(name: str, in_dim: int = 64, out_dim: int = 64, heads: int = 1,
-                options: Mapping[str, Any] | str | None = None, source: str | None = None) -> Program:
+                options: Mapping[str, Any] | str | None = None) -> Program:
     """The program of model ``name`` (see :func:`model_spec`) with ``options`` (a mapping, or their
     canonical text)."""
-    return model_spec(name, source).build(in_dim, out_dim, heads, options)
+    return model_spec(name).build(in_dim, out_dim, heads, options)
 
 
 def parse_key(text: str) -> dict[str, str]:

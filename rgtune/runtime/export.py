@@ -10,11 +10,20 @@ The folder (format ``rgtune-export`` version 1)::
                          database, export date (UTC)
     kernel_program.txt   the kernel IR of the schedule, for reading
     sources/<file>       the generated kernel sources (BuiltProgram.sources)
+    signature.json       an HMAC of schedule.json under the exporting user's key (:mod:`rgtune._signing`)
 
 :func:`load_exported` needs no database: it rebuilds the kernels from the config, checks
 that the regenerated sources hash to the exported ones (a warning if not: another rgtune
 version generates other code), and warns when the graph's content or this device differs
 from what the schedule was tuned on. A graph with other node or edge types is an error.
+
+**An export is data.** The folder is meant to be shared, so loading it runs none of its code:
+the kernels are generated again from the knobs (checked against the search space), the sizes
+and options are checked against the model, and the model is looked up among those registered
+in the loading process. Its module (``model_source``, e.g. ``"mypkg.models:conv"``) is imported
+only when this user signed the export here (their own export of a model registered in their own
+module loads as before) or the caller passes ``trust_code=True``; otherwise the load is
+:class:`~rgtune.ir.registry.UntrustedModelError`, before anything is imported.
 
 The folder is written beside ``out_dir`` and renamed in; an earlier export it replaces is
 renamed aside first and deleted last, so ``out_dir`` is never half-written, and what an export
@@ -54,7 +63,8 @@ import rgtune
 from rgtune.codegen.base import Backend, available_backends, create
 from rgtune.data import HeteroGraph
 from rgtune.ir.program import IRError
-from rgtune.ir.registry import build_model, model_spec, parse_key
+from rgtune import _signing
+from rgtune.ir.registry import ModelSpec, model_spec, parse_key, recorded_model, registered_model
 from rgtune.runtime._lookup import fingerprint, graph_signature, resolve_backend, resolve_graph, shown_db, warn
 from rgtune.runtime.load import select_schedule
 from rgtune.runtime.module import GraphMismatchError, Layer
@@ -63,13 +73,13 @@ from rgtune.search_spaces import SearchSpace
 if TYPE_CHECKING:
     from rgtune.db import TrialDatabase
 
-__all__ = ["EXPORT_FORMAT", "FORMAT_VERSION", "SCHEDULE_FILE", "PROVENANCE_FILE", "NoTunedScheduleError", "export",
-           "export_layer", "load_exported", "read_export_json"]
+__all__ = ["EXPORT_FORMAT", "FORMAT_VERSION", "SCHEDULE_FILE", "PROVENANCE_FILE", "SIGNATURE_FILE",
+           "NoTunedScheduleError", "export", "export_layer", "load_exported", "read_export_json"]
 
 EXPORT_FORMAT = "rgtune-export"
 FORMAT_VERSION = 1
-SCHEDULE_FILE, PROVENANCE_FILE, _README, _KERNELS, _SOURCES = ("schedule.json", "provenance.json", "README.txt",
-                                                       "kernel_program.txt", "sources")
+SCHEDULE_FILE, PROVENANCE_FILE, SIGNATURE_FILE = "schedule.json", "provenance.json", "signature.json"
+_README, _KERNELS, _SOURCES = "README.txt", "kernel_program.txt", "sources"
 
 
 class NoTunedScheduleError(LookupError):
@@ -149,10 +159,14 @@ def export_layer(layer: Layer, out_dir: str | Path, *, overwrite: bool = False, 
         "backend": be.name,
         "exported_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
-    files = {SCHEDULE_FILE: json.dumps(schedule, indent=2, sort_keys=True) + "\n",
+    schedule_text = json.dumps(schedule, indent=2, sort_keys=True) + "\n"
+    files = {SCHEDULE_FILE: schedule_text,
              PROVENANCE_FILE: json.dumps(provenance, indent=2, sort_keys=True, default=str) + "\n",
              _KERNELS: layer.kernels.describe() + "\n", _README: _readme(out.name, schedule, provenance),
              **{f"{_SOURCES}/{name}": text for name, text in sources.items()}}
+    signature = _signature(schedule_text.encode(), spec)
+    if signature is not None:
+        files[SIGNATURE_FILE] = signature
     tmp = Path(tempfile.mkdtemp(prefix=_leftover_prefix(out, "new"), dir=out.parent))
     try:
         (tmp / _SOURCES).mkdir()
@@ -163,6 +177,29 @@ def export_layer(layer: Layer, out_dir: str | Path, *, overwrite: bool = False, 
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _signature(schedule: bytes, spec: ModelSpec) -> str | None:
+    """``signature.json``: the HMAC of ``schedule.json`` under this user's key; None, with a warning,
+    when the key cannot be used."""
+    try:
+        tag = _signing.sign(schedule)
+    except _signing.SigningKeyError as e:
+        warn(f"the export is not signed ({e}); loading it where model {spec.name!r} is not registered will need "
+             "trust_code=True")
+        return None
+    return json.dumps({"signs": SCHEDULE_FILE, "hmac_sha256": tag,
+                       "note": "an HMAC under the exporting user's rgtune key: only that user, on that machine, can "
+                               "check it, and then loads the model's module without trust_code"}, indent=2) + "\n"
+
+
+def _signed_here(folder: Path, schedule: bytes) -> bool:
+    """Whether this user (on this machine) signed the folder's ``schedule.json``."""
+    try:
+        sig = json.loads((folder / SIGNATURE_FILE).read_text())
+        return isinstance(sig, dict) and _signing.verify(schedule, sig.get("hmac_sha256"))
+    except (OSError, ValueError):  # no signature, an unreadable one, or no usable key: not this user's
+        return False
 
 
 def _leftover_prefix(out: Path, kind: str) -> str:
@@ -271,6 +308,11 @@ def _readme(name: str, s: Mapping[str, Any], p: Mapping[str, Any]) -> str:
           provenance.json     trial, timing, devices, versions, date
           kernel_program.txt  the kernel IR of this schedule
           sources/            the generated kernel sources
+          signature.json      an HMAC of schedule.json under the exporter's rgtune key
+
+        Loading runs no code from this folder: the model is looked up among those registered in
+        the loading process, and its module is imported only for the user who exported it (the
+        signature) or with load_exported(..., trust_code=True).
         """)
 
 
@@ -281,6 +323,7 @@ def load_exported(
     *,
     backend: str | Backend | None = None,
     data_dir: str | Path | None = None,
+    trust_code: bool = False,
 ) -> Layer:
     """The tuned layer of an export folder, rebuilt for ``graph`` without any database.
 
@@ -291,23 +334,27 @@ def load_exported(
         backend: default the exported one (``"auto"`` with a warning when it cannot run here).
             On another target (cuda -> cpu) the tuned IR knobs are kept and the kernel
             schedule knobs take that target's defaults, with a warning.
+        trust_code: import the module the export names for its model (``model_source``) even
+            when this user did not sign the folder: that runs the module's code, so only for a
+            folder from someone you trust. Not needed for a model registered in this process,
+            nor for this user's own exports.
     """
     folder = Path(path)
-    s, p = read_export_json(folder / SCHEDULE_FILE), read_export_json(folder / PROVENANCE_FILE)
+    raw = _read_bytes(folder / SCHEDULE_FILE)
+    s, p = _parse_json(folder / SCHEDULE_FILE, raw), read_export_json(folder / PROVENANCE_FILE)
     if s.get("format") != EXPORT_FORMAT or not isinstance(s.get("format_version"), int):
         raise ValueError(f"{folder}: not an rgtune export ({SCHEDULE_FILE} has no format {EXPORT_FORMAT!r})")
     if s["format_version"] > FORMAT_VERSION:
         raise ValueError(f"{folder}: export format version {s['format_version']} is newer than this rgtune reads "
                          f"({FORMAT_VERSION}); upgrade rgtune")
-    spec = model_spec(s["model"], s.get("model_source"))
+    spec = _exported_model(folder, s, raw, trust_code)
     options = s.get("options", "")  # exports before model options had none
     g = resolve_graph(graph, data_dir)
     _check_graph(folder, s["graph"], g)
     be = _backend_for(s["backend"], backend)
     config, mode = dict(s["config"]), s.get("mode", "inference")  # exports before training had no mode
     if be.target != s["target"]:
-        space = SearchSpace(build_model(spec.name, s["in_dim"], s["out_dim"], s["heads"], options), g, be.target,
-                            mode=mode)
+        space = SearchSpace(spec.build(s["in_dim"], s["out_dim"], s["heads"], options), g, be.target, mode=mode)
         ir = {k.name for k in space.ir_knobs}
         config = {k: v for k, v in config.items() if k in ir}
         warn(f"{folder}: tuned for the {s['target']} target ({s['backend']} backend), loading on {be.name} "
@@ -328,12 +375,35 @@ def load_exported(
 
 
 def read_export_json(path: Path) -> dict[str, Any]:
+    return _parse_json(path, _read_bytes(path))
+
+
+def _read_bytes(path: Path) -> bytes:
     try:
-        return json.loads(path.read_text())
+        return path.read_bytes()
     except FileNotFoundError:
         raise FileNotFoundError(f"{path.parent}: not an rgtune export folder (no {path.name})") from None
-    except json.JSONDecodeError as e:
+
+
+def _parse_json(path: Path, raw: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: not an rgtune export file (a JSON {type(value).__name__}, not an object)")
+    return value
+
+
+def _exported_model(folder: Path, s: Mapping[str, Any], raw: bytes, trust_code: bool) -> ModelSpec:
+    """The export's model: registered here, or imported from its ``model_source`` when this user signed
+    the folder or the caller trusts it (:func:`~rgtune.ir.registry.recorded_model` says how to otherwise)."""
+    name, source = s.get("model"), s.get("model_source")
+    if not isinstance(name, str) or not (source is None or isinstance(source, str)):
+        raise ValueError(f"{folder}: {SCHEDULE_FILE} names no model (model {name!r}, model_source {source!r})")
+    if not trust_code and registered_model(name, source) is None:
+        trust_code = _signed_here(folder, raw)  # this user's own export: the path is one they recorded
+    return recorded_model(name, source, origin=f"export folder {folder}", trust_code=trust_code)
 
 
 def _check_graph(folder: Path, exported: Mapping[str, Any], g: HeteroGraph) -> None:

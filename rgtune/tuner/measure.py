@@ -76,6 +76,7 @@ Example:
 from __future__ import annotations
 
 import gc
+import logging
 import math
 import multiprocessing as mp
 import os
@@ -112,7 +113,9 @@ class Workload:
     ``options`` may be given as a mapping or as canonical text; it is kept as canonical text
     (:meth:`ModelSpec.key <rgtune.ir.registry.ModelSpec.key>`), and checked against the model's
     options when the workload is made. ``model_source`` is where a worker process imports a model
-    registered elsewhere (``"package.module:builder"``; filled in from the registry).
+    registered elsewhere (``"package.module:builder"``; filled in from the registry when the workload
+    is made, so it is always the path the user's own code or command named or registered, never one
+    read from a database row).
     """
 
     model: str
@@ -127,19 +130,25 @@ class Workload:
     model_source: str | None = None
 
     def __post_init__(self) -> None:
-        from rgtune.ir.registry import model_spec
-
-        spec = model_spec(self.model, self.model_source)
+        spec = self.spec()
         object.__setattr__(self, "model", spec.name)
         object.__setattr__(self, "options", spec.key(self.options))
         if self.model_source is None:
             object.__setattr__(self, "model_source", spec.source)
 
+    def spec(self) -> Any:
+        """The model's :class:`~rgtune.ir.registry.ModelSpec`. In a measurement worker (a fresh process)
+        a model registered elsewhere is imported from ``model_source``: the workload was made by the
+        user's command in the parent, which named that model."""
+        from rgtune.ir.registry import model_spec, recorded_model
+
+        if self.model_source is None:
+            return model_spec(self.model)
+        return recorded_model(self.model, self.model_source, origin="the workload", trust_code=True)
+
     def program(self) -> Any:
         """The model's program at the workload's sizes and options (before the passes)."""
-        from rgtune.ir.registry import build_model
-
-        return build_model(self.model, self.in_dim, self.out_dim, self.heads, self.options, self.model_source)
+        return self.spec().build(self.in_dim, self.out_dim, self.heads, self.options)
 
 
 @dataclass(frozen=True)
@@ -486,6 +495,7 @@ def _worker_main(conn: Any, workload: Workload, options: MeasureOptions, parent:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _watch_parent(parent)
     try:
+        _say_whose_model(workload, parent)
         session = _Session(workload, options)
         m = session.memory
         conn.send(("ready", (session.backend.device_info(), (m.device, m.limit, m.share_slots, m.free_limit))))
@@ -511,6 +521,27 @@ def _worker_main(conn: Any, workload: Workload, options: MeasureOptions, parent:
                 conn.send(("result", result))
                 return
         conn.send(("result", result))
+
+
+def _say_whose_model(workload: Workload, parent: int) -> None:
+    """Log which code a worker imports for its model, and on whose word: the command of its parent
+    process, which made the workload (a worker never takes a model path from the database, even
+    when it serves a study that many machines share)."""
+    from rgtune.ir.registry import registered_model
+
+    if registered_model(workload.model, workload.model_source) is None:
+        logging.getLogger("rgtune.tuner").info(
+            "measurement worker %d: importing model %r from %r, as the command of process %d (user %s) named it",
+            os.getpid(), workload.model, workload.model_source, parent, _user())
+
+
+def _user() -> str:
+    try:
+        import getpass
+
+        return getpass.getuser()
+    except Exception:  # noqa: BLE001 - no user name (a container without one): the uid says it
+        return str(os.getuid()) if hasattr(os, "getuid") else "?"
 
 
 # ----------------------------------------------------------------------- parent side

@@ -1,16 +1,18 @@
 """A secret key of this user on this machine, and HMACs under it: which files this user wrote.
 
-A saved cost model is a pickle, and unpickling runs whatever code the file names. The model sits
-next to the trial database, and databases travel (a colleague's ``results.db``, a shared folder),
-so :mod:`rgtune.costmodel.store` signs each model it writes with an HMAC under this key and
-unpickles only a file whose HMAC checks out: one this user wrote here. Anything else is ignored
-and the model is fit again from the trial history, which is data, not code.
+Two kinds of file rgtune writes travel and hold something that would run code if trusted: a saved
+cost model is a pickle (unpickling runs whatever the file names), and an export folder names the
+module its model is imported from. Both are signed with an HMAC under this key when written, and
+trusted only when the HMAC checks out: a file this user wrote here. Anything else is data only (a
+cost model is fit again from the trial history; an export's model must be registered in the
+loading process, or its import explicitly allowed).
 
-The key is 32 random bytes (hex) in ``<config>/costmodel.key``, where ``<config>`` is
+The key is 32 random bytes (hex) in ``<config>/costmodel.key`` (named for its first use, and kept
+so that models saved before exports were signed stay trusted), where ``<config>`` is
 ``$RGTUNE_CONFIG_DIR``, else ``$XDG_CONFIG_HOME/rgtune``, else ``~/.config/rgtune``. It is created
 on first use: the folder with mode 0700, the file with mode 0600. A key file that is a link, not a
 regular file, someone else's, or readable or writable by others is not used (:class:`SigningKeyError`
-says what to fix): no saved model is trusted until it is fixed.
+says what to fix): nothing signed is trusted until it is fixed.
 
 Example:
     >>> import tempfile
@@ -79,7 +81,7 @@ def _read_key(path: Path) -> bytes:
     try:
         fd = os.open(path, flags)
     except OSError as e:
-        raise SigningKeyError(f"cannot open the cost-model key {path} ({e.strerror or e}); it must be a regular "
+        raise SigningKeyError(f"cannot open rgtune's signing key {path} ({e.strerror or e}); it must be a regular "
                               f"file of yours (delete it to get a new one)") from None
     try:
         st = os.fstat(fd)
@@ -91,8 +93,9 @@ def _read_key(path: Path) -> bytes:
         elif os.name == "posix" and st.st_mode & 0o077:
             problem = f"can be read or written by others (mode {stat.S_IMODE(st.st_mode):o})"
         if problem:
-            raise SigningKeyError(f"the cost-model key {path} {problem}; delete it (a new one is made, and saved "
-                                  f"models are fit again once) or make it yours with mode 600")
+            raise SigningKeyError(f"rgtune's signing key {path} {problem}; delete it (a new one is made: saved cost "
+                                  f"models are fit again once, and your exports need trust_code=True) or make it yours "
+                                  f"with mode 600")
         text = os.read(fd, 4 * _KEY_HEX).decode(errors="replace").strip()
     finally:
         os.close(fd)
@@ -101,7 +104,7 @@ def _read_key(path: Path) -> bytes:
     except ValueError:
         key = b""
     if len(key) != _KEY_HEX // 2:
-        raise SigningKeyError(f"the cost-model key {path} is damaged (not {_KEY_HEX} hex digits); delete it")
+        raise SigningKeyError(f"rgtune's signing key {path} is damaged (not {_KEY_HEX} hex digits); delete it")
     return key
 
 
@@ -126,7 +129,7 @@ def _create_key(path: Path) -> bytes:
     except OSError as e:
         if isinstance(e, SigningKeyError):
             raise
-        raise SigningKeyError(f"cannot create the cost-model key {path} ({e.strerror or e}); set {CONFIG_VARIABLE} "
+        raise SigningKeyError(f"cannot create rgtune's signing key {path} ({e.strerror or e}); set {CONFIG_VARIABLE} "
                               f"to a writable folder of yours") from None
     return _read_key(path)
 
