@@ -6,7 +6,7 @@
 # Steps (in this order; each writes its log and files under $OUT, default ./gpu_out):
 #   setup    install the carried wheels (.whl/, from ../shared/tools/gpu-wheels) under /tmp/site; GPU facts
 #   tests    the GPU tests (CUDA kernels against the float64 reference, the device's lock)
-#   collect  the GPU history: costmodel_transfer.py --collect on the cuda backend, studies side by side
+#   collect  the GPU history: `tune` studies on the cuda backend side by side, then costmodel_transfer.py --repeat-real
 #   curves   the tuning curves on the cuda backend (settings: CURVES_ARGS), runs side by side, re-timed
 #
 # Datasets: .data/datasets/{aifb,mutag} (raw files) and .data/processed (processed graphs), carried.
@@ -35,8 +35,17 @@ step_tests() {
 }
 
 step_collect() {
-  python3 experiments/costmodel_transfer.py --collect --no-eval --backend cuda --seed 23 --repeat-real 2 \
-    --jobs "$JOBS" --db "sqlite:///$HISTORY"
+  # the CPU history's plan (BENCHMARKS.md): random search on the real graphs, TPE on four synthetic ones
+  python3 -c "from rgtune.db import TrialDatabase as T; T('sqlite:///$HISTORY').close()"  # created once, up front
+  for m in rgat hgt; do
+    for d in aifb mutag; do echo "--model $m --dataset $d --sampler random --trials 60"; done
+    for d in synthetic:bgs,scale=0.1 synthetic:am,scale=0.01 synthetic:ogbn-mag,scale=0.003,reverse=1 \
+             synthetic:custom,nodes=20000,edges=100000,ntypes=4,rels=20,degree_skew=1.5; do
+      echo "--model $m --dataset $d --trials 40"; done
+  done | OMP_NUM_THREADS=$(( $(nproc) / JOBS > 0 ? $(nproc) / JOBS : 1 )) xargs -P "$JOBS" -L 1 \
+    python3 -m rgtune.cli tune --backend cuda --cost-model off --confirm 0 --seed 23 --quiet --db "sqlite:///$HISTORY"
+  python3 experiments/costmodel_transfer.py --repeat-real 2 --no-eval --backend cuda --jobs "$JOBS" \
+    --db "sqlite:///$HISTORY"
   cp "$HISTORY" "$OUT/"
 }
 

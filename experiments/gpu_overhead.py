@@ -1,21 +1,28 @@
-"""Where the time of one tuned-layer forward goes on a GPU: kernels, program host path, layer host path.
+"""Where the time of one tuned-layer forward goes on a GPU: kernels, the program's host path, the layer's host path.
 
-For each model (default schedule, or ``--db``'s tuned one) the tuned layer is built twice, replaying a
-recorded CUDA graph and launching kernel by kernel, and timed in one process: ``program events``
-(``BuiltProgram.run`` back to back, CUDA events around the loop), ``program + sync`` (one run, then
-``torch.cuda.synchronize()``, wall clock), ``layer + sync`` (the same through ``layer(x)``), and the
-synchronization alone. Medians of ``--repeats`` after 10 warm-up calls. Needs a CUDA GPU.
+Makes BENCHMARKS.md's table "The host path" (GPU backend: H100). For each model (default schedule, or --db's
+tuned one) the layer is built twice, replaying a recorded CUDA graph and launching kernel by kernel, and
+timed in one process: program events (`BuiltProgram.run` back to back, CUDA events around the loop),
+program + sync (one run, then `torch.cuda.synchronize()`, wall clock), layer + sync (the same through
+`layer(x)`), and the synchronization alone. Medians of --repeats after 10 warm-up calls. Needs a CUDA GPU.
+
+Examples::
+
+    python experiments/gpu_overhead.py --dataset aifb --models rgcn,hgt
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import parser  # noqa: E402 - experiments/ is not a package
 
 
 def wall_ms(fn: Callable[[], object], repeats: int, events: bool = False) -> float:
@@ -42,18 +49,13 @@ def wall_ms(fn: Callable[[], object], repeats: int, events: bool = False) -> flo
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__, "models", "hidden", "data-dir", models="rgcn,hgt")
     p.add_argument("--dataset", default="aifb", help="dataset (default aifb)")
-    p.add_argument("--models", default="rgcn,hgt", help="comma-separated models (default rgcn,hgt)")
-    p.add_argument("--hidden", type=int, default=64, help="feature size (default 64)")
     p.add_argument("--db", default=None, help="trial database: the tuned schedule (default: the default schedule)")
     p.add_argument("--repeats", type=int, default=200, help="timed calls (default 200)")
-    p.add_argument("--data-dir", default=None, help="dataset root (default $RGTUNE_DATA_DIR)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
-        print("gpu_overhead: error: needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
-        return 1
-
+        p.exit(1, "gpu_overhead: error: needs a CUDA GPU (torch.cuda.is_available() is False)\n")
     from rgtune.codegen.cuda.backend import CudaBackend
     from rgtune.data import load_dataset
     from rgtune.runtime import load_tuned
@@ -66,18 +68,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     for model in args.models.split(","):
         for graphs in (True, False):
             backend = CudaBackend(graphs=graphs)
-            if args.db:
-                layer = load_tuned(model, graph, args.hidden, args.hidden, db=args.db, backend=backend).to("cuda")
-            else:
-                layer = tuned_layer(model, graph, args.hidden, args.hidden, backend=backend, device="cuda")
+            layer = (load_tuned(model, graph, args.hidden, args.hidden, db=args.db, backend=backend).to("cuda")
+                     if args.db else tuned_layer(model, graph, args.hidden, args.hidden, backend=backend, device="cuda"))
             runner = layer._runner
+            built = runner.program("inference")[1]  # the BuiltProgram that layer(x) runs
             params = dict(zip(runner.names, [layer._parameters[n] for n in runner.names]))
             with torch.no_grad():
-                row = (wall_ms(lambda: runner.built.run(x, params), args.repeats, events=True),
-                       wall_ms(lambda: runner.built.run(x, params), args.repeats),
-                       wall_ms(lambda: layer(x), args.repeats))
-            launch = "cuda graph" if graphs else "kernel by kernel"
-            print(f"{model:6} {launch:17} {row[0]:15.4f} {row[1]:15.4f} {row[2]:13.4f}")
+                row = (wall_ms(lambda: built.run(x, params), args.repeats, events=True),
+                       wall_ms(lambda: built.run(x, params), args.repeats), wall_ms(lambda: layer(x), args.repeats))
+            print(f"{model:6} {'cuda graph' if graphs else 'kernel by kernel':17} {row[0]:15.4f} {row[1]:15.4f} "
+                  f"{row[2]:13.4f}")
     return 0
 
 

@@ -1,48 +1,49 @@
-"""Real-size graphs: 30-trial studies on the BGS-, AM- and ogbn-mag-sized presets, and what a trial costs.
+"""Real-size graphs: `tune` studies on the BGS-, AM- and ogbn-mag-sized presets, what a trial costs, and the transfer.
 
-Each study is the ``tune`` command a user runs (its own process; the cost model on, trained on whatever
-history the database holds: ``--collect-small`` first fills it with random-sampler studies of the same
-models on AIFB and MUTAG, so the big graphs' studies are steered by a model that never saw them).
-Per study it records the wall time, the trials' statuses, the default and best schedule, and from the
-trial database: the share of each trial's wall time spent compiling and verifying (the oracle's own
-time; the kernels' verification run doubles as a warm-up run), the sampled verification's coverage
-and the peak memory of the measuring process per trial. ``--transfer`` then measures how well the
-cost model trained on the small graphs ranks the big graphs' measured schedules (ordered pair
-accuracy, zero-shot top-1 error). JSON lines go to ``experiments/results/scale/``.
+Makes BENCHMARKS.md's "Real-size graphs" study table and its "Cost-model transfer" numbers. Each study is
+the `tune` a user runs (its own process; the cost model on, trained on the history in --db: BENCHMARKS.md's
+random-sampler studies on AIFB and MUTAG). Per study: its wall time, the trials' statuses, the default and
+best schedule, and from the database per verified trial the share of its wall time spent compiling and
+verifying (the float64 oracle's own time), the sampled verification's coverage and the peak memory of the
+measuring process. --transfer: `rgtune costmodel --eval --holdout` on each big graph, trained on the small
+graphs alone (the other big graphs' trials left out). JSON lines go to experiments/results/scale/.
 
 Examples::
 
-    python experiments/scale_studies.py --collect-small
-    python experiments/scale_studies.py --models rgcn,rgat,hgt --datasets synthetic:bgs,synthetic:am
+    python experiments/scale_studies.py --fresh --datasets synthetic:bgs,synthetic:am,synthetic:ogbn-mag
     python experiments/scale_studies.py --transfer --datasets synthetic:bgs,synthetic:am
+    python experiments/scale_studies.py --report     # the tables of studies.jsonl and transfer.jsonl
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+from datetime import timezone
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).resolve().parent / "results" / "scale"
-SMALL = ("aifb", "mutag")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import RESULTS, append_jsonl, parser, read_jsonl  # noqa: E402 - experiments/ is not a package
+
+from rgtune.db.trial_result import TrialDetails  # noqa: E402
+
+SCALE = RESULTS / "scale"
 
 
-def _tune(model: str, dataset: str, args: argparse.Namespace, trials: int, extra: list[str]) -> dict[str, Any]:
+def _tune(model: str, dataset: str, args: Any) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "rgtune.cli", "tune", "--model", model, "--dataset", dataset, "--hidden",
-           str(args.hidden), "--trials", str(trials), "--backend", "cpu", "--db", args.db, "--seed", str(args.seed),
-           "--quiet", *extra]
+           str(args.hidden), "--trials", str(args.trials), "--backend", "cpu", "--db", args.db, "--seed",
+           str(args.seed), "--quiet", "--time-budget", str(args.time_budget), *(["--fresh"] if args.fresh else [])]
     t0 = time.time()
     r = subprocess.run(cmd, capture_output=True, text=True)
-    row = {"model": model, "dataset": dataset, "trials": trials, "wall_s": round(time.time() - t0, 1), "started": t0,
-           "rc": r.returncode, "summary": r.stdout.strip().splitlines()[-12:], "stderr": r.stderr.strip()[-2000:]}
-    print(f"{model} {dataset}: rc {r.returncode} in {row['wall_s']} s", flush=True)
-    return row
+    print(f"{model} {dataset}: rc {r.returncode} in {time.time() - t0:.1f} s", flush=True)
+    return {"model": model, "dataset": dataset, "trials": args.trials, "wall_s": round(time.time() - t0, 1),
+            "started": t0, "rc": r.returncode, "summary": r.stdout.strip().splitlines()[-12:],
+            "stderr": r.stderr.strip()[-2000:]}
 
 
 def _trial_costs(db_url: str, model: str, dataset: str, since: float) -> dict[str, Any]:
@@ -66,111 +67,38 @@ def _trial_costs(db_url: str, model: str, dataset: str, since: float) -> dict[st
     search = [t for t in trials if t.confirmation_id is None]
     shares, peaks, covered = [], [], None
     for t in search:
-        d = t.details or {}
-        wall = d.get("elapsed")
-        if t.status == "ok" and wall:
-            shares.append(((t.compile_s or 0.0) + d.get("verify_seconds", 0.0)) / wall)
-            covered = d.get("verified", covered)
-        if t.peak_bytes is not None and not d.get("memory_refused"):
+        d = t.details or TrialDetails()
+        if t.status == "ok" and d.elapsed_s:
+            shares.append(((t.compile_s or 0.0) + (d.verify_seconds or 0.0)) / d.elapsed_s)
+            covered = d.to_json().get("verified", covered)
+        if t.peak_bytes is not None and not d.memory.refused:
             peaks.append(t.peak_bytes)
-    statuses: dict[str, int] = {}
-    for t in search:
-        statuses[t.status] = statuses.get(t.status, 0) + 1
-    ok = [t for t in search if t.status == "ok" and t.median_ms is not None]
+    ok = [(t.details or TrialDetails()).elapsed_s or 0.0 for t in search if t.status == "ok" and t.median_ms is not None]
     default = min(search, key=lambda t: t.id) if search else None  # a fresh study measures the default first
-    return {"statuses": statuses, "default_ms": default.median_ms if default else None,
-            "default_status": default.status if default else None,
-            "default_first_run_ms": (default.details or {}).get("first_run_ms") if default else None,
-            "best_ms": best.median_ms if best else None,
+    return {"statuses": {s: sum(t.status == s for t in search) for s in {t.status for t in search}},
+            "default_ms": default and default.median_ms, "default_status": default and default.status,
+            "default_first_run_ms": default and (default.details or TrialDetails()).first_run_ms,
+            "best_ms": best and best.median_ms,
             "compile_verify_share_median": statistics.median(shares) if shares else None,
-            "compile_verify_share_max": max(shares) if shares else None,
-            "peak_gb_max": max(peaks) / 2**30 if peaks else None, "verified": covered,
-            "trial_wall_s_median": statistics.median((t.details or {}).get("elapsed", 0.0) for t in ok) if ok else None}
+            "compile_verify_share_max": max(shares, default=None), "verified": covered,
+            "peak_gb_max": max(peaks) / 2**30 if peaks else None,
+            "trial_wall_s_median": statistics.median(ok) if ok else None}
 
 
 def _epoch(when: Any) -> float:
     """A recorded time (naive datetimes are UTC) in seconds since the epoch."""
-    from datetime import timezone
-
     return (when if when.tzinfo else when.replace(tzinfo=timezone.utc)).timestamp()
 
 
-def _transfer(db_url: str, dataset: str, big: list[str]) -> list[dict[str, Any]]:
-    """The cost model trained on the small graphs' history alone ranks ``dataset``'s measured schedules: the
-    evaluation runs on a copy of the database without the other big graphs' trials."""
-    import shutil
-    import sqlite3
-    import tempfile
+def _transfer(db_url: str, dataset: str, big: list[str]) -> dict[str, Any]:
+    """`rgtune costmodel --eval --holdout dataset`, the model trained without the other big graphs' trials."""
+    from rgtune.costmodel import evaluate_holdout
+    from rgtune.db import TrialDatabase
 
-    src = db_url.removeprefix("sqlite:///")
-    with tempfile.TemporaryDirectory() as tmp:
-        copy = Path(tmp) / "history.db"
-        con = sqlite3.connect(src)
-        con.execute(f"VACUUM INTO '{copy}'")  # a consistent copy of a WAL database
-        con.close()
-        con = sqlite3.connect(copy)
-        others = [d for d in big if d != dataset]
-        con.execute(f"DELETE FROM rg_trials WHERE workload_id IN (SELECT w.id FROM rg_workloads w JOIN rg_graphs g ON "
-                    f"g.id = w.graph_id WHERE g.name IN ({','.join('?' * len(others))}))", others)
-        con.commit()
-        con.close()
-        out = Path(tmp) / "eval.json"
-        r = subprocess.run([sys.executable, "-m", "rgtune.cli", "costmodel", "--eval", "--db", f"sqlite:///{copy}",
-                            "--holdout", dataset, "--json", str(out)], capture_output=True, text=True)
-        result = json.loads(out.read_text()) if out.exists() else None
-        shutil.rmtree(Path(str(copy) + ".costmodel"), ignore_errors=True)
-    print(r.stdout.strip()[-2000:], r.stderr.strip()[-1000:], file=sys.stderr)
-    return [{"dataset": dataset, "trained_on": list(SMALL), "rc": r.returncode, "text": r.stdout.strip()[-3000:],
-             "json": result}]
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", default="rgcn,rgat,hgt")
-    p.add_argument("--datasets", default="synthetic:bgs,synthetic:am,synthetic:ogbn-mag")
-    p.add_argument("--trials", type=int, default=30)
-    p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--time-budget", type=float, default=1200.0, help="seconds per study (the acceptance's 20 min)")
-    p.add_argument("--db", default=f"sqlite:///{RESULTS / 'results.db'}")
-    p.add_argument("--collect-small", action="store_true", help="random-sampler histories on AIFB and MUTAG")
-    p.add_argument("--small-trials", type=int, default=40)
-    p.add_argument("--fresh", action="store_true", help="start new studies (tune --fresh)")
-    p.add_argument("--transfer", action="store_true", help="rank each big graph's schedules zero-shot")
-    p.add_argument("--report", action="store_true",
-                   help="print the markdown tables of studies.jsonl, bench.jsonl and transfer.jsonl")
-    args = p.parse_args(argv)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    models = args.models.split(",")
-    datasets = args.datasets.split(",")
-    if args.collect_small:
-        for model in models:
-            for dataset in SMALL:
-                row = _tune(model, dataset, args, args.small_trials,
-                            ["--sampler", "random", "--cost-model", "off", "--confirm", "0", "--stop-slower", "0"])
-                _append("small_histories.jsonl", row)
-        return 0
-    if args.report:
-        print(report())
-        return 0
-    if args.transfer:
-        for dataset in datasets:
-            for row in _transfer(args.db, dataset, datasets):
-                _append("transfer.jsonl", row)
-        return 0
-    for dataset in datasets:
-        for model in models:
-            row = _tune(model, dataset, args, args.trials,
-                        ["--time-budget", str(args.time_budget), *(["--fresh"] if args.fresh else [])])
-            row.update(_trial_costs(args.db, model, dataset, row["started"]))
-            row["threads"] = os.environ.get("OMP_NUM_THREADS", "default")
-            _append("studies.jsonl", row)
-    return 0
-
-
-def _rows(name: str) -> list[dict[str, Any]]:
-    path = RESULTS / name
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
+    with TrialDatabase(db_url) as db:
+        r = evaluate_holdout(db, dataset, exclude=lambda w: w.dataset in big)
+    print(f"{dataset}: {r.status}; {r.last_line()}", flush=True)
+    return {"dataset": dataset, "json": r.as_dict()}
 
 
 def _ms(v: float | None) -> str:
@@ -178,70 +106,57 @@ def _ms(v: float | None) -> str:
 
 
 def report() -> str:
-    """The tables of BENCHMARKS.md's section on real-size graphs, from the JSON lines."""
+    """BENCHMARKS.md's study table and the transfer's metrics, from studies.jsonl and transfer.jsonl."""
     out = ["| model | dataset | study wall | trials: statuses | default -> best ms | compile+verify share of a "
-           "trial (median / max) | trial wall (median) | peak per trial | verified |", "|---|---|---|---|---|---|---|---|---|"]
-    for r in {(r["model"], r["dataset"]): r for r in _rows("studies.jsonl")}.values():  # a re-run replaces a row
-        st = ", ".join(f"{k} {v}" for k, v in sorted(r.get("statuses", {}).items()))
-        v = r.get("verified") or {}
-        cov = "all rows" if v.get("rows") == "all" else f"{v.get('rows')} rows, {v.get('edges', 0):,} edges"
-        share = r.get("compile_verify_share_median")
+           "trial (median / max) | trial wall (median) | peak per trial | verified |", "|" + "---|" * 9]
+    for r in {(r["model"], r["dataset"]): r for r in read_jsonl(SCALE / "studies.jsonl")}.values():  # latest run
+        v, share = r.get("verified") or {}, r.get("compile_verify_share_median")
         default = _ms(r.get("default_ms")) if r.get("default_status", "ok") == "ok" else r["default_status"]
         if r.get("default_first_run_ms") is not None and r.get("default_status") == "stopped":
             default += f" (first run {_ms(r['default_first_run_ms'])})"
-        out.append(f"| {r['model']} | {r['dataset']} | {r['wall_s'] / 60:.1f} min | {st} | {default} -> "
-                   f"{_ms(r.get('best_ms'))} | " + ("–" if share is None else
-                   f"{share:.0%} / {r['compile_verify_share_max']:.0%}") +
-                   f" | {_ms(r.get('trial_wall_s_median'))} s | {_ms(r.get('peak_gb_max'))} GiB | {cov} |")
-    out += ["", "| model | dataset | mode | rgtune ms | PyG ms | DGL ms | speedup over the faster | peak MB: rgtune / "
-            "PyG / DGL | memory vs the smaller |", "|---|---|---|---|---|---|---|---|---|"]
-    ratios: dict[str, list[float]] = {"fwd": [], "fwd+bwd": []}
-    mem: dict[str, list[float]] = {"fwd": [], "fwd+bwd": []}
-    latest = {(r["model"], r["dataset"]): r for r in _rows("bench.jsonl")}  # a re-run replaces a row
-    for r in latest.values():
-        impls = r["impls"]
-        for mode in ("fwd", "fwd+bwd"):
-            cells, peaks = [], []
-            for key in ("rgtune", "pyg", "dgl"):
-                i = impls.get(key, {})
-                ms = (i.get("median_ms") or {}).get(mode)
-                cells.append(_ms(ms) if ms is not None else _outcome(i, r.get("impl_timeout_s")))
-                pk = (i.get("peak_mb") or {}).get(mode)
-                peaks.append(pk)
-            ours = (impls.get("rgtune", {}).get("median_ms") or {}).get(mode)
-            libs = [(impls.get(k, {}).get("median_ms") or {}).get(mode) for k in ("pyg", "dgl")]
-            libs = [x for x in libs if x is not None]
-            speed = f"{min(libs) / ours:.1f}x" if ours and libs else "–"
-            if ours and libs:
-                ratios[mode].append(min(libs) / ours)
-            lib_peaks = [x for x in peaks[1:] if x]
-            memcell = f"{peaks[0] / min(lib_peaks):.2f}x" if peaks[0] and lib_peaks else "–"
-            if peaks[0] and lib_peaks:
-                mem[mode].append(peaks[0] / min(lib_peaks))
-            out.append(f"| {r['model']} | {r['dataset']} | {mode} | {' | '.join(cells)} | {speed} | "
-                       f"{' / '.join('–' if x is None else f'{x:.0f}' for x in peaks)} | {memcell} |")
-    for mode, xs in ratios.items():
-        if xs:
-            out.append(f"\n{mode}: geomean {statistics.geometric_mean(xs):.1f}x over the faster library "
-                       f"({len(xs)} rows, lowest {min(xs):.1f}x)")
-    for mode, xs in mem.items():
-        if xs:
-            out.append(f"{mode} peak memory: rgtune / the smaller library's, geomean "
-                       f"{statistics.geometric_mean(xs):.2f} ({len(xs)} rows, {min(xs):.2f}-{max(xs):.2f}; "
-                       f"at most 0.5 on {sum(x <= 0.5 for x in xs)})")
-    for r in _rows("transfer.jsonl"):
-        out.append(f"\ntransfer to {r['dataset']}: " + (r.get("text") or "").replace("\n", " / ")[:600])
+        out.append(" | ".join([
+            f"| {r['model']}", r["dataset"], f"{r['wall_s'] / 60:.1f} min",
+            ", ".join(f"{k} {n}" for k, n in sorted(r.get("statuses", {}).items())),
+            f"{default} -> {_ms(r.get('best_ms'))}",
+            "–" if share is None else f"{share:.0%} / {r['compile_verify_share_max']:.0%}",
+            f"{_ms(r.get('trial_wall_s_median'))} s", f"{_ms(r.get('peak_gb_max'))} GiB",
+            "all rows" if v.get("rows") == "all" else f"{v.get('rows')} rows, {v.get('edges', 0):,} edges"]) + " |")
+    for r in read_jsonl(SCALE / "transfer.jsonl"):
+        j = r["json"]
+        out.append(f"\ntransfer to {j['holdout']} (trained on {j['n_train']} trials of {j['n_train_workloads']} "
+                   f"other workloads): " + ", ".join(f"{k} {v:.3f}" for k, v in j["metrics"].items()) + "; " +
+                   "; ".join(f"{w['model']}: opa {w['opa']:.3f}, top-1 error {w['top1_error']:.3f}"
+                             for w in j["per_workload"]))
     return "\n".join(out)
 
 
-def _outcome(impl: dict[str, Any], limit_s: float | None) -> str:
-    status = impl.get("status")
-    return {"oom": "OOM", "timeout": f"> {limit_s:g} s" if limit_s else "> limit", "failed": "failed"}.get(status or "", "–")
-
-
-def _append(name: str, row: dict[str, Any]) -> None:
-    with open(RESULTS / name, "a") as f:
-        f.write(json.dumps(row) + "\n")
+def main(argv: list[str] | None = None) -> int:
+    p = parser(__doc__, "models", "hidden", models="rgcn,rgat,hgt")
+    p.add_argument("--datasets", default="synthetic:bgs,synthetic:am,synthetic:ogbn-mag",
+                   help="comma-separated presets (default the three)")
+    p.add_argument("--trials", type=int, default=30, help="tune --trials (default 30)")
+    p.add_argument("--seed", type=int, default=0, help="tune --seed (default 0)")
+    p.add_argument("--time-budget", type=float, default=1200.0, help="tune --time-budget: seconds (default 1200)")
+    p.add_argument("--db", default=f"sqlite:///{SCALE / 'results.db'}",
+                   help="the trial database, an SQLite file (default experiments/results/scale/results.db)")
+    p.add_argument("--fresh", action="store_true", help="tune --fresh: start new studies")
+    p.add_argument("--transfer", action="store_true", help="rank each big graph's schedules zero-shot instead")
+    p.add_argument("--report", action="store_true", help="only print the tables of the JSON lines")
+    args = p.parse_args(argv)
+    datasets = args.datasets.split(",")
+    if args.report:
+        print(report())
+    elif args.transfer:
+        for dataset in datasets:
+            append_jsonl(SCALE / "transfer.jsonl", _transfer(args.db, dataset, datasets))
+    else:
+        for dataset in datasets:
+            for model in args.models.split(","):
+                row = _tune(model, dataset, args)
+                row.update(_trial_costs(args.db, model, dataset, row["started"]),
+                           threads=os.environ.get("OMP_NUM_THREADS", "default"))
+                append_jsonl(SCALE / "studies.jsonl", row)
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,27 +1,24 @@
 """Tuning curves with and without the learned cost model: the incumbent's re-timed time vs measured trials.
 
-For each (model, dataset, seed) one study per arm runs through the real tuning loop with the same
-budget of measured trials: ``tpe`` (TPE alone) and ``tpe+rank`` (the same sampler and seed with the
-default :class:`~rgtune.costmodel.RankPolicy`). The model's history is the other graphs' trials
-(``costmodel_transfer.py --collect``'s database minus the tuned graph) plus what the study measures;
-each run has its own copy of it and its own kernel cache, and ends without ``tune``'s confirmation.
-
-Quality is re-timed (the fastest of many single measurements is biased low): every schedule that
-became a run's incumbent (its lowest measured time so far, what the tuner returns) within
-``--retime-window`` of the workload's fastest, relative to each run's default schedule, is timed
-again in one process, ``--retime-rounds`` shuffled rounds; one outside the window counts at its
-relative time on the re-timing's scale. The read-out (``readout.md``; ``--readout FOLDER`` prints a
-finished run's again): the incumbent over the best (``--best``) after N trials, and the goal, met
-when an arm's median trials to within 5% of the best are at most half of TPE's and its median
-seconds fewer (:func:`verdict`). Also written: ``tuning_curves.csv``, ``tuning_curves_retimed.csv``
-and ``tuning_curves_summary.json``.
+Makes the "Tuning curves, pre-registered" tables of BENCHMARKS.md's "Learned cost model on the CPU" and "on
+the GPU" (there through gpu_costmodel.sh). Per (model, dataset, seed) one study per arm, the same budget of
+measured trials: `tpe` (TPE alone) and `tpe+rank` (the same sampler and seed with the default RankPolicy).
+The model's history is the other graphs' trials (the database of costmodel_transfer.py's history minus the
+tuned graph) plus what the study measures; each run has its own copy of it and its own kernel cache, and
+ends without `tune`'s confirmation. Every schedule that became a run's incumbent (what the tuner returns)
+within --retime-window of the workload's fastest, relative to each run's default schedule, is re-timed in
+one process, --retime-rounds shuffled rounds; one outside the window counts at its relative time on the
+re-timing's scale. The read-out (readout.md; --readout FOLDER prints a finished run's): the incumbent over
+the best (--best) after N trials, and the goal: an arm's median trials to within 5% of the best at most half
+of TPE's, and its median seconds fewer (`verdict`). Also written: tuning_curves.csv (the traces),
+tuning_curves_retimed.csv, tuning_curves_summary.json.
 
 Examples::
 
     python experiments/tuning_curves.py --history sqlite:///cm_history_s23.db --budget 100 --seeds 5 \
         --first-seed 70 --retime-rounds 8 --timing paired --out experiments/results/curves
-    python experiments/tuning_curves.py --history sqlite:///h.db --models rgat --datasets aifb --seeds 2 --budget 12 \
-        --retime-rounds 2 --out /tmp/curves --workdir /tmp/curves_work                         # a smoke run
+    python experiments/tuning_curves.py --history sqlite:///h.db --models rgat --datasets aifb --seeds 1 --budget 4 \
+        --retime-rounds 2 --out /tmp/curves --workdir /tmp/curves_work                          # a smoke run
     python experiments/tuning_curves.py --readout experiments/results/tuning_curves_gpu --after 2,5,10,50,100
 """
 
@@ -29,35 +26,36 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import json
 import math
+import shutil
 import sqlite3
 import statistics
 import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from rgtune._environ import scoped_env
-from rgtune.db.records import canonical_knobs
 from rgtune.costmodel import CostModel, CostModelGuide, RankPolicy, fit_on_history
 from rgtune.db import DeviceInfo, TrialDatabase
-from rgtune.tuner.measure import TIMINGS, MeasureOptions, MeasureResult, Workload, measure_rounds, median_ok
-from rgtune.tuner.study import UNMEASURED, TuneOptions, Tuner
+from rgtune.db.records import canonical_knobs
+from rgtune.tuner import MeasureOptions, TuneOptions, Tuner, Workload
+from rgtune.tuner.measure import TIMINGS, median_ok
+from rgtune.tuner.study import UNMEASURED
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _parallel import jobs_problem, run_parallel  # noqa: E402 - experiments/ is not a package
+from _common import (canonical_dataset, parser, read_csv, rounds_ms, run_parallel, setup, split_names,  # noqa: E402
+                     write_csv)
 
-RESULTS = Path(__file__).resolve().parent / "results"
 ARMS = ("tpe", "tpe+rank")
 WITHIN = 0.05  # the goal: within 5% of the best
 BEST_ESTIMATES = ("crossfit", "min")  # --best, see best_retimed
 WorkloadKey = tuple[str, str]  # (model, dataset)
-Traces = Mapping[tuple[str, str, str, str], Sequence[Mapping[str, Any]]]  # by (model, dataset, arm, seed)
+Trace = Sequence[Mapping[str, Any]]  # a run's entries; scored by their ``schedule_hash``
 
 
 class CurveTuner(Tuner):
@@ -69,17 +67,17 @@ class CurveTuner(Tuner):
         self.trace: list[dict[str, Any]] = []
         self._t0 = time.perf_counter()  # run() starts right after
 
-    def _evaluate(self, config: dict[str, Any], point: Any, number: int, **kw: Any) -> MeasureResult:
-        result = super()._evaluate(config, point, number, **kw)
+    def _evaluate(self, tid: int, config: dict[str, Any], point: Any, number: int, **kw: Any) -> Any:
+        result = super()._evaluate(tid, config, point, number, **kw)
         ms = result.median * 1e3 if result.status == "ok" and result.median is not None else None
         if result.status not in UNMEASURED:
             self.measured += 1
             self.best = min(self.best, ms if ms is not None else math.inf)
-        self.device_wait_s += result.info.get("device_wait_s", 0.0)
+        self.device_wait_s += result.details.device_wait_s
         self.trace.append({"proposal": len(self.trace) + 1, "measured": self.measured, "status": result.status,
                            "ms": ms, "best_ms": self.best if math.isfinite(self.best) else None,
-                           "predicted_ms": result.info.get("predicted_ms"),
-                           "measurements": len(result.info.get("measurements_ms", [])) or int(ms is not None),
+                           "predicted_ms": result.details.predicted_ms,
+                           "measurements": len(result.details.measurements_ms) or int(ms is not None),
                            "wall_s": time.perf_counter() - self._t0 - self.device_wait_s, "knobs": dict(config)})
         return result
 
@@ -118,11 +116,8 @@ def _sqlite_copy(src: Path | None, dst: Path) -> None:
     for p in (dst, Path(f"{dst}-wal"), Path(f"{dst}-shm")):
         p.unlink(missing_ok=True)
     if src is not None:
-        a, b = sqlite3.connect(src), sqlite3.connect(dst)
-        with b:
+        with contextlib.closing(sqlite3.connect(src)) as a, contextlib.closing(sqlite3.connect(dst)) as b:
             a.backup(b)
-        a.close()
-        b.close()
 
 
 def prepare_base(history: TrialDatabase, dataset: str, workdir: Path, backend: str, cm: CostModel) -> Path:
@@ -139,7 +134,7 @@ def prepare_base(history: TrialDatabase, dataset: str, workdir: Path, backend: s
     for w in db.workloads(backend=backend):
         counts[w.device] = counts.get(w.device, 0) + w.num_ok
     if not counts:
-        raise SystemExit(f"the history has no {backend} trials: run costmodel_transfer.py --collect first")
+        raise SystemExit(f"the history has no {backend} trials: collect one first (BENCHMARKS.md: `tune` studies)")
     fit = fit_on_history(db, cm, backend, max(sorted(counts), key=lambda k: counts[k]))
     print(f"history without {dataset} ({base.name}): {fit.model.status} ({'loaded' if fit.loaded else 'trained'}, "
           f"{len(fit.samples)} trials)", flush=True)
@@ -170,7 +165,7 @@ def _run_dir(workdir: Path, model: str, dataset: str, seed: int, arm: str) -> Pa
     return workdir / "runs" / f"{model}-{_safe(dataset)}-s{seed}-{_safe(arm)}"
 
 
-def run_one(model: str, dataset: str, seed: int, arm: str, base: Path, workdir: Path, args: argparse.Namespace,
+def run_one(model: str, dataset: str, seed: int, arm: str, base: Path, workdir: Path, args: Any,
             backend: str) -> dict[str, Any]:
     """One study, or its trace when it finished before (a work directory holds one timing and recheck)."""
     run_dir = _run_dir(workdir, model, dataset, seed, arm)
@@ -188,11 +183,8 @@ def run_one(model: str, dataset: str, seed: int, arm: str, base: Path, workdir: 
     _sqlite_copy(base, db_path)
     guide = None
     if arm == "tpe+rank":
-        saved, target = Path(f"{base}.costmodel"), Path(f"{db_path}.costmodel")  # the base history's model
-        if saved.is_dir():
-            target.mkdir(exist_ok=True)
-            for f in saved.iterdir():
-                (target / f.name).write_bytes(f.read_bytes())
+        if (saved := Path(f"{base}.costmodel")).is_dir():  # the base history's model
+            shutil.copytree(saved, Path(f"{db_path}.costmodel"), dirs_exist_ok=True)
         guide = CostModelGuide(CostModel(), RankPolicy(seed=seed), data_dir=args.data_dir)
     db = TrialDatabase(f"sqlite:///{db_path}")
     opts = TuneOptions(trials=args.budget, sampler="tpe", seed=seed, progress=False,
@@ -213,12 +205,7 @@ def run_one(model: str, dataset: str, seed: int, arm: str, base: Path, workdir: 
 
 
 # ---------------------------------------------------------------------- re-timing and scoring
-def _schedule(entry: Mapping[str, Any]) -> str | None:
-    knobs = entry.get("knobs")
-    return canonical_knobs(knobs)[1] if knobs is not None else None
-
-
-def _new_bests(trace: Sequence[Mapping[str, Any]]) -> Iterator[tuple[int, Mapping[str, Any]]]:
+def _new_bests(trace: Trace) -> Iterator[tuple[int, Mapping[str, Any]]]:
     """(index, entry) of the trace entries whose measurement lowered the run's best-so-far."""
     best = math.inf
     for i, t in enumerate(trace):
@@ -227,29 +214,25 @@ def _new_bests(trace: Sequence[Mapping[str, Any]]) -> Iterator[tuple[int, Mappin
             yield i, t
 
 
-def run_default_ms(trace: Sequence[Mapping[str, Any]]) -> float | None:
+def run_default_ms(trace: Trace) -> float | None:
     """The run's time of its default schedule: every study opens with it."""
     return next((t["ms"] for t in trace if t["status"] == "ok" and t["ms"] is not None), None)
 
 
-def best_relative(traces: Iterable[Sequence[Mapping[str, Any]]],
-                  schedule: Callable[[Mapping[str, Any]], str | None] = _schedule,
-                  relative: bool = True) -> dict[str, float]:
+def best_relative(traces: Iterable[Trace], relative: bool = True) -> dict[str, float]:
     """Per schedule, its fastest ``ok`` time over ``traces`` relative to its run's default schedule (each
     run is its own measurement process, whose speed cancels in the ratio), or as measured.
 
-    >>> best_relative([[{"status": "ok", "ms": 10.0, "h": "d"}, {"status": "ok", "ms": 5.0, "h": "x"}],
-    ...                [{"status": "ok", "ms": 16.0, "h": "d"}, {"status": "ok", "ms": 7.2, "h": "x"}]],
-    ...               schedule=lambda t: t["h"])
+    >>> ok = lambda h, ms: {"status": "ok", "ms": ms, "schedule_hash": h}
+    >>> best_relative([[ok("d", 10.0), ok("x", 5.0)], [ok("d", 16.0), ok("x", 7.2)]])
     {'d': 1.0, 'x': 0.45}
     """
     out: dict[str, float] = {}
     for trace in traces:
         per = run_default_ms(trace) if relative else 1.0
         for t in trace:
-            h = schedule(t) if t["status"] == "ok" and t["ms"] is not None else None
-            if h is not None and per:
-                out[h] = min(out.get(h, math.inf), t["ms"] / per)
+            if t["status"] == "ok" and t["ms"] is not None and per:
+                out[t["schedule_hash"]] = min(out.get(t["schedule_hash"], math.inf), t["ms"] / per)
     return out
 
 
@@ -257,19 +240,19 @@ def incumbents(runs: Sequence[Mapping[str, Any]], window: float) -> dict[Workloa
     """Per workload, the schedules to re-time by hash (``knobs``, ``measured_ms``, ``relative``): those
     that became a run's incumbent within ``window`` of the workload's fastest time, relative to each
     run's default schedule."""
-    by_workload: dict[WorkloadKey, list[Mapping[str, Any]]] = {}
+    by_workload: dict[WorkloadKey, list[list[dict[str, Any]]]] = {}
     for r in runs:
-        by_workload.setdefault((r["model"], r["dataset"]), []).append(r)
+        by_workload.setdefault((r["model"], r["dataset"]), []).append(
+            [{**t, "schedule_hash": canonical_knobs(t["knobs"])[1]} for t in r["trace"]])
     out: dict[WorkloadKey, dict[str, dict[str, Any]]] = {}
-    for key, sel in by_workload.items():
-        relative = best_relative(r["trace"] for r in sel)
-        measured = best_relative((r["trace"] for r in sel), relative=False)
+    for key, traces in by_workload.items():
+        relative, measured = best_relative(traces), best_relative(traces, relative=False)
         chosen: dict[str, dict[str, Any]] = {}
-        for r in sel:
-            default = run_default_ms(r["trace"])
-            for _, t in _new_bests(r["trace"]):
-                h = _schedule(t)
-                if h is not None and default and t["ms"] / default <= (1 + window) * min(relative.values()):
+        for trace in traces:
+            default = run_default_ms(trace)
+            for _, t in _new_bests(trace):
+                if default and t["ms"] / default <= (1 + window) * min(relative.values()):
+                    h = t["schedule_hash"]
                     chosen[h] = {"knobs": canonical_knobs(t["knobs"])[0], "relative": relative[h],
                                  "measured_ms": measured[h]}
         if chosen:
@@ -277,7 +260,7 @@ def incumbents(runs: Sequence[Mapping[str, Any]], window: float) -> dict[Workloa
     return out
 
 
-def retime_workload(key: WorkloadKey, schedules: Mapping[str, Mapping[str, Any]], args: argparse.Namespace,
+def retime_workload(key: WorkloadKey, schedules: Mapping[str, Mapping[str, Any]], args: Any,
                     backend: str, workdir: Path) -> dict[str, dict[str, Any]]:
     """``schedules`` with each one's ``rounds_ms`` and ``retimed_ms`` (the median of its ok rounds), all
     timed in one measurement process; cached in the work directory while the cache holds them all."""
@@ -290,12 +273,9 @@ def retime_workload(key: WorkloadKey, schedules: Mapping[str, Mapping[str, Any]]
     else:
         workload = Workload(model, dataset, args.hidden, args.hidden, 1, backend, args.data_dir)
         with _own_cache(path.parent):
-            seconds = measure_rounds(workload, {h: s["knobs"] for h, s in schedules.items()}, args.retime_rounds,
-                                     MeasureOptions(timing=args.timing))
-        out = {h: {**s, "rounds_ms": [None if t is None else t * 1e3 for t in seconds[h]]}
-               for h, s in schedules.items()}
-        for v in out.values():
-            v["retimed_ms"] = median_ok(v["rounds_ms"])
+            times = rounds_ms(workload, {h: s["knobs"] for h, s in schedules.items()}, args.retime_rounds,
+                              MeasureOptions(timing=args.timing))
+        out = {h: {**s, "rounds_ms": times[h], "retimed_ms": median_ok(times[h])} for h, s in schedules.items()}
         path.write_text(json.dumps({"settings": settings, "schedules": {
             h: {k: v[k] for k in ("knobs", "rounds_ms", "retimed_ms")} for h, v in out.items()}}))
     ok = [[t for t in v["rounds_ms"] if t is not None] for v in out.values()]
@@ -311,17 +291,6 @@ def _cached_retimes(path: Path, settings: Mapping[str, Any]) -> dict[str, dict[s
     data = json.loads(path.read_text())
     timed = {"timing": "plain", **data.get("settings", {})}  # caches from before --timing were plain
     return data["schedules"] if timed == dict(settings) else {}
-
-
-def retimed_scale(schedules: Iterable[tuple[float, float]]) -> float:
-    """Over the re-timed schedules' ``(relative time, retimed_ms)``, the best re-timed over the fastest
-    relative time: the factor that puts an incumbent outside the window on the re-timing's scale.
-
-    >>> retimed_scale([(8.0, 14.0), (10.0, 15.0)])
-    1.75
-    """
-    pairs = list(schedules)
-    return min(r for _, r in pairs) / min(m for m, _ in pairs)
 
 
 def crossfit_best(rounds: Mapping[str, Sequence[float | None]]) -> float:
@@ -360,9 +329,7 @@ def best_retimed(schedules: Mapping[str, Mapping[str, Any]], how: str) -> float:
     raise ValueError(f"unknown best estimate {how!r}; choose one of {list(BEST_ESTIMATES)}")
 
 
-def incumbent_times(trace: Sequence[Mapping[str, Any]], retimed: Mapping[str, float],
-                    schedule: Callable[[Mapping[str, Any]], str | None] = _schedule,
-                    scale: float = 1.0) -> list[float | None]:
+def incumbent_times(trace: Trace, retimed: Mapping[str, float], scale: float = 1.0) -> list[float | None]:
     """At each trace entry, the time of what the run would return then (its lowest measured time so far):
     re-timed when it was, else relative to the run's default times ``scale``."""
     marks, per = dict(_new_bests(trace)), run_default_ms(trace) or 1.0
@@ -370,64 +337,32 @@ def incumbent_times(trace: Sequence[Mapping[str, Any]], retimed: Mapping[str, fl
     quality = None
     for i in range(len(trace)):
         if i in marks:
-            h = schedule(marks[i])
+            h = marks[i]["schedule_hash"]
             quality = retimed[h] if h in retimed else marks[i]["ms"] / per * scale
         out.append(quality)
     return out
 
 
-def summarize(runs: list[dict[str, Any]], detail: Mapping[WorkloadKey, Mapping[str, Any]], how: str
-              ) -> list[dict[str, Any]]:
-    """One row per re-timed (workload, arm): measured trials and seconds to the goal per seed, their medians."""
-    rows = []
-    for key, d in sorted(detail.items()):
-        retimed = {h: v["retimed_ms"] for h, v in d.items() if v["retimed_ms"] is not None}
-        if not retimed:
-            continue
-        scale, best = retimed_scale((d[h]["relative"], ms) for h, ms in retimed.items()), best_retimed(d, how)
-        for arm in ARMS:
-            sel = [r for r in runs if (r["model"], r["dataset"], r["arm"]) == (*key, arm)]
-            reached = []
-            for r in sel:
-                values = incumbent_times(r["trace"], retimed, scale=scale)
-                reached.append(next(((float(t["measured"]), float(t["wall_s"])) for t, v in zip(r["trace"], values)
-                                     if v is not None and v <= best * (1 + WITHIN)), (math.inf, math.inf)))
-            if sel:
-                rows.append({"model": key[0], "dataset": key[1], "arm": arm, "seeds": len(sel),
-                             "median_wall_s": float(np.median([r["trace"][-1]["wall_s"] for r in sel])),
-                             "retimed_best_known_ms": best,
-                             "retimed_median_trials_to_goal": float(np.median([x for x, _ in reached])),
-                             "retimed_median_seconds_to_goal": float(np.median([y for _, y in reached])),
-                             "retimed_reached": sum(math.isfinite(x) for x, _ in reached),
-                             "retimed_trials_to_goal": [x for x, _ in reached],
-                             "retimed_seconds_to_goal": [y for _, y in reached]})
-    return rows
-
-
-def write_outputs(runs: list[dict[str, Any]], rows: list[dict[str, Any]], out: Path, args: argparse.Namespace,
-                  detail: Mapping[WorkloadKey, Mapping[str, Mapping[str, Any]]]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    f_ = lambda x: "" if x is None else (f"{x:.6g}" if isinstance(x, float) else str(x))  # noqa: E731
-    with open(out / "tuning_curves.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["model", "dataset", "seed", "arm", "proposal", "measured", "status", "ms", "best_ms",
-                    "predicted_ms", "wall_s", "schedule_hash", "measurements"])
-        w.writerows([r["model"], r["dataset"], r["seed"], r["arm"], *(f_(t[k]) for k in (
-            "proposal", "measured", "status", "ms", "best_ms", "predicted_ms", "wall_s")), f_(_schedule(t)),
-            t.get("measurements", int(t["ms"] is not None))] for r in runs for t in r["trace"])
-    rounds = max((len(v["rounds_ms"]) for d in detail.values() for v in d.values()), default=0)
-    with open(out / "tuning_curves_retimed.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["model", "dataset", "schedule_hash", "knobs", "measured_ms", "relative", "retimed_ms",
-                    *(f"round{i}_ms" for i in range(rounds))])
-        for (model, dataset), d in sorted(detail.items()):
-            for h, v in sorted(d.items(), key=lambda kv: (kv[1]["retimed_ms"] is None, kv[1]["retimed_ms"] or 0.0)):
-                w.writerow([model, dataset, h, json.dumps(v["knobs"], sort_keys=True), f_(v["measured_ms"]),
-                            f_(v["relative"]), f_(v["retimed_ms"]), *(f_(t) for t in v["rounds_ms"])])
+def write_outputs(runs: list[dict[str, Any]], detail: Mapping[WorkloadKey, Mapping[str, Mapping[str, Any]]],
+                  args: Any) -> None:
+    """The traces and the re-timed schedules as CSV, then the summary scored from those files."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_csv(args.out / "tuning_curves.csv", [
+        {**{k: r[k] for k in ("model", "dataset", "seed", "arm")},
+         **{k: t[k] for k in ("proposal", "measured", "status", "ms", "best_ms", "predicted_ms", "wall_s")},
+         "schedule_hash": canonical_knobs(t["knobs"])[1], "measurements": t["measurements"]}
+        for r in runs for t in r["trace"]])
+    write_csv(args.out / "tuning_curves_retimed.csv", [
+        {"model": model, "dataset": dataset, "schedule_hash": h, "knobs": json.dumps(v["knobs"], sort_keys=True),
+         **{k: v[k] for k in ("measured_ms", "relative", "retimed_ms")},
+         **{f"round{i}_ms": t for i, t in enumerate(v["rounds_ms"])}}
+        for (model, dataset), d in sorted(detail.items())
+        for h, v in sorted(d.items(), key=lambda kv: (kv[1]["retimed_ms"] is None, kv[1]["retimed_ms"] or 0.0))])
     settings = {k: v for k, v in vars(args).items() if k not in ("history", "workdir", "out", "data_dir", "readout")}
     cost_models = {r["arm"]: r["cost_model"] for r in reversed(runs) if r["cost_model"]}  # each arm's first run
-    (out / "tuning_curves_summary.json").write_text(json.dumps(
-        {"settings": settings, "summary": rows, "cost_model": cost_models}, indent=1, default=str))
+    (args.out / "tuning_curves_summary.json").write_text(json.dumps(
+        {"settings": settings, "summary": summarize(args.out, args.best), "cost_model": cost_models}, indent=1,
+        default=str))
 
 
 # ---------------------------------------------------------------------- the read-out (of the files written)
@@ -449,69 +384,59 @@ def verdict(base_trials: float, base_seconds: float, arm_trials: float, arm_seco
     return "met" if arm_trials <= budget / 2 else ("undecided" if arm_trials <= budget else "missed")
 
 
-def load_summary(results: Path) -> tuple[dict[tuple[str, str, str], dict[str, Any]], int, str]:
-    """The summary's rows by (model, dataset, arm), the budget and the best estimate (``min`` before ``--best``)."""
-    data = json.loads((results / "tuning_curves_summary.json").read_text())
-    rows = {(r["model"], r["dataset"], r["arm"]): r for r in data["summary"] if r["seeds"]}
-    return rows, int(data["settings"]["budget"]), data["settings"].get("best", "min")
-
-
-def csv_schedule(entry: Mapping[str, Any]) -> str:  # the ``schedule`` of the scoring above, for load_traces'
-    return entry["schedule_hash"]
-
-
-def load_traces(results: Path) -> dict[tuple[str, str, str, str], list[dict[str, Any]]]:
-    """Each run's trace in ``tuning_curves.csv`` by (model, dataset, arm, seed), ``ms`` as a float or None."""
+def scored_runs(results: Path, how: str) -> Iterator[tuple[tuple[str, str, str], list[dict[str, Any]],
+                                                          list[float | None], float]]:
+    """Per run of a re-timed workload in ``results``: its (model, dataset, arm), its trace (``ms`` a float or
+    None), at each entry the incumbent's time (:func:`incumbent_times`; one not re-timed on the re-timing's
+    scale: the best re-timed time over the fastest relative time among the re-timed schedules) and the best
+    re-timed time by ``how`` (:func:`best_retimed`)."""
     traces: dict[tuple[str, str, str, str], list[dict[str, Any]]] = {}
-    with open(results / "tuning_curves.csv", newline="") as f:
-        for r in csv.DictReader(f):
-            traces.setdefault((r["model"], r["dataset"], r["arm"], r["seed"]), []).append(
-                {**r, "ms": float(r["ms"]) if r["ms"] else None})
-    return traces
-
-
-def load_retimed(results: Path, traces: Traces, how: str
-                 ) -> tuple[dict[WorkloadKey, dict[str, float]], dict[WorkloadKey, float], dict[WorkloadKey, float]]:
-    """Per re-timed workload: each schedule's re-timed ms, the scale of the incumbents that were not
-    re-timed (:func:`retimed_scale` of their times relative to their run's default), and the
-    best re-timed time by ``how`` (:func:`best_retimed`)."""
-    times: dict[WorkloadKey, dict[str, float]] = {}
+    for r in read_csv(results / "tuning_curves.csv"):
+        traces.setdefault((r["model"], r["dataset"], r["arm"], r["seed"]), []).append(
+            {**r, "ms": float(r["ms"]) if r["ms"] else None})
     schedules: dict[WorkloadKey, dict[str, dict[str, Any]]] = {}
-    with open(results / "tuning_curves_retimed.csv", newline="") as f:
-        reader = csv.DictReader(f)
-        columns = sorted((c for c in reader.fieldnames or () if c.startswith("round") and c[5:-3].isdigit()),
-                         key=lambda c: int(c[5:-3]))
-        for r in reader:
-            key = (r["model"], r["dataset"])
-            if r["retimed_ms"]:
-                times.setdefault(key, {})[r["schedule_hash"]] = float(r["retimed_ms"])
-            schedules.setdefault(key, {})[r["schedule_hash"]] = {
-                "retimed_ms": float(r["retimed_ms"]) if r["retimed_ms"] else None,
-                "rounds_ms": [float(r[c]) if r[c] else None for c in columns]}
-    scales, bests = {}, {}
-    for key, t in times.items():
-        relative = best_relative([v for k, v in traces.items() if k[:2] == key], schedule=csv_schedule)
-        scales[key] = retimed_scale((relative[h], ms) for h, ms in t.items())
-        if how == "crossfit" and not columns:
+    for r in read_csv(results / "tuning_curves_retimed.csv"):  # round columns in order: round0_ms, round1_ms, ...
+        rounds = [float(v) if v else None for c, v in r.items() if c.startswith("round") and c[5:-3].isdigit()]
+        schedules.setdefault((r["model"], r["dataset"]), {})[r["schedule_hash"]] = {
+            "retimed_ms": float(r["retimed_ms"]) if r["retimed_ms"] else None, "rounds_ms": rounds}
+    for key, timed in schedules.items():
+        if not (retimed := {h: v["retimed_ms"] for h, v in timed.items() if v["retimed_ms"] is not None}):
+            continue  # not re-timed: no scale to judge it on
+        if how == "crossfit" and not next(iter(timed.values()))["rounds_ms"]:
             raise ValueError(f"best estimate {how!r} needs each re-timing round's time, which "
                              f"tuning_curves_retimed.csv lacks for {' '.join(key)}")
-        bests[key] = best_retimed(schedules[key], how)
-    return times, scales, bests
+        runs = {k[2:]: trace for k, trace in traces.items() if k[:2] == key}
+        relative, best = best_relative(runs.values()), best_retimed(timed, how)
+        scale = min(retimed.values()) / min(relative[h] for h in retimed)  # relative time -> re-timed ms
+        for (arm, _), trace in runs.items():
+            yield (*key, arm), trace, incumbent_times(trace, retimed, scale), best
+
+
+def summarize(results: Path, how: str) -> list[dict[str, Any]]:
+    """One row per re-timed (workload, arm): measured trials and seconds to within 5% of the best per seed
+    (inf: not within the budget), their medians, and the runs' median seconds."""
+    runs: dict[tuple[str, str, str], list[tuple[float, float, float, float]]] = {}
+    for key, trace, values, best in scored_runs(results, how):
+        goal = next(((float(t["measured"]), float(t["wall_s"])) for t, v in zip(trace, values)
+                     if v is not None and v <= best * (1 + WITHIN)), (math.inf, math.inf))
+        runs.setdefault(key, []).append((*goal, float(trace[-1]["wall_s"]), best))
+    return [{"model": m, "dataset": d, "arm": arm, "seeds": len(r), "median_wall_s": float(np.median([x[2] for x in r])),
+             "retimed_best_known_ms": r[0][3],
+             "retimed_median_trials_to_goal": float(np.median([x[0] for x in r])),
+             "retimed_median_seconds_to_goal": float(np.median([x[1] for x in r])),
+             "retimed_reached": sum(math.isfinite(x[0]) for x in r),
+             "retimed_trials_to_goal": [x[0] for x in r], "retimed_seconds_to_goal": [x[1] for x in r]}
+            for (m, d, arm), r in sorted(runs.items())]
 
 
 def quality_after(results: Path, after: Sequence[int], best_estimate: str = "min") -> dict[tuple[str, str, str],
                                                                                          list[float]]:
     """Per (model, dataset, arm): the median over seeds of the incumbent's re-timed time (what the run would
     return then) after each of ``after`` measured trials, over the best re-timed time by ``best_estimate``."""
-    traces = load_traces(results)
-    times, scales, best = load_retimed(results, traces, best_estimate)
     per_seed: dict[tuple[str, str, str], list[dict[int, float]]] = {}
-    for (model, dataset, arm, _), trace in traces.items():
-        if (model, dataset) in best:  # not re-timed: no scale to judge it on
-            values = incumbent_times(trace, times[(model, dataset)], schedule=csv_schedule,
-                                     scale=scales[(model, dataset)])
-            per_seed.setdefault((model, dataset, arm), []).append(
-                {int(t["measured"]): ms / best[(model, dataset)] for t, ms in zip(trace, values) if ms is not None})
+    for key, trace, values, best in scored_runs(results, best_estimate):
+        per_seed.setdefault(key, []).append({int(t["measured"]): v / best for t, v in zip(trace, values)
+                                             if v is not None})
     return {key: [statistics.median(q.get(n, math.inf) for q in seeds) for n in after]
             for key, seeds in per_seed.items()}
 
@@ -520,7 +445,9 @@ def report(results: Path, baseline: str = "tpe", after: Sequence[int] = (2, 5, 1
     """The read-out as lines of Markdown."""
     _trials, _seconds = (lambda x: f"{x:g}" if math.isfinite(x) else "> budget"), \
         (lambda x: f"{x:.1f}" if math.isfinite(x) else "—")
-    rows, budget, best = load_summary(results)
+    data = json.loads((results / "tuning_curves_summary.json").read_text())
+    rows = {(r["model"], r["dataset"], r["arm"]): r for r in data["summary"] if r["seeds"]}
+    budget, best = int(data["settings"]["budget"]), data["settings"].get("best", "min")  # min before --best
     workloads = sorted({(m, d) for m, d, _ in rows})
     present = list(dict.fromkeys(a for _, _, a in rows))
     if baseline not in present:
@@ -558,11 +485,9 @@ def report(results: Path, baseline: str = "tpe", after: Sequence[int] = (2, 5, 1
 
 # ---------------------------------------------------------------------- command line
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("Examples::")[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--history", default="sqlite:///cm_history.db", help="costmodel_transfer.py --collect's database")
-    p.add_argument("--models", default="hgt,rgat", help="models (default hgt,rgat)")
-    p.add_argument("--datasets", default="aifb,mutag", help="datasets, ',' or ';'-separated (default aifb,mutag)")
+    p = parser(__doc__, "models", "datasets", "hidden", "backend", "data-dir", "threads", "jobs", "out")
+    p.add_argument("--history", default="sqlite:///cm_history.db", help="the history database (default "
+                   "sqlite:///cm_history.db)")
     p.add_argument("--seeds", type=int, default=5, help="seeds per arm (default 5)")
     p.add_argument("--first-seed", type=int, default=0, help="seeds run from this one (default 0)")
     p.add_argument("--budget", type=int, default=100, help="measured trials per run (default 100)")
@@ -572,15 +497,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retime-rounds", type=int, default=7, help="rounds of re-timing the incumbents (default 7)")
     p.add_argument("--retime-window", type=float, default=0.25, help="re-time incumbents within this of the "
                    "workload's fastest, relative to each run's default schedule (default 0.25)")
-    p.add_argument("--hidden", type=int, default=64, help="feature size (default 64)")
-    p.add_argument("--backend", default=None, help="cpu (default when usable), else reference; cuda on a GPU")
     p.add_argument("--timing", default="plain", choices=TIMINGS, help="tune --timing (default plain)")
     p.add_argument("--recheck", type=int, default=TuneOptions.recheck, help="tune --recheck (default %(default)s)")
-    p.add_argument("--data-dir", default=None, help="dataset root (default $RGTUNE_DATA_DIR)")
-    p.add_argument("--threads", type=int, default=None, help="OpenMP threads of the measured kernels")
-    p.add_argument("--jobs", type=int, default=1, help="runs side by side (GPU backends only; default 1)")
-    p.add_argument("--workdir", default="cm_curves_work", help="run databases and traces (resumable)")
-    p.add_argument("--out", default=str(RESULTS), help="where results go (default experiments/results)")
+    p.add_argument("--workdir", default="cm_curves_work", help="run databases and traces, resumable (default "
+                   "cm_curves_work)")
     p.add_argument("--readout", type=Path, default=None, metavar="FOLDER", help="only print FOLDER's read-out")
     p.add_argument("--after", type=lambda t: [int(x) for x in t.split(",")], default=[2, 5, 10, 20, 30, 50, 100],
                    help="measured trials at which the read-out gives the incumbent (default 2,5,10,20,30,50,100)")
@@ -588,10 +508,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from costmodel_transfer import canonical_dataset, default_backend, set_threads, split_names
-
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    p = build_parser()
+    args = p.parse_args(argv)
     if args.readout is not None:
         try:
             print("\n".join(report(args.readout, after=args.after)))
@@ -600,13 +518,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         return 0
     if args.retime_rounds < 2 or args.retime_window < 0 or args.recheck < 1 or not set(args.arms) <= set(ARMS):
-        parser.error(f"--retime-rounds must be >= 2, --retime-window >= 0, --recheck >= 1, --arms of {ARMS}")
-    backend = args.backend or default_backend()
-    if problem := jobs_problem(args.jobs, backend):
-        parser.error(problem)
-    models = split_names(args.models)
+        p.error(f"--retime-rounds must be >= 2, --retime-window >= 0, --recheck >= 1, --arms of {ARMS}")
+    backend, models = setup(p, args), split_names(args.models)
     datasets = [canonical_dataset(d, args.data_dir) for d in split_names(args.datasets)]
-    set_threads(args.threads)
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     history = TrialDatabase(args.history)
@@ -620,10 +534,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     chosen = sorted(incumbents(runs, args.retime_window).items())
     # one process per workload, side by side with --jobs (the GPU's lock keeps their rounds apart)
     timed = run_parallel(retime_workload, [(k, s, args, backend, workdir) for k, s in chosen], args.jobs)
-    detail = {key: out for (key, _), out in zip(chosen, timed)}
-    write_outputs(runs, summarize(runs, detail, args.best), Path(args.out), args, detail)
-    lines = report(Path(args.out), after=[n for n in args.after if n <= args.budget])
-    (Path(args.out) / "readout.md").write_text("\n".join(lines) + "\n")
+    write_outputs(runs, dict(zip((key for key, _ in chosen), timed)), args)
+    lines = report(args.out, after=[n for n in args.after if n <= args.budget])
+    (args.out / "readout.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 
