@@ -25,7 +25,7 @@ def _unfolded(point):
     """The kernel program as lowering made it, before the fold (the fold is its last step)."""
     from rgtune.ir import lowering
 
-    return lowering._Lowering(point.compiled.program).run()
+    return lowering._Lowering(point.compiled.program, point.compiled.plan).run()
 
 
 def _compiled(mode: str, config: dict = CONFIGS[0]):

@@ -2,7 +2,7 @@
 
 The training program of a model after the passes, run by the IR interpreter in float64, must give
 the input's gradient and every parameter's gradient that autograd gives for the model before the
-passes (the semantic model), and that autograd gives for the reference layers of rgtune.models.
+passes (the semantic model), and that autograd gives for the reference layers of rgtune.torch_layers.
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ from rgtune.data.synthetic import random_graph
 from rgtune.ir.autodiff import SAVE, adjoint
 from rgtune.ir.interpret import Interpreter, Run, random_params
 from rgtune.ir.models import build_model
+from rgtune.ir.bind import CSR_DST
 from rgtune.ir.pipeline import apply_passes
+from rgtune.ir.plan import plan_lowering
 from rgtune.search_spaces import SearchSpace
 
 SIZES = {"rgcn": [(8, 6, 1)], "rgat": [(8, 6, 2), (5, 4, 1)], "hgt": [(8, 8, 2), (6, 4, 1)]}
@@ -48,17 +50,17 @@ def _autograd(program, graph, x, params, dout):
 
 
 def _distinct(before, graph):
-    """The programs after passes of every IR configuration, each once: what the interpreter reads (the ops
-    and the edge layout; fusion and other lowering choices do not change the math)."""
+    """``(program, layout)`` after the passes of every IR configuration, each once: what the interpreter reads
+    (the ops and the edge layout of the lowering plan; fusion and other lowering choices do not change the math)."""
     seen = {}
     for cfg in SearchSpace(before, graph, "cpu").ir_configs():
-        after = apply_passes(before, cfg, graph)
-        seen.setdefault((tuple(map(str, after.ops)), after.annotations.get("layout")), after)
+        after, layout = apply_passes(before, cfg, graph), plan_lowering(cfg).layout
+        seen.setdefault((tuple(map(str, after.ops)), layout), (after, layout))
     assert seen
     return list(seen.values())
 
 
-def _check(program_before, program_after, graph, seed=0):
+def _check(program_before, program_after, graph, layout=CSR_DST, seed=0):
     gen = torch.Generator().manual_seed(seed)
     params = random_params(program_before, graph, seed=seed)
     x = torch.randn(graph.num_nodes(), program_before.in_dim, generator=gen, dtype=torch.float64)
@@ -68,7 +70,7 @@ def _check(program_before, program_after, graph, seed=0):
     programs = {str(t): t for t in (adjoint(program_after, save=s) for s in SAVE.choices)}  # saved or recomputed
     for training in programs.values():
         leaves = {k: v.clone().requires_grad_(True) for k, v in params.items()}
-        run = Interpreter(training, graph).run(x, leaves, dout)
+        run = Interpreter(training, graph, layout).run(x, leaves, dout)
         assert torch.allclose(run.output, out, rtol=1e-10, atol=1e-12)
         assert torch.allclose(run.input_grad, dx, rtol=1e-9, atol=1e-11)
         got = param_grads_through_folds(run, leaves)
@@ -82,13 +84,13 @@ def test_every_ir_configuration_has_the_gradients_of_autograd(model):
     graph = _graph()
     for in_dim, out_dim, heads in SIZES[model]:
         before = build_model(model, in_dim, out_dim, heads)
-        for after in _distinct(before, graph):
-            _check(before, after, graph)
+        for after, layout in _distinct(before, graph):
+            _check(before, after, graph, layout)
 
 
 @pytest.mark.parametrize("model", sorted(SIZES))
 def test_the_training_program_equals_autograd_of_the_reference_layer(model):
-    from rgtune.models import HGT, RGAT, RGCN
+    from rgtune.torch_layers import HGT, RGAT, RGCN
 
     graph = _graph(1)
     in_dim, out_dim, heads = SIZES[model][0]
@@ -124,8 +126,8 @@ def test_edge_cases_empty_relations_isolated_nodes_one_node_type():
     for model, sizes in SIZES.items():
         for in_dim, out_dim, heads in sizes:
             before = build_model(model, in_dim, out_dim, heads)
-            for after in _distinct(before, g):
-                _check(before, after, g)
+            for after, layout in _distinct(before, g):
+                _check(before, after, g, layout)
 
 
 def test_a_training_program_reads_dout_and_names_every_gradient():

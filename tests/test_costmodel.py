@@ -21,7 +21,7 @@ from rgtune.ir.registry import list_models
 from rgtune.search_spaces import SearchSpace
 from rgtune.costmodel import features as _costmodel_features
 from rgtune.costmodel import store as _costmodel_store
-from rgtune.cli.costmodel import costmodel_main
+from rgtune.cli import main as cli_main
 from rgtune.costmodel import (
     CostModel,
     CostModelGuide,
@@ -39,6 +39,7 @@ from rgtune.costmodel import (
     topk_error,
 )
 from rgtune.db import DeviceInfo, TrialDatabase
+from rgtune.db.trial_result import TrialResult
 
 GRAPHS = [f"synthetic:custom,nodes={n},edges={e},ntypes=2,rels={r},seed=1"
           for n, e, r in ((200, 1500, 3), (300, 2500, 5), (250, 4000, 4))]
@@ -95,6 +96,11 @@ def history(tmp_path_factory) -> TrialDatabase:
         _fill(db, name, 15, seed=i)
     _fill(db, GRAPHS[0], 4, seed=9, device=OTHER_DEVICE)
     return db
+
+
+def _ok(ms: float) -> TrialResult:
+    """A measured trial of ``ms`` milliseconds, as the tuner hands it to the guide."""
+    return TrialResult("ok", median=ms / 1e3)
 
 
 def _device(db: TrialDatabase, device: DeviceInfo = DEVICE) -> str:
@@ -310,8 +316,8 @@ def test_warmup_max_skip_and_observe(history):
     before = pruner.counts["refits"]
     g = _graph(GRAPHS[1])
     for c in (space.sample(rng) for _ in range(4)):
-        pruner.observe(c, space.compile(c), _true_ms(space, g, c))
-    pruner.observe(space.default(), None, None)  # a failed trial teaches nothing
+        pruner.observe(c, space.compile(c), _ok(_true_ms(space, g, c)))
+    pruner.observe(space.default(), None, TrialResult("wrong_result"))  # a failed trial teaches nothing
     assert pruner.counts["refits"] == before + 2 and pruner.counts["observed"] == 4
     desc = pruner.describe()
     assert desc["policy"]["margin"] == 1.0 and desc["model"]["estimator"] == "small_hgb"
@@ -332,7 +338,7 @@ def test_the_rank_policy_measures_the_best_predicted_candidate_not_measured_yet(
     pick, predicted = pruner.rank(pool)
     assert len(predicted) == 8 and all(ms is not None and ms > 0 for ms in predicted)
     assert pick == min(fresh, key=lambda i: predicted[i])
-    pruner.observe(pool[pick][0], pool[pick][1], 5.0)  # measured now: the next pool passes it over
+    pruner.observe(pool[pick][0], pool[pick][1], _ok(5.0))  # measured now: the next pool passes it over
     again, _ = pruner.rank(pool)
     assert again != pick and again in fresh
     # one candidate at a time (the enqueued default schedule) is measured, with its prediction
@@ -364,7 +370,7 @@ def test_the_opening_is_the_models_fastest_predicted_fresh_schedules_no_two_alik
     rng = random.Random(5)
     configs = [space.sample(rng) for _ in range(12)]
     measured = next(c for c in configs if canonical_knobs(c)[1] not in pruner._measured)
-    pruner.observe(measured, space.compile(measured), 5.0)
+    pruner.observe(measured, space.compile(measured), _ok(5.0))
     configs += [dict(configs[0]), space.default()]  # a duplicate, and the default schedule
     candidates = [(c, space.compile(c)) for c in configs]
     candidates = [(c, p) for c, p in candidates if p.valid]
@@ -445,14 +451,15 @@ def test_a_fresh_workload_prunes_nothing_before_its_warmup(history, tmp_path):
     assert pruner.bind(fresh_db, new, g).startswith("cost model on")
     space = SearchSpace(build_model("rgcn", 16, 16, 1), g, "cpu")
     assert pruner(space.default(), None) == (False, None)  # no measured trial: no ms yet
-    pruner.observe(space.default(), None, 5.0)
+    pruner.observe(space.default(), None, _ok(5.0))
     prune, ms = pruner(space.sample(random.Random(3)), None)
     assert not prune and ms is not None  # one measured trial < warmup 2
 
 
 # ------------------------------------------------------------------ in the tuning loop
 def test_the_tuning_loop_drives_a_model_trained_on_other_graphs(tmp_path):
-    from rgtune.tuner.measure import MeasureOptions, MeasureWorker, Workload
+    from rgtune.tuner.measure import MeasureOptions, MeasureWorker
+    from rgtune.tuner.workload import Workload
     from rgtune.tuner.study import TuneOptions, Tuner
 
     workload = Workload("rgcn", GRAPHS[1], *SIZES, "reference")
@@ -480,7 +487,8 @@ def test_the_tuning_loop_drives_a_model_trained_on_other_graphs(tmp_path):
 
 
 def test_the_tuning_loop_ranks_pools_with_a_model_trained_on_other_graphs(tmp_path):
-    from rgtune.tuner.measure import MeasureOptions, MeasureWorker, Workload
+    from rgtune.tuner.measure import MeasureOptions, MeasureWorker
+    from rgtune.tuner.workload import Workload
     from rgtune.tuner.study import TuneOptions, Tuner
 
     workload = Workload("rgcn", GRAPHS[1], *SIZES, "reference")
@@ -507,7 +515,8 @@ def test_the_tuning_loop_ranks_pools_with_a_model_trained_on_other_graphs(tmp_pa
 
 def test_tune_cli_says_how_the_rank_policy_opened_a_new_study(tmp_path):
     from rgtune.cli import main
-    from rgtune.tuner.measure import MeasureWorker, Workload
+    from rgtune.tuner.measure import MeasureWorker
+    from rgtune.tuner.workload import Workload
 
     with MeasureWorker(Workload("rgcn", GRAPHS[1], *SIZES, "reference")) as worker:
         here = worker.start()
@@ -580,23 +589,30 @@ def test_ranking_metrics_on_a_crafted_example():
     assert set(ranking_metrics(true, true)) == {"opa", "kendall_tau", "top1_error", "top5_error"}
 
 
-def test_costmodel_main_ends_with_the_metrics_line(history):
+def test_costmodel_command_ends_with_the_metrics_line(history):
     buf = io.StringIO()
     with redirect_stdout(buf):
-        rc = costmodel_main(["--eval", "--db", str(history.url), "--holdout", GRAPHS[0], "--backend", "cpu"])
+        rc = cli_main(["costmodel", "--eval", "--db", str(history.url), "--holdout", GRAPHS[0], "--backend", "cpu"])
     lines = buf.getvalue().strip().splitlines()
     assert rc == 0
     assert re.fullmatch(r"opa=\d\.\d{4} kendall_tau=-?\d\.\d{4} top1_error=\d+\.\d{4} top5_error=\d+\.\d{4}",
                         lines[-1]), lines[-1]
-    assert costmodel_main(["--eval", "--db", str(history.url)]) == 2
+    assert cli_main(["costmodel", "--eval", "--db", str(history.url)]) == 2  # --eval needs --holdout
     with redirect_stdout(io.StringIO()):
-        assert costmodel_main(["--eval", "--db", str(history.url), "--holdout", "no-such-graph"]) == 1
+        assert cli_main(["costmodel", "--eval", "--db", str(history.url), "--holdout", "no-such-graph"]) == 1
 
 
-def test_costmodel_main_does_not_create_a_database(tmp_path):
+def test_costmodel_command_does_not_create_a_database(tmp_path):
     missing = tmp_path / "missing.db"
-    assert costmodel_main(["--eval", "--db", f"sqlite:///{missing}", "--holdout", "aifb"]) == 1
+    assert cli_main(["costmodel", "--eval", "--db", f"sqlite:///{missing}", "--holdout", "aifb"]) == 2  # as best's
     assert not missing.exists()
+
+
+def test_the_costmodel_commands_choices_are_the_cost_models():
+    from rgtune.cli.costmodel import ESTIMATOR_CHOICES, TARGET_CHOICES
+    from rgtune.costmodel.model import ESTIMATORS, TARGETS
+
+    assert sorted(ESTIMATOR_CHOICES) == sorted(ESTIMATORS) and TARGET_CHOICES == TARGETS
 
 
 def test_curves_keep_one_timing_and_recheck_per_work_directory(load_experiment, tmp_path):
@@ -629,7 +645,7 @@ def test_experiments_run_studies_side_by_side_only_on_a_gpu(load_experiment, tmp
     import doctest
 
     curves = load_experiment("tuning_curves")
-    parallel = sys.modules["_parallel"]  # by its own name, as the scripts import it: the job processes import it too
+    parallel = sys.modules["_common"]  # by its own name, as the scripts import it: the job processes import it too
     assert doctest.testmod(parallel).failed == 0
     assert parallel.jobs_problem(1, "cpu") is None and parallel.jobs_problem(4, "cuda") is None
     assert "needs a GPU backend (cuda), not 'cpu'" in parallel.jobs_problem(2, "cpu")
@@ -644,6 +660,7 @@ def test_experiments_run_studies_side_by_side_only_on_a_gpu(load_experiment, tmp
                      "--workdir", str(workdir)])
     assert "--jobs 2 needs a GPU backend" in capsys.readouterr().err and not workdir.exists()
     transfer = load_experiment("costmodel_transfer")
-    with pytest.raises(SystemExit, match="--jobs 3 needs a GPU backend"):
-        transfer.main(["--collect", "--no-eval", "--backend", "cpu", "--jobs", "3", "--db",
+    with pytest.raises(SystemExit):
+        transfer.main(["--repeat-real", "2", "--no-eval", "--backend", "cpu", "--jobs", "3", "--db",
                        f"sqlite:///{tmp_path / 'h.db'}"])
+    assert "--jobs 3 needs a GPU backend" in capsys.readouterr().err and not (tmp_path / "h.db").exists()

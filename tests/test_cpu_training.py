@@ -513,7 +513,7 @@ def test_phases_match_reference_and_saved_buffers_are_independent(model: str, ba
     """For each ``autodiff.save``: two forwards, then their backwards in reverse order (as two layers'
     steps in flight), each against its own float64 reference; the saved tensors are fresh (no workspace,
     no other forward's), the backward leaves them as they were, and ``run_training`` composes the phases."""
-    assert CpuBackend.trains
+    assert CpuBackend.training == "phases"
     w = workload(model, _dims(model), edge_graph)
     for save in ("all", "nodes", "input"):
         cfg = runnable(w.space, {**w.space.default(), "autodiff.save": save})

@@ -27,7 +27,9 @@ import sqlalchemy as sa
 from rgtune.db import database as dbmod
 from rgtune.db import engine as _db_engine
 from rgtune.db import liveness as _db_stale
+from rgtune.db import optuna_storage as _db_optuna
 from rgtune.db import records as _db_records
+from rgtune.db import trial_result as _db_trial_result
 from rgtune.db.engine import make_engine, parse_url
 from rgtune.db.migrate import current_revision, known_revisions, migrate
 from rgtune.db.schema import SCHEMA_VERSION, VERSION_TABLE, Base, Trial
@@ -110,7 +112,8 @@ def _dead_pid() -> int:
 
 
 # ---------------------------------------------------------------------- docs
-@pytest.mark.parametrize("module", [dbmod, _db_records, _db_engine, _db_stale], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [dbmod, _db_records, _db_engine, _db_stale, _db_trial_result, _db_optuna],
+                         ids=lambda m: m.__name__)
 def test_docstring_examples_run(module: Any) -> None:
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
@@ -556,6 +559,94 @@ def test_optuna_storage_shares_the_database(tmp_path: Path, optuna_first: bool) 
     with _raw(url).connect() as conn:
         names = set(sa.inspect(conn).get_table_names())
     assert {"studies", "trials", "alembic_version", "rg_trials", VERSION_TABLE} <= names
+
+
+# ---------------------------------------------------------------------- Optuna's private tables, one adapter
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_optuna_private_models_have_what_the_adapter_uses() -> None:
+    """Fails loudly when a new Optuna changes the private models that correct_finished_trials writes with."""
+    _db_optuna.check_private_models()
+
+
+def test_pyproject_pins_optuna_to_the_versions_the_adapter_was_verified_with() -> None:
+    from importlib.metadata import version
+
+    low, high = _db_optuna.VERIFIED_OPTUNA
+    assert f'"optuna>={low},<{high}"' in (ROOT / "pyproject.toml").read_text()
+    installed = tuple(int(p) for p in version("optuna").split(".")[:2])
+    assert tuple(map(int, low.split("."))) <= installed < tuple(map(int, high.split("."))), (
+        f"optuna {version('optuna')} is installed; the adapter was verified with optuna>={low},<{high}: run "
+        "this file's Optuna tests, then widen VERIFIED_OPTUNA and pyproject together")
+
+
+def test_nothing_but_the_adapter_reaches_below_optunas_public_api() -> None:
+    private = ("optuna.storages._", "._storage", "._trial_id", "._study_id", "_rdb")
+    adapter = ROOT / "rgtune" / "db" / "optuna_storage.py"
+    found = [f"{p.relative_to(ROOT)}: {needle}" for p in sorted((ROOT / "rgtune").rglob("*.py")) if p != adapter
+             for needle in private if needle in p.read_text()]
+    assert found == []
+
+
+def test_correcting_finished_trials_changes_their_values_and_states(tmp_path: Path) -> None:
+    optuna = pytest.importorskip("optuna")
+    from optuna.trial import TrialState
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    db = TrialDatabase(_file_url(tmp_path / "results.db"))
+    study = optuna.create_study(study_name="s", storage=db.optuna_storage())
+    other = optuna.create_study(study_name="other", storage=db.optuna_storage())
+    for s in (study, other):
+        for value in (3.0, 2.0, 1.0):
+            s.add_trial(optuna.trial.create_trial(value=value, params={"x": 0},
+                                                  distributions={"x": optuna.distributions.IntDistribution(0, 1)}))
+    db.correct_optuna_trials("s", {0: 5.0}, failed=[2])
+    again = optuna.load_study(study_name="s", storage=db.url)
+    assert [(t.state, t.value) for t in again.trials] == [(TrialState.COMPLETE, 5.0), (TrialState.COMPLETE, 2.0),
+                                                         (TrialState.FAIL, None)]
+    assert again.best_trial.number == 1
+    assert [t.value for t in optuna.load_study(study_name="other", storage=db.url).trials] == [3.0, 2.0, 1.0]
+    with pytest.raises(KeyError, match=r"study 's' has no trials numbered \[7\]"):
+        db.correct_optuna_trials("s", {7: 1.0})
+
+
+# ---------------------------------------------------------------------- typed trial results
+def test_trial_details_read_back_what_they_wrote_and_an_older_rgtunes_rows() -> None:
+    from rgtune.db.trial_result import Coverage, MemoryUse, PairedTiming, TrialDetails
+
+    details = TrialDetails(verified=Coverage(16, 40, 300, 12), verify_seconds=0.5, verify_run_seconds=0.01,
+                           tolerance=2e-4, first_run_ms=1.5, paired=PairedTiming(0.9, 2.0, 2.1), device_wait_s=0.3,
+                           memory=MemoryUse(100, 80, 90, False, None, None), cache_hit=True,
+                           build={"flags": "-O3"}, elapsed_s=1.0, measurements_ms=[1.0, 2.0], predicted_ms=1.2)
+    assert TrialDetails.from_json(json.loads(json.dumps(details.to_json()))) == details
+    older = {"cache_hit": False, "compiled": 2, "verified": {"rows": "all"}, "memory_refused": True,
+             "estimated_bytes": 5000, "timing": "paired", "vs_reference": 1.1, "reference_ms": 3.0,
+             "reference_now_ms": 3.3, "elapsed": 0.7}
+    read = TrialDetails.from_json(older)
+    assert read.build == {"compiled": 2} and read.verified == Coverage() and read.memory.refused
+    assert read.memory.recorded_bytes == 5000 and read.paired == PairedTiming(1.1, 3.0, 3.3)
+    assert read.to_json() == {**{k: v for k, v in older.items() if k != "compiled"}, "build": {"compiled": 2}}
+
+
+def test_a_recorded_result_is_its_columns_and_its_details(tmp_path: Path) -> None:
+    from rgtune.db.trial_result import MemoryUse, TrialDetails, TrialResult
+
+    db = TrialDatabase(_file_url(tmp_path / "results.db"))
+    w = _workload(db)
+    details = TrialDetails(memory=MemoryUse(peak_bytes=4096), predicted_ms=2.5, verify_seconds=0.25)
+    t = db.start_trial(w, {"a": 1})
+    db.record_result(t, TrialResult("ok", median=0.002, times=[0.002, 0.003], max_error=1e-7, details=details))
+    rec = db.trial(t)
+    assert (rec.median_ms, rec.times_ms, rec.peak_bytes, rec.predicted_ms) == (2.0, [2.0, 3.0], 4096, 2.5)
+    assert rec.details == details and json.loads(records_to_json([rec]))[0]["details"] == details.to_json()
+    refused = db.start_trial(w, {"a": 2})
+    db.record_result(refused, TrialResult("out_of_memory", details=TrialDetails(
+        memory=MemoryUse(estimated_bytes=9000, refused=True))))
+    assert db.trial(refused).peak_bytes == 9000  # refused before running: its estimate
+    bare = db.start_trial(w, {"a": 3})
+    db.record_result(bare, TrialResult("invalid", error="no"))
+    assert db.trial(bare).details is None
 
 
 # ---------------------------------------------------------------------- bad input

@@ -86,12 +86,13 @@ def test_a_bad_setting_names_the_choices() -> None:
 
 
 def test_a_cpu_trial_takes_no_lock(tmp_path: Path) -> None:
-    from rgtune.tuner.measure import MeasureOptions, MeasureWorker, Workload
+    from rgtune.tuner.measure import MeasureOptions, MeasureWorker
+    from rgtune.tuner.workload import Workload
 
     w = Workload("rgcn", "synthetic:custom,nodes=300,edges=2000,ntypes=2,rels=3", 8, 8, 1, "reference")
     with scoped_env(DIR_VARIABLE, str(tmp_path)), MeasureWorker(w, MeasureOptions(repeats=2, warmup=1)) as worker:
         r = worker.measure({}, seed=0)
-    assert r.status == "ok" and "device_wait_s" not in r.info
+    assert r.status == "ok" and r.details.device_wait_s == 0.0
     assert not list(tmp_path.iterdir())
 
 
@@ -200,13 +201,14 @@ class LockedHostBackend(ReferenceBackend):
     """The reference executor, measured as a device backend would be (under the lock of "cpu:0")."""
 
     name = "locked-host"
-    device = _NotCpu("cpu")
+    device_type = _NotCpu("cpu")
 
 
 @pytest.mark.parametrize("setting", ["variable", "half the trial timeout"])
 def test_a_lock_timeout_fails_one_trial_with_its_error_and_the_worker_goes_on(tmp_path: Path,
                                                                              setting: str) -> None:
-    from rgtune.tuner.measure import MeasureOptions, MeasureWorker, Workload
+    from rgtune.tuner.measure import MeasureOptions, MeasureWorker
+    from rgtune.tuner.workload import Workload
 
     w = Workload("rgcn", "synthetic:custom,nodes=300,edges=2000,ntypes=2,rels=3", 8, 8, 1,
                  f"{__name__}:LockedHostBackend")

@@ -17,14 +17,14 @@ from typing import Any, Callable
 
 import pytest
 
-from rgtune.runtime import TunedLayer, TunedScheduleWarning, export_layer, load_tuned
+from rgtune.runtime import Layer, TunedScheduleWarning, export_layer, load_tuned
 
 export_module = importlib.import_module("rgtune.runtime.export")  # rgtune.runtime.export is also the function
 GRAPH = "synthetic:custom,nodes=60,edges=300,ntypes=2,rels=3,seed=1"
 
 
 @pytest.fixture(scope="module")
-def layer() -> TunedLayer:
+def layer() -> Layer:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", TunedScheduleWarning)
         return load_tuned("rgcn", GRAPH, 8, 8, db=None, backend="reference")

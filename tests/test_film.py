@@ -2,7 +2,7 @@
 
 * The model: one head only; params named after PyG's and declared as PyG's ``Linear`` starts them.
 * Semantics (float64, ``max|a - b| / max|b| < 1e-10``): the interpreter's output equals ``FiLMConv``'s
-  (weights copied by :func:`rgtune.models.pyg.to_pyg_film`) on AIFB, MUTAG and an edge-case graph (a
+  (weights copied by :func:`rgtune.torch_layers.pyg.to_pyg_film`) on AIFB, MUTAG and an edge-case graph (a
   relation without edges, isolated nodes, a node type that is never a destination, a hub destination) at
   64 -> 64 and 13 -> 10; the training program's input and param gradients equal PyG's through autograd
   (the edge-case graph, AIFB).
@@ -103,7 +103,7 @@ def features(graph: HeteroGraph, dim: int, seed: int = 1) -> torch.Tensor:
 
 def run_pyg(graph: HeteroGraph, params: dict[str, torch.Tensor], x: torch.Tensor, out_dim: int) -> tuple:
     """PyG's FiLMConv with ``params``: the module and its output on ``x``."""
-    from rgtune.models.pyg import to_pyg_film
+    from rgtune.torch_layers.pyg import to_pyg_film
 
     conv = to_pyg_film(graph, params, x.shape[1], out_dim)
     return conv, conv(x, torch.stack([graph.src, graph.dst]), graph.etype)
@@ -111,7 +111,7 @@ def run_pyg(graph: HeteroGraph, params: dict[str, torch.Tensor], x: torch.Tensor
 
 def pyg_grads(conv: torch.nn.Module, out_dim: int) -> dict[str, torch.Tensor]:
     """The gradients autograd left in ``conv``, named and shaped as the IR's params (the inverse of
-    :func:`~rgtune.models.pyg.to_pyg_film`'s copy)."""
+    :func:`~rgtune.torch_layers.pyg.to_pyg_film`'s copy)."""
     def grad(p: torch.Tensor) -> torch.Tensor:
         return p.grad if p.grad is not None else torch.zeros_like(p)  # a relation without edges may leave none
 
@@ -242,8 +242,8 @@ def test_every_ir_configuration_has_the_gradients_of_autograd(small: HeteroGraph
     before = film(8, 6)
     programs = _distinct(before, small)
     assert len(programs) >= 12  # 3 layouts x compact src x compact dst
-    for after in programs:
-        _check(before, after, small)
+    for after, layout in programs:
+        _check(before, after, small, layout)
 
 
 def test_every_lowered_training_configuration_computes_what_the_interpreter_does(small: HeteroGraph) -> None:

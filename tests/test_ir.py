@@ -23,7 +23,7 @@ from rgtune.ir.models import build_model
 from rgtune.ir.passes import Knob, KnobError, Pass, register_pass, unregister_pass
 from rgtune.ir.pipeline import compile_program, discover_knobs
 from rgtune.ir.program import IRError, Program, TypedLinear
-from rgtune.models import HGT, RGAT, RGCN
+from rgtune.torch_layers import HGT, RGAT, RGCN
 from rgtune.search_spaces import SearchSpace
 
 LAYERS = {"rgcn": RGCN, "rgat": RGAT, "hgt": HGT}
@@ -304,7 +304,7 @@ class _ScaleOutputPass(Pass):
         out = rw.get(program.output)
         scaled = rw.add(Scale, out.domain, out.heads, out.dim, x=out, scale=1.0)
         rw.alias(program.output, scaled)
-        return Program(program.name, program.x, rw.params, rw.ops, scaled, program.heads, program.annotations)
+        return Program(program.name, program.x, rw.params, rw.ops, scaled, program.heads)
 
 
 def test_a_new_pass_is_a_new_knob_without_tuner_changes(aifb):

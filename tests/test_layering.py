@@ -86,3 +86,57 @@ def test_loading_an_exported_layer_needs_no_database_and_no_tuner():
 
 def test_the_command_line_starts_without_the_database_or_the_cost_model():
     assert _imported_by("import rgtune.cli", ("sqlalchemy", "alembic", "optuna", "sklearn", "rgtune.costmodel")) == []
+
+
+def _backend_name_uses(tree: ast.AST) -> list[tuple[int, str]]:
+    """Where code outside the backends names one by a string: a comparison of a backend, its ``name`` or
+    ``target`` with a backend's name, ``backend="..."`` in a call or a signature, ``create("...")``, and
+    the name ``"reference"`` anywhere in code (docstrings may name them: their examples do)."""
+    names = {"cpu", "cuda", "reference"}
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+
+    def named(node: ast.AST | None) -> bool:
+        return isinstance(node, ast.Constant) and node.value in names and id(node) not in docstrings
+
+    def backendish(node: ast.AST) -> bool:
+        text = ast.unparse(node)
+        return "backend" in text.lower() or text.endswith((".target", ".name")) or text in ("be", "target")
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(named(s) for s in sides) and any(backendish(s) for s in sides if not named(s)):
+                found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.Call):
+            if ast.unparse(node.func).split(".")[-1] == "create" and node.args and named(node.args[0]):
+                found.append((node.lineno, ast.unparse(node)))
+            found += [(node.lineno, ast.unparse(k)) for k in node.keywords if k.arg == "backend" and named(k.value)]
+        elif isinstance(node, ast.arguments):
+            pos = node.posonlyargs + node.args
+            pairs = list(zip(pos[len(pos) - len(node.defaults):], node.defaults)) + \
+                [(a, d) for a, d in zip(node.kwonlyargs, node.kw_defaults) if d is not None]
+            found += [(d.lineno, f"{a.arg}={d.value!r}") for a, d in pairs if a.arg == "backend" and named(d)]
+        elif named(node) and node.value == "reference":
+            found.append((node.lineno, repr(node.value)))
+    return sorted({line: text for line, text in reversed(found)}.items())  # one finding a line
+
+
+def test_no_backend_is_named_by_a_string_outside_the_backends():
+    """A backend is what it declares (rgtune.codegen.base.Backend: device_type, dtypes, training, ...):
+    code outside rgtune/codegen/ reads those, and never tells one backend from another by its name."""
+    offenders = []
+    for path in _modules():
+        if PACKAGE / "codegen" in path.parents:
+            continue
+        offenders += [f"{path.relative_to(REPO)}:{line}: {text}" for line, text in _backend_name_uses(
+            ast.parse(path.read_text()))]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_the_backend_name_check_finds_what_it_looks_for():
+    code = ('def f(backend="cpu"):\n    if be.target == "cuda": pass\n    create("reference")\n'
+            '    g(backend="cuda")\n    x = "reference"\n    if device.type == "cuda": pass\n')
+    assert [line for line, _ in _backend_name_uses(ast.parse(code))] == [1, 2, 3, 4, 5]

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rgtune.data import HeteroGraph
-from rgtune.models import HGT, RGAT, RGCN, RelationalLayer
-from rgtune.models.pyg import to_pyg_hgt, to_pyg_rgcn
+from rgtune.torch_layers import HGT, RGAT, RGCN, RelationalLayer
+from rgtune.torch_layers.pyg import to_pyg_hgt, to_pyg_rgcn
 
 TOL = 1e-10
 MODELS: dict[str, type[RelationalLayer]] = {"rgcn": RGCN, "rgat": RGAT, "hgt": HGT}

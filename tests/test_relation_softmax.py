@@ -3,7 +3,7 @@ and ``rgat(softmax="relation")``, through every layer that handles an edge softm
 
 * The IR: the option, its errors, the text (the default program is unchanged), what the group means.
 * Float64 against DGL: the interpreter on the relation program equals ``HeteroGraphConv`` of ``GATConv`` s
-  (:func:`rgtune.models.dgl.to_dgl_rgat`) on AIFB and MUTAG (64 -> 64, one head; 16 -> 16, four heads) and on
+  (:func:`rgtune.torch_layers.dgl.to_dgl_rgat`) on AIFB and MUTAG (64 -> 64, one head; 16 -> 16, four heads) and on
   a random graph with the edge cases (an empty relation, isolated nodes, a node type that is never a
   destination, destinations reached by several relations, a (destination, relation) group of over 32
   edges), relative error < 1e-10; the destination softmax does not (the check can fail).
@@ -140,7 +140,7 @@ def test_a_relation_softmax_sums_to_one_per_destination_and_relation(edges: Hete
 
 
 def _against_dgl(graph: HeteroGraph, in_dim: int, out_dim: int, heads: int, softmax: str = "relation") -> float:
-    from rgtune.models.dgl import to_dgl_rgat
+    from rgtune.torch_layers.dgl import to_dgl_rgat
 
     program = rgat(in_dim, out_dim, heads, softmax=softmax)
     state = random_params(program, graph, seed=3)
@@ -172,7 +172,7 @@ def test_the_relation_softmax_is_dgls_rgat_on_real_graphs(dataset: str, in_dim: 
 
 def test_the_dgl_fixture_refuses_a_state_of_other_sizes(edges: HeteroGraph) -> None:
     pytest.importorskip("dgl")
-    from rgtune.models.dgl import to_dgl_rgat
+    from rgtune.torch_layers.dgl import to_dgl_rgat
 
     state = random_params(relation_rgat(8, 8, 2), edges)
     with pytest.raises(ValueError, match=r"state\['attn_src'\] has shape \(6, 2, 4\); expected \(6, 1, 8\)"):
@@ -202,10 +202,10 @@ def test_every_ir_configuration_computes_the_unoptimized_program(build: Any, dim
             continue
         seen.add(kp.describe())
         assert _rel_error(ReferenceExecutor(kp, edges).run(x, params), expected) < TOL, cfg
-        key = (tuple(map(str, after.ops)), after.annotations.get("layout"))  # what the interpreter reads
+        key = (tuple(map(str, after.ops)), compiled.plan.layout)  # what the interpreter reads
         if key not in interpreted:
             interpreted.add(key)
-            assert _rel_error(Interpreter(after, edges).run(x, params).output, expected) < TOL, cfg
+            assert _rel_error(Interpreter(after, edges, compiled.plan.layout).run(x, params).output, expected) < TOL, cfg
         for k in kp.kernels:
             if isinstance(k, TraversalKernel) and isinstance(k.stage, (EdgeSoftmaxStage, SoftmaxAggregate)):
                 assert k.stage.group == "dst_rel" and "softmax_dst_rel(" in k.describe()
@@ -226,8 +226,8 @@ def test_every_program_after_the_passes_has_the_gradients_of_autograd(heads: int
     """The interpreter's adjoint, for each ``autodiff.save``, against autograd of the unoptimized forward:
     every distinct program after the passes (every 4th with one head)."""
     before = relation_rgat(6, 4 * heads, heads)
-    for after in _distinct(before, edges)[::every]:
-        check_adjoint(before, after, edges)
+    for after, layout in _distinct(before, edges)[::every]:
+        check_adjoint(before, after, edges, layout)
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -18,8 +19,9 @@ import pytest
 from optuna.trial import TrialState
 
 from rgtune.db import DatabaseError, TrialDatabase
-from rgtune.tuner.measure import MeasureOptions, WorkerStartError, Workload
+from rgtune.tuner.measure import MeasureOptions, WorkerStartError
 from rgtune.tuner.study import TuneOptions, Tuner
+from rgtune.tuner.workload import Workload
 
 GRAPH = "synthetic:custom,nodes=300,edges=2500,ntypes=2,rels=4,seed=1"
 FAST = MeasureOptions(warmup=1, repeats=2, min_seconds=0.0, timeout=20.0)
@@ -86,7 +88,7 @@ class _DefaultFastest(Tuner):
             result = real(config, seed)
             if result.status == "ok":
                 ms = 1.0 if dict(config) == default else 2.0
-                result.median, result.times = ms / 1e3, [ms / 1e3]
+                result = replace(result, median=ms / 1e3, times=[ms / 1e3])
             return result
 
         self.worker.measure = measure
@@ -137,10 +139,10 @@ def test_a_long_trial_keeps_its_heartbeat_and_survives_being_declared_abandoned(
             if running and running[0].heartbeat_at is not None:
                 intervened["heartbeat"] = running[0].heartbeat_at
                 intervened["trial"] = other.mark_stale_running(worker="elsewhere:1", stale_after=0.0)
-                storage = optuna.storages.RDBStorage(db.url)
-                for sid in [st._study_id for st in storage.get_all_studies()]:
-                    for t in storage.get_all_trials(sid, states=(TrialState.RUNNING,)):
-                        storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+                for name in optuna.get_all_study_names(db.url):
+                    study = optuna.load_study(study_name=name, storage=db.url)
+                    for t in study.get_trials(states=(TrialState.RUNNING,)):
+                        study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
             time.sleep(0.1)
 
     thread = threading.Thread(target=another_worker)

@@ -137,7 +137,7 @@ def test_a_view_regroups_features_and_checks_its_heads() -> None:
 
 # ----------------------------------------------------------------------------- equal to PyG
 def _pyg_output(graph: HeteroGraph, state: dict[str, torch.Tensor], x: torch.Tensor, **option: int) -> torch.Tensor:
-    from rgtune.models.pyg import to_pyg_rgcn_state
+    from rgtune.torch_layers.pyg import to_pyg_rgcn_state
 
     conv = to_pyg_rgcn_state(graph, state, x.shape[1], state["root"].shape[1], **option)
     return conv(x, torch.stack([graph.src, graph.dst]), graph.etype).detach()
@@ -160,9 +160,9 @@ def test_every_configuration_equals_pyg(name: str, option: dict[str, int], graph
     distinct = _distinct(program, graph)
     assert len(distinct) == (9 if "num_blocks" in option else 15)  # (reorder x compact) programs x 3 layouts
     if name != "edge cases":
-        distinct = list({tuple(map(str, p.ops)): p for p in distinct if p.annotations["layout"] == "csr_dst"}.values())
-    for after in distinct:
-        assert rel_error(Interpreter(after, graph).run(x, state).output, expected) < TOL, str(after)
+        distinct = list({tuple(map(str, p.ops)): (p, layout) for p, layout in distinct if layout == "csr_dst"}.values())
+    for after, layout in distinct:
+        assert rel_error(Interpreter(after, graph, layout).run(x, state).output, expected) < TOL, str(after)
 
 
 # ----------------------------------------------------------------------------- the knob
@@ -277,8 +277,8 @@ def test_every_configuration_has_the_gradients_of_autograd(option: dict[str, int
     against autograd of the program before them, then every training configuration's kernels."""
     graph = _edge_cases()
     before = rgcn(8, 8, **option)
-    for after in _distinct(before, graph):
-        _check(before, after, graph)
+    for after, layout in _distinct(before, graph):
+        _check(before, after, graph, layout)
     configs = list(SearchSpace(before, graph, "cpu", mode="training").ir_configs())
     assert _lowered_matches_interpreter(before, graph, configs) >= len(configs) // 3
 

@@ -16,10 +16,10 @@ import torch
 from rgtune.codegen.base import available_backends, create
 from rgtune.data import HeteroGraph, load_dataset
 from rgtune.ir.models import build_model
-from rgtune.models import HGT, RGAT, RGCN, RelationalLayer
-from rgtune.cli.export import export_main
-from rgtune.runtime import (GraphMismatchError, Layer, NoTunedScheduleError, TunedLayer, TunedScheduleWarning, export,
-                            load_exported, load_tuned, tuned_layer)
+from rgtune.torch_layers import HGT, RGAT, RGCN, RelationalLayer
+from rgtune.cli import main as cli_main
+from rgtune.runtime import (GraphMismatchError, Layer, NoTunedScheduleError, TunedScheduleWarning, export,
+                            load_exported, load_tuned)
 from rgtune.search_spaces import SearchSpace
 from rgtune.db import TrialDatabase
 
@@ -41,7 +41,7 @@ def _reference(model: str, g: HeteroGraph, i: int, o: int, heads: int = 1) -> Re
     return REFERENCE[model](g, i, o, **kwargs)
 
 
-def _quiet_layer(model: str, g: HeteroGraph, i: int = 8, o: int = 8, backend: str = "reference", **kw: Any) -> TunedLayer:
+def _quiet_layer(model: str, g: HeteroGraph, i: int = 8, o: int = 8, backend: str = "reference", **kw: Any) -> Layer:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", TunedScheduleWarning)
         return load_tuned(model, g, i, o, _heads(model), db=None, backend=backend, **kw)
@@ -129,7 +129,7 @@ def test_a_graph_given_by_name_and_bad_arguments(graph):
     with pytest.raises(ValueError, match="unknown model"):
         load_tuned("gcn", graph, db=None, backend="reference")
     with pytest.raises(ValueError, match="heads=1"):
-        tuned_layer("rgcn", graph, 8, 8, 2)
+        Layer("rgcn", graph, 8, 8, 2)
 
 
 # ---------------------------------------------------------------------- the module
@@ -265,8 +265,8 @@ def exported(tmp_path, graph) -> tuple[Path, Path, int]:
     tid = _record(db, "hgt", graph, _non_default("hgt", graph), 1.5, backend=FAST_BACKEND)
     db.close()
     out = tmp_path / "tuned_hgt"
-    rc = export_main(["--model", "hgt", "--dataset", GRAPH, "--hidden", "8", "--heads", "2",
-                      "--backend", FAST_BACKEND, "--db", str(db_path), "-o", str(out)])
+    rc = cli_main(["export", "--model", "hgt", "--dataset", GRAPH, "--hidden", "8", "--heads", "2",
+                   "--backend", FAST_BACKEND, "--db", str(db_path), "-o", str(out)])
     assert rc == 0
     return out, db_path, tid
 
@@ -337,8 +337,8 @@ def test_load_exported_warns_when_regenerated_sources_differ(exported, graph):
 def test_export_needs_a_record_unless_defaults_are_allowed(tmp_path, graph, capsys):
     with pytest.raises(NoTunedScheduleError, match="tune --model rgat"):
         export(tmp_path / "x", "rgat", graph, 8, 8, 2, db=None, backend="reference")
-    assert export_main(["--model", "rgat", "--dataset", GRAPH, "--hidden", "8", "--db", str(tmp_path / "no.db"),
-                        "--backend", "reference", "-o", str(tmp_path / "x")]) == 1
+    assert cli_main(["export", "--model", "rgat", "--dataset", GRAPH, "--hidden", "8", "--db", str(tmp_path / "no.db"),
+                     "--backend", "reference", "-o", str(tmp_path / "x")]) == 1
     assert "--allow-default" in capsys.readouterr().err
     with pytest.warns(TunedScheduleWarning):
         out = export(tmp_path / "x", "rgat", graph, 8, 8, 2, db=None, backend="reference", allow_default=True)
@@ -362,7 +362,8 @@ def test_a_module_exported_for_aifb_does_not_load_onto_mutag(tmp_path):
 
 @pytest.mark.slow
 def test_load_tuned_finds_what_the_tuner_recorded(tmp_path, graph):
-    from rgtune.tuner.measure import MeasureOptions, Workload
+    from rgtune.tuner.measure import MeasureOptions
+    from rgtune.tuner.workload import Workload
     from rgtune.tuner.study import TuneOptions, Tuner
 
     db = TrialDatabase(str(tmp_path / "results.db"))
@@ -379,14 +380,13 @@ def test_load_tuned_finds_what_the_tuner_recorded(tmp_path, graph):
 # ---------------------------------------------------------------------- bench
 def test_bench_prints_a_table_and_replaces_its_rows(tmp_path, capsys):
     from rgtune.bench import BEGIN, END
-    from rgtune.cli.bench import bench_main
     md = tmp_path / "BENCHMARKS.md"
     md.write_text("# Benchmarks\n\nhand-written text that must survive\n")
     base = ["--dataset", GRAPH, "--hidden", "8", "--backend", "reference", "--db", str(tmp_path / "none.db"),
             "--repeats", "1", "--warmup", "0", "--threads", "1", "--output", str(md),
             "--impls", "rgtune,lowering"]  # a process each: the libraries' rows are tested in test_bench
     for model in ("rgcn", "rgcn", "hgt"):
-        assert bench_main(["--model", model, *base]) == 0
+        assert cli_main(["bench", "--model", model, *base]) == 0
     out = capsys.readouterr().out
     assert "rgtune tuned (reference, default)" in out and "rgtune torch lowering" in out
     text = md.read_text()

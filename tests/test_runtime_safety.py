@@ -24,8 +24,8 @@ from rgtune.codegen.base import available_backends
 from rgtune.codegen.reference import ReferenceExecutor, init_params
 from rgtune.data import HeteroGraph
 from rgtune.data.synthetic import random_graph
-from rgtune.models import HGT, RGAT, RGCN, RelationalLayer
-from rgtune.runtime import TunedLayer, TunedScheduleWarning, load_tuned
+from rgtune.torch_layers import HGT, RGAT, RGCN, RelationalLayer
+from rgtune.runtime import Layer, TunedScheduleWarning, load_tuned
 
 CPU = available_backends().get("cpu", (False, ""))[0]
 needs_cpu = pytest.mark.skipif(not CPU, reason="the cpu backend cannot run here (no C compiler with OpenMP)")
@@ -69,13 +69,13 @@ def float64_default() -> Iterator[None]:
         torch.set_default_dtype(before)
 
 
-def _layer(model: str, g: HeteroGraph, backend: str, size: int = 8, **kw: Any) -> TunedLayer:
+def _layer(model: str, g: HeteroGraph, backend: str, size: int = 8, **kw: Any) -> Layer:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", TunedScheduleWarning)  # no database: the default schedule
         return load_tuned(model, g, size, size, 1 if model == "rgcn" else 2, db=None, backend=backend, **kw)
 
 
-def _oracle(model: str, g: HeteroGraph, size: int, layer: TunedLayer) -> RelationalLayer:
+def _oracle(model: str, g: HeteroGraph, size: int, layer: Layer) -> RelationalLayer:
     """The reference layer of ``model`` in float64, with ``layer``'s parameters."""
     cls = {"rgcn": RGCN, "rgat": RGAT, "hgt": HGT}[model]
     ref = (cls(g, size, size) if model == "rgcn" else cls(g, size, size, heads=2)).double()

@@ -4,6 +4,7 @@ finds training schedules (or falls back to the inference one, with a warning).""
 
 from __future__ import annotations
 
+import random
 import warnings
 from typing import Any
 
@@ -15,13 +16,14 @@ from rgtune.data import HeteroGraph, load_dataset
 from rgtune.data.synthetic import random_graph
 from rgtune.db import TrialDatabase
 from rgtune.ir.autodiff import SAVE
-from rgtune.models import HGT, RGAT, RGCN
-from rgtune.runtime import TunedScheduleWarning, export, load_exported, load_tuned, tuned_layer
+from rgtune.torch_layers import HGT, RGAT, RGCN
+from rgtune.runtime import Layer, TunedScheduleWarning, export, load_exported, load_tuned
+from _matrix import sampled
 
 GRAPH = "synthetic:custom,nodes=120,edges=700,ntypes=2,rels=3,seed=2"
 REFERENCE = {"rgcn": RGCN, "rgat": RGAT, "hgt": HGT}
 TRAINING_BACKENDS = [name for name, (ok, _) in available_backends().items()
-                     if ok and name in ("reference", "cpu") and create(name).trains]
+                     if ok and name in ("reference", "cpu") and create(name).training != "none"]
 
 
 def _heads(model: str) -> int:
@@ -56,7 +58,7 @@ def test_a_training_layer_gives_autograds_gradients_for_every_save_choice(model,
     dout = torch.randn(graph.num_nodes(), 8)
     for save in SAVE.choices:
         config = {"autodiff.save": save, "reorder.compose": "on"} if model == "hgt" else {"autodiff.save": save}
-        layer = tuned_layer(model, graph, 8, 8, _heads(model), config=config, backend=backend, mode="training")
+        layer = Layer(model, graph, 8, 8, _heads(model), config=config, backend=backend, mode="training")
         assert layer.backward_kind == "generated" and layer.mode == "training"
         assert layer.training_config["autodiff.save"] == save and layer.config == layer.training_config
         xg = x.clone().requires_grad_(True)
@@ -74,7 +76,7 @@ def test_what_a_forward_saves_is_its_own_several_forwards_then_their_backwards(g
     """Two forwards before the backward (a layer used twice, gradient accumulation): each backward
     reads what its own forward saved."""
     torch.manual_seed(1)
-    layer = tuned_layer("hgt", graph, 8, 8, 2, backend="reference", mode="training")
+    layer = Layer("hgt", graph, 8, 8, 2, backend="reference", mode="training")
     ref = HGT(graph, 8, 8, heads=2)
     ref.load_state_dict(layer.state_dict())
     x1, x2 = torch.randn(graph.num_nodes(), 8), torch.randn(graph.num_nodes(), 8)
@@ -87,7 +89,7 @@ def test_what_a_forward_saves_is_its_own_several_forwards_then_their_backwards(g
 
 
 def test_retain_graph_runs_the_backward_twice(graph):
-    layer = tuned_layer("rgat", graph, 8, 8, 2, backend="reference")
+    layer = Layer("rgat", graph, 8, 8, 2, backend="reference")
     out = layer(torch.randn(graph.num_nodes(), 8)).sum()
     out.backward(retain_graph=True)
     first = [p.grad.clone() for p in layer.parameters()]
@@ -97,7 +99,7 @@ def test_retain_graph_runs_the_backward_twice(graph):
 
 
 def test_an_inference_layer_trains_with_the_default_backward_knobs(graph):
-    layer = tuned_layer("hgt", graph, 8, 8, 2, backend="reference", config={"reorder.compose": "on"})
+    layer = Layer("hgt", graph, 8, 8, 2, backend="reference", config={"reorder.compose": "on"})
     assert layer.mode == "inference" and "autodiff.save" not in layer.config
     assert layer.training_config["reorder.compose"] == "on"
     assert layer.training_config["autodiff.save"] == SAVE.default
@@ -107,7 +109,7 @@ def test_an_inference_layer_trains_with_the_default_backward_knobs(graph):
 
 def test_gradcheck_float64_of_a_recomputing_training_schedule():
     g = random_graph((4, 5), num_relations=3, num_edges=16, seed=3, name="tiny")
-    layer = tuned_layer("hgt", g, 3, 4, 2, backend="reference", mode="training",
+    layer = Layer("hgt", g, 3, 4, 2, backend="reference", mode="training",
                         config={"autodiff.save": "nodes", "reorder.compose": "on"}).double()
     names = [n for n, _ in layer.named_parameters()]
     x = torch.randn(g.num_nodes(), 3, dtype=torch.float64, requires_grad=True)
@@ -121,9 +123,9 @@ def test_gradcheck_float64_of_a_recomputing_training_schedule():
 
 def test_an_unknown_knob_or_mode_is_an_error(graph):
     with pytest.raises(ValueError, match="unknown knob 'autodiff.saved'"):
-        tuned_layer("rgcn", graph, 8, 8, config={"autodiff.saved": "all"}, backend="reference")
+        Layer("rgcn", graph, 8, 8, config={"autodiff.saved": "all"}, backend="reference")
     with pytest.raises(ValueError, match="unknown mode 'train'"):
-        tuned_layer("rgcn", graph, 8, 8, backend="reference", mode="train")
+        Layer("rgcn", graph, 8, 8, backend="reference", mode="train")
 
 
 # ---------------------------------------------------------------------- load_tuned(mode="training")
@@ -172,3 +174,36 @@ def test_an_exported_training_schedule_loads_as_a_training_layer(tmp_path, graph
     x = torch.randn(graph.num_nodes(), 8, requires_grad=True)
     layer(x).sum().backward()
     assert x.grad is not None and layer.backward_kind == "generated"
+
+
+# ------------------------------------------------------------------ one schedule, two programs
+@pytest.mark.parametrize("model,draws", sampled(["rgcn", "rgat", "hgt", "film"], 40, 200))
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_every_valid_point_of_a_training_space_builds_a_layer(model: str, draws: int, target: str) -> None:
+    """A layer trained with a schedule also runs its inference program (a forward without gradients), so a
+    training point is valid only if the inference program of its knobs is too; every valid one builds a
+    layer (both programs: on the cpu target with the torch executor, which has its knobs; on cuda, the
+    layer's checks of both programs, which need no GPU). AIFB, as where the gap was found."""
+    from rgtune.ir.registry import build_model
+    from rgtune.runtime.module import _compiled, _configs
+    from rgtune.search_spaces import MODES, SearchSpace
+
+    aifb = load_dataset("aifb")
+    heads = 1 if model in ("rgcn", "film") else 2
+    program = build_model(model, 16, 16, heads)
+    spaces = {m: SearchSpace(program, aifb, target, mode=m) for m in MODES}
+    rng = random.Random(f"{model}/{target}")
+    valid = 0
+    for _ in range(draws):
+        point = spaces["training"].compile(spaces["training"].sample(rng))
+        if not point.valid:
+            assert all("inference program" not in p or "what a layer runs without gradients" in p
+                       for p in point.problems)
+            continue
+        valid += 1
+        inference, training = _configs(spaces, point.config)
+        for mode, config in (("inference", inference), ("training", training)):
+            _compiled(spaces[mode], config, f"{model} {mode}")  # raises on an invalid program
+        if target == "cpu" and valid <= 5:  # and the layer itself, on the torch executor (no compiler)
+            Layer(model, aifb, 16, 16, heads, config=point.config, mode="training")
+    assert valid > draws // 4

@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 
 from rgtune.db import TrialDatabase
+from rgtune.db.trial_result import Coverage
 from rgtune.tuner.confirmation import MIN_ROUNDS, Confirmation
-from rgtune.tuner.measure import ADAPTIVE_TIMEOUT_MIN, STOP_MIN_S, MeasureOptions, MeasureWorker, Workload
+from rgtune.tuner.measure import ADAPTIVE_TIMEOUT_MIN, STOP_MIN_S, MeasureOptions, MeasureWorker
 from rgtune.tuner.study import TuneOptions, Tuner
+from rgtune.tuner.workload import Workload
 
 GRAPH = "synthetic:custom,nodes=400,edges=3000,ntypes=2,rels=4,seed=2"
 FAST = MeasureOptions(warmup=1, repeats=2, min_seconds=0.0)
@@ -29,16 +31,16 @@ def test_a_sampled_trial_verifies_the_sampled_rows_and_records_what_it_covered(m
     with MeasureWorker(_workload(mode), opts) as w:
         r = w.measure({}, seed=3)
     assert r.status == "ok" and r.max_error < 1e-4, r.error
-    v = r.info["verified"]
-    assert v["sampled"] and v["rows"] == 16 and 0 < v["edges"] < 3000
-    assert r.info["verify_seconds"] > 0 and r.info["peak_bytes"] > 0 and r.info["estimated_bytes"] > 0
+    d = r.details
+    assert d.verified.sampled and d.verified.rows == 16 and 0 < d.verified.edges < 3000
+    assert d.verify_seconds > 0 and d.memory.peak_bytes > 0 and d.memory.estimated_bytes > 0
 
 
 def test_a_wrong_kernel_fails_sampled_verification():
     opts = MeasureOptions(warmup=1, repeats=2, verify="sampled", verify_rows=16)
     with MeasureWorker(Workload("rgcn", GRAPH, 8, 8, 1, "_faulty_backends:Wrong"), opts) as w:
         r = w.measure({}, seed=0)
-    assert r.status == "wrong_result" and "relative error" in r.error and r.info["verified"]["sampled"]
+    assert r.status == "wrong_result" and "relative error" in r.error and r.details.verified.sampled
 
 
 def test_a_candidate_much_slower_than_the_best_is_stopped_after_its_first_run():
@@ -49,7 +51,7 @@ def test_a_candidate_much_slower_than_the_best_is_stopped_after_its_first_run():
     with MeasureWorker(slow, FAST) as w:
         r = w.measure({}, seed=1, best=1e-9)
         assert r.status == "stopped" and r.median is None and r.times == []
-        assert r.info["first_run_ms"] > 0 and "stopped after its first run" in r.error
+        assert r.details.first_run_ms > 0 and "stopped after its first run" in r.error
         assert w.measure({}, seed=1, best=1e3).status == "ok"  # a best of 1000 s: never stopped
     with MeasureWorker(_workload(), MeasureOptions(warmup=1, repeats=2, stop_slower=None)) as w:
         assert w.measure({}, seed=1, best=1e-9).status == "ok"  # stop_slower None: never stopped
@@ -60,7 +62,7 @@ def test_the_timeout_adapts_to_the_slowest_verified_trial():
     with MeasureWorker(_workload(), opts) as w:
         assert w.timeout == 123.0  # nothing measured yet
         r = w.measure({}, seed=0)
-        assert r.status == "ok" and w.timeout == max(ADAPTIVE_TIMEOUT_MIN, 5 * r.info["elapsed"])
+        assert r.status == "ok" and w.timeout == max(ADAPTIVE_TIMEOUT_MIN, 5 * r.details.elapsed_s)
     with MeasureWorker(_workload(), MeasureOptions(timeout=7.0)) as w:
         assert w.timeout == 7.0  # given: fixed
 
@@ -68,8 +70,8 @@ def test_the_timeout_adapts_to_the_slowest_verified_trial():
 def test_a_candidate_over_the_memory_limit_is_refused_before_running():
     with MeasureWorker(_workload(), MeasureOptions(memory_limit=1000)) as w:
         r = w.measure({}, seed=0)
-    assert r.status == "out_of_memory" and r.info["memory_refused"] and r.compile_seconds is None
-    assert r.info["estimated_bytes"] > 1000 and "over the memory limit" in r.error
+    assert r.status == "out_of_memory" and r.details.memory.refused and r.compile_seconds is None
+    assert r.details.memory.estimated_bytes > 1000 and "over the memory limit" in r.error
 
 
 def test_a_refusal_after_the_first_costs_no_reference_run():
@@ -80,9 +82,9 @@ def test_a_refusal_after_the_first_costs_no_reference_run():
     real = session.verifier.case
     session.verifier.case = lambda seed: made.append(seed) or real(seed)
     first, second = session.measure({}, seed=0), session.measure({}, seed=1)
-    assert first.status == second.status == "out_of_memory" and first.info["memory_refused"]
+    assert first.status == second.status == "out_of_memory" and first.details.memory.refused
     assert made == [0]  # the second was refused on the first case's size, before its oracle ran
-    assert second.info["estimated_bytes"] == first.info["estimated_bytes"]
+    assert second.details.memory.estimated_bytes == first.details.memory.estimated_bytes
 
 
 def test_the_limit_is_on_the_buffers_and_the_checks_memory_counts_against_the_free_memory():
@@ -98,26 +100,28 @@ def test_the_limit_is_on_the_buffers_and_the_checks_memory_counts_against_the_fr
     buffers = footprint_bytes(point.kernels, graph)
     # the user's limit is what the schedule may take: the buffers fit, the check's memory is not the schedule's
     fits = _Session(w, MeasureOptions(memory_limit=buffers + 1000)).measure({}, seed=0)
-    assert fits.status == "ok" and fits.info["buffer_bytes"] == buffers
-    assert fits.info["estimated_bytes"] > buffers + 1000  # the case's inputs and expected results (400 x 8 floats+)
+    assert fits.status == "ok" and fits.details.memory.buffer_bytes == buffers
+    assert fits.details.memory.estimated_bytes > buffers + 1000  # the case's inputs and expected results (400 x 8 floats+)
     over = _Session(w, MeasureOptions(memory_limit=buffers - 1)).measure({}, seed=0)
     assert over.status == "out_of_memory" and "over the memory limit of" in over.error
     # the machine's protection counts the case: buffers and check over the share of the free memory
     session = _Session(w, MeasureOptions())
     session.memory.free_limit = buffers + 1000
     r = session.measure({}, seed=0)
-    assert r.status == "out_of_memory" and r.info["memory_refused"], r.error
+    assert r.status == "out_of_memory" and r.details.memory.refused, r.error
     assert "verification's inputs and results" in r.error and "of the memory free" in r.error
-    assert r.info["estimated_bytes"] > r.info["free_limit_bytes"] == buffers + 1000
+    assert r.details.memory.estimated_bytes > r.details.memory.free_limit_bytes == buffers + 1000
 
 
 def test_options_are_checked():
-    with pytest.raises(ValueError, match="unknown verification 'some'"):
+    with pytest.raises(ValueError, match=r"unknown verify 'some'; choose one of \['auto', 'full', 'sampled'\]"):
         MeasureOptions(verify="some")
     with pytest.raises(ValueError, match="stop_slower must be a factor above 1"):
         MeasureOptions(stop_slower=0.5)
-    with pytest.raises(ValueError, match="memory_limit must be a positive number of bytes"):
+    with pytest.raises(ValueError, match="memory_limit must be a positive amount of memory, got 0"):
         MeasureOptions(memory_limit=0)
+    with pytest.raises(ValueError, match="repeats must be a count of runs, 1 or more, got 0"):
+        MeasureOptions(repeats=0)
 
 
 def test_a_study_records_peak_memory_and_refusals(tmp_path):
@@ -126,12 +130,12 @@ def test_a_study_records_peak_memory_and_refusals(tmp_path):
                                                           measure=FAST)).run()
     ok = db.history(status="ok")
     assert ok and all(t.peak_bytes and t.peak_bytes > 0 for t in ok)
-    assert all(t.details["verified"] == {"rows": "all"} for t in ok)
+    assert all(t.details.verified == Coverage() for t in ok)
     small = replace_limit(FAST, 1000)
     Tuner(_workload("inference", "rgcn"), db, TuneOptions(trials=2, seed=0, progress=False, confirm_top=0,
                                                            measure=small)).run()
     refused = db.history(status="out_of_memory")
-    assert len(refused) == 2 and all(t.details["memory_refused"] and t.peak_bytes > 1000 for t in refused)
+    assert len(refused) == 2 and all(t.details.memory.refused and t.peak_bytes > 1000 for t in refused)
 
 
 def replace_limit(options: MeasureOptions, limit: int) -> MeasureOptions:
@@ -172,7 +176,7 @@ def test_tune_memory_limit_on_the_command_line(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "rgtune.cli", "tune", "--model", "rgcn", "--dataset", GRAPH,
                           "--memory-limit", "-1", "--db", f"sqlite:///{db}"], capture_output=True, text=True, cwd=REPO,
                          timeout=300)
-    assert bad.returncode != 0 and "--memory-limit must be a positive number of GiB, got -1" in bad.stderr
+    assert bad.returncode != 0 and "--memory-limit must be a positive amount of memory, got -1" in bad.stderr
 
 
 def test_a_big_graph_worker_frees_the_last_trials_memory_before_the_next(monkeypatch):

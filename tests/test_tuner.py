@@ -8,15 +8,17 @@ import sqlite3
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
 from rgtune.db import TrialDatabase
-from rgtune.tuner.measure import (MeasureOptions, MeasureResult, MeasureWorker, Workload, measure_rounds,
-                                  paired_times)
+from rgtune.db.trial_result import TrialResult
+from rgtune.tuner.measure import MeasureOptions, MeasureWorker, measure_rounds, paired_times
 from rgtune.tuner.study import TuneOptions, Tuner
+from rgtune.tuner.workload import Workload
 
 GRAPH = "synthetic:custom,nodes=300,edges=2500,ntypes=2,rels=4,seed=1"
 FAST = MeasureOptions(warmup=1, repeats=2, min_seconds=0.0, timeout=20.0)
@@ -68,14 +70,15 @@ def test_a_paired_trial_is_its_ratio_to_the_default_on_a_kept_scale():
     opts = MeasureOptions(warmup=1, repeats=3, min_seconds=0.0, timeout=20.0, timing="paired")
     with MeasureWorker(_workload("cpu"), opts) as w:
         r = w.measure({"layout.index_bits": 32}, seed=1)
-        assert r.status == "ok" and r.info["timing"] == "paired" and len(r.times) >= 3
-        scale = r.info["reference_ms"]
-        assert scale > 0 and 0.02 < r.info["vs_reference"] < 50
-        assert r.median == pytest.approx(r.info["vs_reference"] * scale / 1e3)
+        paired = r.details.paired
+        assert r.status == "ok" and paired is not None and len(r.times) >= 3
+        scale = paired.reference_ms
+        assert scale > 0 and 0.02 < paired.vs_reference < 50
+        assert r.median == pytest.approx(paired.vs_reference * scale / 1e3)
         assert w.options.reference_ms == scale  # a restarted worker times on this scale
         w._kill()
         r2 = w.measure({}, seed=2)
-        assert r2.status == "ok" and r2.info["reference_ms"] == scale and 0.5 < r2.info["vs_reference"] < 2.0
+        assert r2.status == "ok" and r2.details.paired.reference_ms == scale and 0.5 < r2.details.paired.vs_reference < 2.0
 
 
 def test_timing_options_are_checked():
@@ -89,6 +92,8 @@ def test_paired_timing_refuses_a_backend_timed_on_the_device(monkeypatch):
     from rgtune.tuner import measure
 
     class EventTimed:
+        times_on_device = True
+
         def time_runs(self, *args):
             return [1.0]
 
@@ -201,8 +206,6 @@ def test_the_default_schedule_is_the_first_trial_and_a_study_resumes(db):
 
 
 def test_a_study_resumed_with_the_other_timing_says_so(db):
-    from dataclasses import replace
-
     opts = TuneOptions(trials=2, sampler="random", seed=0, progress=False, measure=FAST, confirm_top=0)
     first = Tuner(_workload("reference"), db, opts).run()
     paired = replace(opts, measure=replace(FAST, timing="paired"))
@@ -273,8 +276,8 @@ class _ScriptedTimes(Tuner):
             if result.status == "ok":
                 ms = next(self.script)
                 if ms is None:
-                    return MeasureResult("timeout", error="trial exceeded its timeout")
-                result.median, result.times = ms / 1e3, [ms / 1e3]
+                    return TrialResult("timeout", error="trial exceeded its timeout")
+                result = replace(result, median=ms / 1e3, times=[ms / 1e3])
             return result
 
         self.worker.measure = measure
@@ -304,7 +307,7 @@ def test_recheck_one_measures_every_trial_once(db):
     tuner = _ScriptedTimes(_workload("reference"), db, opts, script=[10, 9, 5])
     s = tuner.run()
     assert tuner.calls == 3 and s.rechecked == 0 and s.best_ms == pytest.approx(5)
-    with pytest.raises(ValueError, match="recheck must be >= 1"):
+    with pytest.raises(ValueError, match="recheck must be a count of measurements"):
         Tuner(_workload("reference"), db, TuneOptions(recheck=0))
 
 
@@ -338,8 +341,8 @@ class _ScriptedPruner:
         prune = self.prune_all or self.calls % 2 == 0
         return prune, (7.5 if prune else None)
 
-    def observe(self, config, point, median_ms) -> None:
-        self.observed.append(median_ms)
+    def observe(self, config, point, result) -> None:
+        self.observed.append(result.ok_ms)
 
     def close(self) -> None:
         self.closed += 1
@@ -505,8 +508,6 @@ def test_a_ranking_pruner_measures_its_pick_of_each_pool_and_the_study_holds_onl
 def test_a_pool_leaves_out_schedules_over_the_memory_limit_and_a_refusal_is_pruned(db):
     import random
     import statistics
-    from dataclasses import replace
-
     import optuna
 
     from rgtune.codegen.base import create

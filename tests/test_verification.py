@@ -39,7 +39,7 @@ def test_sampled_reference_equals_the_whole_graphs_rows(graph, model, options, h
     assert int((case.dout != 0).any(1).sum()) == 20  # dout only on the sampled rows
     err, which, _ = sampled.error(got, case)
     assert err < 1e-12, which
-    assert case.describe()["sampled"] and case.describe()["rows"] == 20
+    assert case.coverage().sampled and case.coverage().rows == 20
     hood = case.hood
     assert hood is not None and int(torch.bincount(graph.dst, minlength=graph.num_nodes()).argmax()) in hood.dst
 

@@ -6,7 +6,7 @@ order, and ``expected(x)``: what the library computes with these weights, in flo
 library's math equals rgtune's, ``expected`` *is* the model's program (:func:`oracle`); where it
 differs, it is rgtune's layer with exactly that difference, so the weight copy is still checked.
 A model (or option) a library has no layer for raises :class:`Unavailable`. This module and
-:mod:`rgtune.models` are where models are named: they pin rgtune's semantics to the libraries'.
+:mod:`rgtune.torch_layers` are where models are named: they pin rgtune's semantics to the libraries'.
 The differences:
 
 * PyG ``RGCNConv(aggr="mean")``, DGL ``RelGraphConv`` (norm = 1/|N_r(i)|), also with bases or blocks
@@ -44,9 +44,9 @@ import torch
 from torch import Tensor
 
 from rgtune.data.interop import to_dgl, to_pyg_homogeneous
-from rgtune.models import HGT, RGAT, RGCN, RelationalLayer
-from rgtune.models._base import edge_softmax, segment_matmul
-from rgtune.models.pyg import to_pyg_film, to_pyg_hgt, to_pyg_rgcn_state
+from rgtune.torch_layers import HGT, RGAT, RGCN, RelationalLayer
+from rgtune.torch_layers._base import edge_softmax, segment_matmul
+from rgtune.torch_layers.pyg import to_pyg_film, to_pyg_hgt, to_pyg_rgcn_state
 
 __all__ = ["Baseline", "BUILDERS", "Unavailable", "oracle", "prepare_weights", "torch_layer", "tie_rgat_attention",
            "pyg_rgcn", "pyg_rgat", "pyg_hgt", "pyg_film", "dgl_rgcn", "dgl_rgat", "dgl_hgt"]
@@ -72,7 +72,7 @@ class Unavailable(LookupError):
     """A library (or rgtune's plain torch layers) has no layer for this model or these options."""
 
 
-#: the plain torch layers of :mod:`rgtune.models`, by model (the same math and parameters as the programs)
+#: the plain torch layers of :mod:`rgtune.torch_layers`, by model (the same math and parameters as the programs)
 _TORCH_LAYERS: dict[str, type[RelationalLayer]] = {"rgcn": RGCN, "rgat": RGAT, "hgt": HGT}
 
 
@@ -100,12 +100,12 @@ def _options(layer: torch.nn.Module, what: str, supported: tuple[str, ...] = ())
 
 
 def torch_layer(layer: torch.nn.Module, dtype: torch.dtype | None = None) -> RelationalLayer:
-    """The plain torch layer of ``layer``'s model (:mod:`rgtune.models`) with its weights, on its device
+    """The plain torch layer of ``layer``'s model (:mod:`rgtune.torch_layers`) with its weights, on its device
     (``dtype``: default the layer's); :class:`Unavailable` for a model or options it does not have."""
     cls = _TORCH_LAYERS.get(layer.model)  # type: ignore[attr-defined]
     if cls is None:
-        raise Unavailable(f"rgtune.models has no plain torch layer of model {layer.model!r}")  # type: ignore[attr-defined]
-    _options(layer, f"rgtune.models.{cls.__name__}")
+        raise Unavailable(f"rgtune.torch_layers has no plain torch layer of model {layer.model!r}")  # type: ignore[attr-defined]
+    _options(layer, f"rgtune.torch_layers.{cls.__name__}")
     kwargs = {} if cls is RGCN else {"heads": layer.heads}  # type: ignore[attr-defined]
     p = next(layer.parameters())
     plain = cls(layer.graph, layer.in_dim, layer.out_dim, **kwargs).to(device=p.device, dtype=dtype or p.dtype)  # type: ignore[attr-defined]
@@ -200,7 +200,7 @@ def pyg_hgt(layer: torch.nn.Module) -> Baseline:
     _pyg()
     _options(layer, "PyG HGTConv")
     g = layer.graph
-    conv = to_pyg_hgt(layer)  # the mapping documented in rgtune.models.HGT
+    conv = to_pyg_hgt(layer)  # the mapping documented in rgtune.torch_layers.HGT
     edge_index = {c: torch.stack(g.edges(c)).to(_device(layer)) for c in g.canonical_etypes}
     dst_types = [t for t in g.ntypes if any(c[2] == t for c in g.canonical_etypes)]
     rows = _rows_of(g, dst_types)  # PyG leaves node types that no relation points to out
@@ -301,10 +301,10 @@ def _hgt_dgl_math(layer: HGT, x: Tensor) -> Tensor:
 
 
 def dgl_rgat(layer: torch.nn.Module) -> Baseline:
-    """DGL's usual RGAT (:func:`rgtune.models.dgl.to_dgl_rgat`): ``rgat(softmax="relation")``'s math; for
+    """DGL's usual RGAT (:func:`rgtune.torch_layers.dgl.to_dgl_rgat`): ``rgat(softmax="relation")``'s math; for
     rgtune's default RGAT (one softmax over all in-edges) the row says the math differs and checks the
     library against the per-relation program with the same weights."""
-    from rgtune.models.dgl import to_dgl_rgat
+    from rgtune.torch_layers.dgl import to_dgl_rgat
 
     opts = _options(layer, "DGL HeteroGraphConv(GATConv)", supported=("softmax",))
     state = {k: v.detach() for k, v in layer.state_dict().items()}

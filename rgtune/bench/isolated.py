@@ -200,7 +200,7 @@ def measure_impl(a: dict[str, Any], emit: Callable[[dict[str, Any]], None] = _em
     if a.get("threads"):
         torch.set_num_threads(a["threads"])
     be = resolve_backend(a["backend"])
-    device = torch.device("cuda" if be.target == "cuda" else "cpu")
+    device = torch.device(be.device_type)
     sizes = (a["model"], a["in_dim"], a["out_dim"], a["heads"])
     reference = lambda graph: detached_reference(sizes[0], graph, *sizes[1:], be, a["seed"],  # noqa: E731
                                                  a.get("options", ""))

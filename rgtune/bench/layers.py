@@ -1,4 +1,4 @@
-"""One layer, side by side: rgtune's tuned kernels, rgtune's torch lowering, the reference layer, PyG, DGL.
+"""One layer, side by side: rgtune's tuned kernels, rgtune's torch lowering, the plain torch layer, PyG, DGL.
 
 Every implementation gets the same graph, sizes, weights (copied; see :mod:`.baselines` for
 where a library's math differs), input, thread count and device: each is derived from the seed
@@ -20,7 +20,7 @@ Implementations:
   forward+backward with the best training schedule (``mode="training"``: generated backward
   kernels on the buffers its forward saved, where the backend builds them);
 * ``lowering``: rgtune's torch executor of the kernel IR (default schedule, float32, autograd);
-* ``torch``: the model's plain torch layer of :mod:`rgtune.models`, where it has one (float32);
+* ``torch``: the model's plain torch layer of :mod:`rgtune.torch_layers`, where it has one (float32);
 * ``pyg``, ``dgl``: the libraries' layers (:mod:`.baselines`: which exist for which model and options).
 
 Each forward output is checked against what its math should give (float64: the model's program,
@@ -59,6 +59,7 @@ import torch
 from torch import Tensor
 
 from rgtune.bench.baselines import BUILDERS, Unavailable, oracle, prepare_weights, torch_layer
+from rgtune.db import DEFAULT_URL
 from rgtune.tuner.memory import is_out_of_memory
 
 IMPLS = ("rgtune", "lowering", "torch", "pyg", "dgl")
@@ -209,9 +210,9 @@ def reference_layer(model: str, graph: Any, in_dim: int, out_dim: int, heads: in
     from rgtune.ir.registry import parse_key
     from rgtune.runtime import Layer as TunedModule
 
-    device = torch.device("cuda" if backend.target == "cuda" else "cpu")
+    device = torch.device(backend.device_type)
     torch.manual_seed(seed)
-    ref = TunedModule(model, graph, in_dim, out_dim, heads, options=parse_key(options), backend="reference",
+    ref = TunedModule(model, graph, in_dim, out_dim, heads, options=parse_key(options),  # the torch executor
                       dtype=torch.float32).to(device)
     prepare_weights(ref)  # what a library's layer needs of them (e.g. PyG's RGATConv: shared attention)
     return ref
@@ -305,7 +306,7 @@ def _torch_impl(ref: Any) -> Impl:
         plain = torch_layer(ref)
     except Unavailable as e:
         return Impl("torch", "plain torch layer", None, problem=str(e))
-    return Impl("torch", f"rgtune.models.{type(plain).__name__} (torch)", plain, list(plain.parameters()))
+    return Impl("torch", f"rgtune.torch_layers.{type(plain).__name__} (torch)", plain, list(plain.parameters()))
 
 
 def _library_impl(lib: str, ref: Any) -> Impl:
@@ -375,7 +376,7 @@ def sampled_error(out: Tensor, out_rows: Tensor | None, expectation: Callable[[A
     hood = in_neighbourhood(graph, sample_destinations(graph, rows, seed=seed))
     # the same weights on the subgraph: it keeps every node type and relation, so they fit unchanged
     local = TunedModule(ref.model, hood.graph, ref.in_dim, ref.out_dim, ref.heads, options=ref.options,
-                        backend="reference", dtype=torch.float32)
+                        dtype=torch.float32)  # the torch executor
     local.load_state_dict({k: v.detach().cpu() for k, v in ref.state_dict().items()})
     expected_fn, local_rows = expectation(local)
     # rows first, then float64 on the host: never a float64 copy of the whole graph's input or output
@@ -477,7 +478,7 @@ def versions() -> dict[str, str]:
 
 # ---------------------------------------------------------------------- one benchmark
 def bench(model: str, dataset: str, *, in_dim: int = 64, out_dim: int = 64, heads: int = 1, backend: str = "auto",
-          db: str | None = "results.db", impls: Sequence[str] = IMPLS, repeats: int = 20, warmup: int = 3,
+          db: str | None = DEFAULT_URL, impls: Sequence[str] = IMPLS, repeats: int = 20, warmup: int = 3,
           threads: int | None = None, seed: int = 0, tune_trials: int = 0, data_dir: str | None = None,
           memory: bool = True, command: str = "", options: Mapping[str, Any] | str | None = None,
           impl_timeout: float | None = None, memory_limit_gb: float | None = None,
@@ -571,7 +572,7 @@ def _tune_missing(model: str, dataset: str, in_dim: int, out_dim: int, heads: in
 def _tune(model: str, dataset: str, in_dim: int, out_dim: int, heads: int, backend: str, db: str, trials: int,
           seed: int, data_dir: str | None, mode: str, options: str = "") -> None:
     from rgtune.db import TrialDatabase
-    from rgtune.tuner.measure import Workload
+    from rgtune.tuner.workload import Workload
     from rgtune.tuner.study import TuneOptions, Tuner
 
     print(f"bench: tuning {model} on {dataset} for {mode} ({trials} trials, backend {backend}) ...", file=sys.stderr)

@@ -53,7 +53,7 @@ def peak_memory(model: str, dataset: str, impl: str, mode: str, **kwargs: Any) -
 
 
 def measure_step(model: str, dataset: str, impl: str, mode: str, *, in_dim: int = 64, out_dim: int = 64,
-                 heads: int = 1, backend: str = "cpu", db: str | None = None, seed: int = 0,
+                 heads: int = 1, backend: str = "auto", db: str | None = None, seed: int = 0,
                  threads: int | None = None, data_dir: str | None = None, steps: int = 2,
                  config: dict[str, Any] | None = None, timeout: float = 3600.0, options: str = "") -> dict[str, Any]:
     """``{"peak_mb": ..., "step_s": [...]}``: the peak (as :func:`peak_memory`) over building and
@@ -120,7 +120,7 @@ def _steps(a: dict[str, Any], graph: Any, backend: Any, steps: int) -> dict[str,
     building, and each step's seconds."""
     from rgtune.bench.layers import _sync, build_impls, detached_reference, run_once, upstream_grad
 
-    device = torch.device("cuda" if backend.target == "cuda" else "cpu")
+    device = torch.device(backend.device_type)
     x = torch.randn(graph.num_nodes(), a["in_dim"], device=device)
     grad = upstream_grad(graph.num_nodes(), a["out_dim"], device)
     sizes = (a["in_dim"], a["out_dim"], a["heads"])

@@ -156,7 +156,7 @@ def render_section(main_rows: dict[tuple[str, ...], str], env_rows: dict[tuple[s
         "schedule (`mode=\"training\"`) for fwd+bwd; \"schedule\" names both trials, which forward values the "
         "training schedule saves (`autodiff.save`), their size, and how its backward runs (generated: the "
         "backward kernels on the saved buffers; torch: the torch lowering's autograd); **lowering**: rgtune's torch executor of the kernel "
-        "IR (default schedule); **torch**: the reference layer of `rgtune.models`; **PyG** / **DGL**: "
+        "IR (default schedule); **torch**: the plain torch layer of `rgtune.torch_layers`; **PyG** / **DGL**: "
         "`RGCNConv`/`RGATConv`/`HGTConv`, `RelGraphConv`/`HeteroGraphConv(GATConv)`/`HGTConv` with the same "
         "weights copied. PyG's layers and DGL's `RelGraphConv` compute the same numbers as rgtune (checked on "
         "every run; PyG's `RGATConv` shares attention vectors across relations, so all RGAT runs tie them); "

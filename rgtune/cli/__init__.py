@@ -10,7 +10,9 @@
 * :mod:`.costmodel`: train the cost model, or evaluate it on a held-out graph;
 * :mod:`.datasets`: the datasets and synthetic presets.
 
-This package is the top of the stack: no other module of rgtune parses arguments or imports it.
+Each command module adds its sub-parser (``add_parser``) and runs it (``run(args)``); :func:`main`
+parses, then runs the command through :func:`~rgtune.cli._common.run_command`. This package is the
+top of the stack: no other module of rgtune parses arguments or imports it.
 Every command fails with one line on stderr and a non-zero exit for a bad input (unknown model,
 dataset, backend, knob; unreachable database ...), never with a traceback; ``RGTUNE_DEBUG=1``
 shows the traceback anyway.
@@ -33,8 +35,6 @@ __all__ = ["main", "tune_main", "build_parser", "command_parser"]
 
 #: the commands in the order ``rgtune --help`` lists them
 _COMMANDS = (datasets, show, tune, best, history, export, bench, costmodel)
-#: commands that parse their own arguments: ``rgtune <name> ARGS`` is ``<main>(ARGS)``
-_OWN_PARSER = {"export": export.export_main, "bench": bench.bench_main, "costmodel": costmodel.costmodel_main}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,15 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def command_parser(name: str) -> argparse.ArgumentParser:
-    """The parser that reads the arguments of ``rgtune <name>`` (export, bench, costmodel have their own).
+    """The parser that reads the arguments of ``rgtune <name>``.
 
     Example:
         >>> command_parser("export").parse_args(["--model", "hgt", "--dataset", "aifb", "-o", "out"]).output
         'out'
     """
-    own = {"export": export.build_parser, "bench": bench.build_parser, "costmodel": costmodel.build_parser}
-    if name in own:
-        return own[name]()
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     if name not in sub.choices:
         raise ValueError(f"unknown command {name!r}; choose one of {sorted(sub.choices)}")
@@ -68,15 +65,15 @@ def command_parser(name: str) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``rgtune COMMAND ARGS...``: the exit status. ``args.argv`` is the command's own arguments as given
+    (``bench`` records its command line)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] and argv[0] in _OWN_PARSER:
-        own = _OWN_PARSER[argv[0]]
-        return run_command(lambda _args: own(argv[1:]), argparse.Namespace(db=None))
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
         parser.print_help()
         return EXIT_USAGE
+    args.argv = argv[1:]
     return run_command(args.func, args)
 
 

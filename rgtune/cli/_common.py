@@ -18,6 +18,7 @@ import os
 import sys
 from typing import Any, Sequence
 
+from rgtune.db import DEFAULT_URL
 from rgtune.ir.registry import ModelOptionError, list_models, model_spec, parse_options
 
 EXIT_USAGE = 2
@@ -26,7 +27,12 @@ DATASET_HELP = "aifb, mutag, bgs, am, ogbn-mag, or synthetic:<preset>[,key=value
 
 
 class CLIError(Exception):
-    """A user-facing error: printed as one line."""
+    """A bad input on the command line: printed as one line, exit status :data:`EXIT_USAGE`."""
+
+
+class CommandFailed(Exception):
+    """A command that could not do its work (no tuned schedule to export, an implementation that failed to
+    bench): printed as is, exit status :data:`EXIT_FAILURE`."""
 
 
 # ----------------------------------------------------------------- argument types and groups
@@ -116,6 +122,12 @@ TRUST_CODE_HELP = ("import the module a database row names for its model when th
                    "rows are learnt without the IR's counts, and a warning names them")
 
 
+def add_db_arg(p: argparse.ArgumentParser) -> None:
+    """``--db``: the trial database, :data:`rgtune.db.DEFAULT_URL` unless given."""
+    p.add_argument("--db", default=DEFAULT_URL, metavar="URL",
+                   help=f"the trial database: a SQLAlchemy URL or a path ending in .db (default {DEFAULT_URL})")
+
+
 def add_mode_arg(p: argparse.ArgumentParser, what: str) -> None:
     """``--mode inference|training``: which of a workload's schedules (a forward's, or a training step's)."""
     p.add_argument("--mode", default="inference", choices=("inference", "training"),
@@ -141,47 +153,45 @@ def load_graph(args: argparse.Namespace) -> Any:
     return load_dataset(args.dataset, root=args.data_dir)
 
 
-def open_db(url: str | None) -> Any:
+def open_db(url: str) -> Any:
     """The trial database to record trials in (``tune``): created, or upgraded in place, as needed."""
-    from rgtune.db import DEFAULT_URL, TrialDatabase
+    from rgtune.db import TrialDatabase
 
-    return TrialDatabase(url or DEFAULT_URL)
+    return TrialDatabase(url)
 
 
-def open_query_db(url: str | None, command: str, *, missing_ok: bool = False) -> Any:
+def open_query_db(url: str, command: str, *, missing_ok: bool = False) -> Any:
     """The trial database to query (``best``, ``history``, ``export``, ``costmodel``), opened read-only.
 
     A query must not write: a missing SQLite file is refused by name (``missing_ok``: None)
     instead of being created empty, and an older schema is refused with how to upgrade it
     instead of being upgraded.
     """
-    from rgtune.db import DEFAULT_URL, SchemaTooOldError, TrialDatabase
+    from rgtune.db import SchemaTooOldError, TrialDatabase
     from rgtune.db.engine import display_name, hide_password
 
-    text = url or DEFAULT_URL
-    if missing_ok and missing_db_file(text) is not None:
+    if missing_ok and missing_db_file(url) is not None:
         return None
-    check_db_exists(text)
+    check_db_exists(url)
     try:
-        return TrialDatabase(text, readonly=True)
+        return TrialDatabase(url, readonly=True)
     except SchemaTooOldError as e:
-        shown = hide_password(text)
+        shown = hide_password(url)
         raise CLIError(
-            f"{display_name(text)} has schema version {e.found}, older than this rgtune ({e.expected}); `{command}` "
+            f"{display_name(url)} has schema version {e.found}, older than this rgtune ({e.expected}); `{command}` "
             f"opens it read-only, so it is not upgraded: run `tune` once with --db {shown}, or python -c "
             f"\"from rgtune.db import TrialDatabase; TrialDatabase('{shown}')\", to upgrade it in place") from None
 
 
-def missing_db_file(url: str | None) -> str | None:
+def missing_db_file(url: str) -> str | None:
     """The SQLite file ``url`` names, as written, when it does not exist (opening it would create it); else None."""
-    from rgtune.db import DEFAULT_URL
     from rgtune.db.engine import parse_url, sqlite_file
 
-    path = sqlite_file(parse_url(url or DEFAULT_URL))
+    path = sqlite_file(parse_url(url))
     return None if path is None or path.exists() else str(path)
 
 
-def check_db_exists(url: str | None) -> None:
+def check_db_exists(url: str) -> None:
     """Refuse a missing SQLite file by name (``missing.db``, ``sqlite:///x.db``, ``sqlite:////abs/x.db``)."""
     path = missing_db_file(url)
     if path is not None:
@@ -212,7 +222,7 @@ def run_command(func: Any, args: argparse.Namespace) -> int:
 
     from rgtune.codegen.base import BackendError
     from rgtune.data.errors import DatasetError
-    from rgtune.db import DEFAULT_URL, DatabaseError
+    from rgtune.db import DatabaseError
     from rgtune.db.engine import display_name
     from rgtune.db.errors import translate
     from rgtune.ir.program import IRError
@@ -230,11 +240,12 @@ def run_command(func: Any, args: argparse.Namespace) -> int:
         err = translate(e, display_name(url), sqlite=url.startswith("sqlite") or url.endswith(".db"))
         print(f"rgtune: error: {one_line(err)}", file=sys.stderr)
         return EXIT_FAILURE
-    except (CLIError, DatasetError, IRError, BackendError, DatabaseError, WorkerStartError, ValueError) as e:
+    except (CLIError, CommandFailed, DatasetError, IRError, BackendError, DatabaseError, WorkerStartError,
+            ValueError) as e:
         if os.environ.get("RGTUNE_DEBUG"):
             raise
-        # a missing dataset says where it looked and how to provide it: keep every line of that
-        text = str(e).strip() if isinstance(e, DatasetError) else one_line(e)
+        # a missing dataset says where it looked and how to provide it, a failed command what to do: every line
+        text = str(e).strip() if isinstance(e, (DatasetError, CommandFailed)) else one_line(e)
         print(f"rgtune: error: {text}", file=sys.stderr)
         return EXIT_USAGE if isinstance(e, (CLIError, IRError)) else EXIT_FAILURE
 

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any, Callable
 
-from rgtune.cli._common import add_model_args, model_options, positive_int
+from rgtune.cli._common import add_db_arg, add_model_args, model_options, positive_int
 
 
 def add_query_parser(sub: argparse._SubParsersAction, name: str, about: str,
@@ -20,7 +20,7 @@ def add_query_parser(sub: argparse._SubParsersAction, name: str, about: str,
     p.add_argument("--heads", type=positive_int, help="filter by heads")
     p.add_argument("--mode", choices=("inference", "training"),
                    help="filter by mode: inference (a forward's schedules) or training (a training step's)")
-    p.add_argument("--db", default=None, help="SQLAlchemy URL (default sqlite:///results.db)")
+    add_db_arg(p)
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print JSON")
     fmt.add_argument("--csv", action="store_true", help="print CSV")

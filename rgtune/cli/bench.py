@@ -1,36 +1,29 @@
-"""``rgtune bench``: one layer side by side (rgtune, its torch lowering, the reference layer, PyG, DGL)."""
+"""``rgtune bench``: one layer side by side (rgtune, its torch lowering, the plain torch layer, PyG, DGL)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
-import sys
 from pathlib import Path
 from typing import Sequence
 
-from rgtune.cli._common import add_layer_args, model_options
+from rgtune.cli._common import CLIError, CommandFailed, add_db_arg, add_layer_args, model_options
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    # parses its own arguments (see :func:`bench_main`)
-    sub.add_parser("bench", help="tuned layer vs reference lowering vs PyG vs DGL, side by side", add_help=False)
-
-
-def build_parser() -> argparse.ArgumentParser:
     from rgtune.bench.layers import IMPLS
     from rgtune.tuner.verification import SAMPLE_ABOVE_EDGES
 
-    p = argparse.ArgumentParser(
-        prog="rgtune bench",
+    p = sub.add_parser(
+        "bench", help="tuned layer vs reference lowering vs PyG vs DGL, side by side",
         description="Time one layer side by side: rgtune's tuned kernels, its torch lowering, the torch reference "
                     "layer, PyG and DGL (same graph, sizes, weights, threads): the forward, and a training step "
                     "(forward, then backward to the input and every parameter); print a table and write a row to "
                     "BENCHMARKS.md.",
         epilog="Example: rgtune bench --model rgcn --dataset aifb --tune-trials 30")
     add_layer_args(p, "aifb, mutag, ..., or synthetic:<spec>")
-    p.add_argument("--db", default="results.db", help="trial database (default results.db)")
+    add_db_arg(p)
     p.add_argument("--tune-trials", type=int, default=0, metavar="N",
                    help="tune N trials per mode (inference, training) first when this device has no record of "
                         "the workload in that mode (default 0: don't)")
@@ -55,39 +48,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-write", action="store_true", help="print only")
     p.add_argument("--json", default=None, metavar="PATH",
                    help="also append the result as one JSON line (every repeat's time) to PATH")
-    return p
+    p.set_defaults(func=run)
 
 
-def bench_main(argv: Sequence[str] | None = None) -> int:
-    """``rgtune bench ...``; returns the exit status."""
-    args = build_parser().parse_args(argv)
-    argv = list(sys.argv[1:] if argv is None else argv)
+def run(args: argparse.Namespace) -> int:
+    """Bench the layer, print the table, write the row (and the JSON line)."""
     from rgtune.bench import IMPLS, bench, format_table, result_json, write_benchmarks
 
     impls = [s.strip() for s in args.impls.split(",") if s.strip()]
     unknown = sorted(set(impls) - set(IMPLS))
-    if unknown or args.repeats < 1 or args.warmup < 0:
-        print(f"rgtune bench: error: unknown --impls {unknown}; choose from {','.join(IMPLS)}" if unknown else
-              f"rgtune bench: error: --repeats must be >= 1 and --warmup >= 0, got {args.repeats} and {args.warmup}",
-              file=sys.stderr)
-        return 2
+    if unknown:
+        raise CLIError(f"unknown --impls {unknown}; choose from {','.join(IMPLS)}")
+    if args.repeats < 1 or args.warmup < 0:
+        raise CLIError(f"--repeats must be >= 1 and --warmup >= 0, got {args.repeats} and {args.warmup}")
     for flag, value in (("--impl-timeout", args.impl_timeout), ("--memory-limit", args.memory_limit),
                         ("--check-rows", args.check_rows)):
         if value is not None and value <= 0:
-            print(f"rgtune bench: error: {flag} must be > 0, got {value:g}", file=sys.stderr)
-            return 2
+            raise CLIError(f"{flag} must be > 0, got {value:g}")
+    options = model_options(args)
     try:
         res = bench(args.model, args.dataset, in_dim=args.in_dim or args.hidden, out_dim=args.out_dim or args.hidden,
                     heads=args.heads, backend=args.backend, db=args.db, impls=impls, repeats=args.repeats,
                     warmup=args.warmup, threads=args.threads, seed=args.seed, tune_trials=args.tune_trials,
                     data_dir=args.data_dir, impl_timeout=args.impl_timeout, memory_limit_gb=args.memory_limit,
-                    check_rows=args.check_rows, command="rgtune bench " + shlex.join(_portable(argv)),
-                    options=model_options(args))
-    except Exception as e:  # noqa: BLE001 - one line, as every rgtune command
-        if os.environ.get("RGTUNE_DEBUG"):
-            raise
-        print(f"rgtune bench: error: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}", file=sys.stderr)
-        return 1
+                    check_rows=args.check_rows, command="rgtune bench " + shlex.join(_portable(args.argv)),
+                    options=options)
+    except Exception as e:  # noqa: BLE001 - an implementation or library that failed: one line, as every command
+        raise CommandFailed(f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}") from e
     print(format_table(res))
     if args.json:
         with open(args.json, "a") as f:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any, Callable
+from typing import Any
 
 from rgtune.cli._common import EXIT_FAILURE, CLIError, add_workload_args, load_graph, model_options, parse_sets
 
@@ -24,7 +24,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rgtune.codegen.base import backend_target
-    from rgtune.ir.counts import count
+    from rgtune.ir.counts import count, program_flops
     from rgtune.ir.registry import build_model, model_spec
 
     from rgtune.search_spaces import SearchSpace
@@ -56,8 +56,10 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_FAILURE
     print("\n# program after passes")
     print(point.compiled.program, end="\n\n")  # type: ignore[union-attr]
+    print(f"# lowering plan\n  {point.compiled.plan}", end="\n\n")  # type: ignore[union-attr]
     print("# kernels")
     print(point.kernels.describe(), end="\n\n")
+    print(f"# the program as written: {program_flops(program, graph):,} FLOPs")
     _print_counts(count(point.kernels, graph, config))
     if args.source:
         _print_sources(args.backend, point.kernels, config)
@@ -87,8 +89,7 @@ def _print_sources(backend_name: str, kp: Any, config: dict[str, Any]) -> None:
     from rgtune.codegen.base import create
 
     backend = create(backend_name)
-    generate: Callable[..., Any] | None = getattr(backend, "generate", None)
-    if generate is None:
+    if not backend.generates_sources:
         raise CLIError(f"backend {backend_name!r} cannot show generated sources")
-    for name, text in generate(kp, config).sources.items():
+    for name, text in backend.generate(kp, config).sources.items():
         print(f"\n# generated: {name}\n{text}")

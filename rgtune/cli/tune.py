@@ -7,14 +7,22 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rgtune.cli._common import (TRUST_CODE_HELP, CLIError, add_mode_arg, add_workload_args, load_graph, model_options,
-                                open_db, positive_int, positive_seconds, resolve_backend)
+from rgtune.cli._common import (TRUST_CODE_HELP, CLIError, add_db_arg, add_mode_arg, add_workload_args, load_graph,
+                                model_options, open_db, positive_int, positive_seconds, resolve_backend)
 from rgtune.tuner.measure import TIMINGS
+
+if TYPE_CHECKING:
+    from rgtune.tuner.study import TuneOptions
 
 #: ``tune --cost-model-policy`` unless given (BENCHMARKS.md, "Learned cost model", has how they compare)
 DEFAULT_POLICY = "rank"
+#: the flag that sets each field of :class:`TuneOptions` and :class:`MeasureOptions` (their errors name it)
+_FLAGS = {"trials": "--trials", "time_budget": "--time-budget", "sampler": "--sampler", "confirm_top": "--confirm",
+          "confirm_rounds": "--confirm-rounds", "confirm_share": "--confirm-share", "recheck": "--recheck",
+          "reverify_inputs": "--reverify", "timeout": "--trial-timeout", "timing": "--timing", "verify": "--verify",
+          "verify_rows": "--verify-rows", "stop_slower": "--stop-slower", "memory_limit": "--memory-limit"}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -33,7 +41,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="trials to run now (default 50 unless --time-budget is given)")
     p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS", help="start no trial after this long")
     p.add_argument("--backend", default="auto", help="auto (cuda if a GPU is usable, else cpu), cpu, cuda, reference")
-    p.add_argument("--db", default=None, help="SQLAlchemy URL of the trial database (default sqlite:///results.db)")
+    add_db_arg(p)
     p.add_argument("--sampler", default="tpe", help="tpe (default), random, gp, cmaes")
     p.add_argument("--seed", type=int, default=None, help="seed of the sampler and of the test inputs")
     p.add_argument("--trial-timeout", type=positive_seconds, default=None, metavar="SECONDS",
@@ -116,37 +124,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rgtune.tuner.measure import MeasureOptions, Workload
-    from rgtune.tuner.study import SAMPLERS, TuneOptions, Tuner
+    from rgtune.tuner.study import Tuner
+    from rgtune.tuner.workload import Workload
 
-    if args.sampler not in SAMPLERS:
-        raise CLIError(f"unknown sampler {args.sampler!r}; choose one of {list(SAMPLERS)}")
-    if args.time_budget is not None and args.time_budget <= 0:
-        raise CLIError(f"--time-budget must be positive, got {args.time_budget}")
-    if args.memory_limit is not None and not args.memory_limit > 0:
-        raise CLIError(f"--memory-limit must be a positive number of GiB, got {args.memory_limit}")
-    if args.stop_slower != 0 and not args.stop_slower > 1:
-        raise CLIError(f"--stop-slower must be a factor above 1, or 0 (off), got {args.stop_slower}")
-    if not 0 < args.confirm_share <= 1:
-        raise CLIError(f"--confirm-share must be in (0, 1], got {args.confirm_share}")
-    if args.confirm < 0 or args.confirm == 1:
-        raise CLIError(f"--confirm must be 0 (off) or at least 2 schedules to compare, got {args.confirm}")
+    options = _tune_options(args)  # a bad value fails before anything is loaded or written
     backend = resolve_backend(args.backend)
     graph = load_graph(args)  # fail fast on a bad dataset, before the database is touched
     db = open_db(args.db)
-    trials = args.trials if args.trials is not None else (None if args.time_budget else 50)
     workload = Workload(args.model, args.dataset, args.hidden, args.hidden, args.heads, backend,
                         args.data_dir, args.mode, model_options(args))
-    options = TuneOptions(trials=trials, time_budget=args.time_budget, sampler=args.sampler, seed=args.seed,
-                          fresh=args.fresh, progress=not args.quiet and sys.stderr.isatty(),
-                          measure=MeasureOptions(
-                              timeout=args.trial_timeout, timing=args.timing, verify=args.verify,
-                              verify_rows=args.verify_rows, stop_slower=args.stop_slower or None,
-                              memory_limit=None if args.memory_limit is None else int(args.memory_limit * 2**30)),
-                          guide=_cost_model_guide(args),
-                          confirm_top=args.confirm, confirm_rounds=args.confirm_rounds, confirm_share=args.confirm_share,
-                          recheck=args.recheck,
-                          reverify_inputs=args.reverify)
     named = f"{workload.model}({workload.options})" if workload.options else workload.model
     print(f"tuning {named} on {graph.name} ({graph.num_nodes():,} nodes, {graph.num_edges():,} edges, "
           f"{graph.num_rels} relations), hidden={args.hidden}, heads={args.heads}, backend={backend}, "
@@ -155,6 +141,30 @@ def run(args: argparse.Namespace) -> int:
     summary = tuner.run()
     _print_summary(summary)
     return 130 if summary.interrupted else 0
+
+
+def _tune_options(args: argparse.Namespace) -> "TuneOptions":
+    """The flags as :class:`TuneOptions`, which check them; a bad value is a usage error that names its flag."""
+    from rgtune.tuner.measure import MeasureOptions
+    from rgtune.tuner.options import OptionError
+    from rgtune.tuner.study import TuneOptions
+
+    trials = args.trials if args.trials is not None else (None if args.time_budget else 50)
+    memory_limit = None if args.memory_limit is None else int(args.memory_limit * 2**30)
+    try:
+        return TuneOptions(trials=trials, time_budget=args.time_budget, sampler=args.sampler, seed=args.seed,
+                           fresh=args.fresh, progress=not args.quiet and sys.stderr.isatty(),
+                           measure=MeasureOptions(timeout=args.trial_timeout, timing=args.timing, verify=args.verify,
+                                                  verify_rows=args.verify_rows, stop_slower=args.stop_slower or None,
+                                                  memory_limit=memory_limit),
+                           guide=_cost_model_guide(args), confirm_top=args.confirm, confirm_rounds=args.confirm_rounds,
+                           confirm_share=args.confirm_share, recheck=args.recheck, reverify_inputs=args.reverify)
+    except OptionError as e:
+        flag = _FLAGS.get(e.option)
+        if flag is None:  # not one of the flags: as the options say it
+            raise
+        given = getattr(args, flag[2:].replace("-", "_"))  # as the user wrote it (GiB, not the option's bytes)
+        raise CLIError(e.shown_as(flag, repr(given) if e.choices else f"{given:g}")) from None
 
 
 def _cost_model_guide(args: argparse.Namespace) -> Any:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Mapping
+from typing import Any, Callable, ClassVar, Literal, Mapping
 
 import torch
 
@@ -133,14 +133,51 @@ class BuiltProgram:
         return self.backward_fn(x, params, saved, dout)
 
 
+#: how a backend runs a training program (:attr:`Backend.training`)
+TRAINING_SUPPORT = ("phases", "step", "none")
+TrainingSupport = Literal["phases", "step", "none"]
+
+
 class Backend(ABC):
-    """A code generator + compiler + runner for one kind of device."""
+    """A code generator + compiler + runner for one kind of device: what every backend declares.
+
+    Everything the rest of rgtune needs to know of a backend is a class attribute here, declared
+    once by the backend and read directly (never probed with ``getattr``, never told by its name):
+
+    * ``name``: how the database, the CLI and :func:`create` name it;
+    * ``target``: whose schedule knobs it runs (:func:`rgtune.codegen.schedule.target_schedule`);
+    * ``device_type``: the torch device type its inputs, params and results live on (``"cpu"`` or
+      ``"cuda"``): a layer, the tuner and the bench put tensors there;
+    * ``dtypes``: the floating types its kernels compute in (the first is the layer's default);
+    * ``training``: how it runs a training program: ``"phases"`` (the forward and the backward
+      apart: :meth:`BuiltProgram.run_forward` / :meth:`BuiltProgram.run_backward`, what a layer's
+      backward runs on saved buffers), ``"step"`` (whole training steps only:
+      :meth:`BuiltProgram.run_training`) or ``"none"`` (inference programs only; a layer's backward
+      is torch's autograd through the torch lowering);
+    * ``generates_sources``: whether :meth:`generate` returns the source files without building;
+    * ``times_on_device``: whether :meth:`time_runs` times runs on the device (events) rather than
+      the tuner timing them on the host.
+
+    Example:
+        >>> be = create("reference")
+        >>> be.device_type, be.training, be.generates_sources, torch.float64 in be.dtypes
+        ('cpu', 'phases', False, True)
+    """
 
     name: ClassVar[str]
-    #: the target whose schedule knobs this backend runs (:func:`rgtune.codegen.schedule.target_schedule`)
     target: ClassVar[str]
-    #: whether :meth:`build` takes training programs (:attr:`KernelProgram.is_training`)
-    trains: ClassVar[bool] = False
+    device_type: ClassVar[str] = "cpu"
+    dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.float32,)
+    training: ClassVar[TrainingSupport] = "none"
+    generates_sources: ClassVar[bool] = False
+    times_on_device: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.training not in TRAINING_SUPPORT:
+            raise TypeError(f"backend {cls.__name__}: training={cls.training!r}; choose one of {list(TRAINING_SUPPORT)}")
+        if not cls.dtypes:
+            raise TypeError(f"backend {cls.__name__}: dtypes is empty; declare the dtypes its kernels compute in")
 
     @classmethod
     def available(cls) -> tuple[bool, str]:
@@ -150,6 +187,16 @@ class Backend(ABC):
     @abstractmethod
     def build(self, kp: KernelProgram, graph: HeteroGraph, schedule: Mapping[str, Any]) -> BuiltProgram:
         """Generate, compile and bind ``kp`` for ``graph`` with ``schedule``."""
+
+    def generate(self, kp: KernelProgram, schedule: Mapping[str, Any]) -> Any:
+        """The generated program of ``kp`` (its ``sources``: file name -> text) without compiling it; only
+        where :attr:`generates_sources`."""
+        raise BackendError(f"backend {self.name!r} generates no source files")
+
+    def time_runs(self, built: BuiltProgram, x: torch.Tensor, params: Mapping[str, torch.Tensor], warmup: int,
+                  repeats: int) -> list[float]:
+        """Seconds per run, timed on the device after ``warmup`` runs; only where :attr:`times_on_device`."""
+        raise BackendError(f"backend {self.name!r} does not time on the device; the tuner times it on the host")
 
     def device_info(self) -> dict[str, Any]:
         """What a timing is only comparable on: device name, architecture, driver, compiler."""
@@ -164,7 +211,9 @@ class ReferenceBackend(Backend):
 
     name = "reference"
     target = "cpu"
-    trains = True
+    #: the torch executor runs in any float dtype (float64 for gradcheck; float32 first: the layer's default)
+    dtypes = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+    training = "phases"
 
     def build(self, kp: KernelProgram, graph: HeteroGraph, schedule: Mapping[str, Any]) -> BuiltProgram:
         from rgtune.codegen.reference import ReferenceExecutor
@@ -213,6 +262,10 @@ def available_backends() -> dict[str, tuple[bool, str]]:
         cls = factory if isinstance(factory, type) else type(factory())
         out[name] = cls.available() if hasattr(cls, "available") else (True, "")
     return out
+
+
+#: what a layer loaded with ``backend="auto"`` runs on: the first of these that can run here
+AUTO_ORDER = ("cuda", "cpu", "reference")
 
 
 def auto_backend() -> str:

@@ -28,7 +28,7 @@ import math
 from typing import Callable, Mapping
 
 from rgtune.ir.kernels import (Acc, BinaryE, BroadcastE, ConcatE, Expr, GatedE, GraphLoad, InnerE, Load, ParamLoad,
-                               ReduceE, ScaleE, UnaryE)
+                               ReduceE, ScaleE, SliceE, UnaryE)
 
 Shape = tuple[int, ...]
 
@@ -168,6 +168,8 @@ class CEmitter:
             da = e.a.dim
             return (f"(({dd}) < {da} ? {self.element(e.a, hh, dd)} : "
                     f"{self.element(e.b, hh, f'(({dd}) - {da})')})")
+        if isinstance(e, SliceE):
+            return self.element(e.x, hh, f"(({dd}) + {e.start})" if e.start else dd)
         raise TypeError(f"no C form for {type(e).__name__}")
 
     def _reduce(self, e: ReduceE, h: str, d: str) -> str:

@@ -33,10 +33,10 @@ from rgtune.codegen.base import Saved
 from rgtune.data.graph import HeteroGraph
 from rgtune.codegen.weights import fold_weights
 from rgtune.ir.bind import GraphArrays, concrete_device, graph_arrays, row_types
-from rgtune.ir.interpret import unary
+from rgtune.ir.op_rules import unary
 from rgtune.ir.kernels import (Acc, AggregateStage, BinaryE, BroadcastE, ConcatE, EdgeSoftmaxStage, EdgeStore, Expr,
                                GatedE, GemmKernel, GraphLoad, InnerE, Kernel, KernelProgram, Load, MapKernel, ParamLoad,
-                               ReduceE, ScaleE, ScatterKernel, SoftmaxAggregate, TraversalKernel, UnaryE,
+                               ReduceE, ScaleE, ScatterKernel, SliceE, SoftmaxAggregate, TraversalKernel, UnaryE,
                                WeightGradKernel, WeightKernel)
 
 
@@ -352,4 +352,6 @@ class ReferenceExecutor:
             return g * ev(e.h) + (1 - g) * ev(e.x)
         if isinstance(e, ConcatE):
             return torch.cat([ev(e.a), ev(e.b)], -1)
+        if isinstance(e, SliceE):
+            return ev(e.x)[..., e.start:e.start + e.dim]
         raise TypeError(f"cannot evaluate {type(e).__name__}")

@@ -69,6 +69,7 @@ if TYPE_CHECKING:
     from rgtune.data.graph import HeteroGraph
     from rgtune.search_spaces import SearchSpace
     from rgtune.db import TrialDatabase, WorkloadRecord
+    from rgtune.db.trial_result import TrialResult
 
 log = logging.getLogger("rgtune.costmodel")
 
@@ -368,9 +369,11 @@ class CostModelGuide:
         self.counts["opening"] += len(picks)
         return picks
 
-    def observe(self, config: Mapping[str, Any], point: Any, median_ms: float | None) -> None:
-        """Learn from a finished trial (``median_ms`` None: it failed; only ``ok`` times are learnt)."""
+    def observe(self, config: Mapping[str, Any], point: Any, result: "TrialResult") -> None:
+        """Learn from a finished trial: only an ``ok`` one's time (:attr:`TrialResult.ok_ms`) is learnt; any
+        other marks its schedule as measured."""
         w = self._w
+        median_ms = result.ok_ms
         self._measured.add(canonical_knobs(dict(config))[1])
         if w is None or median_ms is None or not median_ms > 0 or not math.isfinite(median_ms):
             return

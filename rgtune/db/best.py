@@ -27,7 +27,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from rgtune.db.schema import Confirmation, Trial, Verification
-from rgtune.db.records import TrialStatus
+from rgtune.db.trial_result import TrialStatus
 
 __all__ = ["best_trial_id", "confirmed_winner", "confirmed_pick", "confirmation_medians", "rejected_schedules"]
 

@@ -47,7 +47,8 @@ from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
 import rgtune
-from rgtune.db.engine import DEFAULT_URL, WRITE_OPTION, display_name, make_engine, parse_url, preflight_sqlite, sqlite_file
+from rgtune.db import DEFAULT_URL
+from rgtune.db.engine import WRITE_OPTION, display_name, make_engine, parse_url, preflight_sqlite, sqlite_file
 from rgtune.db.errors import (
     DatabaseCorruptError,
     DatabaseError,
@@ -78,12 +79,11 @@ from rgtune.db.queries import (
     with_status,
     workload_id_of,
 )
+from rgtune.db.optuna_storage import correct_finished_trials, open_storage
 from rgtune.db.records import (
-    FINAL_STATUSES,
     ConfirmationRecord,
     DeviceInfo,
     TrialRecord,
-    TrialStatus,
     VerificationRecord,
     WorkloadRecord,
     canonical_json,
@@ -94,13 +94,11 @@ from rgtune.db.records import (
     write_csv,
 )
 from rgtune.db.liveness import abandoned_reason, split_worker, worker_id
+from rgtune.db.trial_result import TrialDetails, TrialResult, TrialStatus
 
 __all__ = [
-    "DEFAULT_URL",
     "SCHEMA_VERSION",
     "TrialDatabase",
-    "TrialStatus",
-    "FINAL_STATUSES",
     "DeviceInfo",
     "TrialRecord",
     "WorkloadRecord",
@@ -270,25 +268,24 @@ class TrialDatabase:
 
     @_translated
     def optuna_storage(self) -> Any:
-        """An ``optuna.storages.RDBStorage`` on this database, safe to open from many workers at once.
+        """An ``optuna.storages.RDBStorage`` on this database (:mod:`.optuna_storage`), safe to open from many
+        workers at once.
 
         RDBStorage creates and stamps its tables on first use without any locking; concurrent
         first opens are serialized here (PostgreSQL: an advisory lock) or, on SQLite, the losers
         of the race (a duplicate ``alembic_version`` row, a table that already exists) retry and
         find the winner's tables.
         """
-        import optuna
-
         if self.readonly:
             raise DatabaseReadOnlyError(f"{self.name} was opened read-only; Optuna's storage writes to it")
         # the same SQLite file is written by rgtune's own engine: wait for its locks instead of failing
         kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}} if self.dialect == "sqlite" else {}
 
-        def open_storage() -> Any:
+        def locked_open() -> Any:
             with schema_lock(self._writer):
-                return optuna.storages.RDBStorage(self.url, engine_kwargs=kwargs)
+                return open_storage(self.url, kwargs)
 
-        return self._retrying(open_storage, also=_lost_create_race)
+        return self._retrying(locked_open, also=_lost_create_race)
 
     @property
     def dialect(self) -> str:
@@ -586,7 +583,7 @@ class TrialDatabase:
         source_hash: str | None = None,
         predicted_ms: float | None = None,
         peak_bytes: int | None = None,
-        details: Mapping[str, Any] | None = None,
+        details: TrialDetails | None = None,
     ) -> None:
         """Record a trial's outcome (any status but ``running``).
 
@@ -617,14 +614,36 @@ class TrialDatabase:
             values["predicted_ms"] = finite_or_none(predicted_ms, "predicted_ms")
         if peak_bytes is not None:
             values["peak_bytes"] = int(peak_bytes)
-        if details is not None:
-            values["details"] = json.loads(canonical_json(dict(details)))
+        if details is not None and (stored := details.to_json()):
+            values["details"] = json.loads(canonical_json(stored))
 
         def fn(s: Session) -> None:
             if rowcount(s.execute(sa.update(Trial).where(Trial.id == trial_id).values(**values))) != 1:
                 raise NotFoundError(f"{self.name} has no trial with id {trial_id}")
 
         self._write(fn)
+
+    def record_result(self, trial_id: int, result: TrialResult) -> None:
+        """Finish a started trial with a measurement's outcome: its seconds as the columns' ms, its peak memory
+        (or, refused before running, its estimate), the cost model's prediction, and its details.
+
+        Example:
+            >>> from rgtune.data.synthetic import random_graph
+            >>> from rgtune.db.trial_result import TrialResult
+            >>> db = TrialDatabase("sqlite://")
+            >>> g = random_graph((10, 20), num_relations=2, num_edges=60, seed=0)
+            >>> w = db.ensure_workload("rgcn", g, DeviceInfo(name="cpu0", backend="cpu"), in_dim=8, out_dim=8)
+            >>> t = db.start_trial(w, {"layout": "csr"})
+            >>> db.record_result(t, TrialResult("ok", median=0.002, times=[0.002, 0.003]))
+            >>> db.trial(t).median_ms, db.trial(t).times_ms
+            (2.0, [2.0, 3.0])
+        """
+        d = result.details
+        self.finish_trial(
+            trial_id, result.status, median_ms=None if result.median is None else result.median * 1e3,
+            times_ms=[t * 1e3 for t in result.times] or None, compile_s=result.compile_seconds,
+            max_error=result.max_error, error=result.error, source_hash=result.source_hash,
+            predicted_ms=d.predicted_ms, peak_bytes=d.memory.recorded_bytes, details=d)
 
     @_translated
     def mark_stale_running(
@@ -778,29 +797,15 @@ class TrialDatabase:
         return self._read(fn)
 
     @_translated
-    def correct_optuna_trials(self, values: Mapping[int, float], failed: Iterable[int] = ()) -> None:
-        """Give finished trials of an Optuna study on this database new values, or mark them failed.
+    def correct_optuna_trials(self, study_name: str, values: Mapping[int, float], failed: Iterable[int] = ()) -> None:
+        """Give finished trials of the Optuna study ``study_name`` on this database new values, or mark them failed.
 
-        ``values`` and ``failed`` are keyed by Optuna's own trial ids (``FrozenTrial._trial_id``).
+        ``values`` and ``failed`` are keyed by the trials' numbers in the study (``FrozenTrial.number``).
         Optuna has no API to correct a finished trial; the end-of-run confirmation does it so that the
-        study's best trial is the confirmed one (:mod:`rgtune.tuner.confirmation`). It writes Optuna's
-        ``trials`` and ``trial_values`` tables, which live in this database beside rgtune's.
+        study's best trial is the confirmed one (:mod:`rgtune.tuner.confirmation`), through
+        :func:`rgtune.db.optuna_storage.correct_finished_trials` (its docstring says why and how it is guarded).
         """
-        from optuna.storages._rdb.models import TrialModel, TrialValueModel
-        from optuna.trial import TrialState
-
-        failed = list(failed)
-
-        def fn(s: Session) -> None:
-            for trial_id, value in values.items():
-                s.execute(sa.update(TrialValueModel)
-                          .where(TrialValueModel.trial_id == trial_id, TrialValueModel.objective == 0)
-                          .values(value=float(value), value_type=TrialValueModel.TrialValueType.FINITE))
-            if failed:
-                s.execute(sa.delete(TrialValueModel).where(TrialValueModel.trial_id.in_(failed)))
-                s.execute(sa.update(TrialModel).where(TrialModel.trial_id.in_(failed)).values(state=TrialState.FAIL))
-
-        self._write(fn)
+        self._write(lambda s: correct_finished_trials(s, study_name, values, list(failed)))
 
     @_translated
     def record_verification(

@@ -43,10 +43,9 @@ from rgtune.db.errors import (
     one_line,
 )
 
-__all__ = ["DEFAULT_URL", "WRITE_OPTION", "parse_url", "hide_password", "display_name", "sqlite_file", "engine_sqlite_file",
+__all__ = ["WRITE_OPTION", "parse_url", "hide_password", "display_name", "sqlite_file", "engine_sqlite_file",
            "preflight_sqlite", "make_engine"]
 
-DEFAULT_URL = "sqlite:///results.db"
 #: execution option that marks an engine/connection as a writer (SQLite: BEGIN IMMEDIATE)
 WRITE_OPTION = "rgtune_write"
 

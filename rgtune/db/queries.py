@@ -8,7 +8,8 @@ from typing import Any, cast
 import sqlalchemy as sa
 
 from rgtune.db.schema import Device, Graph, Schedule, Trial, Workload
-from rgtune.db.records import FINAL_STATUSES, TrialRecord, TrialStatus, WorkloadRecord
+from rgtune.db.records import TrialRecord, WorkloadRecord
+from rgtune.db.trial_result import FINAL_STATUSES, TrialDetails, TrialStatus
 
 __all__ = [
     "WorkloadRef",
@@ -112,7 +113,7 @@ def trial_record(t: Trial, w: Workload, g: Graph, d: Device, sch: Schedule) -> T
         heartbeat_at=t.heartbeat_at,
         confirmation_id=t.confirmation_id,
         peak_bytes=t.peak_bytes,
-        details=dict(t.details) if t.details is not None else None,
+        details=TrialDetails.from_json(t.details) if t.details is not None else None,
     )
 
 

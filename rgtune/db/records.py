@@ -1,4 +1,5 @@
-"""Plain values the trial database hands in and out: statuses, device info, records, exports.
+"""Plain values the trial database hands in and out: device info, records, exports (a trial's status and
+details: :mod:`.trial_result`).
 
 Queries return frozen dataclasses, not ORM objects, so that a result stays valid after its
 session closed and can go straight to ``--json`` / ``--csv``.
@@ -13,12 +14,11 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
-from enum import StrEnum
 from typing import IO, Any, Self
 
+from rgtune.db.trial_result import TrialDetails
+
 __all__ = [
-    "TrialStatus",
-    "FINAL_STATUSES",
     "DeviceInfo",
     "TrialRecord",
     "WorkloadRecord",
@@ -29,25 +29,6 @@ __all__ = [
     "records_to_json",
     "write_csv",
 ]
-
-
-class TrialStatus(StrEnum):
-    """Where a trial stands. Only ``ok`` (verified against the reference, timed) can ever be best."""
-
-    RUNNING = "running"  # written before measuring; a crash leaves it for mark_stale_running
-    OK = "ok"
-    INVALID = "invalid"  # violates a declared constraint: recorded, never compiled
-    COMPILE_ERROR = "compile_error"
-    RUNTIME_ERROR = "runtime_error"
-    WRONG_RESULT = "wrong_result"  # ran, but differs from the float64 reference
-    TIMEOUT = "timeout"
-    PRUNED = "pruned"  # skipped on the cost model's word
-    STOPPED = "stopped"  # its first run was much slower than the best so far: not timed further
-    OUT_OF_MEMORY = "out_of_memory"  # refused before running (estimated over the memory limit), or failed to allocate
-    FAILED = "failed"  # anything else, including a worker that died mid-trial
-
-
-FINAL_STATUSES = frozenset(TrialStatus) - {TrialStatus.RUNNING}
 
 
 def _json_default(value: Any) -> Any:
@@ -160,7 +141,7 @@ class _Exportable:
         out: dict[str, Any] = {}
         for f in fields(self):  # type: ignore[arg-type]
             v = getattr(self, f.name)
-            out[f.name] = _iso(v) if isinstance(v, datetime) else v
+            out[f.name] = _iso(v) if isinstance(v, datetime) else v.to_json() if isinstance(v, TrialDetails) else v
         return out
 
 
@@ -224,7 +205,7 @@ class TrialRecord(_Exportable):
     #: fresh inputs its schedule passed re-verification on (set by ``TrialDatabase.best``; None elsewhere)
     verified_inputs: int | None = None
     peak_bytes: int | None = None  # the trial's memory growth (or, refused, its estimated need)
-    details: dict[str, Any] | None = None  # what the trial verified and measured besides its times
+    details: TrialDetails | None = None  # what the trial verified and measured besides its times
 
 
 @dataclass(frozen=True)

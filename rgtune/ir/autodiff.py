@@ -3,8 +3,9 @@
 :func:`adjoint` takes a program (usually after the passes, so that their choices carry over to the
 backward: compact pairs, reordered linears, aggregate-first) and returns a *training program*: the
 forward ops, then, in reverse order, each op's adjoint, reading the output's gradient ``dout`` (an
-extra input) and defining the input's gradient and one gradient param per param. The rules are the
-transposes the IR already has:
+extra input) and defining the input's gradient and one gradient param per param. Each op's rule is
+its :meth:`OpRules.adjoint <rgtune.ir.op_rules.OpRules.adjoint>` (:mod:`rgtune.ir.op_rules`), which
+emits ops through an :class:`AdjointBuilder`. The rules are the transposes the IR already has:
 
 =====================  ==========================================================================
 forward                adjoint (``g``: the gradient of the op's output)
@@ -23,6 +24,7 @@ scale(x, c)            scale(g, c)
 reduce_sum(x)          broadcast(g) over the heads (features) it summed
 broadcast(x)           reduce_sum(g) over the heads (features) it repeated
 view(x)                view(g) with the heads of x
+concat(a, b)           da = slice(g) of a's features, db = slice(g) of b's
 edge_softmax(s) = a    a * (g - gather(aggregate(a * g))): the sum over each destination's in-edges; with
                        ``group="dst_rel"``, a * (g - expand(aggregate(a * g, to=dst_pair))): over each
                        destination pair's (one relation's in-edges), the group the softmax normalized
@@ -55,15 +57,17 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal, Mapping
+from typing import TYPE_CHECKING, Any, Literal, Mapping
 
 from rgtune.ir.passes.base import KNOB_CACHE, Knob
-from rgtune.ir.program import (DST_PAIR, EDGE, NODE, SRC_PAIR, PARAM_OPS, Aggregate, Binary, Broadcast, Concat,
-                               EdgeSoftmax, Expand, FoldWeights, Gather, GatedResidual, GatherPair, GraphConst, Inner,
-                               IRError, Op, Param, ParamRead, Program, ReduceSum, Scale, TypedLinear, Unary, Value,
-                               View, WeightGrad, sums_features)
+from rgtune.ir.op_rules import rules_of, sums_features
+from rgtune.ir.program import (EDGE, NODE, PARAM_OPS, Binary, FoldWeights, IRError, Op, Param, Program, ReduceSum, Scale,
+                               Value, WeightGrad)
 
-__all__ = ["adjoint", "grad_name", "transposed_name", "SAVE", "REUSE", "training_knobs", "saved_values"]
+if TYPE_CHECKING:
+    from rgtune.ir.plan import LoweringPlan
+
+__all__ = ["AdjointBuilder", "plan_backward", "adjoint", "grad_name", "transposed_name", "SAVE", "REUSE", "training_knobs", "saved_values"]
 
 #: which forward values the backward reads saved (see the module docstring)
 SAVE = Knob("autodiff.save", ("all", "nodes", "input"), "all",
@@ -87,10 +91,11 @@ def transposed_name(weight: str) -> str:
     return f"{weight}__T"
 
 
-_UNARY_GRAD = {"leaky_relu": "leaky_relu_grad", "gelu": "gelu_grad", "sigmoid": "sigmoid_grad", "relu": "relu_grad"}
+class AdjointBuilder:
+    """Builds a training program: the forward's ops, then each op's adjoint (its rules'
+    :meth:`~rgtune.ir.op_rules.OpRules.adjoint`, last op first), which call the methods here to emit
+    ops and add up gradients."""
 
-
-class _Adjoint:
     def __init__(self, program: Program) -> None:
         if program.is_training:
             raise IRError(f"program {program.name} already computes gradients")
@@ -109,6 +114,7 @@ class _Adjoint:
         return v
 
     def emit(self, op_type: type, out_domain: str, heads: int, dim: int, **fields: object) -> Value:
+        """A new op of ``op_type`` whose output is ``out_domain[heads x dim]``."""
         out = self.new(out_domain, heads, dim)
         self.ops.append(op_type(out=out, **fields))
         return out
@@ -130,6 +136,9 @@ class _Adjoint:
     def mul(self, a: Value, b: Value) -> Value:
         return self.emit(Binary, a.domain, max(a.heads, b.heads), max(a.dim, b.dim), op="mul", a=a, b=b)
 
+    def scale(self, x: Value, c: float) -> Value:
+        return self.emit(Scale, x.domain, x.heads, x.dim, x=x, scale=c)
+
     def param_grad(self, param: str, x: Value | None, dy: Value, by: str, per_head: bool = False,
                    end: Literal["src", "dst"] | None = None) -> None:
         """A contribution to ``param``'s gradient (the first defines it, later ones add to it)."""
@@ -143,6 +152,7 @@ class _Adjoint:
                                    per_head=per_head, end=end, accumulate=not first))
 
     def transposed(self, weight: str) -> str:
+        """The derived param ``weight``'s transpose (a fold), what an input's gradient multiplies by."""
         name = transposed_name(weight)
         if name not in self.params:
             p = self.params[weight]
@@ -151,7 +161,7 @@ class _Adjoint:
             self.ops.append(FoldWeights(out=self.p.x, out_param=name, mode="transpose", a=weight))
         return name
 
-    # -------------------------------------------------------------- the rules
+    # -------------------------------------------------------------- the program
     def run(self) -> Program:
         self.grads[self.p.output.name] = self.dout
         for op in reversed(self.p.ops):
@@ -159,141 +169,12 @@ class _Adjoint:
                 continue  # derived weights are leaves here (see the module docstring)
             g = self.grads.pop(op.out.name, None)
             if g is not None:
-                self.rule(op, g)
+                rules_of(op).adjoint(op, g, self)
         dx = self.grads.get(self.p.x.name)
         if dx is None:  # the output does not depend on the input
-            dx = self.emit(Scale, NODE, self.p.x.heads, self.p.x.dim, x=self.p.x, scale=0.0)
-        annotations = {**self.p.annotations, "forward_ops": len(self.p.ops)}  # where the backward starts
+            dx = self.scale(self.p.x, 0.0)
         return Program(self.p.name, self.p.x, self.params, self.ops, self.p.output, self.p.heads,
-                       annotations, inputs=(self.dout,), input_grad=dx, param_grads=self.param_grads)
-
-    def rule(self, op: Op, g: Value) -> None:
-        if isinstance(op, Gather):
-            self.accumulate(op.x, self.emit(Aggregate, NODE, g.heads, g.dim, x=g, to=NODE, reduce="sum",
-                                            end=None if op.end == "dst" else op.end))
-        elif isinstance(op, GatherPair):
-            self.accumulate(op.x, self.emit(Aggregate, NODE, g.heads, g.dim, x=g, to=NODE, reduce="sum",
-                                            end=None if op.side == "dst" else op.side))
-        elif isinstance(op, Expand):
-            side = "src" if op.x.domain == SRC_PAIR else "dst"
-            self.accumulate(op.x, self.emit(Aggregate, op.x.domain, g.heads, g.dim, x=g, to=op.x.domain,
-                                            reduce="sum", end=None if side == "dst" else side))
-        elif isinstance(op, Aggregate):
-            self._aggregate(op, g)
-        elif isinstance(op, TypedLinear):
-            self._typed_linear(op, g)
-        elif isinstance(op, ParamRead):
-            self.param_grad(op.param, None, g, op.by, end=op.end)
-        elif isinstance(op, GraphConst):
-            pass  # a constant of the graph
-        elif isinstance(op, Inner):
-            self.accumulate(op.a, self.reduce_to(self.mul(g, op.b), op.a))
-            self.accumulate(op.b, self.reduce_to(self.mul(g, op.a), op.b))
-        elif isinstance(op, Binary):
-            self._binary(op, g)
-        elif isinstance(op, Unary):
-            self._unary(op, g)
-        elif isinstance(op, Scale):
-            self.accumulate(op.x, self.emit(Scale, g.domain, g.heads, g.dim, x=g, scale=op.scale))
-        elif isinstance(op, EdgeSoftmax):
-            self._edge_softmax(op, g)
-        elif isinstance(op, GatedResidual):
-            self._gated_residual(op, g)
-        elif isinstance(op, ReduceSum):  # a sum over heads (or features): its gradient is g repeated over them
-            x = op.x
-            self.accumulate(x, self.emit(Broadcast, x.domain, x.heads, x.dim, x=g))
-        elif isinstance(op, Broadcast):
-            self.accumulate(op.x, self.reduce_to(g, op.x))
-        elif isinstance(op, View):  # the same features grouped back
-            self.accumulate(op.x, self.emit(View, op.x.domain, op.x.heads, op.x.dim, x=g))
-        elif isinstance(op, Concat):
-            raise IRError(f"{op}: concat has no adjoint yet (it needs a feature slice op)")
-        else:
-            raise IRError(f"no adjoint rule for {type(op).__name__}")
-
-    def _aggregate(self, op: Aggregate, g: Value) -> None:
-        x = op.x
-        if op.reduce != "sum":
-            if not (x.domain == EDGE and op.to == NODE and op.side == "dst"):
-                raise IRError(f"{op}: the adjoint of a mean covers edges into destinations only")
-            inv = self.emit(GraphConst, EDGE, 1, 1, kind="inv_dst_degree", domain=EDGE)
-            back = self.emit(Gather, EDGE, g.heads, g.dim, x=g, end="dst")
-            self.accumulate(x, self.mul(back, inv))
-            return
-        if x.domain == EDGE and op.to == NODE:
-            back = self.emit(Gather, EDGE, g.heads, g.dim, x=g, end=op.side)
-        elif x.domain == EDGE:  # into pairs
-            back = self.emit(Expand, EDGE, g.heads, g.dim, x=g)
-        else:  # pairs into their nodes
-            back = self.emit(GatherPair, x.domain, g.heads, g.dim, x=g, side="src" if x.domain == SRC_PAIR else "dst")
-        self.accumulate(x, back)
-
-    def _typed_linear(self, op: TypedLinear, g: Value) -> None:
-        x = op.x
-        wt = self.transposed(op.weight)
-        dx = self.emit(TypedLinear, x.domain, x.heads, x.dim, x=g, weight=wt, bias=None, by=op.by,
-                       per_head=op.per_head, end=op.end)
-        self.accumulate(x, dx)
-        self.param_grad(op.weight, x, g, op.by, op.per_head, op.end)
-        if op.bias:
-            self.param_grad(op.bias, None, g, op.by, end=op.end)
-
-    def _binary(self, op: Binary, g: Value) -> None:
-        if op.op == "add":
-            self.accumulate(op.a, self.reduce_to(g, op.a))
-            self.accumulate(op.b, self.reduce_to(g, op.b))
-        elif op.op == "sub":
-            self.accumulate(op.a, self.reduce_to(g, op.a))
-            neg = self.emit(Unary, g.domain, g.heads, g.dim, op="neg", x=g)
-            self.accumulate(op.b, self.reduce_to(neg, op.b))
-        elif op.op == "mul":
-            if op.a.name == op.b.name:  # x * x
-                two = self.emit(Scale, op.a.domain, op.a.heads, op.a.dim, x=op.a, scale=2.0)
-                self.accumulate(op.a, self.reduce_to(self.mul(g, two), op.a))
-                return
-            self.accumulate(op.a, self.reduce_to(self.mul(g, op.b), op.a))
-            self.accumulate(op.b, self.reduce_to(self.mul(g, op.a), op.b))
-        else:
-            raise IRError(f"no adjoint rule for the binary op {op.op!r}")
-
-    def _unary(self, op: Unary, g: Value) -> None:
-        x = op.x
-        if op.op == "neg":
-            self.accumulate(x, self.emit(Unary, g.domain, g.heads, g.dim, op="neg", x=g))
-            return
-        if op.op == "exp":  # d exp(x) = exp(x): the output itself
-            self.accumulate(x, self.mul(g, op.out))
-            return
-        if op.op not in _UNARY_GRAD:
-            raise IRError(f"no adjoint rule for the unary op {op.op!r}")
-        slope = self.emit(Unary, x.domain, x.heads, x.dim, op=_UNARY_GRAD[op.op], x=x, alpha=op.alpha)
-        self.accumulate(x, self.mul(g, slope))
-
-    def _edge_softmax(self, op: EdgeSoftmax, g: Value) -> None:
-        a = op.out
-        weighted = self.mul(a, g)
-        if op.group == "dst":
-            per_dst = self.emit(Aggregate, NODE, g.heads, g.dim, x=weighted, to=NODE, reduce="sum")
-            back = self.emit(Gather, EDGE, g.heads, g.dim, x=per_dst, end="dst")
-        else:  # the sum runs over the softmax's own group: the edges of one destination pair
-            per_pair = self.emit(Aggregate, DST_PAIR, g.heads, g.dim, x=weighted, to=DST_PAIR, reduce="sum")
-            back = self.emit(Expand, EDGE, g.heads, g.dim, x=per_pair)
-        diff = self.emit(Binary, EDGE, g.heads, g.dim, op="sub", a=g, b=back)
-        self.accumulate(op.x, self.mul(a, diff))
-
-    def _gated_residual(self, op: GatedResidual, g: Value) -> None:
-        h, x = op.h, op.x
-        if (h.heads, h.dim) != (x.heads, x.dim):
-            raise IRError(f"{op}: the adjoint of a gated residual needs h and x of one shape")
-        s = self.emit(ParamRead, NODE, 1, 1, param=op.skip, by="ntype", domain=NODE)
-        gate = self.emit(Unary, NODE, 1, 1, op="sigmoid", x=s)
-        dh = self.mul(g, gate)
-        self.accumulate(h, dh)
-        self.accumulate(x, self.emit(Binary, NODE, g.heads, g.dim, op="sub", a=g, b=dh))
-        diff = self.emit(Binary, NODE, h.heads, h.dim, op="sub", a=h, b=x)
-        dgate = self.reduce_to(self.mul(g, diff), s)
-        slope = self.emit(Unary, NODE, 1, 1, op="sigmoid_grad", x=s)
-        self.param_grad(op.skip, None, self.mul(dgate, slope), "ntype")
+                       inputs=(self.dout,), input_grad=dx, param_grads=self.param_grads, forward_ops=len(self.p.ops))
 
 
 def training_knobs(program: Program) -> list[Knob]:
@@ -315,19 +196,22 @@ def training_knobs(program: Program) -> list[Knob]:
 def adjoint(program: Program, save: str = SAVE.default, config: Mapping[str, Any] | None = None) -> Program:
     """The training program of ``program`` (see the module docstring); ``save`` (or ``config``'s
     ``autodiff.save``) chooses which forward values the backward reads saved."""
-    reuse = REUSE.default
     if config is not None:
         save = config.get(SAVE.name, save)
-        reuse = REUSE.check(config.get(REUSE.name, reuse))
-    save = SAVE.check(save)
-    training = _recompute(_Adjoint(program).run(), save)
-    return training.copy(annotations={**training.annotations, "autodiff_reuse": reuse}) if reuse != REUSE.default \
-        else training
+    return _recompute(AdjointBuilder(program).run(), SAVE.check(save))
+
+
+def plan_backward(plan: "LoweringPlan", config: Mapping[str, Any]) -> "LoweringPlan":
+    """``plan`` with the adjoint's decision for lowering: where the backward's shared reductions live
+    (``autodiff.reuse``)."""
+    return dataclasses.replace(plan, reuse=REUSE.check(config.get(REUSE.name, REUSE.default)))
 
 
 def _backward_reads(program: Program) -> tuple[list[Op], list[Op], set[str]]:
     """The forward ops, the backward ops, and the forward values the backward reads."""
-    split = program.annotations["forward_ops"]
+    split = program.forward_ops
+    if split is None:
+        raise IRError(f"program {program.name} is not a training program (it has no backward)")
     forward, backward = program.ops[:split], program.ops[split:]
     defined = {op.out.name for op in forward if not isinstance(op, PARAM_OPS)}
     read = {v.name for op in backward for v in op.inputs() if v.name in defined}
@@ -370,8 +254,7 @@ def _recompute(program: Program, save: str) -> Program:
     for op in backward:
         inputs = {f: copy_of(getattr(op, f)) for f in _value_fields(op)}
         rewritten.append(op.replace(**inputs) if inputs else op)
-    return program.copy(ops=forward + recomputed + rewritten,
-                        annotations={**program.annotations, "autodiff_save": save})
+    return program.copy(ops=forward + recomputed + rewritten)
 
 
 def _value_fields(op: Op) -> list[str]:

@@ -141,14 +141,18 @@ def index32_problem(num_nodes: int, num_edges: int) -> str | None:
     return None
 
 
+#: the edge orders (``layout.edges``): edges grouped by destination, each destination's in-edges grouped by
+#: relation; segmented by relation, sorted by destination inside; segmented by relation, sorted by source inside
+CSR_DST, COO_REL_DST, COO_REL_SRC = "csr_dst", "coo_rel_dst", "coo_rel_src"
 LAYOUT_PERMUTATIONS = {
-    "csr_dst": lambda g: g.csr_by_dst.eid,
-    "coo_rel_dst": lambda g: g.layout("dst").eid,
-    "coo_rel_src": lambda g: g.layout("src").eid,
+    CSR_DST: lambda g: g.csr_by_dst.eid,
+    COO_REL_DST: lambda g: g.layout("dst").eid,
+    COO_REL_SRC: lambda g: g.layout("src").eid,
 }
+LAYOUTS = tuple(LAYOUT_PERMUTATIONS)
 
 
-def graph_arrays(graph: HeteroGraph, layout: str = "csr_dst", index_bits: int = 64, keep: bool = True) -> GraphArrays:
+def graph_arrays(graph: HeteroGraph, layout: str = CSR_DST, index_bits: int = 64, keep: bool = True) -> GraphArrays:
     """Index arrays of ``graph`` in ``layout`` with ``index_bits``-bit indices (cached on the graph; ``keep=False``
     builds them without caching them when they are not cached yet: a one-off read of a big graph, whose
     arrays take a gigabyte per layout)."""
@@ -214,7 +218,7 @@ def _build(g: HeteroGraph, layout: str, bits: int) -> GraphArrays:
     idx = torch.int32 if bits == 32 else torch.int64
     indptr = None
     inv_degree = 1.0 / g.in_degrees.double()
-    if layout == "csr_dst":
+    if layout == CSR_DST:
         csr = g.csr_by_dst
         eid, e_src, e_rel = csr.eid, csr.src, csr.etype
         # In CSR order node v's in-edges are contiguous: per-destination values are each node's value
@@ -223,7 +227,7 @@ def _build(g: HeteroGraph, layout: str, bits: int) -> GraphArrays:
         rel_order = _stable_argsort_rel(e_rel, g.num_rels)
         indptr = csr.indptr.to(idx)
     else:
-        lay = g.layout("dst" if layout == "coo_rel_dst" else "src")
+        lay = g.layout("dst" if layout == COO_REL_DST else "src")
         eid, e_src, e_dst, e_rel = lay.eid, lay.src, lay.dst, lay.etype
         # A COO layout is segmented by relation already: its stable sort by relation is the identity.
         rel_order = torch.arange(g.num_edges(), dtype=torch.int64)

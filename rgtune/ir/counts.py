@@ -56,11 +56,13 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 import numpy as np
 
 from rgtune.ir.bind import any_graph_arrays, row_types
+from rgtune.ir.op_rules import rules_of
 from rgtune.ir.kernels import (AggregateStage, EdgeStore, GemmKernel, KernelProgram, MapKernel, ScatterKernel,
                                SoftmaxAggregate, TraversalKernel, WeightGradKernel, WeightKernel, expr_loads)
 
 if TYPE_CHECKING:
     from rgtune.data.graph import HeteroGraph
+    from rgtune.ir.program import Program
 
 FLOAT_BYTES = 4
 
@@ -222,6 +224,23 @@ def graph_counts(graph: "HeteroGraph") -> GraphCounts:
                              {"ntype": a.num_ntypes, "rel": a.num_rels, "none": 1}, dict(a.bsearch_probes), per_type)
         graph.__dict__["_rgtune_counts"] = cached
     return cached
+
+
+def program_flops(program: "Program", graph: "HeteroGraph") -> int:
+    """The FLOPs of ``program`` as written, op by op (each op's :meth:`OpRules.flops
+    <rgtune.ir.op_rules.OpRules.flops>`) on ``graph``: what the model computes before any schedule; a
+    schedule's :func:`count` against it shows what reordering and compaction saved or added (weight
+    folds, computed once per call, are the schedule's own).
+
+    Example:
+        >>> from rgtune.data.synthetic import random_graph
+        >>> from rgtune.ir.models import build_model
+        >>> g = random_graph((10, 20), num_relations=2, num_edges=50, seed=0)
+        >>> program_flops(build_model("rgcn", 4, 4), g)  # GEMMs 50x4x4x2 and 30x4x(4x2+1), 4 per edge twice, 4 a node
+        3200
+    """
+    rows = graph_counts(graph).rows.__getitem__
+    return sum(rules_of(op).flops(op, rows) for op in program.ops)
 
 
 def _param_elems(kp: KernelProgram, name: str) -> int:

@@ -27,16 +27,15 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 import torch
-import torch.nn.functional as F
 
 from rgtune.data.graph import HeteroGraph
-from rgtune.ir.bind import GraphArrays, graph_arrays, row_types
+from rgtune.ir.bind import CSR_DST, GraphArrays, graph_arrays, row_types
 from rgtune.ir.folds import fold
-from rgtune.ir.program import (DST_PAIR, EDGE, NODE, SRC_PAIR, Aggregate, Binary, Broadcast, Concat, EdgeSoftmax,
-                               Expand, FoldWeights, Gather, GatedResidual, GatherPair, GraphConst, Inner, IRError, Op,
-                               Param, ParamRead, Program, ReduceSum, Scale, TypedLinear, Unary, View, WeightGrad)
+from rgtune.ir.op_rules import rules_of
+from rgtune.ir.program import (DST_PAIR, EDGE, PARAM_OPS, SRC_PAIR, FoldWeights, IRError, Param, Program, Value,
+                               WeightGrad)
 
-__all__ = ["Interpreter", "Run", "random_params", "param_full_shape", "unary"]
+__all__ = ["Interpreter", "Run", "RunContext", "random_params", "param_full_shape"]
 
 
 def param_full_shape(p: Param, arrays: GraphArrays) -> tuple[int, ...]:
@@ -48,7 +47,7 @@ def param_full_shape(p: Param, arrays: GraphArrays) -> tuple[int, ...]:
 def random_params(program: Program, graph: HeteroGraph, dtype: torch.dtype = torch.float64,
                   seed: int = 0) -> dict[str, torch.Tensor]:
     """Random values for the learnable params of ``program`` (scaled by the fan-in), for tests."""
-    arrays = graph_arrays(graph, program.annotations.get("layout", "csr_dst"))
+    arrays = graph_arrays(graph, CSR_DST, 64)  # for the counts of types only (the layout the Interpreter reads first)
     gen = torch.Generator().manual_seed(seed)
     out = {}
     for name, p in program.state_params().items():
@@ -69,11 +68,14 @@ class Run:
 
 
 class Interpreter:
-    """Runs ``program`` on ``graph``: ``run(x, params, dout=None)`` (see the module docstring)."""
+    """Runs ``program`` on ``graph``: ``run(x, params, dout=None)`` (see the module docstring). Per-edge
+    values are in the order of ``layout`` (a :class:`~rgtune.ir.plan.LoweringPlan`'s), as the kernels of
+    that layout store them; node values, and so the results, do not depend on it. Each op computes as its
+    rules say (:meth:`OpRules.interpret <rgtune.ir.op_rules.OpRules.interpret>`)."""
 
-    def __init__(self, program: Program, graph: HeteroGraph) -> None:
+    def __init__(self, program: Program, graph: HeteroGraph, layout: str = CSR_DST) -> None:
         self.p = program
-        self.a = graph_arrays(graph, program.annotations.get("layout", "csr_dst"), 64)
+        self.a = graph_arrays(graph, layout, 64)
         self._edge_to_pair = {SRC_PAIR: self.a.e_sp.long(), DST_PAIR: self.a.e_dp.long()}
 
     def run(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], dout: torch.Tensor | None = None) -> Run:
@@ -86,121 +88,52 @@ class Interpreter:
                 raise IRError(f"program {p.name} is a training program: it needs dout, the output's gradient")
             (grad_in,) = p.inputs
             values[grad_in.name] = dout.reshape(a.num_nodes, grad_in.heads, grad_in.dim)
-        prm = dict(params)
+        ctx = RunContext(self, values, dict(params))
         for op in p.ops:
-            if isinstance(op, FoldWeights):
-                prm[op.out_param] = self._fold(op, prm)
-            elif isinstance(op, WeightGrad):
-                g = self._weight_grad(op, values, prm)
-                prm[op.out_param] = prm[op.out_param] + g if op.accumulate else g
+            out = rules_of(op).interpret(op, ctx)
+            if isinstance(op, PARAM_OPS):
+                ctx.params[op.out_param] = out
             else:
-                values[op.out.name] = self._op(op, values, prm)
+                values[op.out.name] = out
         out = values[p.output.name].reshape(a.num_nodes, -1)
         dx = values[p.input_grad.name].reshape(a.num_nodes, -1) if p.input_grad is not None else None
-        return Run(values, prm, out, dx, {k: prm[g] for k, g in p.param_grads.items()})
+        return Run(values, ctx.params, out, dx, {k: ctx.params[g] for k, g in p.param_grads.items()})
 
-    # ---------------------------------------------------------------- ops
-    def _op(self, op: Op, v: dict[str, torch.Tensor], prm: dict[str, torch.Tensor]) -> torch.Tensor:
-        a = self.a
-        if isinstance(op, Gather):
-            return v[op.x.name][(a.e_src if op.end == "src" else a.e_dst).long()]
-        if isinstance(op, GatherPair):
-            return v[op.x.name][(a.sp_node if op.side == "src" else a.dp_node).long()]
-        if isinstance(op, Expand):
-            return v[op.x.name][self._edge_to_pair[op.x.domain]]
-        if isinstance(op, TypedLinear):
-            return self._typed_linear(op, v[op.x.name], prm)
-        if isinstance(op, ParamRead):
-            return self._param_rows(op, prm)
-        if isinstance(op, GraphConst):
-            return a.graph_constant(op.kind, self._dtype(v)).reshape(-1, 1, 1)
-        if isinstance(op, Inner):
-            return (v[op.a.name] * v[op.b.name]).sum(-1, keepdim=True)
-        if isinstance(op, Binary):
-            x, y = v[op.a.name], v[op.b.name]
-            return {"add": torch.add, "sub": torch.sub, "mul": torch.mul}[op.op](x, y)
-        if isinstance(op, Unary):
-            return unary(op.op, v[op.x.name], op.alpha)
-        if isinstance(op, Scale):
-            return v[op.x.name] * op.scale
-        if isinstance(op, ReduceSum):
-            return v[op.x.name].sum(1 if op.over == "heads" else 2, keepdim=True)
-        if isinstance(op, Broadcast):
-            x = v[op.x.name]
-            return x.expand(x.shape[0], op.out.heads, op.out.dim)
-        if isinstance(op, View):
-            return v[op.x.name].reshape(-1, op.out.heads, op.out.dim)
-        if isinstance(op, EdgeSoftmax):
-            return self._edge_softmax(v[op.x.name], op.group)
-        if isinstance(op, Aggregate):
-            return self._aggregate(op, v[op.x.name])
-        if isinstance(op, Concat):
-            return torch.cat([v[op.a.name], v[op.b.name]], dim=-1)
-        if isinstance(op, GatedResidual):
-            gate = torch.sigmoid(prm[op.skip][a.node_type.long()]).reshape(-1, 1, 1)
-            h, x = v[op.h.name], v[op.x.name]
-            return gate * h + (1 - gate) * x.reshape(h.shape)
-        raise IRError(f"the interpreter does not know {type(op).__name__}")
 
-    @staticmethod
-    def _dtype(v: Mapping[str, torch.Tensor]) -> torch.dtype:
-        return next(iter(v.values())).dtype
+@dataclass
+class RunContext:
+    """What an op's rule reads while the interpreter runs: the values and params so far, the graph's
+    arrays, and the row bookkeeping of types, pairs and groups."""
 
-    def _types(self, rows: str, by: str, end: str | None) -> torch.Tensor | None:
-        return row_types(self.a, rows, by, end)
+    interpreter: Interpreter
+    values: dict[str, torch.Tensor]
+    params: dict[str, torch.Tensor]
 
-    def _segments(self, types: torch.Tensor | None, n: int) -> list[tuple[int, torch.Tensor | slice]]:
-        """The rows of each type: ``(type, rows)`` (one segment of every row when there are no types)."""
-        if types is None:
-            return [(0, slice(0, n))]
-        return [(int(t), (types == t).nonzero().flatten()) for t in torch.unique(types)]
+    @property
+    def arrays(self) -> GraphArrays:
+        return self.interpreter.a
 
-    def _typed_linear(self, op: TypedLinear, x: torch.Tensor, prm: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        w, b = prm[op.weight], prm[op.bias] if op.bias else None
-        types = self._types(op.x.domain, op.by, op.end)
-        n, width = x.shape[0], op.out.heads * op.out.dim
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(iter(self.values.values())).dtype
 
-        def linear(xt: torch.Tensor, t: int) -> torch.Tensor:
-            wt = w[t] if types is not None else w
-            if op.per_head:  # x (n, H, I) with wt (H, I, O)
-                yt = torch.einsum("nhi,hio->nho", xt, wt).reshape(-1, width)
-            else:  # x (n, H*I) with wt (H*I, heads*O)
-                yt = xt.reshape(-1, wt.shape[0]) @ wt
-            return yt + (b[t] if types is not None else b) if b is not None else yt
+    def value(self, v: Value) -> torch.Tensor:
+        return self.values[v.name]
 
-        if types is None:
-            return linear(x, 0).reshape(n, op.out.heads, op.out.dim)
-        # rows sorted by type, one slice per type, put back in order: one gather and one scatter, so that
-        # autograd's backward is linear in the rows too (an in-place write per type costs a full-size
-        # gradient per type, which dominates on a graph with a hundred relations)
-        order = torch.argsort(types, stable=True)
-        counts = torch.bincount(types, minlength=w.shape[0]).tolist()
-        parts = [linear(xt, t) for t, xt in enumerate(x[order].split(counts)) if counts[t]]
-        y = torch.cat(parts) if parts else x.new_zeros(0, width)
-        return y[torch.argsort(order)].reshape(n, op.out.heads, op.out.dim)
+    def param(self, name: str) -> torch.Tensor:
+        return self.params[name]
 
-    def _param_rows(self, op: ParamRead, prm: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        types = self._types(op.domain, op.by, op.end)
-        p = prm[op.param]
-        rows = p[types] if types is not None else p.expand(self.a.rows(op.domain), *p.shape)
-        return rows.reshape(rows.shape[0], op.out.heads, op.out.dim)
+    def row_types(self, rows: str, by: str, end: str | None) -> torch.Tensor | None:
+        """The weight slice of every row (:func:`rgtune.ir.bind.row_types`)."""
+        return row_types(self.arrays, rows, by, end)
 
-    def _edge_softmax(self, s: torch.Tensor, group: str) -> torch.Tensor:
-        """Softmax of ``s`` over each group of edges: a destination's (``dst``), or a destination pair's
-        (``dst_rel``: the in-edges of one relation)."""
-        if group == "dst":
-            index, n = self.a.e_dst.long(), self.a.num_nodes
-        else:
-            index, n = self._edge_to_pair[DST_PAIR], self.a.rows(DST_PAIR)
-        idx = index.reshape(-1, 1, 1).expand_as(s)
-        top = torch.full((n, *s.shape[1:]), float("-inf"), dtype=s.dtype).scatter_reduce(0, idx, s, "amax")
-        e = torch.exp(s - top[index])
-        total = torch.zeros((n, *s.shape[1:]), dtype=s.dtype).index_add(0, index, e)
-        return e / total[index]
+    def edge_to_pair(self, domain: str) -> torch.Tensor:
+        """Every edge's row in ``domain`` (``src_pair`` or ``dst_pair``)."""
+        return self.interpreter._edge_to_pair[domain]
 
-    def _group(self, rows: str, end: str) -> tuple[torch.Tensor, int]:
-        """For each row of ``rows``, the row of what an aggregation on ``end`` sums it into."""
-        a = self.a
+    def group(self, rows: str, end: str) -> tuple[torch.Tensor, int]:
+        """For each row of ``rows``, the node an aggregation on ``end`` sums it into, and the node count."""
+        a = self.arrays
         if rows == EDGE:
             return (a.e_src if end == "src" else a.e_dst).long(), a.num_nodes
         if rows == SRC_PAIR:
@@ -209,70 +142,32 @@ class Interpreter:
             return a.dp_node.long(), a.num_nodes
         raise IRError(f"nothing to aggregate a {rows} value into")
 
-    def _aggregate(self, op: Aggregate, x: torch.Tensor) -> torch.Tensor:
-        a = self.a
-        if op.x.domain == EDGE and op.to in (SRC_PAIR, DST_PAIR):
-            index, n = self._edge_to_pair[op.to], a.rows(op.to)
-        elif op.to == NODE:
-            index, n = self._group(op.x.domain, op.side)
-        else:
-            raise IRError(f"{op}: cannot aggregate {op.x.domain} rows into {op.to}")
-        out = torch.zeros((n, *x.shape[1:]), dtype=x.dtype).index_add(0, index, x)
-        if op.reduce == "mean":
-            count = torch.zeros(n, dtype=x.dtype).index_add(0, index, torch.ones_like(index, dtype=x.dtype))
-            out = out / count.clamp(min=1).reshape(-1, 1, 1)
-        return out
-
-    def _fold(self, op: FoldWeights, prm: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        a = self.a
+    def fold(self, op: FoldWeights) -> torch.Tensor:
+        """A derived weight, folded with torch as the backends fold it."""
+        a = self.arrays
         end_ntype = None
         if op.mode in ("compose", "compose_bias"):
             end_ntype = (a.rel_src_ntype if op.end == "src" else a.rel_dst_ntype).long()
-        return fold(op.mode, prm[op.a], prm[op.b] if op.b else None, end_ntype, self.p.params[op.out_param].shape)
+        return fold(op.mode, self.params[op.a], self.params[op.b] if op.b else None, end_ntype,
+                    self.interpreter.p.params[op.out_param].shape)
 
-    def _weight_grad(self, op: WeightGrad, v: Mapping[str, torch.Tensor], prm: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        dy = v[op.dy.name]
-        shape = param_full_shape(self.p.params[op.param], self.a)
-        types = self._types(op.dy.domain, op.by, op.end)
-        n = dy.shape[0]
+    def weight_grad(self, op: WeightGrad) -> torch.Tensor:
+        """One contribution to a param's gradient: per type, the rows' ``x^T dy`` (or ``dy`` summed)."""
+        dy = self.values[op.dy.name]
+        shape = param_full_shape(self.interpreter.p.params[op.param], self.arrays)
+        types = self.row_types(op.dy.domain, op.by, op.end)
         count = shape[0] if types is not None else 1
         out = dy.new_zeros(count, *(shape[1:] if types is not None else shape))
-        for t, rows in self._segments(types, n):
+        segments = [(0, slice(0, dy.shape[0]))] if types is None else \
+            [(int(t), (types == t).nonzero().flatten()) for t in torch.unique(types)]
+        for t, rows in segments:
             d = dy[rows]
             if op.x is None:  # a bias, an attention vector, a gate: the rows of dy summed per type
                 g = d.sum(0)
             elif op.per_head:  # x (n, H, I), dy (n, H, O) -> (H, I, O)
-                g = torch.einsum("nhi,nho->hio", v[op.x.name][rows], d)
+                g = torch.einsum("nhi,nho->hio", self.values[op.x.name][rows], d)
             else:  # (H*I, heads*O)
-                xr = v[op.x.name][rows]
+                xr = self.values[op.x.name][rows]
                 g = xr.reshape(xr.shape[0], -1).T @ d.reshape(d.shape[0], -1)
             out[t] = g.reshape(out.shape[1:])
         return out.reshape(shape)
-
-
-def unary(op: str, x: torch.Tensor, alpha: float = 0.0) -> torch.Tensor:
-    """The elementwise op ``op`` of the IR (and of the kernel IR's expressions) on ``x``."""
-    if op == "leaky_relu":
-        return F.leaky_relu(x, alpha)
-    if op == "gelu":
-        return F.gelu(x)
-    if op == "exp":
-        return torch.exp(x)
-    if op == "sigmoid":
-        return torch.sigmoid(x)
-    if op == "relu":
-        return torch.relu(x)
-    if op == "neg":
-        return -x
-    if op == "leaky_relu_grad":
-        return torch.where(x > 0, torch.ones_like(x), torch.full_like(x, alpha))
-    if op == "relu_grad":
-        return (x > 0).to(x.dtype)
-    if op == "sigmoid_grad":
-        s = torch.sigmoid(x)
-        return s * (1 - s)
-    if op == "gelu_grad":  # d/dx x Phi(x) = Phi(x) + x phi(x), with erf's Phi
-        cdf = 0.5 * (1 + torch.erf(x / 2 ** 0.5))
-        pdf = torch.exp(-0.5 * x * x) / (2 * torch.pi) ** 0.5
-        return cdf + x * pdf
-    raise IRError(f"unknown unary op {op!r}")

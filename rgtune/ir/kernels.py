@@ -170,6 +170,15 @@ class ConcatE(Expr):
 
 
 @dataclass(frozen=True)
+class SliceE(Expr):
+    """Features ``start .. start + dim - 1`` of every head of ``x`` (read at other features than the
+    element's, as a concatenation's operands are)."""
+
+    x: Expr
+    start: int
+
+
+@dataclass(frozen=True)
 class BroadcastE(Expr):
     """``x`` (one head, or one feature) repeated over ``heads`` (``dim``): a sum over heads' adjoint."""
 
@@ -210,6 +219,8 @@ def expr_str(e: Expr) -> str:
         return f"gated({expr_str(e.gate)}, {expr_str(e.h)}, {expr_str(e.x)})"
     if isinstance(e, ConcatE):
         return f"concat({expr_str(e.a)}, {expr_str(e.b)})"
+    if isinstance(e, SliceE):
+        return f"slice_{e.start}:{e.start + e.dim}({expr_str(e.x)})"
     if isinstance(e, ReduceE):
         return f"sum_{e.over}({expr_str(e.x)})"
     if isinstance(e, BroadcastE):

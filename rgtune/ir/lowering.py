@@ -28,25 +28,25 @@ from __future__ import annotations
 
 from rgtune.ir.addend import accumulate_into_addends
 from rgtune.ir.fusion_plan import plan_epilogues
-from rgtune.ir.kernels import (Acc, AggregateStage, BinaryE, BroadcastE, Buffer, ConcatE, EdgeSoftmaxStage, EdgeStore,
-                               Expr, GatedE, GemmKernel, GraphLoad, InnerE, KernelProgram, Load, MapKernel, ParamLoad,
-                               ReduceE, ScaleE, ScatterKernel, SoftmaxAggregate, TraversalKernel, UnaryE,
-                               WeightGradKernel, WeightKernel)
+from rgtune.ir.kernels import (Acc, AggregateStage, BinaryE, Buffer, EdgeSoftmaxStage, EdgeStore, Expr, GemmKernel,
+                               GraphLoad, KernelProgram, Load, MapKernel, ScatterKernel, SoftmaxAggregate,
+                               TraversalKernel, WeightGradKernel, WeightKernel)
+from rgtune.ir.op_rules import rules_of, sums_features, sums_heads
 from rgtune.ir.passes.fusion import softmax_aggregations
-from rgtune.ir.program import (DST_PAIR, EDGE, NODE, SRC_PAIR, Aggregate, Binary, Broadcast, Concat, EdgeSoftmax,
-                               Expand, FoldWeights, Gather, GatedResidual, GatherPair, GraphConst, Inner, IRError,
-                               ParamRead, Program, ReduceSum, Scale, TypedLinear, Unary, Value, View, WeightGrad,
-                               sums_features)
+from rgtune.ir.plan import LoweringPlan
+from rgtune.ir.program import (DST_PAIR, EDGE, NODE, SRC_PAIR, Aggregate, Binary, EdgeSoftmax, Expand, FoldWeights,
+                               Gather, GatherPair, IRError, ParamRead, Program, TypedLinear, Value, View, WeightGrad)
 
 
 class LoweringError(IRError):
     """The program has a form no kernel template covers."""
 
 
-def lower(program: Program) -> KernelProgram:
-    """Lower an (annotated) program to kernels (then a final sum folds into an accumulating GEMM where it
-    can: :mod:`rgtune.ir.addend`)."""
-    return accumulate_into_addends(_Lowering(program).run())
+def lower(program: Program, plan: LoweringPlan | None = None) -> KernelProgram:
+    """Lower a program (after the passes) to kernels as ``plan`` says (the passes' decisions: the
+    layout, fusion; default: every knob at its default), then fold a final sum into an accumulating
+    GEMM where it can (:mod:`rgtune.ir.addend`)."""
+    return accumulate_into_addends(_Lowering(program, plan or LoweringPlan()).run())
 
 
 def shared_reductions(program: Program, materialized: set[str]) -> set[str]:
@@ -54,7 +54,7 @@ def shared_reductions(program: Program, materialized: set[str]) -> set[str]:
     (itself or through what it inlines) and would be inlined into two or more kernels, which would
     each redo the sum. In program order, so that a value stored makes the later ones' counts exact."""
     prod, m = program.producers(), set(materialized)
-    start = program.annotations.get("forward_ops", len(program.ops))
+    start = len(program.ops) if program.forward_ops is None else program.forward_ops
 
     def inlined(v: Value, seen: set[str]) -> set[str]:
         """The values a kernel writing or reading ``v`` computes inline (``v``'s own op included)."""
@@ -70,7 +70,7 @@ def shared_reductions(program: Program, materialized: set[str]) -> set[str]:
     chosen: set[str] = set()
     for op in program.ops[start:]:
         v = op.out.name
-        if v in m or v not in prod or not isinstance(op, (Inner, ReduceSum, Binary, Unary, Scale)):
+        if v in m or v not in prod or not rules_of(op).row_local:
             continue
         if not any(sums_features(prod.get(w)) for w in inlined(op.out, set())):
             continue
@@ -82,16 +82,12 @@ def shared_reductions(program: Program, materialized: set[str]) -> set[str]:
 
 
 class _Lowering:
-    def __init__(self, program: Program) -> None:
-        self.p = program
-        ann = program.annotations
-        self.layout = ann.get("layout", "csr_dst")
-        self.index_bits = int(ann.get("index_bits", 64))
-        self.pair_index = ann.get("pair_index", "direct")
-        self.softmax_fusion = ann.get("softmax_fusion", "none")
+    def __init__(self, program: Program, plan: LoweringPlan) -> None:
+        self.p, self.plan = program, plan
+        self.layout = plan.layout
         self.prod = program.producers()
         self.users = program.users()
-        self.epilogues = plan_epilogues(program) if ann.get("epilogue", "off") == "on" else {}
+        self.epilogues = plan_epilogues(program) if plan.epilogue == "on" else {}
         self.epilogue_roots = {root for chains in self.epilogues.values() for _, root in chains}
         self.accumulate_into: dict[str, Value] = {}
         self.fused_softmax: dict[str, EdgeSoftmax] = {}  # aggregate name -> its fused softmax
@@ -116,11 +112,11 @@ class _Lowering:
         for op in p.ops:
             if isinstance(op, EdgeSoftmax):
                 pattern_aggs = [a for a, sm in fusable.items() if sm is op]
-                if self.softmax_fusion == "none" or not pattern_aggs or len(self.users[op.out.name]) != 1:
+                if self.plan.softmax_fusion == "none" or not pattern_aggs or len(self.users[op.out.name]) != 1:
                     m.add(op.out.name)
                 else:
                     self.fused_softmax[pattern_aggs[0]] = op
-                if self.softmax_fusion in ("none", "aggregate"):
+                if self.plan.softmax_fusion in ("none", "aggregate"):
                     m.add(op.x.name)
             if isinstance(op, Aggregate) and op.x.domain in (SRC_PAIR, DST_PAIR):
                 lin = prod.get(op.x.name)
@@ -151,7 +147,7 @@ class _Lowering:
         # a view reads the buffer of what it views (no data moves): that value is the buffer
         m = {self.view_root[v].name if v in self.view_root else v for v in m} | \
             {root.name for root in self.view_root.values()}
-        if p.annotations.get("autodiff_reuse") == "store":
+        if self.plan.reuse == "store":
             m |= shared_reductions(p, m)
         self.materialized = m
         epilogue_inners = {inner for chains in self.epilogues.values() for inner, _ in chains}
@@ -164,9 +160,8 @@ class _Lowering:
         op = self.prod.get(v.name)
         if op is None:
             return False
-        if isinstance(op, ReduceSum) and op.over == "heads" and op.x.heads > 1:
-            return True
-        return any(self._sums_heads(w, materialized) for w in op.inputs() if w.name not in materialized)
+        return sums_heads(op) or any(self._sums_heads(w, materialized) for w in op.inputs()
+                                     if w.name not in materialized)
 
     # ------------------------------------------------------------------ buffers
     def buf_name(self, v: Value) -> str:
@@ -196,38 +191,10 @@ class _Lowering:
         op = self.prod.get(v.name)
         if op is None:
             raise LoweringError(f"value {v.name} is not materialized and has no producer")
-        e = lambda w: self.expr(w, row, pair_side, acc)  # noqa: E731
-        h, d = v.heads, v.dim
-        if isinstance(op, Gather):
-            return Load(h, d, self.buf_name(op.x), op.end)
-        if isinstance(op, GatherPair):
-            return Load(h, d, self.buf_name(op.x), "pair_node" if pair_side is None else pair_side)
-        if isinstance(op, Expand):
-            side = "src" if op.x.domain == SRC_PAIR else "dst"
-            return self.expr(op.x, row, side, acc)
-        if isinstance(op, ParamRead):
-            return ParamLoad(h, d, op.param, self._param_via(op, row, pair_side))
-        if isinstance(op, GraphConst):
-            return GraphLoad(h, d, op.kind)
-        if isinstance(op, Inner):
-            return InnerE(h, 1, e(op.a), e(op.b))
-        if isinstance(op, Binary):
-            return BinaryE(h, d, op.op, e(op.a), e(op.b))
-        if isinstance(op, Unary):
-            return UnaryE(h, d, op.op, e(op.x), op.alpha)
-        if isinstance(op, Scale):
-            return ScaleE(h, d, e(op.x), op.scale)
-        if isinstance(op, ReduceSum):
-            return ReduceE(h, d, e(op.x), op.over)
-        if isinstance(op, Broadcast):
-            return BroadcastE(h, d, e(op.x))
-        if isinstance(op, View):  # the viewed buffer's row, its features regrouped into this value's heads
-            return Load(h, d, self.buf_name(v), self._via(v.domain, row, pair_side))
-        if isinstance(op, Concat):
-            return ConcatE(h, d, e(op.a), e(op.b))
-        if isinstance(op, GatedResidual):
-            return GatedE(h, d, ParamLoad(1, 1, op.skip, "ntype"), e(op.h), e(op.x))
-        raise LoweringError(f"{op}: cannot be inlined into a {row} kernel; it must be materialized")
+        e = rules_of(op).inline(op, ExprContext(self, row, pair_side, acc))
+        if e is None:
+            raise LoweringError(f"{op}: cannot be inlined into a {row} kernel; it must be materialized")
+        return e
 
     @staticmethod
     def _via(domain: str, row: str, pair_side: str | None) -> str:
@@ -268,7 +235,7 @@ class _Lowering:
             names[base] = names.get(base, 0) + 1
             return f"{base}{names[base]}"
 
-        forward_ops = self.p.annotations.get("forward_ops")
+        forward_ops = self.p.forward_ops
         forward_kernels = None
         for i, op in enumerate(self.p.ops):
             if i == forward_ops:
@@ -322,9 +289,9 @@ class _Lowering:
             output=self.buf_name(self.p.output),
             param_shapes={k: q.shape for k, q in params.items()},
             param_by={k: q.by for k, q in params.items()},
-            layout=self.layout,
-            index_bits=self.index_bits,
-            pair_index=self.pair_index,
+            layout=self.plan.layout,
+            index_bits=self.plan.index_bits,
+            pair_index=self.plan.pair_index,
             zero_init=zero_init,
             dout=self.buf_name(self.p.inputs[0]) if self.p.inputs else None,
             input_grad=self.buf_name(self.p.input_grad) if self.p.input_grad is not None else None,
@@ -384,3 +351,32 @@ class _Lowering:
                 msg = BinaryE(msg.heads, msg.dim, "mul", msg, GraphLoad(1, 1, "inv_dst_degree"))
             stage = AggregateStage(self.buf_name(op.out), out_via, msg)
         return TraversalKernel(name, stage, self.layout)
+
+
+class ExprContext:
+    """What an op's :meth:`~rgtune.ir.op_rules.OpRules.inline` rule builds its expression with: its
+    operands' expressions in the same kernel, the buffer a value lives in, and how a row of the
+    kernel reaches a row of another domain."""
+
+    def __init__(self, lowering: _Lowering, row: str, pair_side: str | None, acc: str | None) -> None:
+        self._l, self.row, self.pair_side, self._acc = lowering, row, pair_side, acc
+
+    def expr(self, v: Value) -> Expr:
+        """``v``'s expression in this kernel (a load where it is a buffer, else its op inlined)."""
+        return self._l.expr(v, self.row, self.pair_side, self._acc)
+
+    def pair_expr(self, v: Value, side: str) -> Expr:
+        """A pair value's expression read from an edge row, through the edge's pair on ``side``."""
+        return self._l.expr(v, self.row, side, self._acc)
+
+    def buffer(self, v: Value) -> str:
+        """The buffer holding ``v`` (a view's is the buffer of the value it views)."""
+        return self._l.buf_name(v)
+
+    def via(self, domain: str) -> str:
+        """How a row of this kernel reads the row of a ``domain`` buffer."""
+        return self._l._via(domain, self.row, self.pair_side)
+
+    def param_via(self, op: ParamRead) -> str:
+        """How a row of this kernel reads a per-type param's slice."""
+        return self._l._param_via(op, self.row, self.pair_side)

@@ -1,7 +1,7 @@
 """The built-in models (RGCN, RGAT, HGT, FiLM), written in the inter-operator IR and registered
 (:mod:`rgtune.ir.registry`).
 
-Each function reads like the model's equations (DESIGN.md, "The models"); its keyword-only
+Each function reads like the model's equations (its docstring writes them out); its keyword-only
 parameters are the model's options. A program declares its parameters (names, slice shapes,
 initialization): the generic layer (:class:`rgtune.runtime.Layer`) creates them from it, and the
 names and shapes are those of the library layers the fixtures map to (PyG, DGL), so a
@@ -104,7 +104,9 @@ def rgat(in_dim: int, out_dim: int, heads: int = 1, *,
 def hgt(in_dim: int, out_dim: int, heads: int = 1) -> Program:
     """PyG ``HGTConv``: typed K/Q/V; per relation and head ``k_e = K_src W_att``,
     ``m_e = V_src W_msg``, ``s = <k_e, Q_dst> mu_r / sqrt(D)``, ``a = softmax_dst(s)``,
-    ``h = sum a m_e``; ``out = gelu(h) A_t + b_t``, gated skip when ``in == out``."""
+    ``h = sum a m_e``; ``out = gelu(h) A_t + b_t``, gated skip when ``in == out``. The skip gate ``skip`` (one
+    per node type) exists at every size, as in PyG (its state dict is the same whatever the sizes); when
+    ``in != out`` nothing reads it."""
     p = ProgramBuilder("hgt", in_dim, heads)
     d = _head_dim(out_dim, heads)
     x = p.x
@@ -116,7 +118,10 @@ def hgt(in_dim: int, out_dim: int, heads: int = 1) -> Program:
     s = p.scale(p.mul(p.inner(k_e, p.dst(q)), p.param("mu", like=k_e, init="ones")), inv_sqrt(d))
     h = p.aggregate(p.mul(p.edge_softmax(s), m_e))
     out = p.typed_linear(p.gelu(h), "a_weight", out=(1, out_dim), by="ntype", bias="a_bias")
-    return p.finish(p.gated_residual(out, x, "skip") if in_dim == out_dim else out)
+    if in_dim != out_dim:
+        p.declare("skip", "ntype", (), init="ones")
+        return p.finish(out)
+    return p.finish(p.gated_residual(out, x, "skip"))
 
 
 def film(in_dim: int, out_dim: int, heads: int = 1) -> Program:
@@ -128,7 +133,7 @@ def film(in_dim: int, out_dim: int, heads: int = 1) -> Program:
     with ``beta_i = h_i B_skip``, ``gamma_i = h_i G_skip`` and, per relation, from the destination,
     ``beta_{r,i} = h_i B_r + b_r``, ``gamma_{r,i} = h_i G_r + g_r``. PyG's ``films[r]`` (``film_skip``)
     computes ``[beta | gamma]`` in one linear; here they are two, whose weights concatenate to PyG's
-    (:func:`rgtune.models.pyg.to_pyg_film`). Every weight and bias starts as PyG's ``Linear``'s.
+    (:func:`rgtune.torch_layers.pyg.to_pyg_film`). Every weight and bias starts as PyG's ``Linear``'s.
     """
     if heads != 1:
         raise IRError(f"film has one head, got heads={heads}; use heads=1")

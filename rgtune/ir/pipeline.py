@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from rgtune.ir.kernels import KernelProgram
 from rgtune.ir.lowering import lower
+from rgtune.ir.plan import LoweringPlan, plan_lowering
 from rgtune.ir.passes import Constraint, Knob, KnobError, Pass, registered_passes
 from rgtune.ir.passes.base import KNOB_CACHE
 from rgtune.ir.program import Program
@@ -31,11 +32,12 @@ _MAX_PREFIX_CONFIGS = 256
 
 @dataclass
 class Compiled:
-    """A program after the passes of one configuration, and its kernels."""
+    """A program after the passes of one configuration, what they decided for lowering, and its kernels."""
 
     config: dict[str, Any]
     program: Program
     kernels: KernelProgram
+    plan: LoweringPlan
 
 
 def discover_knobs(program: Program, graph: "HeteroGraph | None" = None,
@@ -137,7 +139,8 @@ def compile_program(program: Program, config: Mapping[str, Any] | None = None,
         from rgtune.ir.autodiff import adjoint
 
         after = adjoint(after, config=full)
-    return Compiled(full, after, lower(after))
+    plan = plan_lowering(full, training)
+    return Compiled(full, after, lower(after, plan), plan)
 
 
 def _pass_names() -> set[str]:

@@ -306,6 +306,14 @@ class Concat(Op):
 
 
 @dataclass(frozen=True)
+class Slice(Op):
+    """Features ``start .. start + out.dim - 1`` of every head of ``x`` (the adjoint of a :class:`Concat`)."""
+
+    x: Value
+    start: int
+
+
+@dataclass(frozen=True)
 class GatedResidual(Op):
     """``sigmoid(skip[ntype]) * h + (1 - sigmoid(skip[ntype])) * x`` per node."""
 
@@ -379,12 +387,6 @@ class WeightGrad(Op):
 PARAM_OPS = (FoldWeights, WeightGrad)
 
 
-def sums_features(op: Op | None) -> bool:
-    """Whether ``op`` sums over more than one feature (an inner product, or a sum of a wider value): what
-    makes a value costly to recompute in every kernel that reads it (``autodiff.reuse``)."""
-    return (isinstance(op, Inner) and op.a.dim > 1) or (isinstance(op, ReduceSum) and op.x.dim > 1)
-
-
 _OPNAMES: dict[type, str] = {
     Gather: "gather",
     GatherPair: "gather_pair",
@@ -403,9 +405,23 @@ _OPNAMES: dict[type, str] = {
     View: "view",
     WeightGrad: "weight_grad",
     Concat: "concat",
+    Slice: "slice",
     GatedResidual: "gated_residual",
     FoldWeights: "fold",
 }
+_BUILTIN_OPS = frozenset(_OPNAMES)
+
+
+def register_opname(op_type: type, name: str) -> None:
+    """How ops of ``op_type`` print (:func:`rgtune.ir.op_rules.register_op` calls it)."""
+    if op_type in _BUILTIN_OPS and _OPNAMES[op_type] != name:
+        raise IRError(f"{op_type.__name__} is a built-in op, printed as {_OPNAMES[op_type]!r}")
+    _OPNAMES[op_type] = name
+
+
+def unregister_opname(op_type: type) -> None:
+    if op_type not in _BUILTIN_OPS:
+        _OPNAMES.pop(op_type, None)
 
 
 # ------------------------------------------------------------------------- program
@@ -413,13 +429,13 @@ _OPNAMES: dict[type, str] = {
 class Program:
     """A model in the inter-operator IR: one node input ``x``, params, ops (SSA), one output.
 
-    ``annotations`` carry pass decisions that lowering reads (fusion choices, layout); they
-    never change the program's meaning.
+    What the passes decide beyond the program itself (edge layout, fusion) is not in it: they hand
+    it to lowering as a :class:`~rgtune.ir.plan.LoweringPlan`.
 
     A training program (:func:`rgtune.ir.autodiff.adjoint`) also reads the output's gradient
     (``inputs``: ``(dout,)``) and defines the input's gradient (``input_grad``) and, for every
     param, its gradient param (``param_grads``: param -> the grad param a :class:`WeightGrad`
-    defines).
+    defines); its first ``forward_ops`` ops are the forward's, the rest the backward's.
     """
 
     name: str
@@ -428,18 +444,18 @@ class Program:
     ops: list[Op]
     output: Value
     heads: int = 1
-    annotations: dict[str, Any] = field(default_factory=dict)
     inputs: tuple[Value, ...] = ()
     input_grad: Value | None = None
     param_grads: dict[str, str] = field(default_factory=dict)
+    forward_ops: int | None = None
 
     def __post_init__(self) -> None:
         self.validate()
 
     def copy(self, **changes: Any) -> "Program":
         kw = dict(name=self.name, x=self.x, params=dict(self.params), ops=list(self.ops), output=self.output,
-                  heads=self.heads, annotations=dict(self.annotations), inputs=self.inputs,
-                  input_grad=self.input_grad, param_grads=dict(self.param_grads))
+                  heads=self.heads, inputs=self.inputs, input_grad=self.input_grad,
+                  param_grads=dict(self.param_grads), forward_ops=self.forward_ops)
         kw.update(changes)
         return Program(**kw)
 
@@ -508,9 +524,10 @@ class Program:
         args = ", ".join(f"{v.name}: {v.domain}[{v.heads}x{v.dim}]" for v in (self.x, *self.inputs))
         lines = [f"program {self.name}({args})"]
         lines += [f"  {p}" for p in self.params.values()]
-        for k, v in sorted(self.annotations.items()):
-            lines.append(f"  @{k} = {v}")
-        lines += [f"  {op}" for op in self.ops]
+        for i, op in enumerate(self.ops):
+            if i == self.forward_ops:
+                lines.append("  -- backward --")
+            lines.append(f"  {op}")
         grads = ([f"d{self.x.name}={self.input_grad.name}"] if self.input_grad is not None else []) + \
             [f"d{p}={g}" for p, g in self.param_grads.items()]
         lines.append(f"  return {self.output.name}" + (f"; {', '.join(grads)}" if grads else ""))
@@ -545,6 +562,11 @@ class ProgramBuilder:
         self.ops.append(op)
         return op.out
 
+    def op(self, op_type: type[Op], domain: str, heads: int, dim: int, **fields: Any) -> Value:
+        """A new op of ``op_type`` (any registered op, :func:`rgtune.ir.op_rules.register_op`) with the
+        given fields, whose output is ``domain[heads x dim]``."""
+        return self._emit(op_type(out=self._new(domain, heads, dim), **fields))
+
     def _param(self, name: str, by: ParamBy, shape: tuple[int, ...], init: ParamInit = "glorot",
                fan_in: int | None = None) -> str:
         if init not in PARAM_INITS:
@@ -558,6 +580,11 @@ class ProgramBuilder:
             raise IRError(f"param {name!r} declared as {old} and again as {p}")
         self.params[name] = p
         return name
+
+    def declare(self, name: str, by: ParamBy, shape: tuple[int, ...], init: ParamInit = "glorot") -> str:
+        """A learnable param that no op reads (yet): part of the layer's state dict all the same (HGT's skip
+        gate when its sizes differ, which PyG's ``HGTConv`` keeps, so that state dicts match at every size)."""
+        return self._param(name, by, shape, init)
 
     def _weight(self, name: str, by: ParamBy, shape: tuple[int, ...], init: ParamInit = "glorot",
                 fan_in: int | None = None) -> str:
@@ -770,14 +797,12 @@ class Rewriter:
     def alias(self, old: Value, new: Value) -> None:
         self.subst[old.name] = new
 
-    def finish(self, **annotations: Any) -> Program:
+    def finish(self) -> Program:
         ops = _dead_code_elimination(self.ops, self.subst[self.program.output.name])
         used = {p for op in ops for p in op.params()} | {op.out_param for op in ops if isinstance(op, FoldWeights)}
         params = {k: p for k, p in self.params.items() if k in used or not p.derived}
-        ann = dict(self.program.annotations)
-        ann.update(annotations)
         return Program(self.program.name, self.program.x, params, ops, self.subst[self.program.output.name],
-                       self.program.heads, ann)
+                       self.program.heads)
 
 
 def _dead_code_elimination(ops: Sequence[Op], output: Value) -> list[Op]:

@@ -21,7 +21,7 @@ Example:
 from rgtune.runtime._lookup import TunedScheduleWarning
 from rgtune.runtime.export import NoTunedScheduleError, export, export_layer, load_exported
 from rgtune.runtime.load import load_tuned
-from rgtune.runtime.module import GraphMismatchError, Layer, TunedLayer, tuned_layer
+from rgtune.runtime.module import GraphMismatchError, Layer
 
 __all__ = [
     "load_tuned",
@@ -29,8 +29,6 @@ __all__ = [
     "export",
     "export_layer",
     "Layer",
-    "TunedLayer",
-    "tuned_layer",
     "GraphMismatchError",
     "NoTunedScheduleError",
     "TunedScheduleWarning",

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
-from rgtune.codegen.base import Backend, BackendError, available_backends, create
+from rgtune.codegen.base import AUTO_ORDER, Backend, BackendError, available_backends, create
 from rgtune.data import HeteroGraph, load_dataset
 from rgtune.data.datasets import dataset_info
 from rgtune.data.errors import UnknownDatasetError
@@ -24,10 +24,6 @@ from rgtune.ir.registry import model_spec, parse_key
 
 if TYPE_CHECKING:  # the database is imported where it is used: an exported layer loads without SQLAlchemy
     from rgtune.db import TrialDatabase, TrialRecord, WorkloadRecord
-
-#: ``backend="auto"`` takes the first of these that can run here
-AUTO_ORDER = ("cuda", "cpu", "reference")
-
 
 class TunedScheduleWarning(UserWarning):
     """The layer runs a schedule other than the best one tuned for this workload on this device."""
@@ -51,7 +47,7 @@ def resolve_backend(name: str | Backend) -> Backend:
                 return create(candidate)
         raise BackendError(f"no backend can run here: {usable}")
     backend = create(name)
-    ok, why = type(backend).available() if hasattr(type(backend), "available") else (True, "")
+    ok, why = type(backend).available()
     if not ok:
         raise BackendError(f"backend {name!r} cannot run here: {why}")
     return backend
@@ -110,7 +106,7 @@ def tune_command(model: str, dataset: str, in_dim: int, out_dim: int, heads: int
         parts += ["--backend", backend] + (["--mode", mode] if mode != "inference" else []) + (["--db", db] if db else [])
         return shlex.join(parts)
     q = json.dumps  # double-quoted Python string literals: the shell quoting stays readable
-    code = ("from rgtune.db import TrialDatabase; from rgtune.tuner.measure import Workload; "
+    code = ("from rgtune.db import TrialDatabase; from rgtune.tuner.workload import Workload; "
             "from rgtune.tuner.study import TuneOptions, Tuner; "
             f"print(Tuner(Workload({q(model)}, {q(dataset)}, {in_dim}, {out_dim}, {heads}, {q(backend)}"
             f"{', mode=' + q(mode) if mode != 'inference' else ''}{', options=' + q(options) if options else ''}), "

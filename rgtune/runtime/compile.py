@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 
-from rgtune.codegen.base import BackendError, BuiltProgram, create
+from rgtune.codegen.base import Backend, BackendError, BuiltProgram
 from rgtune.ir.kernels import KernelProgram
 from rgtune.ir.registry import build_model
 from rgtune.ir.program import Program
+from rgtune.runtime._lookup import resolve_backend
 from rgtune.search_spaces.space import SearchSpace
 
 if TYPE_CHECKING:
@@ -53,14 +54,15 @@ class CompiledLayer:
 
 
 def compile(program_or_model_name: Program | str, graph: "HeteroGraph", schedule: Mapping[str, Any] | None = None,
-            backend: str = "cpu", in_dim: int = 64, out_dim: int = 64, heads: int = 1,
+            backend: str | Backend = "auto", in_dim: int = 64, out_dim: int = 64, heads: int = 1,
             options: Mapping[str, Any] | None = None) -> CompiledLayer:
     """Compile a registered model (by name, with its ``options``; sizes from ``in_dim``/``out_dim``/``heads``)
     or an IR :class:`Program` for ``graph`` with ``schedule`` (IR and kernel knobs; defaults fill
-    the rest) on ``backend``. An invalid schedule raises :class:`BackendError` with the reasons."""
+    the rest) on ``backend`` (``"auto"``: cuda where a GPU is usable, else cpu). An invalid schedule raises
+    :class:`BackendError` with the reasons."""
     program = (build_model(program_or_model_name, in_dim, out_dim, heads, options)
                if isinstance(program_or_model_name, str) else program_or_model_name)
-    be = create(backend)
+    be = resolve_backend(backend)
     point = SearchSpace(program, graph, be.target).compile(dict(schedule or {}))
     if not point.valid:
         raise BackendError("invalid schedule: " + "; ".join(point.problems))

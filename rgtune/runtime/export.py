@@ -366,7 +366,7 @@ def load_exported(
              f"hardware, compiler or threads); it computes the same numbers, but may not be the fastest here")
     provenance = {**p, "source": "export", "path": str(folder)}
     layer = Layer(spec.name, g, s["in_dim"], s["out_dim"], s["heads"], options=parse_key(options), config=config,
-                  backend=be, provenance=provenance, mode=mode, device="cuda" if be.target == "cuda" else None)
+                  backend=be, provenance=provenance, mode=mode, device=be.device_type)
     if be.name == s["backend"] and layer.source_hash != s["source_hash"]:
         warn(f"{folder}: the regenerated kernel sources differ from the exported ones (hash {layer.source_hash}, "
              f"exported {s['source_hash']}; exported by rgtune {p.get('rgtune_version')}, this is "

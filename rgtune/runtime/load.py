@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
+import rgtune
 from rgtune.codegen.base import Backend
 from rgtune.data import HeteroGraph
 from rgtune.ir.passes import KnobError
@@ -73,7 +74,7 @@ def load_tuned(
             defaults, with a warning.
 
     Returns:
-        A module with the reference layer's parameters, ``state_dict`` and call; its
+        A module with the model's parameters (those of its torch layer and of PyG's), ``state_dict`` and call; its
         ``provenance`` says where the schedule came from.
     """
     sel = select_schedule(model, graph, in_dim, out_dim, heads, db, backend, mode=mode, data_dir=data_dir,
@@ -103,7 +104,7 @@ class Selection:
     def build(self) -> Layer:
         """The layer; a recorded schedule that no longer compiles falls back to the default, with a warning."""
         m, g, (i, o, h), be = self.model, self.graph, self.sizes, self.backend
-        device = "cuda" if be.target == "cuda" else None  # the layer lives where its kernels run
+        device = be.device_type  # the layer lives where its kernels run
         opts = parse_key(self.options)
         try:
             return Layer(m, g, i, o, h, options=opts, config=self.config, backend=be, provenance=self.provenance,
@@ -111,9 +112,13 @@ class Selection:
         except (KnobError, ValueError) as e:
             if self.config is None:
                 raise
-            # A schedule recorded by another rgtune version may name knobs this one no longer has.
+            recorded = self.provenance.get("rgtune_version")
+            why = (f"it was recorded by rgtune {recorded}, whose knobs differ from this version's ({rgtune.__version__})"
+                   if recorded and recorded != rgtune.__version__ else
+                   "it was recorded by this rgtune version, whose tuner should not record a schedule a layer cannot "
+                   "build: please report it")
             warn(f"{self.where}: the recorded schedule of trial {self.provenance.get('trial_id')} does not compile "
-                 f"here ({e}); using the default schedule. To record a new one, {self.hint}")
+                 f"here ({e}); {why}. Using the default schedule. To record a new one, {self.hint}")
             return Layer(m, g, i, o, h, options=opts, backend=be, device=device, mode=self.mode,
                          provenance={"source": "default", "rejected_trial": self.provenance.get("trial_id")})
 

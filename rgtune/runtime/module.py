@@ -26,7 +26,7 @@ What runs where:
   forward is recomputed, apart from what ``autodiff.save`` chooses to recompute.
 
 The training program is built on the first forward that needs gradients (a layer made with
-``mode="training"`` builds it at once); :attr:`TunedLayer.backward_kind` says how the backend runs
+``mode="training"`` builds it at once); :attr:`Layer.backward_kind` says how the backend runs
 it. A backend that runs only whole training steps (no separate phases) runs the step in the
 backward; one that builds no training program at all falls back to autograd through the torch
 lowering of the inference program.
@@ -55,7 +55,7 @@ another.
 Example:
     >>> import torch
     >>> from rgtune.data.synthetic import random_graph
-    >>> from rgtune.models import RGCN
+    >>> from rgtune.torch_layers import RGCN
     >>> g = random_graph((10, 20), num_relations=3, num_edges=100, seed=0)
     >>> layer = Layer("rgcn", g, 4, 8, backend="reference")   # the default schedule
     >>> ref = RGCN(g, 4, 8)                                      # PyG's RGCNConv's math, in torch
@@ -85,17 +85,17 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from rgtune.codegen.base import Backend, BuiltProgram, Saved, create
+from rgtune.codegen.base import Backend, BuiltProgram, ReferenceBackend, Saved, create
 from rgtune.codegen.reference import ReferenceExecutor
 from rgtune.codegen.training import learnable_grads
 from rgtune.data.graph import HeteroGraph
+from rgtune.data.graph_layer import GraphLayer, NodeInput
 from rgtune.ir.kernels import KernelProgram, WeightKernel
 from rgtune.ir.program import Param, Program
 from rgtune.ir.registry import model_spec
-from rgtune.models import GraphLayer, NodeInput
 from rgtune.search_spaces import MODES, Point, SearchSpace
 
-__all__ = ["GraphMismatchError", "Layer", "TunedLayer", "tuned_layer", "init_param"]
+__all__ = ["GraphMismatchError", "Layer", "init_param"]
 
 #: graphs other than the bound one whose kernels a layer keeps built (``layer(x, graph=...)``)
 _GRAPHS_KEPT = 4
@@ -130,7 +130,7 @@ class _Runner:
     def runs(self, mode: str) -> str:
         """The program that runs for ``mode``: the inference one for training on a backend that builds
         no training programs (its backward is the torch lowering's)."""
-        return mode if mode == "inference" or self.backend.trains else "inference"
+        return mode if mode == "inference" or self.backend.training != "none" else "inference"
 
     def program(self, mode: str) -> tuple[KernelProgram, BuiltProgram]:
         """The kernel program of ``mode`` and its build (built on first use, once)."""
@@ -147,10 +147,7 @@ class _Runner:
     def backward_kind(self) -> str:
         """How a backward runs: ``"generated"`` (the backward kernels on saved buffers), ``"recompute"``
         (the whole training step in the backward) or ``"torch"`` (the torch lowering)."""
-        if not self.backend.trains:
-            return "torch"
-        kp, built = self.program("training")
-        return "generated" if built.phased else "recompute" if built.train_fn is not None else "torch"
+        return _BACKWARD_KINDS[self.backend.training]
 
     def forward(self, x: Tensor, params: Sequence[Tensor]) -> Tensor:
         with torch.no_grad():
@@ -228,20 +225,15 @@ class _KernelFunction(torch.autograd.Function):
         return (None, *grads)
 
 
-def _float_dtypes(backend: Backend) -> tuple[torch.dtype, ...]:
-    """The dtypes a backend computes in: the torch executor any float, generated kernels float32."""
-    declared = getattr(backend, "dtypes", None)
-    if declared:
-        return tuple(declared)
-    return (torch.float16, torch.bfloat16, torch.float32, torch.float64) if backend.name == "reference" else (torch.float32,)
+#: how a layer's backward runs, by how its backend runs training programs (:attr:`Backend.training`)
+_BACKWARD_KINDS = {"phases": "generated", "step": "recompute", "none": "torch"}
 
 
 def _default_param_dtype(backend: Backend) -> torch.dtype:
     """torch's default dtype where the backend computes in it, else the backend's own (float32
     for generated kernels): a layer never starts with parameters its kernels cannot read."""
-    allowed = _float_dtypes(backend)
     default = torch.get_default_dtype()
-    return default if default in allowed else allowed[0]
+    return default if default in backend.dtypes else backend.dtypes[0]
 
 
 def _configs(spaces: Mapping[str, SearchSpace], given: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -335,7 +327,7 @@ class Layer(GraphLayer):
         *,
         options: Mapping[str, Any] | None = None,
         config: Mapping[str, Any] | None = None,
-        backend: str | Backend = "reference",
+        backend: str | Backend = ReferenceBackend.name,
         provenance: Mapping[str, Any] | None = None,
         mode: str = "inference",
         device: torch.device | str | None = None,
@@ -450,7 +442,7 @@ class Layer(GraphLayer):
         """How the layer's backward runs: ``"generated"`` (the training program's backward kernels on the
         buffers its forward saved), ``"recompute"`` (the backend runs whole training steps only: the
         step runs in the backward) or ``"torch"`` (the backend builds no training programs: the torch
-        lowering's autograd). Builds the training program if it is not built yet."""
+        lowering's autograd). It is what the backend declares (:attr:`Backend.training`)."""
         return self._runner.backward_kind()
 
     def schedule(self) -> dict[str, Any]:
@@ -475,14 +467,14 @@ class Layer(GraphLayer):
     def _check_runnable(self) -> None:
         name, device = type(self).__name__, self._device()
         self._check_param_dtypes()
-        want = "cuda" if self._backend.target == "cuda" else "cpu"
+        want = self._backend.device_type
         if device.type != want:
             raise ValueError(f"{name}: the layer's parameters are on {device}, but the {self.backend} backend "
                              f"runs on {want} tensors; move the layer with .to({want!r})")
 
     def _check_param_dtypes(self) -> None:
         """Every parameter in one dtype, one the backend computes in (else a TypeError naming it)."""
-        name, allowed = type(self).__name__, _float_dtypes(self._backend)
+        name, allowed = type(self).__name__, self._backend.dtypes
         first, dtype = next(iter(self.named_parameters()))[0], self._param_dtype()
         for pname, p in self.named_parameters():
             if p.dtype not in allowed:
@@ -494,7 +486,7 @@ class Layer(GraphLayer):
                                 f"parameters share one dtype (convert the layer with .to({dtype}))")
 
     def _check_tensor(self, x: Tensor, rows: int, what: str) -> None:
-        allowed = _float_dtypes(self._backend)
+        allowed = self._backend.dtypes
         if isinstance(x, Tensor) and x.is_floating_point() and x.dtype not in allowed:
             # the reference layer's advice (convert the layer to the input's dtype) cannot work here
             raise ValueError(f"{type(self).__name__}: {what} has dtype {x.dtype}, expected {self._param_dtype()} "
@@ -530,16 +522,6 @@ class Layer(GraphLayer):
         opts = ", ".join(f"{k}={v}" for k, v in self.options.items() if v is not None)
         return (f"model={self.model!r}{', ' + opts if opts else ''}, {super().extra_repr()}, backend={self.backend!r}, "
                 f"mode={self.mode!r}, schedule={where}")
-
-
-#: the name the layer had when each model had a class of its own
-TunedLayer = Layer
-
-
-def tuned_layer(model: str | Program, graph: HeteroGraph, in_dim: int | None = None, out_dim: int | None = None,
-                heads: int | None = None, **kwargs: Any) -> Layer:
-    """``Layer(model, graph, in_dim, out_dim, heads, **kwargs)``."""
-    return Layer(model, graph, in_dim, out_dim, heads, **kwargs)
 
 
 def _program(model: str | Program, in_dim: int | None, out_dim: int | None, heads: int | None,

@@ -37,6 +37,7 @@ from rgtune.ir.pipeline import (Compiled, apply_passes, check_constraints, disco
 from rgtune.ir.autodiff import adjoint, training_knobs
 from rgtune.ir.kernels import ScatterKernel, WeightGradKernel, template_name
 from rgtune.ir.lowering import lower
+from rgtune.ir.plan import plan_lowering
 from rgtune.ir.program import IRError, Program
 
 if TYPE_CHECKING:
@@ -89,6 +90,7 @@ class SearchSpace:
         self.schedule_knobs: list[Knob] = [Knob(name, p.choices, p.default, p.doc)
                                             for name, p in self.schedule.knobs().items()
                                             if mode == "training" or name.split(".")[0] not in TRAINING_TEMPLATES]
+        self._inference: SearchSpace | None = None  # a training space's inference twin (its programs' checks)
 
     # ----------------------------------------------------------------- knobs
     @property
@@ -123,11 +125,26 @@ class SearchSpace:
         if problems:
             return Point(full, None, problems)
         after = apply_passes(self.program, full, self.graph)
-        if self.mode == "training":
+        training = self.mode == "training"
+        if training:
             after = adjoint(after, config=full)
-        kp = lower(after)
+        plan = plan_lowering(full, training)
+        kp = lower(after, plan)
         problems = self.schedule.check(kp, full)
-        return Point(full, Compiled({k.name: full[k.name] for k in self.ir_knobs}, after, kp), problems)
+        if training and not problems:
+            problems = self._inference_problems(full)
+        return Point(full, Compiled({k.name: full[k.name] for k in self.ir_knobs}, after, kp, plan), problems)
+
+    def _inference_problems(self, config: Mapping[str, Any]) -> list[str]:
+        """What is wrong with the inference program the same knobs make: a layer trained with a schedule
+        also runs its forward without gradients (evaluation, ``torch.no_grad()``), so a training schedule is
+        valid only when that program is too."""
+        if self._inference is None:
+            self._inference = SearchSpace(self.program, self.graph, self.target, mode="inference")
+        names = {k.name for k in self._inference.knobs}
+        point = self._inference.compile({k: v for k, v in config.items() if k in names})
+        return [f"the inference program of this schedule (what a layer runs without gradients): {p}"
+                for p in point.problems]
 
     def check(self, config: Mapping[str, Any]) -> list[str]:
         return self.compile(config).problems

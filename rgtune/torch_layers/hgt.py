@@ -1,4 +1,4 @@
-"""The reference HGT layer (float64 oracle; the same numbers as PyG 2.8's ``HGTConv``)."""
+"""HGT as a plain torch layer (the same numbers as PyG 2.8's ``HGTConv``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rgtune.data.graph import HeteroGraph
-from rgtune.models._base import RelationalLayer, edge_softmax, glorot_, segment_matmul
+from rgtune.torch_layers._base import RelationalLayer, edge_softmax, glorot_, segment_matmul
 
 __all__ = ["HGT"]
 

@@ -1,7 +1,7 @@
 """PyG's ``RGCNConv``, ``HGTConv`` and ``FiLMConv`` with rgtune's weights copied in.
 
-The parameter mapping is the one documented in :class:`~rgtune.models.RGCN` and
-:class:`~rgtune.models.HGT`; with it, PyG's layers compute the same numbers as ours (the tests
+The parameter mapping is the one documented in :class:`~rgtune.torch_layers.RGCN` and
+:class:`~rgtune.torch_layers.HGT`; with it, PyG's layers compute the same numbers as ours (the tests
 check it, the benchmarks rely on it). The returned module has the layer's dtype and device.
 :func:`to_pyg_rgcn_state` does the same for a state (name -> tensor) of the RGCN program with a
 weight decomposition (``num_bases`` or ``num_blocks``, :func:`rgtune.ir.models.rgcn`). FiLM has no
@@ -10,7 +10,7 @@ reference layer: :func:`to_pyg_film` maps the state of the IR model :func:`rgtun
 Example (needs ``torch_geometric``):
     >>> import torch
     >>> from rgtune.data import HeteroGraph
-    >>> from rgtune.models import RGCN
+    >>> from rgtune.torch_layers import RGCN
     >>> g = HeteroGraph({"a": 3}, {("a", "r", "a"): ([0, 1, 2], [1, 2, 0])})
     >>> layer = RGCN(g, 4, 4).double()
     >>> conv = to_pyg_rgcn(layer)
@@ -26,8 +26,8 @@ from typing import Mapping
 import torch
 
 from rgtune.data.graph import HeteroGraph
-from rgtune.models.hgt import HGT
-from rgtune.models.rgcn import RGCN
+from rgtune.torch_layers.hgt import HGT
+from rgtune.torch_layers.rgcn import RGCN
 
 __all__ = ["to_pyg_rgcn", "to_pyg_rgcn_state", "to_pyg_hgt", "to_pyg_film"]
 

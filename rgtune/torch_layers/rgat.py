@@ -1,4 +1,4 @@
-"""The reference RGAT layer (float64 oracle; Hector's and Graphiler's relational GAT)."""
+"""RGAT as a plain torch layer (Hector's and Graphiler's relational GAT)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rgtune.data.graph import HeteroGraph
-from rgtune.models._base import RelationalLayer, edge_softmax, glorot_, segment_matmul
+from rgtune.torch_layers._base import RelationalLayer, edge_softmax, glorot_, segment_matmul
 
 __all__ = ["RGAT"]
 

@@ -1,4 +1,4 @@
-"""The reference RGCN layer (float64 oracle; same numbers as PyG's ``RGCNConv`` with aggr="mean")."""
+"""RGCN as a plain torch layer (the same numbers as PyG's ``RGCNConv`` with aggr="mean")."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from rgtune.data.graph import HeteroGraph
-from rgtune.models._base import RelationalLayer, glorot_, segment_matmul
+from rgtune.torch_layers._base import RelationalLayer, glorot_, segment_matmul
 
 __all__ = ["RGCN"]
 

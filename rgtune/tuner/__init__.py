@@ -1,5 +1,7 @@
 """rgtune.tuner: the search. An Optuna study per workload, each trial measured in an isolated worker.
 
+* :mod:`.workload`: :class:`Workload`, what is tuned;
+* :mod:`.options`: :class:`OptionError`, how :class:`TuneOptions` and :class:`MeasureOptions` refuse a value;
 * :mod:`.study`: :class:`Tuner`, the loop (ask, suggest a point, skip or measure, tell), the
   recheck of a new best, the confirmation of the fastest schedules at the end, crash safety;
   the :class:`~.study.Guide` protocols a cost model implements;
@@ -25,14 +27,16 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from rgtune.tuner.measure import MeasureOptions, Workload
+from rgtune.db import DEFAULT_URL
+from rgtune.tuner.measure import MeasureOptions
 from rgtune.tuner.study import TuneOptions, TuneSummary, Tuner
+from rgtune.tuner.workload import Workload
 
 __all__ = ["tune", "Tuner", "TuneOptions", "TuneSummary", "Workload", "MeasureOptions"]
 
 
 def tune(model: str, dataset: str, *, options: Mapping[str, Any] | None = None, hidden: int = 64, heads: int = 1,
-         trials: int | None = 50, db: str = "results.db", backend: str = "auto", data_dir: str | None = None,
+         trials: int | None = 50, db: str = DEFAULT_URL, backend: str = "auto", data_dir: str | None = None,
          seed: int | None = None, mode: str = "inference", cost_model: bool = True, progress: bool = True,
          **tune_options: Any) -> TuneSummary:
     """Tune ``model`` on ``dataset`` as ``tune --model ... --dataset ...`` does, and return the summary.

@@ -42,7 +42,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from rgtune.tuner.measure import MeasureResult, MeasureWorker, interleaved
+from rgtune.tuner.measure import MeasureWorker, interleaved
 
 if TYPE_CHECKING:
     import optuna
@@ -80,12 +80,12 @@ class Confirmation:
     def __init__(self, db: "TrialDatabase", workload: "WorkloadRecord", worker: MeasureWorker, study: "optuna.Study",
                  default: "TrialRecord | None", distributions: Mapping[str, Any], *, top: int, rounds: int,
                  reverify_inputs: int = 3, budget_s: float | None = None, measurement_s: float | None = None,
-                 record: Callable[[int, MeasureResult], None], progress: Callable[..., Any] | None = None) -> None:
+                 progress: Callable[..., Any] | None = None) -> None:
         self.db, self.workload, self.worker, self.study = db, workload, worker, study
         self.default, self.distributions = default, dict(distributions)  # default: its first ok trial
         self.top, self.rounds, self.reverify_inputs = top, rounds, reverify_inputs
         self.budget_s, self.measurement_s = budget_s, measurement_s
-        self._record, self._progress = record, progress
+        self._progress = progress
 
     def run(self) -> Confirmed | None:
         """Rounds, contenders, re-verification and the study's values; None when no rounds ran."""
@@ -165,7 +165,7 @@ class Confirmation:
                 except KeyboardInterrupt:
                     self.db.finish_trial(tid, "failed", error="interrupted (Ctrl-C)")
                     raise
-                self._record(tid, result)
+                self.db.record_result(tid, result)
                 if bar is not None:
                     bar.update(1)
         finally:
@@ -219,7 +219,7 @@ class Confirmation:
         by_id = self._trials_by_id()
         rejected = {v.schedule_hash for v in self.db.verifications(self.workload) if v.status != "ok"}
         medians = confirmed.medians_ms if confirmed is not None and confirmed.finished else {}
-        values: dict[int, float] = {}
+        values: dict[int, float] = {}  # by the trial's number in the study
         failed: list[int] = []
         seen: set[str] = set()
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
@@ -228,11 +228,11 @@ class Confirmation:
                 continue
             seen.add(rec.schedule_hash)
             if rec.schedule_hash in rejected:
-                failed.append(t._trial_id)
+                failed.append(t.number)
             elif rec.schedule_hash in medians and t.value != medians[rec.schedule_hash]:
-                values[t._trial_id] = medians[rec.schedule_hash]
+                values[t.number] = medians[rec.schedule_hash]
         if values or failed:
-            self.db.correct_optuna_trials(values, failed)
+            self.db.correct_optuna_trials(self.study.study_name, values, failed)
         best = self.db.best(self.workload)
         if best is not None and best.schedule_hash not in seen:  # e.g. a previous study's winner
             params = {k: v for k, v in best.knobs.items() if k in self.distributions}

@@ -1,7 +1,7 @@
 """Isolated measurement: compile -> verify -> time, in a worker process that may die.
 
 A :class:`MeasureWorker` owns one worker process per workload. The worker loads the graph,
-builds the search space and the float64 reference layer once, then serves trials:
+builds the search space and the float64 reference (the IR interpreter of the program) once, then serves trials:
 
 1. estimate the memory the candidate's buffers need; one whose buffers are over the user's memory
    limit, or whose buffers and the verification case's inputs and results (the last case's size,
@@ -14,26 +14,28 @@ builds the search space and the float64 reference layer once, then serves trials
 4. verify it against the case (relative error
    ``max|out - ref| / max|ref|`` below each result's tolerance), or ``wrong_result`` with the error;
    a wrong kernel is never timed;
-5. time it: the first run is timed on its own (``info["first_run_ms"]``), and a candidate whose
+5. time it: the first run is timed on its own (``details.first_run_ms``), and a candidate whose
    first run takes more than ``stop_slower`` times the best time so far (the parent passes it; never
    under :data:`STOP_MIN_S`) is ``stopped`` there; else the rest of the warm-up (the verification's
    run and the first run count as two of it), then repeats until both a count and a minimum time are
    reached, or ``max_seconds`` were measured (at least :data:`MIN_TIMED_RUNS` runs); the median is the
    trial's time (the backend synchronizes around each run on a GPU).
 
-Every result has ``info["peak_bytes"]`` (the worker's memory growth over the trial, :mod:`.memory`),
-``info["verified"]`` (what verification covered) and ``info["verify_seconds"]``. A failed
-allocation, or a worker killed by the system's out-of-memory killer, is ``out_of_memory``: it costs
-the trial, not the study.
+A trial's outcome is a :class:`~rgtune.db.trial_result.TrialResult` (what the database records):
+besides its status and times, its ``details`` have the worker's memory growth over the trial
+(``memory.peak_bytes``, :mod:`.memory`), what verification covered (``verified``) and its seconds
+(``verify_seconds``). A failed allocation, or a worker killed by the system's out-of-memory killer,
+is ``out_of_memory``: it costs the trial, not the study.
 
 A training workload (``Workload.mode == "training"``) measures one training step: the training
 program (:mod:`rgtune.ir.autodiff`) computes the output, then the gradients of the input and of
 every param for a random output gradient (:func:`rgtune.codegen.training.train_step`); each of them
-is verified against torch's autograd of the float64 reference layer, and the step is timed.
+is verified against torch's autograd through the float64 interpreter of the unoptimized program, and the step
+is timed.
 
 On a GPU, steps 2 and 3 hold the device's cross-process lock (:mod:`rgtune.tuner.device_lock`):
 workers of several studies can share one GPU without timing each other's kernels; compiling and
-the float64 reference overlap. A trial that waited for the lock has ``info["device_wait_s"]``.
+the float64 reference overlap. A trial that waited for the lock has ``details.device_wait_s``.
 
 Paired timing (``MeasureOptions(timing="paired")``, CPU backends): on a shared machine the speed
 of the whole machine drifts over seconds, so one schedule's trials in one worker vary by as much
@@ -44,7 +46,7 @@ default schedule, compiled once per worker), it cancels in their ratio (BENCHMAR
 ``reference_ms x median(candidate run / reference run)``: the ratio, drift cancelled, on the scale
 of the reference's time when the first worker of this :class:`MeasureWorker` calibrated it (a
 restarted worker keeps that scale).
-``times`` stays the candidate's raw runs; ``info`` has ``vs_reference`` (the ratio),
+``times`` stays the candidate's raw runs; ``details.paired`` has ``vs_reference`` (the ratio),
 ``reference_ms`` (the scale) and ``reference_now_ms`` (the reference's median in this trial: the
 drift). Every timed run of the candidate costs a run of the reference too (``min_seconds`` counts
 the candidate's time only); compiling and verifying do not change.
@@ -65,6 +67,7 @@ never outlives its parent: it polls the parent's pid and exits when the parent i
 without timing it: a kernel with a data race can pass one verification by luck.
 
 Example:
+    >>> from rgtune.tuner.workload import Workload
     >>> w = MeasureWorker(Workload("rgcn", "synthetic:custom,nodes=300,edges=2000,ntypes=2,rels=3",
     ...                            8, 8, 1, "reference"), MeasureOptions(repeats=2, warmup=1))
     >>> r = w.measure({}, seed=0)   # the default schedule
@@ -77,7 +80,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import math
 import multiprocessing as mp
 import os
 import random
@@ -86,16 +88,19 @@ import statistics
 import threading
 import time
 import traceback
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence
 
+from rgtune.db.trial_result import MemoryUse, PairedTiming, TrialDetails, TrialResult
 from rgtune.tuner.device_lock import device_lock, lock_timeout
 from rgtune.tuner.memory import MemoryBudget, is_out_of_memory
+from rgtune.tuner.options import OptionError, check_at_least, check_choice, check_positive
 from rgtune.tuner.verification import VERIFY_MODES, Case, Verifier, shown
 
+if TYPE_CHECKING:
+    from rgtune.tuner.workload import Workload
+
 TIMINGS = ("plain", "paired")
-STATUSES = ("running", "ok", "invalid", "compile_error", "runtime_error", "wrong_result", "timeout", "pruned",
-            "stopped", "out_of_memory", "failed")
 #: ``MeasureOptions.timeout=None``: a trial may take this many times the slowest verified trial so far ...
 ADAPTIVE_TIMEOUT_FACTOR = 5.0
 #: ... and at least this long (seconds); the first trial (nothing measured yet) gets ``first_timeout``
@@ -104,51 +109,6 @@ ADAPTIVE_TIMEOUT_MIN = 60.0
 STOP_MIN_S = 0.05
 #: timed runs always made before ``max_seconds`` may end the repeats
 MIN_TIMED_RUNS = 3
-
-
-@dataclass(frozen=True)
-class Workload:
-    """What is tuned: model (with its options), sizes, graph (by dataset name), backend, mode.
-
-    ``options`` may be given as a mapping or as canonical text; it is kept as canonical text
-    (:meth:`ModelSpec.key <rgtune.ir.registry.ModelSpec.key>`), and checked against the model's
-    options when the workload is made. ``model_source`` is where a worker process imports a model
-    registered elsewhere (``"package.module:builder"``; filled in from the registry when the workload
-    is made, so it is always the path the user's own code or command named or registered, never one
-    read from a database row).
-    """
-
-    model: str
-    dataset: str
-    in_dim: int
-    out_dim: int
-    heads: int
-    backend: str
-    data_dir: str | None = None
-    mode: str = "inference"  # or "training": one training step (forward, then every gradient)
-    options: Any = ""
-    model_source: str | None = None
-
-    def __post_init__(self) -> None:
-        spec = self.spec()
-        object.__setattr__(self, "model", spec.name)
-        object.__setattr__(self, "options", spec.key(self.options))
-        if self.model_source is None:
-            object.__setattr__(self, "model_source", spec.source)
-
-    def spec(self) -> Any:
-        """The model's :class:`~rgtune.ir.registry.ModelSpec`. In a measurement worker (a fresh process)
-        a model registered elsewhere is imported from ``model_source``: the workload was made by the
-        user's command in the parent, which named that model."""
-        from rgtune.ir.registry import model_spec, recorded_model
-
-        if self.model_source is None:
-            return model_spec(self.model)
-        return recorded_model(self.model, self.model_source, origin="the workload", trust_code=True)
-
-    def program(self) -> Any:
-        """The model's program at the workload's sizes and options (before the passes)."""
-        return self.spec().build(self.in_dim, self.out_dim, self.heads, self.options)
 
 
 @dataclass(frozen=True)
@@ -171,37 +131,19 @@ class MeasureOptions:
     heartbeat_s: float = 60.0  # while waiting for a trial, the parent calls ``on_wait`` this often
 
     def __post_init__(self) -> None:
-        if self.timing not in TIMINGS:
-            raise ValueError(f"unknown timing {self.timing!r}; choose one of {list(TIMINGS)}")
-        for name in ("timeout", "first_timeout", "startup_timeout", "heartbeat_s", "max_seconds"):
-            value = getattr(self, name)
-            if name == "timeout" and value is None:
-                continue
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
-        if self.verify not in VERIFY_MODES:
-            raise ValueError(f"unknown verification {self.verify!r}; choose one of {list(VERIFY_MODES)}")
+        """Refuse a bad value with an :class:`~rgtune.tuner.options.OptionError` naming it."""
+        check_choice("timing", self.timing, TIMINGS)
+        check_choice("verify", self.verify, VERIFY_MODES)
+        check_positive("timeout", self.timeout, "a positive number of seconds", optional=True)
+        for name in ("first_timeout", "startup_timeout", "heartbeat_s", "max_seconds"):
+            check_positive(name, getattr(self, name), "a positive number of seconds")
+        check_at_least("warmup", self.warmup, 0, "a count of runs, 0 or more")
+        check_at_least("repeats", self.repeats, 1, "a count of runs, 1 or more")
+        check_at_least("verify_rows", self.verify_rows, 1, "a count of rows, 1 or more")
         if self.stop_slower is not None and not self.stop_slower > 1:
-            raise ValueError(f"stop_slower must be a factor above 1 (or None: never stop), got {self.stop_slower}")
-        if self.memory_limit is not None and not self.memory_limit > 0:
-            raise ValueError(f"memory_limit must be a positive number of bytes, got {self.memory_limit}")
-        if self.reference_ms is not None and not self.reference_ms > 0:
-            raise ValueError(f"reference_ms must be a positive time in ms, got {self.reference_ms}")
-
-
-@dataclass
-class MeasureResult:
-    status: str
-    median: float | None = None
-    times: list[float] = field(default_factory=list)
-    compile_seconds: float | None = None
-    max_error: float | None = None
-    source_hash: str | None = None
-    error: str | None = None
-    info: dict[str, Any] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+            raise OptionError("stop_slower", self.stop_slower, "a factor above 1, or off")
+        check_positive("memory_limit", self.memory_limit, "a positive amount of memory", optional=True)
+        check_positive("reference_ms", self.reference_ms, "a positive time in ms", optional=True)
 
 
 # ----------------------------------------------------------------------- worker side
@@ -228,7 +170,7 @@ class _Session:
         # sampled rows of a big graph
         self.verifier = Verifier(self.program, self.graph, training=self.training, base_tolerance=options.tolerance,
                                  mode=options.verify, rows=options.verify_rows)
-        self.device = getattr(self.backend, "device", None) or "cpu"
+        self.device = self.backend.device_type
         self.memory = MemoryBudget("cpu" if self.device == "cpu" else "cuda", options.memory_limit,
                                    share_slots=self.device == "cpu")
         self.torch = torch
@@ -240,7 +182,7 @@ class _Session:
 
     def _start_reference(self) -> None:
         """Compile the default schedule as the paired timing's reference; calibrate its scale unless given."""
-        if getattr(self.backend, "time_runs", None) is not None:
+        if self.backend.times_on_device:
             raise ValueError(f"paired timing alternates host-timed runs; backend {self.w.backend!r} times with "
                              "device events: use timing 'plain'")
         point = self.space.compile(self.space.default())
@@ -265,7 +207,7 @@ class _Session:
         out, dx, grads = train_step(built, kp, self.graph, dev.x, dev.params, dev.dout)
         return {"output": out, "input gradient": dx, **{f"gradient of {n}": g for n, g in grads.items()}}
 
-    def measure(self, config: Mapping[str, Any], seed: int, stop_after: float | None = None) -> MeasureResult:
+    def measure(self, config: Mapping[str, Any], seed: int, stop_after: float | None = None) -> TrialResult:
         """One trial (see the module docstring); ``stop_after``: seconds a first run may take before the
         candidate is stopped (``stopped``)."""
         from rgtune.codegen.base import CompileError
@@ -273,7 +215,7 @@ class _Session:
         self._collect()
         point = self.space.compile(config)
         if not point.valid:
-            return MeasureResult("invalid", error="; ".join(point.problems))
+            return TrialResult("invalid", error="; ".join(point.problems))
         buffers = self.memory.estimate(point.kernels, self.graph)
         # the check's inputs and results take about the same every trial: the last case's size refuses a
         # candidate before the oracle runs (the first trial makes its case first)
@@ -292,10 +234,10 @@ class _Session:
         try:
             built = self.backend.build(point.kernels, self.graph, point.config)
         except CompileError as e:
-            return MeasureResult("compile_error", error=f"{e}\n{e.log}".strip())
+            return TrialResult("compile_error", error=f"{e}\n{e.log}".strip())
         compile_s = time.perf_counter() - t0
         times: list[float] = []
-        median = first = None
+        median = first = paired = None
         with self._exclusive_device() as waited:
             dev = case.on(self.device)
             t2 = time.perf_counter()
@@ -305,46 +247,43 @@ class _Session:
             err, which, tol = self.verifier.error(got, case)
             del got
             reference_s += time.perf_counter() - t3
-            # the oracle's time; the kernels' own run is the first of the warm-up when the candidate is timed
-            base = dict(compile_seconds=compile_s, max_error=err, source_hash=built.source_hash,
-                        info={"cache_hit": built.cache_hit, **built.info, "verify_seconds": reference_s,
-                              "verify_run_seconds": t3 - t2, "verified": case.describe(), "buffer_bytes": buffers,
-                              "estimated_bytes": buffers + self._case_bytes})
-            if tol > self.o.tolerance:
-                base["info"]["tolerance"] = tol  # float32 is this far off on these inputs, or the sums are long
             verified = err < tol  # also False for NaN
             if verified:
-                first, times, median = self._time(built, point.kernels, dev, base["info"], stop_after)
-                base["info"]["first_run_ms"] = first * 1e3  # what the early stop compared
-        if waited():
-            base["info"]["device_wait_s"] = waited()
-        base["info"].update(self.memory.peak())
+                first, times, median, paired = self._time(built, point.kernels, dev, stop_after)
+        # the oracle's time; the kernels' own run is the first of the warm-up when the candidate is timed
+        details = TrialDetails(
+            verified=case.coverage(), verify_seconds=reference_s, verify_run_seconds=t3 - t2,
+            tolerance=tol if tol > self.o.tolerance else None,  # float32 is this far off here, or the sums are long
+            first_run_ms=None if first is None else first * 1e3,  # what the early stop compared
+            paired=paired, device_wait_s=waited(),
+            memory=MemoryUse(self.memory.peak(), buffers, buffers + self._case_bytes),
+            cache_hit=built.cache_hit, build=dict(built.info))
+        measured = dict(compile_seconds=compile_s, max_error=err, source_hash=built.source_hash, details=details)
         if not verified:
             why = which if err == float("inf") else \
                 f"relative error {err:.3g} of the {which} exceeds the tolerance {shown(tol, self.o.tolerance)}"
-            return MeasureResult("wrong_result", error=why, **base)
+            return TrialResult("wrong_result", error=why, **measured)
         if median is None:
             assert first is not None and stop_after is not None
-            return MeasureResult("stopped", error=f"stopped after its first run: {first * 1e3:.4g} ms, over "
-                                 f"{stop_after * 1e3:.4g} ms ({self.o.stop_slower:g} x the best so far)", **base)
-        return MeasureResult("ok", median=median, times=times, **base)
+            return TrialResult("stopped", error=f"stopped after its first run: {first * 1e3:.4g} ms, over "
+                               f"{stop_after * 1e3:.4g} ms ({self.o.stop_slower:g} x the best so far)", **measured)
+        return TrialResult("ok", median=median, times=times, **measured)
 
-    def _refused(self, buffers: int, case_bytes: int, why: str) -> MeasureResult:
+    def _refused(self, buffers: int, case_bytes: int, why: str) -> TrialResult:
         """``out_of_memory`` before building: the candidate's buffers, or they and the check's memory, are over
         a limit (:meth:`MemoryBudget.refusal`)."""
         m = self.memory
-        return MeasureResult("out_of_memory", error=f"refused before running: {why}",
-                             info={"memory_refused": True, "buffer_bytes": buffers,
-                                   "estimated_bytes": buffers + case_bytes, "memory_limit_bytes": m.limit,
-                                   "free_limit_bytes": m.free_limit})
+        memory = MemoryUse(buffer_bytes=buffers, estimated_bytes=buffers + case_bytes, refused=True,
+                           limit_bytes=m.limit, free_limit_bytes=m.free_limit)
+        return TrialResult("out_of_memory", error=f"refused before running: {why}", details=TrialDetails(memory=memory))
 
-    def reverify(self, config: Mapping[str, Any], seeds: Sequence[int], runs: int) -> MeasureResult:
+    def reverify(self, config: Mapping[str, Any], seeds: Sequence[int], runs: int) -> TrialResult:
         """Verify ``config`` again on the inputs of ``seeds``, each run ``runs`` times (no timing);
         ``wrong_result`` at the first output off the float64 reference."""
         self._collect()
         point = self.space.compile(config)
         if not point.valid:
-            return MeasureResult("invalid", error="; ".join(point.problems))
+            return TrialResult("invalid", error="; ".join(point.problems))
         built = self.backend.build(point.kernels, self.graph, point.config)
         worst = 0.0
         for seed in seeds:
@@ -356,14 +295,14 @@ class _Session:
                     self.backend.synchronize()
                     err, which, tol = self.verifier.error(got, case)
                     if not err < tol:
-                        return MeasureResult("wrong_result", max_error=err, source_hash=built.source_hash,
-                                             error=f"relative error {err:.3g} of the {which} exceeds the tolerance "
-                                                   f"{shown(tol, self.o.tolerance)} on fresh input {seed} "
-                                                   f"(run {run + 1} of {runs})",
-                                             info={"inputs": list(seeds), "runs": runs, "verified": case.describe()})
+                        details = TrialDetails(verified=case.coverage(), fresh_inputs=list(seeds), runs_per_input=runs)
+                        return TrialResult("wrong_result", max_error=err, source_hash=built.source_hash,
+                                           error=f"relative error {err:.3g} of the {which} exceeds the tolerance "
+                                                 f"{shown(tol, self.o.tolerance)} on fresh input {seed} "
+                                                 f"(run {run + 1} of {runs})", details=details)
                     worst = max(worst, err)
-        return MeasureResult("ok", max_error=worst, source_hash=built.source_hash,
-                             info={"inputs": list(seeds), "runs": runs, "verified": case.describe()})
+        return TrialResult("ok", max_error=worst, source_hash=built.source_hash,
+                           details=TrialDetails(verified=case.coverage(), fresh_inputs=list(seeds), runs_per_input=runs))
 
     def _collect(self) -> None:
         """Free the last trial's memory before the next: a built program's buffers sit in reference cycles
@@ -387,11 +326,11 @@ class _Session:
         run(x, params)
         self.backend.synchronize()
 
-    def _time(self, built: Any, kp: Any, dev: Case, info: dict[str, Any],
-              stop_after: float | None) -> tuple[float, list[float], float | None]:
-        """The first run's seconds, the candidate's timed runs (seconds) and the trial's time: their median, or
-        paired with the reference (then ``info`` gets the ratio, the scale and the reference's time now); no
-        timed runs and None when the first run took longer than ``stop_after``. A training workload's run is
+    def _time(self, built: Any, kp: Any, dev: Case,
+              stop_after: float | None) -> tuple[float, list[float], float | None, PairedTiming | None]:
+        """The first run's seconds, the candidate's timed runs (seconds), the trial's time (their median, or
+        paired with the reference) and, paired, the ratio, the scale and the reference's time now; no timed
+        runs and None when the first run took longer than ``stop_after``. A training workload's run is
         one training step, timed on the host around a synchronization. The verification's run and the first run are
         two of the warm-up's."""
         x, params = dev.x, dev.params
@@ -409,23 +348,21 @@ class _Session:
         run()
         first = time.perf_counter() - t
         if stop_after is not None and first > stop_after:
-            return first, [], None
+            return first, [], None, None
         o = replace(self.o, warmup=max(0, self.o.warmup - 2))  # the verification's run and the first one
-        timer = getattr(self.backend, "time_runs", None)
-        if timer is not None and not self.training:  # GPU backends time forwards with events
-            times = list(timer(built, x, params, o.warmup, o.repeats))
-            return first, times, statistics.median(times)
+        if self.backend.times_on_device and not self.training:  # GPU backends time forwards with events
+            times = list(self.backend.time_runs(built, x, params, o.warmup, o.repeats))
+            return first, times, statistics.median(times), None
         if self.reference_run is None or self.training:
             times = _plain_times(run, o)
-            return first, times, statistics.median(times)
+            return first, times, statistics.median(times), None
         reference, scale_ms = self.reference_run, self.reference_ms
         assert scale_ms is not None  # calibrated with the reference
         # the full warm-up: it warms the reference too (in a restarted worker it has not run yet)
         times, reference_times = paired_times(run, lambda: self._run(reference, x, params), self.o)
         ratio = statistics.median(c / r for c, r in zip(times, reference_times))
-        info.update(timing="paired", vs_reference=ratio, reference_ms=scale_ms,
-                    reference_now_ms=statistics.median(reference_times) * 1e3)
-        return first, times, ratio * scale_ms / 1e3
+        paired = PairedTiming(ratio, scale_ms, statistics.median(reference_times) * 1e3)
+        return first, times, ratio * scale_ms / 1e3, paired
 
 
 def _plain_times(run: Callable[[], Any], options: MeasureOptions) -> list[float]:
@@ -514,11 +451,10 @@ def _worker_main(conn: Any, workload: Workload, options: MeasureOptions, parent:
             result = session.measure(*args) if kind == "measure" else session.reverify(*args)
         except Exception as e:  # noqa: BLE001 - any failure of the kernel is this trial's result
             status = "out_of_memory" if is_out_of_memory(e) else "runtime_error"
-            result = MeasureResult(status, error=f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}")
+            result = TrialResult(status, error=f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}")
             if getattr(e, "poisons_process", False):
                 # e.g. a CUDA illegal address: the context is unusable; the parent starts a fresh worker
-                result.info["worker_exits"] = True
-                conn.send(("result", result))
+                conn.send(("last_result", result))
                 return
         conn.send(("result", result))
 
@@ -595,15 +531,16 @@ class MeasureWorker:
         self._started = True
         return self.device_info
 
-    def measure(self, config: Mapping[str, Any], seed: int = 0, best: float | None = None) -> MeasureResult:
+    def measure(self, config: Mapping[str, Any], seed: int = 0, best: float | None = None) -> TrialResult:
         """One trial; never raises for a fault of the kernel (see the module docstring). ``best``: the best
         time so far (seconds): a candidate whose first run takes ``stop_slower`` times longer is stopped."""
         stop = self.options.stop_slower
         # a first run of a few ms says little (cold caches) and stopping it saves nothing
         stop_after = max(best * stop, STOP_MIN_S) if best is not None and stop is not None else None
         result = self._request(("measure", dict(config), seed, stop_after))
-        if result.status in ("ok", "stopped") and "elapsed" in result.info:
-            self._slowest = max(self._slowest or 0.0, result.info["elapsed"])
+        elapsed = result.details.elapsed_s
+        if result.status in ("ok", "stopped") and elapsed is not None:
+            self._slowest = max(self._slowest or 0.0, elapsed)
         return result
 
     @property
@@ -615,19 +552,19 @@ class MeasureWorker:
             return self.options.first_timeout
         return max(ADAPTIVE_TIMEOUT_MIN, ADAPTIVE_TIMEOUT_FACTOR * self._slowest)
 
-    def reverify(self, config: Mapping[str, Any], seeds: Sequence[int], runs: int = 2) -> MeasureResult:
+    def reverify(self, config: Mapping[str, Any], seeds: Sequence[int], runs: int = 2) -> TrialResult:
         """``config`` verified again on the inputs of ``seeds``, each run ``runs`` times, not timed:
         ``ok`` (``max_error`` the largest error seen) or ``wrong_result`` (see the module docstring)."""
         return self._request(("verify", dict(config), list(seeds), runs))
 
-    def _request(self, message: tuple[Any, ...]) -> MeasureResult:
+    def _request(self, message: tuple[Any, ...]) -> TrialResult:
         if self._proc is None or not self._proc.is_alive():
             if self._started:
                 self.restarts += 1  # the last worker hung or crashed
                 try:
                     self.start()
                 except WorkerStartError as e:  # e.g. out of memory or disk for a moment: this trial's outcome
-                    return MeasureResult("failed", error=f"the measurement worker could not be restarted: {e}")
+                    return TrialResult("failed", error=f"the measurement worker could not be restarted: {e}")
             else:
                 self.start()
         t0 = time.perf_counter()
@@ -642,8 +579,8 @@ class MeasureWorker:
             adaptive = "" if self.options.timeout is not None else \
                 (" (the first trial's limit)" if self._slowest is None else
                  f" ({ADAPTIVE_TIMEOUT_FACTOR:g} x the slowest verified trial so far, at least {ADAPTIVE_TIMEOUT_MIN:g} s)")
-            return MeasureResult("timeout", error=f"no result within {self.timeout:g} s{adaptive}; worker killed",
-                                 info={"elapsed": time.perf_counter() - t0, "timeout_s": self.timeout})
+            return TrialResult("timeout", error=f"no result within {self.timeout:g} s{adaptive}; worker killed",
+                               details=TrialDetails(elapsed_s=time.perf_counter() - t0, timeout_s=self.timeout))
         try:
             kind, result = self._conn.recv()
         except (EOFError, ConnectionResetError, OSError):
@@ -651,18 +588,18 @@ class MeasureWorker:
             code = self._proc.exitcode
             self._proc = None
             if code == -signal.SIGKILL and _oom_kills() > oom_kills:  # the kernel's out-of-memory killer
-                return MeasureResult("out_of_memory", error="the worker was killed by the system's out-of-memory "
-                                     "killer (SIGKILL); worker restarted")
-            return MeasureResult("runtime_error", error=f"the kernel crashed its process ({_exit_reason(code)}); "
-                                 "worker restarted")
-        result.info["elapsed"] = time.perf_counter() - t0
-        if result.info.pop("worker_exits", False):
+                return TrialResult("out_of_memory", error="the worker was killed by the system's out-of-memory "
+                                   "killer (SIGKILL); worker restarted")
+            return TrialResult("runtime_error", error=f"the kernel crashed its process ({_exit_reason(code)}); "
+                               "worker restarted")
+        result = result.with_details(elapsed_s=time.perf_counter() - t0)
+        if kind == "last_result":  # the worker exits after it (its process is unusable)
             self._proc.join(10)
             self._proc = None
-        scale = result.info.get("reference_ms")
-        if scale and self.options.reference_ms is None:
+        paired = result.details.paired
+        if paired is not None and self.options.reference_ms is None:
             # a restarted worker times on the same scale instead of calibrating its own
-            self.options = replace(self.options, reference_ms=scale)
+            self.options = replace(self.options, reference_ms=paired.reference_ms)
         return result
 
     def _wait(self, t0: float) -> bool:
@@ -700,7 +637,7 @@ class MeasureWorker:
 
 def measure_rounds(workload: Workload, configs: Mapping[str, Mapping[str, Any]], rounds: int,
                    options: MeasureOptions | None = None,
-                   on_result: Callable[[str, int, MeasureResult], None] | None = None) -> dict[str, list[float | None]]:
+                   on_result: Callable[[str, int, TrialResult], None] | None = None) -> dict[str, list[float | None]]:
     """Each configuration's time (seconds, the trial's median; None unless ``ok``) in each of ``rounds``.
 
     One worker measures them all, every round in a new shuffled order (seeded by the round), so that a
@@ -710,6 +647,7 @@ def measure_rounds(workload: Workload, configs: Mapping[str, Mapping[str, Any]],
     result)`` sees every measurement as it finishes (e.g. to record it as a trial).
 
     Example:
+        >>> from rgtune.tuner.workload import Workload
         >>> w = Workload("rgcn", "synthetic:custom,nodes=300,edges=2000,ntypes=2,rels=3", 8, 8, 1, "reference")
         >>> t = measure_rounds(w, {"default": {}}, rounds=2, options=MeasureOptions(repeats=2, warmup=1))
         >>> len(t["default"]), all(x > 0 for x in t["default"])
@@ -741,31 +679,31 @@ def interleaved(names: Iterable[str], rounds: int, salt: str = "") -> Iterator[t
         yield from ((rnd, name) for name in order)
 
 
-def combine_measurements(results: Sequence[MeasureResult]) -> MeasureResult:
+def combine_measurements(results: Sequence[TrialResult]) -> TrialResult:
     """One schedule's ``ok`` measurements as one: the median of their times (each one's median), their
-    runs together, the largest error; ``info`` is the first one's, with ``measurements_ms`` (each one's
-    time), ``device_wait_s`` their waits for the GPU summed, and, when paired, ``vs_reference`` the median
-    of their ratios.
+    runs together, the largest error; the details are the first one's, with ``measurements_ms`` (each
+    one's time), ``device_wait_s`` their waits for the GPU summed, and, when paired, ``vs_reference`` the
+    median of their ratios.
 
     Example:
-        >>> r = combine_measurements([MeasureResult("ok", median=m, times=[m, m], max_error=e)
+        >>> r = combine_measurements([TrialResult("ok", median=m, times=[m, m], max_error=e)
         ...                           for m, e in ((0.003, 1e-6), (0.002, 3e-6), (0.009, 2e-6))])
-        >>> r.median, len(r.times), r.max_error, r.info["measurements_ms"]
+        >>> r.median, len(r.times), r.max_error, r.details.measurements_ms
         (0.003, 6, 3e-06, [3.0, 2.0, 9.0])
     """
     if not results or any(r.status != "ok" or r.median is None for r in results):
         raise ValueError("combine_measurements takes one or more ok measurements")
     first = results[0]
-    info = {**first.info, "measurements_ms": [r.median * 1e3 for r in results]}
-    waited = sum(r.info.get("device_wait_s", 0.0) for r in results)
-    if waited:
-        info["device_wait_s"] = waited
-    ratios = [r.info["vs_reference"] for r in results if "vs_reference" in r.info]
-    if len(ratios) == len(results):
-        info["vs_reference"] = statistics.median(ratios)
+    ratios = [r.details.paired.vs_reference for r in results if r.details.paired is not None]
+    paired = first.details.paired
+    if paired is not None and len(ratios) == len(results):
+        paired = replace(paired, vs_reference=statistics.median(ratios))
+    details = replace(first.details, measurements_ms=[r.median * 1e3 for r in results],
+                      device_wait_s=sum(r.details.device_wait_s for r in results), paired=paired)
     errors = [r.max_error for r in results if r.max_error is not None]
     return replace(first, median=statistics.median(r.median for r in results),
-                   times=[t for r in results for t in r.times], max_error=max(errors) if errors else None, info=info)
+                   times=[t for r in results for t in r.times], max_error=max(errors) if errors else None,
+                   details=details)
 
 
 def median_ok(times: Sequence[float | None]) -> float | None:

@@ -3,7 +3,7 @@
 **Budget.** Before a candidate is built, its buffers are estimated
 (:func:`~rgtune.codegen.buffer_plan.footprint_bytes`: per-edge and per-pair buffers, slots shared where
 the backend plans them, params, index arrays). A candidate is refused, and recorded as
-``out_of_memory`` (with ``info["memory_refused"]``), when
+``out_of_memory`` (with ``details.memory.refused``), when
 
 * its buffers are over the user's limit (``MeasureOptions.memory_limit``, bytes; ``tune
   --memory-limit GB``): what the schedule may take where it will run, in a training loop, say. So a
@@ -15,7 +15,7 @@ the backend plans them, params, index arrays). A candidate is refused, and recor
   hold. On a big graph one careless candidate (a per-edge buffer per head and feature materialized
   for a 42M-edge graph) would otherwise take the machine's memory and the study with it.
 
-**Peak.** A trial records its peak memory (``info["peak_bytes"]``: growth over the worker's memory
+**Peak.** A trial records its peak memory (``details.memory.peak_bytes``: growth over the worker's memory
 when the trial started, compiled kernels, workspace, verification and timing included):
 
 * CPU: the resident set's high-water mark (``VmHWM``), reset at the trial's start through
@@ -29,7 +29,8 @@ Example:
     >>> m.start()
     >>> buf = mmap.mmap(-1, 50_000_000)  # fresh pages: a heap block could reuse pages already resident
     >>> _ = buf.write(b"x" * 50_000_000)  # written, so resident
-    >>> m.peak().get("peak_bytes", 50_000_000) >= 40_000_000
+    >>> peak = m.peak()   # None where it cannot be measured
+    >>> peak is None or peak >= 40_000_000
     True
 """
 
@@ -170,13 +171,13 @@ class MemoryBudget:
             torch.cuda.reset_peak_memory_stats()
             self._base = int(torch.cuda.memory_allocated())
 
-    def peak(self) -> dict[str, int]:
-        """``{"peak_bytes": growth over the baseline}`` since :meth:`start` (empty where unmeasurable)."""
+    def peak(self) -> int | None:
+        """Bytes of growth over the baseline since :meth:`start` (None where unmeasurable)."""
         if self._base is None:
-            return {}
+            return None
         if self.device == "cpu":
             high = status_bytes("VmHWM")
-            return {} if high is None else {"peak_bytes": max(0, high - self._base)}
+            return None if high is None else max(0, high - self._base)
         import torch
 
-        return {"peak_bytes": max(0, int(torch.cuda.max_memory_allocated()) - self._base)}
+        return max(0, int(torch.cuda.max_memory_allocated()) - self._base)

@@ -54,7 +54,8 @@ run with the reason.
 
 Example:
     >>> from rgtune.db import TrialDatabase
-    >>> from rgtune.tuner.measure import MeasureOptions, Workload
+    >>> from rgtune.tuner.measure import MeasureOptions
+    >>> from rgtune.tuner.workload import Workload
     >>> import tempfile, os
     >>> d = tempfile.mkdtemp()
     >>> db = TrialDatabase(f"sqlite:///{os.path.join(d, 'results.db')}")
@@ -70,16 +71,18 @@ from __future__ import annotations
 import statistics
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from rgtune.codegen.base import backend_target
 from rgtune.db.liveness import worker_alive, worker_id
+from rgtune.db.trial_result import TrialDetails, TrialResult
 from rgtune.tuner.confirmation import Confirmation, Confirmed
-from rgtune.tuner.measure import (MeasureOptions, MeasureResult, MeasureWorker, WorkerStartError, Workload,
-                                  combine_measurements)
+from rgtune.tuner.measure import MeasureOptions, MeasureWorker, WorkerStartError, combine_measurements
+from rgtune.tuner.options import OptionError, check_at_least, check_choice, check_positive
 from rgtune.tuner.proposals import Proposal, ProposalPool
+from rgtune.tuner.workload import Workload
 
 if TYPE_CHECKING:
     import optuna
@@ -114,8 +117,8 @@ class LearningGuide(Guide, Protocol):
         """Attach to the workload being tuned (train on the history); returns a status line."""
         ...
 
-    def observe(self, config: Mapping[str, Any], point: Any, median_ms: float | None) -> None:
-        """A measured trial finished (``median_ms`` None: it did not verify or failed)."""
+    def observe(self, config: Mapping[str, Any], point: Any, result: TrialResult) -> None:
+        """A measured trial finished (only an ``ok`` one has a time: :attr:`TrialResult.ok_ms`)."""
         ...
 
     def close(self) -> None:
@@ -173,6 +176,22 @@ class TuneOptions:
     confirm_share: float | None = 0.25
     recheck: int = 3  # a measurement beating the best so far is repeated to this many; the median counts (1: off)
     reverify_inputs: int = 3  # at the end, the best schedule is verified again on this many fresh inputs
+
+    def __post_init__(self) -> None:
+        """Refuse a bad value with an :class:`~rgtune.tuner.options.OptionError` naming it."""
+        if self.trials is not None:
+            check_at_least("trials", self.trials, 1, "a count of trials, 1 or more")
+        check_positive("time_budget", self.time_budget, "a positive number of seconds", optional=True)
+        check_choice("sampler", self.sampler, SAMPLERS)
+        check_at_least("max_proposals_per_trial", self.max_proposals_per_trial, 1, "a count of proposals, 1 or more")
+        if self.confirm_top == 1:  # one schedule has nothing to be compared with
+            raise OptionError("confirm_top", 1, "0 (off) or at least 2 schedules to compare")
+        check_at_least("confirm_top", self.confirm_top, 0, "0 (off) or at least 2 schedules to compare")
+        check_at_least("confirm_rounds", self.confirm_rounds, 1, "a count of rounds, 1 or more")
+        if self.confirm_share is not None and not 0 < self.confirm_share <= 1:
+            raise OptionError("confirm_share", self.confirm_share, "a share of the search's time in (0, 1]")
+        check_at_least("recheck", self.recheck, 1, "a count of measurements of a new best, 1 or more (1: off)")
+        check_at_least("reverify_inputs", self.reverify_inputs, 1, "a count of fresh inputs, 1 or more")
 
 
 @dataclass
@@ -237,18 +256,6 @@ class Tuner:
         self.options = options or TuneOptions()
         self.rechecked = 0  # trials of this run measured again as a new best (see ``recheck``)
         self.over_memory = 0  # proposals left out of ranked pools: over the worker's memory limit (``_compile``)
-        if self.options.sampler not in SAMPLERS:
-            raise ValueError(f"unknown sampler {self.options.sampler!r}; choose one of {list(SAMPLERS)}")
-        if self.options.confirm_top < 0 or self.options.confirm_top == 1 or self.options.confirm_rounds < 1:
-            raise ValueError(f"confirm_top must be 0 (off) or >= 2 schedules to compare and confirm_rounds >= 1, got "
-                             f"{self.options.confirm_top} and {self.options.confirm_rounds}")
-        share = self.options.confirm_share
-        if share is not None and not 0 < share <= 1:
-            raise ValueError(f"confirm_share must be a share of the search's time in (0, 1] (None: no limit), got {share}")
-        if self.options.recheck < 1:
-            raise ValueError(f"recheck must be >= 1 measurements of a new best (1: off), got {self.options.recheck}")
-        if self.options.reverify_inputs < 1:
-            raise ValueError(f"reverify_inputs must be >= 1 fresh inputs, got {self.options.reverify_inputs}")
         self._restart_failures = 0  # failed restarts of the measurement worker in a row
         self._walls: list[float] = []  # seconds of each ok measurement of this run (the confirmation budgets them)
 
@@ -324,7 +331,9 @@ class Tuner:
 
     @staticmethod
     def _latest_study_name(storage: Any, base: str) -> str:
-        names = [s.study_name for s in storage.get_all_studies() if s.study_name.startswith(base)]
+        import optuna
+
+        names = [n for n in optuna.get_all_study_names(storage) if n.startswith(base)]
         return max(names, key=lambda n: (len(n), n)) if names else base
 
     def _fail_abandoned_optuna_trials(self) -> None:
@@ -341,7 +350,7 @@ class Tuner:
                 started = (t.datetime_start or datetime.now()).astimezone(UTC).replace(tzinfo=None)
                 alive = worker_alive(t.user_attrs.get("rgtune.worker", ""), started)
             if not alive:
-                self.study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
+                self.study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
 
     # ------------------------------------------------------------------ loop
     def run(self) -> TuneSummary:
@@ -394,7 +403,6 @@ class Tuner:
                     budget_s=None if opts.confirm_share is None else
                     max(CONFIRM_MIN_BUDGET_S, opts.confirm_share * (time.time() - start)),
                     measurement_s=statistics.median(self._walls) if self._walls else None,
-                    record=self._record,
                     progress=(lambda **kw: _progress(opts, **kw)) if opts.progress else None).run()
                 interrupted = confirmed is not None and not confirmed.finished
         finally:
@@ -402,7 +410,7 @@ class Tuner:
             guide_info = self._close_guide()
         return self._summary(proposed, measured, statuses, time.time() - start, interrupted, guide_info, confirmed)
 
-    def _single_round(self) -> tuple[dict[str, Any], Any, MeasureResult]:
+    def _single_round(self) -> tuple[dict[str, Any], Any, TrialResult]:
         """Ask the study for one candidate; prune or measure it; tell the study."""
         import optuna
         from optuna.trial import TrialState
@@ -419,7 +427,7 @@ class Tuner:
             self.db.finish_trial(tid, "failed", error="interrupted (Ctrl-C)")
             self.study.tell(trial, state=TrialState.FAIL)
             raise
-        self._record(tid, result)
+        self.db.record_result(tid, result)
         state, value = _optuna_outcome(result)
         told = self.study.tell(trial, value, state=state, skip_if_finished=True)
         if told.state != state:
@@ -430,7 +438,7 @@ class Tuner:
                 user_attrs={"rgtune.trial_id": tid, "rgtune.worker": worker_id()}))
         return config, point, result
 
-    def _pool_round(self, pool: int) -> tuple[dict[str, Any], Any, MeasureResult]:
+    def _pool_round(self, pool: int) -> tuple[dict[str, Any], Any, TrialResult]:
         """Propose ``pool`` candidates, measure the ranking guide's pick, add it to the study."""
         from optuna.trial import create_trial
 
@@ -451,7 +459,7 @@ class Tuner:
         except KeyboardInterrupt:
             self.db.finish_trial(tid, "failed", error="interrupted (Ctrl-C)")
             raise
-        self._record(tid, result)
+        self.db.record_result(tid, result)
         state, value = _optuna_outcome(result)
         self.study.add_trial(create_trial(state=state, value=value, params=chosen.params,
                                           distributions=chosen.distributions,
@@ -481,21 +489,21 @@ class Tuner:
         return not self._proposals.sync(self.study)
 
     def _evaluate(self, tid: int, config: dict[str, Any], point: Any, number: int, *, ranked: bool = False,
-                  predicted: float | None = None) -> MeasureResult:
+                  predicted: float | None = None) -> TrialResult:
         """Skip or measure one candidate (``ranked``: a ranking guide chose it out of a pool, ``predicted``)."""
         if not point.valid:  # recorded, never compiled
-            return MeasureResult("invalid", error="; ".join(point.problems))
+            return TrialResult("invalid", error="; ".join(point.problems))
         if not ranked and self.options.guide is not None:
             skip, predicted = self.options.guide(config, point)
             if skip:
-                return MeasureResult("pruned", info={"predicted_ms": predicted})
+                return TrialResult("pruned", details=TrialDetails(predicted_ms=predicted))
         seed = (self.options.seed or 0) * 1_000_003 + number
         result = self._measure(tid, config, seed)
         if predicted is not None:  # recorded next to the measurement: how good the model is, online
-            result.info["predicted_ms"] = predicted
+            result = result.with_details(predicted_ms=predicted)
         return result
 
-    def _measure(self, tid: int, config: dict[str, Any], seed: int) -> MeasureResult:
+    def _measure(self, tid: int, config: dict[str, Any], seed: int) -> TrialResult:
         """Measure a candidate (trial ``tid``); one that beats the best so far ``recheck`` times in all (see the
         module docstring)."""
         best = self._best_s()
@@ -506,19 +514,18 @@ class Tuner:
         while len(measurements) < self.options.recheck:
             again = self._measure_once(tid, config, seed, best)
             if again.status != "ok":  # it verified and ran once: whatever failed now is the trial's outcome
-                again.error = (f"{again.error or again.status} (in measurement {len(measurements) + 1} of "
-                               f"{self.options.recheck}; the first was ok)")
-                return again
+                return replace(again, error=f"{again.error or again.status} (in measurement {len(measurements) + 1} "
+                                            f"of {self.options.recheck}; the first was ok)")
             measurements.append(again)
         self.rechecked += 1
         return combine_measurements(measurements)
 
-    def _measure_once(self, tid: int, config: dict[str, Any], seed: int, best: float | None) -> MeasureResult:
+    def _measure_once(self, tid: int, config: dict[str, Any], seed: int, best: float | None) -> TrialResult:
         """One measurement; a worker that cannot be restarted costs the trial, and :data:`MAX_RESTART_FAILURES`
         in a row end the run."""
         result = self.worker.measure(config, seed=seed, best=best)
-        if result.status == "ok" and "elapsed" in result.info:
-            self._walls.append(result.info["elapsed"])  # what a confirmation's measurement will cost
+        if result.status == "ok" and result.details.elapsed_s is not None:
+            self._walls.append(result.details.elapsed_s)  # what a confirmation's measurement will cost
         if result.status == "failed" and (result.error or "").startswith("the measurement worker could not be restarted"):
             self._restart_failures += 1
             if self._restart_failures >= MAX_RESTART_FAILURES:
@@ -534,16 +541,15 @@ class Tuner:
         best = self.db.best(self.record)
         return None if best is None or best.median_ms is None else best.median_ms / 1e3
 
-    def _beats_best(self, result: MeasureResult, best: float | None) -> bool:
+    def _beats_best(self, result: TrialResult, best: float | None) -> bool:
         """Whether ``result`` is faster than ``best`` (seconds; None: nothing verified yet)."""
         if result.status != "ok" or result.median is None:
             return False
         return best is None or result.median < best
 
-    def _observe(self, config: dict[str, Any], point: Any, result: MeasureResult) -> None:
+    def _observe(self, config: dict[str, Any], point: Any, result: TrialResult) -> None:
         if self._learner is not None and result.status != "invalid":
-            ms = result.median * 1e3 if result.status == "ok" and result.median is not None else None
-            self._learner.observe(config, point, ms)
+            self._learner.observe(config, point, result)
 
     def _close_guide(self) -> dict[str, Any] | None:
         if self._learner is None:
@@ -552,9 +558,6 @@ class Tuner:
         info = self._learner.describe()
         self.study.set_user_attr("rgtune.guide", info)
         return info
-
-    def _record(self, tid: int, r: MeasureResult) -> None:
-        record_measurement(self.db, tid, r)
 
     # ------------------------------------------------------------------ reporting
     def default_ms(self) -> float | None:
@@ -569,14 +572,14 @@ class Tuner:
                 return rec
         return None
 
-    def _update_progress(self, bar: Any, result: MeasureResult, start: float) -> None:
+    def _update_progress(self, bar: Any, result: TrialResult, start: float) -> None:
         if bar is None:
             return
         best = self.db.best(self.record)
         default = self.default_ms()
         post = {"last": result.status}
         if result.status == "pruned":
-            predicted = result.info.get("predicted_ms")
+            predicted = result.details.predicted_ms
             post["last"] = "pruned" + (f" (predicted {predicted:.3g} ms)" if predicted else "")
         if best is not None:
             post["best"] = f"{best.median_ms:.3g} ms"
@@ -608,17 +611,6 @@ class Tuner:
 
 
 # ---------------------------------------------------------------------- helpers
-def record_measurement(db: "TrialDatabase", trial_id: int, result: MeasureResult) -> None:
-    """Finish a started trial with a measurement's outcome (times in ms, the prediction if it had one)."""
-    ms = None if result.median is None else result.median * 1e3
-    db.finish_trial(
-        trial_id, result.status, median_ms=ms, times_ms=[t * 1e3 for t in result.times] or None,
-        compile_s=result.compile_seconds, max_error=result.max_error,
-        error=result.error, source_hash=result.source_hash, predicted_ms=result.info.get("predicted_ms"),
-        peak_bytes=result.info.get("peak_bytes", result.info.get("estimated_bytes") if result.info.get("memory_refused")
-                                   else None),
-        details=result.info or None)
-
 def _progress(opts: TuneOptions, total: int | None = None, desc: str = "tuning") -> Any:
     if not opts.progress:
         return None
@@ -627,12 +619,12 @@ def _progress(opts: TuneOptions, total: int | None = None, desc: str = "tuning")
     return tqdm(total=opts.trials if total is None else total, unit="trial", dynamic_ncols=True, desc=desc)
 
 
-def _optuna_outcome(result: MeasureResult) -> tuple["optuna.trial.TrialState", float | None]:
+def _optuna_outcome(result: TrialResult) -> tuple["optuna.trial.TrialState", float | None]:
     """What Optuna is told of a trial: complete with its time in ms, pruned, or failed."""
     from optuna.trial import TrialState
 
-    if result.status == "ok" and result.median is not None:
-        return TrialState.COMPLETE, result.median * 1e3
+    if result.ok_ms is not None:
+        return TrialState.COMPLETE, result.ok_ms
     # a candidate over the memory limit is pruned too: TPE counts pruned trials among the bad ones and steers
     # away (a failed trial it ignores, and on a big graph it kept proposing schedules that would not fit)
     return (TrialState.PRUNED if result.status in ("pruned", "stopped", "out_of_memory") else TrialState.FAIL), None

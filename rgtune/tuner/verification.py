@@ -16,7 +16,7 @@ the whole graph. In training mode ``dout`` is zero outside the sampled rows, so 
 the input and of every parameter that the kernels compute on the whole graph depend only on the
 neighbourhood too, and are checked whole (the input gradient is zero outside the neighbourhood's
 nodes, and checked to be). The sample is new for every seed; what it covered is in
-:meth:`Case.describe` (the trial's ``info["verified"]``).
+:meth:`Case.coverage` (the trial's ``details.verified``).
 
 **Tolerances.** A result's relative error is ``max|got - expected| / max|expected|``. Its
 tolerance is the largest of: the base (``1e-4``); :data:`FLOAT32_MARGIN` times the error of the
@@ -34,7 +34,7 @@ Example:
     >>> g = random_graph((300, 300), num_relations=3, num_edges=3000, seed=0)
     >>> v = Verifier(build_model("rgcn", 8, 8), g, training=True, mode="sampled", rows=32)
     >>> case = v.case(seed=0)
-    >>> case.describe()["rows"], sorted(case.expected)
+    >>> case.coverage().rows, sorted(case.expected)
     (32, ['gradient of bias', 'gradient of root', 'gradient of weight', 'input gradient', 'output'])
 """
 
@@ -48,6 +48,7 @@ import torch
 
 from rgtune.data.graph import HeteroGraph
 from rgtune.data.neighbourhood import Neighbourhood, in_neighbourhood, sample_destinations
+from rgtune.db.trial_result import Coverage
 from rgtune.ir.interpret import Interpreter, random_params
 
 __all__ = ["Case", "Verifier", "FLOAT32_MARGIN", "REDUCTION_MARGIN", "SAMPLE_ABOVE_EDGES", "VERIFY_MODES",
@@ -139,9 +140,9 @@ class Case:
             held += max((e.value.numel() * 8 for e in self.expected.values()), default=0)
         return held
 
-    def describe(self) -> dict[str, Any]:
-        """What this case checks, as JSON values: ``{"rows": "all"}`` or the sample's rows, nodes, edges."""
-        return {"rows": "all"} if self.hood is None else {"sampled": True, **self.hood.describe()}
+    def coverage(self) -> Coverage:
+        """What this case checks: every row, or the sample's rows, nodes, edges and longest in-edge list."""
+        return Coverage() if self.hood is None else Coverage(**self.hood.describe())
 
 
 class Verifier:

@@ -39,7 +39,8 @@ class CpuBackend(Backend):
 
     name = "cpu"
     target = "cpu"
-    trains = True  # training programs run in two phases (CpuRuntime.run_forward / run_backward)
+    training = "phases"  # CpuRuntime.run_forward / run_backward
+    generates_sources = True
 
     @classmethod
     def available(cls) -> tuple[bool, str]:

@@ -29,7 +29,7 @@ import dataclasses
 from typing import Callable, Mapping
 
 from rgtune.codegen.cfamily import CEmitter, helper_functions
-from rgtune.ir.kernels import Acc, ConcatE, Expr, GraphLoad, InnerE, Load, ParamLoad, ReduceE
+from rgtune.ir.kernels import Acc, ConcatE, Expr, GraphLoad, InnerE, Load, ParamLoad, ReduceE, SliceE
 
 #: graph index arrays a kernel may read, in the order they appear in kernel signatures
 GRAPH_ARRAYS = ("node_type", "e_src", "e_dst", "e_rel", "e_rel_order", "csr_indptr", "e_sp", "e_dp",
@@ -100,7 +100,7 @@ class Emitter(CEmitter):
 
     ``leaf_subst[e]`` is the same for a value that holds only at the element being computed (a
     component of a vector load at ``(h, d0 + c)``): it is not used inside an inner product, a
-    sum over features or heads, or a concatenation, whose operands are read at other ``(h, d)``
+    sum over features or heads, a concatenation or a slice, whose operands are read at other ``(h, d)``
     (the same load may occur inside and outside one: ``dout@dst * sum_dim(dout@dst * v)``).
     """
 
@@ -117,7 +117,7 @@ class Emitter(CEmitter):
             f = self.leaf_subst.get(e)
         if f is not None:
             return f(h if e.heads > 1 else "0", d if e.dim > 1 else "0")
-        if isinstance(e, (InnerE, ReduceE, ConcatE)):
+        if isinstance(e, (InnerE, ReduceE, ConcatE, SliceE)):
             self._elsewhere += 1
             try:
                 return super().element(e, h, d)

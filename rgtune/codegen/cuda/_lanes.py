@@ -20,7 +20,7 @@ Example:
 from __future__ import annotations
 
 from rgtune.codegen.cuda._expr import Emitter, warp_reductions
-from rgtune.ir.kernels import ConcatE, Expr, InnerE, KernelProgram, Load, ParamLoad, ReduceE, expr_str
+from rgtune.ir.kernels import ConcatE, Expr, InnerE, KernelProgram, Load, ParamLoad, ReduceE, SliceE, expr_str
 
 _COMP = "xyzw"
 
@@ -33,7 +33,7 @@ def vector_leaves(exprs: list[Expr], dim: int, vw: int, kp: KernelProgram) -> li
     out: list[Expr] = []
 
     def visit(e: Expr) -> None:
-        if isinstance(e, (InnerE, ConcatE, ReduceE)):
+        if isinstance(e, (InnerE, ConcatE, ReduceE, SliceE)):
             return  # indexed by the reduction variable / shifted: scalar loads
         if isinstance(e, Load) and e.dim == dim and dim % vw == 0 and e not in out:
             out.append(e)

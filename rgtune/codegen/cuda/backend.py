@@ -45,10 +45,11 @@ class CudaBackend(Backend):
     name = "cuda"
     target = "cuda"
     #: training programs build too: their scatter and weight-gradient kernels are generated (:mod:`._scatter`,
-    #: :mod:`._weightgrad`)
-    trains = True
-    #: where inputs and params must live (the tuner moves them there)
-    device = "cuda"
+    #: :mod:`._weightgrad`), and run in two phases
+    training = "phases"
+    device_type = "cuda"
+    generates_sources = True
+    times_on_device = True
 
     def __init__(self, epilogue: str = "auto", cache: bool = True, graphs: bool | None = None) -> None:
         """``graphs``: replay each program as a recorded CUDA graph (see :class:`~.runtime.CudaProgram`);

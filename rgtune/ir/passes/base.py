@@ -2,9 +2,11 @@
 
 A pass declares, for a given program and graph, the knobs that matter there
 (:meth:`Pass.knobs`; a knob whose pattern does not occur is not declared), the constraints
-between knob values (:meth:`Pass.constraints`), and applies a configuration
-(:meth:`Pass.apply`). The tuner never names a knob: it collects them from the registered
-passes and kernel templates (:mod:`rgtune.search_spaces`).
+between knob values (:meth:`Pass.constraints`), applies a configuration (:meth:`Pass.apply`:
+a rewrite of the program), and records what lowering must do differently in the
+:class:`~rgtune.ir.plan.LoweringPlan` (:meth:`Pass.plan`: the layout, fusion choices; a frozen
+dataclass whose fields are the knobs'). The tuner never names a knob: it collects them from the
+registered passes and kernel templates (:mod:`rgtune.search_spaces`).
 
 Example: a pass with one knob, registered for every program.
 
@@ -30,6 +32,7 @@ from rgtune.ir.program import IRError, Program
 
 if TYPE_CHECKING:  # the graph is only read
     from rgtune.data.graph import HeteroGraph
+    from rgtune.ir.plan import LoweringPlan
 
 __all__ = ["Knob", "Constraint", "Pass", "KnobError", "register_pass", "unregister_pass", "registered_passes", "create"]
 
@@ -93,6 +96,10 @@ class Pass(ABC):
     @abstractmethod
     def apply(self, program: Program, config: Mapping[str, Any], graph: "HeteroGraph | None") -> Program:
         """Rewrite ``program``; ``config`` holds a value for every knob (defaults filled in)."""
+
+    def plan(self, plan: "LoweringPlan", config: Mapping[str, Any]) -> "LoweringPlan":
+        """``plan`` with this pass's decisions for lowering (``dataclasses.replace``); unchanged by default."""
+        return plan
 
 
 _REGISTRY: list[Pass] = []

@@ -16,13 +16,26 @@ Knobs:
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import dataclasses
+from typing import TYPE_CHECKING, Any, Mapping
 
+from rgtune.ir.op_rules import rules_of
 from rgtune.ir.passes.base import Knob, Pass
-from rgtune.ir.program import (EDGE, PAIR_OF_SIDE, Binary, Concat, Expand, Gather, GatherPair, GraphConst, Inner,
-                               Op, ParamRead, Program, ReduceSum, Rewriter, Scale, TypedLinear, Unary, Value)
+from rgtune.ir.program import EDGE, PAIR_OF_SIDE, Expand, Gather, GatherPair, Op, ParamRead, Program, Rewriter, Value
 
-_COMPUTE = (TypedLinear, Inner, Binary, Unary, Scale, Concat, ReduceSum)
+if TYPE_CHECKING:
+    from rgtune.ir.plan import LoweringPlan
+
+#: where a side's values are materialized (``compact.src``, ``compact.dst``)
+EDGE_OR_PAIR = ("edge", "pair")
+PAIR_INDEX = Knob("compact.pair_index", ("direct", "bsearch"), "direct",
+                  "edge -> pair row by an index array, or by binary search in the relation's block")
+
+
+def side_knob(side: str) -> Knob:
+    """``compact.<side>``: where the values that depend on (``side`` node, relation) are materialized."""
+    return Knob(f"compact.{side}", EDGE_OR_PAIR, EDGE_OR_PAIR[0],
+                f"materialize values that depend on ({side}, relation) per edge or per unique pair")
 
 
 def edge_keys(program: Program) -> dict[str, frozenset[str]]:
@@ -32,18 +45,8 @@ def edge_keys(program: Program) -> dict[str, frozenset[str]]:
     for op in program.ops:
         if op.out.domain != EDGE or op.out.name not in prod:
             continue
-        if isinstance(op, Gather):
-            k = frozenset({op.end})
-        elif isinstance(op, ParamRead):
-            k = frozenset({"rel"} if op.by == "rel" else ({op.end} if op.by == "ntype" and op.end else set()))
-        elif isinstance(op, GraphConst):
-            k = frozenset({"dst", "rel"})
-        elif isinstance(op, _COMPUTE):
-            k = frozenset().union(*(keys.get(v.name, frozenset({"edge"})) for v in op.inputs()))
-            if isinstance(op, TypedLinear) and op.by == "rel":
-                k |= {"rel"}
-        else:  # edge softmax and anything new: depends on the whole edge
-            k = frozenset({"edge"})
+        inputs = [keys.get(v.name, frozenset({"edge"})) for v in op.inputs()]
+        k = rules_of(op).depends_on(op, inputs)
         keys[op.out.name] = k
     return keys
 
@@ -54,7 +57,7 @@ def compactable(program: Program, side: str) -> set[str]:
     prod = program.producers()
     movable: set[str] = set()
     for op in program.ops:
-        if not isinstance(op, _COMPUTE) or op.out.domain != EDGE:
+        if not rules_of(op).row_local or op.out.domain != EDGE:
             continue
         k = keys[op.out.name]
         if side not in k or not k <= {side, "rel"}:
@@ -75,24 +78,26 @@ class CompactPass(Pass):
     name = "compact"
 
     def knobs(self, program: Program, graph: Any) -> list[Knob]:
-        sides = [s for s in ("src", "dst") if compactable(program, s)]
-        found = [Knob(f"compact.{s}", ("edge", "pair"), "edge",
-                      f"materialize values that depend on ({s}, relation) per edge or per unique pair") for s in sides]
-        if sides:
-            names = [f"compact.{s}" for s in sides]
-            found.append(Knob("compact.pair_index", ("direct", "bsearch"), "direct",
-                              "edge -> pair row by an index array, or by binary search in the relation's block",
-                              active_if=lambda cfg, names=tuple(names): any(cfg.get(n) == "pair" for n in names)))
+        found = [side_knob(s) for s in ("src", "dst") if compactable(program, s)]
+        if found:
+            names = tuple(k.name for k in found)
+            found.append(dataclasses.replace(PAIR_INDEX, active_if=lambda cfg: _any_pair(cfg, names)))
         return found
 
     def apply(self, program: Program, config: Mapping[str, Any], graph: Any) -> Program:
         for side in ("src", "dst"):
-            if config.get(f"compact.{side}") == "pair":
+            if config.get(side_knob(side).name) == "pair":
                 program = _to_pairs(program, side)
-        if any(config.get(f"compact.{s}") == "pair" for s in ("src", "dst")):
-            program = program.copy(annotations={**program.annotations,
-                                                "pair_index": config.get("compact.pair_index", "direct")})
         return program
+
+    def plan(self, plan: "LoweringPlan", config: Mapping[str, Any]) -> "LoweringPlan":
+        if not _any_pair(config, tuple(side_knob(s).name for s in ("src", "dst"))):
+            return plan  # no pair is read from an edge: the index is not used
+        return dataclasses.replace(plan, pair_index=config.get(PAIR_INDEX.name, PAIR_INDEX.default))
+
+
+def _any_pair(config: Mapping[str, Any], knobs: tuple[str, ...]) -> bool:
+    return any(config.get(k) == "pair" for k in knobs)
 
 
 def _to_pairs(program: Program, side: str) -> Program:

@@ -17,10 +17,21 @@ Knobs:
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import dataclasses
+from typing import TYPE_CHECKING, Any, Mapping
 
+from rgtune.ir.bind import CSR_DST
 from rgtune.ir.passes.base import Constraint, Knob, Pass
+from rgtune.ir.passes.layout import EDGE_ORDER
 from rgtune.ir.program import EDGE, NODE, Aggregate, Binary, EdgeSoftmax, Gather, Inner, ParamRead, Program, TypedLinear
+
+if TYPE_CHECKING:
+    from rgtune.ir.plan import LoweringPlan
+
+SOFTMAX = Knob("fusion.softmax", ("none", "aggregate", "full"), "none",
+               "materialize score and softmax, fuse softmax into the aggregation, or fuse all")
+EPILOGUE = Knob("fusion.epilogue", ("off", "on"), "off",
+                "compute inner products with a GEMM's output row in the GEMM's epilogue")
 
 
 def softmax_aggregations(program: Program) -> list[tuple[EdgeSoftmax, Aggregate]]:
@@ -59,29 +70,25 @@ class FusionPass(Pass):
     name = "fusion"
 
     def knobs(self, program: Program, graph: Any) -> list[Knob]:
-        found = []
-        if softmax_aggregations(program):
-            found.append(Knob("fusion.softmax", ("none", "aggregate", "full"), "none",
-                              "materialize score and softmax, fuse softmax into the aggregation, or fuse all"))
-        if epilogue_candidates(program):
-            found.append(Knob("fusion.epilogue", ("off", "on"), "off",
-                              "compute inner products with a GEMM's output row in the GEMM's epilogue"))
-        return found
+        return ([SOFTMAX] if softmax_aggregations(program) else []) + \
+            ([EPILOGUE] if epilogue_candidates(program) else [])
 
     def constraints(self, program: Program, graph: Any) -> list[Constraint]:
         if not softmax_aggregations(program):
             return []
 
         def fused_needs_csr(cfg: Mapping[str, Any]) -> str | None:
-            if cfg.get("fusion.softmax", "none") != "none" and cfg.get("layout.edges", "csr_dst") != "csr_dst":
-                return (f"fusion.softmax={cfg['fusion.softmax']} walks each destination's in-edges, which needs "
-                        f"layout.edges=csr_dst (got {cfg.get('layout.edges')})")
+            fusion, layout = cfg.get(SOFTMAX.name, SOFTMAX.default), cfg.get(EDGE_ORDER.name, EDGE_ORDER.default)
+            if fusion != SOFTMAX.default and layout != CSR_DST:
+                return (f"{SOFTMAX.name}={fusion} walks each destination's in-edges, which needs "
+                        f"{EDGE_ORDER.name}={CSR_DST} (got {layout})")
             return None
 
         return [Constraint("fused_softmax_layout", "fused softmax needs edges grouped by destination", fused_needs_csr)]
 
     def apply(self, program: Program, config: Mapping[str, Any], graph: Any) -> Program:
-        ann = dict(program.annotations)
-        ann["softmax_fusion"] = config.get("fusion.softmax", "none")
-        ann["epilogue"] = config.get("fusion.epilogue", "off")
-        return program.copy(annotations=ann)
+        return program  # what fuses is lowering's to do (plan)
+
+    def plan(self, plan: "LoweringPlan", config: Mapping[str, Any]) -> "LoweringPlan":
+        return dataclasses.replace(plan, softmax_fusion=config.get(SOFTMAX.name, SOFTMAX.default),
+                                   epilogue=config.get(EPILOGUE.name, EPILOGUE.default))

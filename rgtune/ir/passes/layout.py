@@ -24,33 +24,35 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import dataclasses
+from typing import TYPE_CHECKING, Any, Mapping
 
-from rgtune.ir.bind import index32_problem
+from rgtune.ir.bind import CSR_DST, LAYOUTS, index32_problem
 from rgtune.ir.passes.base import Knob, Pass
 from rgtune.ir.program import Program
 
-LAYOUTS = ("csr_dst", "coo_rel_dst", "coo_rel_src")
+if TYPE_CHECKING:
+    from rgtune.ir.plan import LoweringPlan
+
+EDGE_ORDER = Knob("layout.edges", LAYOUTS, CSR_DST, "edge order in memory")
+INDEX_BITS = Knob("layout.index_bits", (32, 64), 32, "width of node and edge indices")
 
 
 class LayoutPass(Pass):
     name = "layout"
 
     def knobs(self, program: Program, graph: Any) -> list[Knob]:
-        bits: tuple[int, ...] = (32, 64)
-        doc = "width of node and edge indices"
         problem = None if graph is None else index32_problem(graph.num_nodes(), graph.num_edges())
         if problem:
             # 32 is not a choice at all (rather than a constraint the tuner would keep hitting): the
             # knob's description says why
-            bits, doc = (64,), f"{doc} (64 only: {problem})"
-        return [
-            Knob("layout.edges", LAYOUTS, "csr_dst", "edge order in memory"),
-            Knob("layout.index_bits", bits, bits[0], doc),
-        ]
+            return [EDGE_ORDER, dataclasses.replace(INDEX_BITS, choices=(64,), default=64,
+                                                    doc=f"{INDEX_BITS.doc} (64 only: {problem})")]
+        return [EDGE_ORDER, INDEX_BITS]
 
     def apply(self, program: Program, config: Mapping[str, Any], graph: Any) -> Program:
-        ann = dict(program.annotations)
-        ann["layout"] = config.get("layout.edges", "csr_dst")
-        ann["index_bits"] = int(config.get("layout.index_bits", 32))
-        return program.copy(annotations=ann)
+        return program  # the program is the same; what changes is how lowering lays it out (plan)
+
+    def plan(self, plan: "LoweringPlan", config: Mapping[str, Any]) -> "LoweringPlan":
+        return dataclasses.replace(plan, layout=config.get(EDGE_ORDER.name, EDGE_ORDER.default),
+                                   index_bits=int(config.get(INDEX_BITS.name, INDEX_BITS.default)))

@@ -1,0 +1,67 @@
+"""What the tuner tunes: a :class:`Workload` (model and options, sizes, graph, backend, mode).
+
+A workload is made in the process of the user's own command (``tune``, :func:`rgtune.tune`, a
+script); the measurement worker (:mod:`.measure`, a fresh process) receives it and imports the
+model's code only from the path that command named or registered (``model_source``), never from
+a database row.
+
+Example:
+    >>> w = Workload("rgcn", "aifb", 16, 16, 1, "cpu", options={"num_bases": 30})
+    >>> w.model, w.options, w.mode
+    ('rgcn', 'num_bases=30', 'inference')
+    >>> w.program().name
+    'rgcn'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Workload"]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What is tuned: model (with its options), sizes, graph (by dataset name), backend, mode.
+
+    ``options`` may be given as a mapping or as canonical text; it is kept as canonical text
+    (:meth:`ModelSpec.key <rgtune.ir.registry.ModelSpec.key>`), and checked against the model's
+    options when the workload is made. ``model_source`` is where a worker process imports a model
+    registered elsewhere (``"package.module:builder"``; filled in from the registry when the workload
+    is made, so it is always the path the user's own code or command named or registered, never one
+    read from a database row).
+    """
+
+    model: str
+    dataset: str
+    in_dim: int
+    out_dim: int
+    heads: int
+    backend: str
+    data_dir: str | None = None
+    mode: str = "inference"  # or "training": one training step (forward, then every gradient)
+    options: Any = ""
+    model_source: str | None = None
+
+    def __post_init__(self) -> None:
+        spec = self.spec()
+        object.__setattr__(self, "model", spec.name)
+        object.__setattr__(self, "options", spec.key(self.options))
+        if self.model_source is None:
+            object.__setattr__(self, "model_source", spec.source)
+
+    def spec(self) -> Any:
+        """The model's :class:`~rgtune.ir.registry.ModelSpec`. In a measurement worker (a fresh process)
+        a model registered elsewhere is imported from ``model_source``: the workload was made by the
+        user's command in the parent, which named that model."""
+        from rgtune.ir.registry import model_spec, recorded_model
+
+        if self.model_source is None:
+            return model_spec(self.model)
+        return recorded_model(self.model, self.model_source, origin="the workload", trust_code=True)
+
+    def program(self) -> Any:
+        """The model's program at the workload's sizes and options (before the passes)."""
+        return self.spec().build(self.in_dim, self.out_dim, self.heads, self.options)
+
