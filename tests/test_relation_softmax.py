@@ -334,12 +334,12 @@ def backend() -> CpuBackend:
 @pytest.mark.slow
 def test_cpu_ir_configurations_match_the_reference(backend: CpuBackend, edges: HeteroGraph,
                                                    aifb: HeteroGraph) -> None:
-    """A spread of 16 training IR configurations (every value of every IR knob among them), each on the
+    """A spread of 10 training IR configurations (every value of every IR knob among them), each on the
     edge-case graph and on AIFB, at the default schedule (edge-parallel where the layout asks for it)."""
     works = [_workload(relation_rgat(*DIMS), g) for g in (edges, aifb)]
     cfgs = list(works[0].space.ir_configs())
     random.Random(0).shuffle(cfgs)
-    picked = cfgs[::len(cfgs) // 16]
+    picked = cfgs[::len(cfgs) // 10]
     for knob in works[0].space.ir_knobs:
         assert {c[knob.name] for c in picked} == set(knob.choices), knob.name
     verify(backend, [("rgat-relation", w, runnable(w.space, c)) for c in picked for w in works])
@@ -348,11 +348,11 @@ def test_cpu_ir_configurations_match_the_reference(backend: CpuBackend, edges: H
 @pytest.mark.slow
 def test_cpu_random_training_schedules_match_the_reference(backend: CpuBackend, edges: HeteroGraph,
                                                            aifb: HeteroGraph) -> None:
-    """20 random training schedules (IR and schedule knobs) on the edge-case graph, the first 4 on AIFB too;
+    """12 random training schedules (IR and schedule knobs) on the edge-case graph, the first 4 on AIFB too;
     and the program whose fused softmax adds into destination pairs at a few."""
     w = _workload(relation_rgat(*DIMS), edges)
     rng = random.Random(31)
-    cfgs = [w.space.sample(rng) for _ in range(20)]
+    cfgs = [w.space.sample(rng) for _ in range(12)]
     assert {c["traversal.mapping"] for c in cfgs} == {"dst_parallel", "edge_parallel"}
     on_aifb = _workload(relation_rgat(*DIMS), aifb)
     pairs = _workload(attention_then_pairs(5, 6, 2), edges)
@@ -417,29 +417,34 @@ def _compile(ledger: Any, group: str, programs: list[Any]) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_every_cuda_ir_configuration_compiles(ledger: Any, aifb: HeteroGraph) -> None:
-    """Every training IR configuration (1,680) at the default schedule (edge-parallel where the layout asks for
-    it): 666 distinct units, for sm_90 (sm_80 compiles the same code: vector width 1 has no vector atomics);
-    the exhaustive run compiles each for both."""
+@pytest.mark.parametrize("every", [5, pytest.param(1, marks=pytest.mark.exhaustive)])
+def test_every_cuda_ir_configuration_compiles(ledger: Any, aifb: HeteroGraph, every: int) -> None:
+    """Every ``every``-th of the 1,680 training IR configurations (all in the exhaustive run) at the default
+    schedule (edge-parallel where the layout asks for it), for sm_90 (sm_80 compiles the same code: vector
+    width 1 has no vector atomics); the exhaustive run compiles each of their 666 distinct units for both."""
     from rgtune.codegen.cuda.generate import generate
     from test_cuda_training import _valid_point
 
     space = _cuda_space(relation_rgat(64, 64, 2), aifb)
-    programs = [generate(p.kernels, p.config) for p in (_valid_point(space, c) for c in space.ir_configs())]
-    assert len(programs) == 1680
+    configs = list(space.ir_configs())
+    assert len(configs) == 1680
+    picked = configs[::every]
+    for knob in space.ir_knobs:
+        assert {c[knob.name] for c in picked} == set(knob.choices), knob.name
+    programs = [generate(p.kernels, p.config) for p in (_valid_point(space, c) for c in picked)]
     _compile(ledger, "rgat-relation ir-configs", programs)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_random_cuda_training_schedules_compile(ledger: Any, aifb: HeteroGraph) -> None:
-    """20 random training schedules (IR and schedule knobs): every unit for sm_90, the ones with code by
+    """12 random training schedules (IR and schedule knobs): every unit for sm_90, the ones with code by
     architecture (a scatter's vector atomics) for sm_80 too; every unit for both in the exhaustive run."""
     from rgtune.codegen.cuda.generate import generate
 
     space = _cuda_space(relation_rgat(64, 64, 2), aifb)
     rng = random.Random("cuda-rel-softmax")
-    programs = [generate(space.compile(c).kernels, c) for c in (space.sample(rng) for _ in range(20))]
+    programs = [generate(space.compile(c).kernels, c) for c in (space.sample(rng) for _ in range(12))]
     assert any("__CUDA_ARCH__" in u.code for p in programs for u in p.units)
     _compile(ledger, "rgat-relation random", programs)
 
