@@ -24,6 +24,7 @@ from typing import Any, Callable, ClassVar, Literal, Mapping
 import torch
 
 from rgtune.codegen.schedule import TargetSchedule, register_target
+from rgtune.data.batch import Batch
 from rgtune.data.graph import HeteroGraph
 from rgtune.ir.kernels import KernelProgram
 
@@ -138,6 +139,23 @@ TRAINING_SUPPORT = ("phases", "step", "none")
 TrainingSupport = Literal["phases", "step", "none"]
 
 
+class CompiledProgram(ABC):
+    """A kernel program generated and compiled for one schedule, for any graph of its node and edge types.
+
+    Nothing here depends on a graph (the kernels read sizes and index arrays at run time), so a layer
+    compiles once and :meth:`bind` s the result to each graph or mini-batch it meets: binding is what
+    a new batch costs (its index arrays and the kernels' tables over them), never code generation.
+    """
+
+    sources: dict[str, str]
+    compile_seconds: float
+    cache_hit: bool
+
+    @abstractmethod
+    def bind(self, graph: "HeteroGraph | Batch") -> BuiltProgram:
+        """The program bound to ``graph`` (a :class:`HeteroGraph` or a :class:`~rgtune.data.batch.Batch`)."""
+
+
 class Backend(ABC):
     """A code generator + compiler + runner for one kind of device: what every backend declares.
 
@@ -185,8 +203,12 @@ class Backend(ABC):
         return True, ""
 
     @abstractmethod
-    def build(self, kp: KernelProgram, graph: HeteroGraph, schedule: Mapping[str, Any]) -> BuiltProgram:
+    def compile(self, kp: KernelProgram, schedule: Mapping[str, Any]) -> CompiledProgram:
+        """Generate and compile ``kp`` with ``schedule``, for any graph (:class:`CompiledProgram`)."""
+
+    def build(self, kp: KernelProgram, graph: "HeteroGraph | Batch", schedule: Mapping[str, Any]) -> BuiltProgram:
         """Generate, compile and bind ``kp`` for ``graph`` with ``schedule``."""
+        return self.compile(kp, schedule).bind(graph)
 
     def generate(self, kp: KernelProgram, schedule: Mapping[str, Any]) -> Any:
         """The generated program of ``kp`` (its ``sources``: file name -> text) without compiling it; only
@@ -215,15 +237,8 @@ class ReferenceBackend(Backend):
     dtypes = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
     training = "phases"
 
-    def build(self, kp: KernelProgram, graph: HeteroGraph, schedule: Mapping[str, Any]) -> BuiltProgram:
-        from rgtune.codegen.reference import ReferenceExecutor
-
-        ex = ReferenceExecutor(kp, graph)
-        training = kp.is_training
-        return BuiltProgram(self.name, {"kernels.txt": kp.describe()}, 0.0, True, ex.run,
-                            train_fn=ex.run_training if training else None,
-                            forward_fn=ex.run_forward if training else None,
-                            backward_fn=ex.run_backward if training else None)
+    def compile(self, kp: KernelProgram, schedule: Mapping[str, Any]) -> CompiledProgram:
+        return _ReferenceProgram(self.name, kp)
 
     def device_info(self) -> dict[str, Any]:
         import platform
@@ -304,3 +319,21 @@ def create(name: str) -> Backend:
     if name not in _BACKENDS:
         raise BackendError(f"unknown backend {name!r}; choose one of {sorted(_BACKENDS)}")
     return _BACKENDS[name]()
+
+
+class _ReferenceProgram(CompiledProgram):
+    """The kernel IR itself: the torch executor runs it on whatever graph it is bound to."""
+
+    def __init__(self, backend: str, kp: KernelProgram) -> None:
+        self.backend, self.kp = backend, kp
+        self.sources, self.compile_seconds, self.cache_hit = {"kernels.txt": kp.describe()}, 0.0, True
+
+    def bind(self, graph: "HeteroGraph | Batch") -> BuiltProgram:
+        from rgtune.codegen.reference import ReferenceExecutor
+
+        ex = ReferenceExecutor(self.kp, graph)
+        training = self.kp.is_training
+        return BuiltProgram(self.backend, self.sources, 0.0, True, ex.run,
+                            train_fn=ex.run_training if training else None,
+                            forward_fn=ex.run_forward if training else None,
+                            backward_fn=ex.run_backward if training else None)

@@ -182,8 +182,9 @@ class ReferenceExecutor:
         a = self.a
         if by == "none":
             return None, [(0, 0, a.rows(rows))]
-        if rows == "node" and by == "ntype":
-            perm, offsets = None, a.node_offsets
+        if rows == "node" and by == "ntype":  # rows in runs of one type (a batch: destinations, then sources)
+            bounds, run_type = a.node_offsets.tolist(), a.node_run_type.tolist()
+            return None, [(t, s, e) for t, s, e in zip(run_type, bounds[:-1], bounds[1:]) if e > s]
         elif rows == "edge" and by == "rel":
             perm, offsets = a.e_rel_order.long(), a.rel_offsets
         elif rows in ("src_pair", "dst_pair") and by == "rel":
@@ -251,7 +252,7 @@ class ReferenceExecutor:
                 g = torch.einsum("nhi,nho->hio", xs[start:stop], d)
             else:
                 g = xs[start:stop].T @ d.reshape(d.shape[0], -1)
-            grad[t] = g.reshape(slice_shape)
+            grad[t] += g.reshape(slice_shape)  # a batch's node rows: a type's destinations and sources apart
         grad = grad.reshape(slice_shape) if k.by == "none" else grad
         self.params[k.grad] = self.params[k.grad] + grad if k.accumulate else grad
 

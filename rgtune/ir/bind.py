@@ -23,6 +23,7 @@ from functools import cached_property
 import numpy as np
 import torch
 
+from rgtune.data.batch import Batch
 from rgtune.data.graph import HeteroGraph
 
 
@@ -35,7 +36,8 @@ class GraphArrays:
     num_rels: int
     num_ntypes: int
     node_type: torch.Tensor  # (N,)
-    node_offsets: torch.Tensor  # (T+1,)
+    node_offsets: torch.Tensor  # (runs+1,): the runs of one node type in row order (a graph's: its types)
+    node_run_type: torch.Tensor  # (runs,): each run's type
     e_src: torch.Tensor  # (E,) layout order
     e_dst: torch.Tensor
     e_rel: torch.Tensor
@@ -55,6 +57,8 @@ class GraphArrays:
     inv_in_degree: torch.Tensor  # (N,) float64: 1 / the node's in-degree
     rel_src_ntype: torch.Tensor  # (R,)
     rel_dst_ntype: torch.Tensor
+    #: the rows a layer's output has: a graph's every node; a batch's destinations, the first rows
+    num_dst_nodes: int
 
     def rows(self, domain: str) -> int:
         return {"node": self.num_nodes, "edge": self.num_edges, "src_pair": int(self.sp_node.numel()),
@@ -152,10 +156,12 @@ LAYOUT_PERMUTATIONS = {
 LAYOUTS = tuple(LAYOUT_PERMUTATIONS)
 
 
-def graph_arrays(graph: HeteroGraph, layout: str = CSR_DST, index_bits: int = 64, keep: bool = True) -> GraphArrays:
+def graph_arrays(graph: "HeteroGraph | Batch", layout: str = CSR_DST, index_bits: int = 64,
+                 keep: bool = True) -> GraphArrays:
     """Index arrays of ``graph`` in ``layout`` with ``index_bits``-bit indices (cached on the graph; ``keep=False``
     builds them without caching them when they are not cached yet: a one-off read of a big graph, whose
-    arrays take a gigabyte per layout)."""
+    arrays take a gigabyte per layout). A :class:`~rgtune.data.batch.Batch`'s are built from its own edges
+    by a few torch sorts, on its device (:func:`_build_batch`), and kept on it for its forward and backward."""
     if layout not in LAYOUT_PERMUTATIONS:
         raise ValueError(f"unknown layout {layout!r}; choose one of {sorted(LAYOUT_PERMUTATIONS)}")
     if index_bits not in (32, 64):
@@ -172,6 +178,8 @@ def graph_arrays(graph: HeteroGraph, layout: str = CSR_DST, index_bits: int = 64
     other = cache.get((layout, 96 - index_bits))
     if other is not None:
         built = _rewidth(other, index_bits)
+    elif isinstance(graph, Batch):
+        built = _build_batch(graph, layout, index_bits)
     else:
         with graph.derived_once():  # the arrays are built from them; a big graph's stay on disk, not in memory too
             built = _build(graph, layout, index_bits)
@@ -241,6 +249,7 @@ def _build(g: HeteroGraph, layout: str, bits: int) -> GraphArrays:
     return GraphArrays(
         layout=layout, index_bits=bits, num_nodes=g.num_nodes(), num_edges=g.num_edges(), num_rels=g.num_rels,
         num_ntypes=g.num_ntypes, node_type=i(g.node_type), node_offsets=i(g.node_offsets),
+        node_run_type=i(torch.arange(g.num_ntypes)), num_dst_nodes=g.num_nodes(),
         e_src=i(e_src), e_dst=i(e_dst), e_rel=i(e_rel), e_eid=i(eid), e_rel_order=i(rel_order),
         rel_offsets=i(g.rel_offsets), csr_indptr=indptr,
         sp_node=i(sp.node), sp_rel=i(sp.etype), sp_offsets=i(sp.pair_offsets), e_sp=i(e_sp),
@@ -248,6 +257,49 @@ def _build(g: HeteroGraph, layout: str, bits: int) -> GraphArrays:
         # per pair and per node: graph_constant gathers them per edge, in the dtype asked for
         dp_inv_count=1.0 / dp.pair_count.double(), inv_in_degree=inv_degree,
         rel_src_ntype=i(g.src_ntype_of_rel), rel_dst_ntype=i(g.dst_ntype_of_rel),
+    )
+
+
+def _build_batch(b: Batch, layout: str, bits: int) -> GraphArrays:
+    """A batch's arrays: the same structures as :func:`_build`'s, made with torch ops over the batch's own
+    edges and nodes (sorts of int64 keys, ``unique``, ``bincount``), in time proportional to the batch, on
+    its device."""
+    idx = torch.int32 if bits == 32 else torch.int64
+    n, e, r = b.num_nodes(), b.num_edges(), b.num_rels
+    src, dst, rel = b.src, b.dst, b.etype.to(b.device)
+    indptr = None
+    in_degree = torch.bincount(dst, minlength=n)
+    if layout == CSR_DST:  # by destination, then relation (stable: the sampler's order of neighbours)
+        eid = torch.sort(dst * max(r, 1) + rel, stable=True).indices
+        rel_order = torch.sort(rel[eid], stable=True).indices
+        indptr = torch.cat([in_degree.new_zeros(1), in_degree.cumsum(0)]).to(idx)
+    else:  # segmented by relation, sorted by one end inside
+        end = dst if layout == COO_REL_DST else src
+        eid = torch.sort(rel * max(n, 1) + end, stable=True).indices
+        rel_order = torch.arange(e, device=b.device)
+
+    def pairs(node: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Unique (node, relation) pairs sorted by relation then node; each edge's pair; the pairs per relation."""
+        keys, edge_to_pair, count = torch.unique(rel * max(n, 1) + node, return_inverse=True, return_counts=True)
+        p_rel = keys // max(n, 1)
+        offsets = torch.searchsorted(p_rel, torch.arange(r + 1, device=b.device))
+        return keys - p_rel * max(n, 1), p_rel, offsets, edge_to_pair, count
+
+    sp_node, sp_rel, sp_off, sp_of_edge, _ = pairs(src)
+    dp_node, dp_rel, dp_off, dp_of_edge, dp_count = pairs(dst)
+
+    def i(t: torch.Tensor) -> torch.Tensor:
+        return t.to(idx).contiguous()
+
+    return GraphArrays(
+        layout=layout, index_bits=bits, num_nodes=n, num_edges=e, num_rels=r, num_ntypes=b.num_ntypes,
+        node_type=i(b.node_type), node_offsets=i(b.node_run_offsets), node_run_type=i(b.node_run_type),
+        e_src=i(src[eid]), e_dst=i(dst[eid]), e_rel=i(rel[eid]), e_eid=i(eid), e_rel_order=i(rel_order),
+        rel_offsets=i(b.rel_offsets), csr_indptr=indptr,
+        sp_node=i(sp_node), sp_rel=i(sp_rel), sp_offsets=i(sp_off), e_sp=i(sp_of_edge[eid]),
+        dp_node=i(dp_node), dp_rel=i(dp_rel), dp_offsets=i(dp_off), e_dp=i(dp_of_edge[eid]),
+        dp_inv_count=1.0 / dp_count.double(), inv_in_degree=1.0 / in_degree.double(),
+        rel_src_ntype=i(b.src_ntype_of_rel), rel_dst_ntype=i(b.dst_ntype_of_rel), num_dst_nodes=b.num_dst_nodes,
     )
 
 

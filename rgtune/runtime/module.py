@@ -85,9 +85,10 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from rgtune.codegen.base import Backend, BuiltProgram, ReferenceBackend, Saved, create
+from rgtune.codegen.base import Backend, BuiltProgram, CompiledProgram, ReferenceBackend, Saved, create
 from rgtune.codegen.reference import ReferenceExecutor
 from rgtune.codegen.training import learnable_grads
+from rgtune.data.batch import Batch, BatchTypeError
 from rgtune.data.graph import HeteroGraph
 from rgtune.data.graph_layer import GraphLayer, NodeInput
 from rgtune.ir.kernels import KernelProgram, WeightKernel
@@ -116,16 +117,25 @@ class _Runner:
     its kernels; one that cannot build them at all leaves the backward to the torch lowering.
     """
 
-    def __init__(self, backend: Backend, graph: HeteroGraph, names: Sequence[str], points: Mapping[str, Point],
-                 eager: str) -> None:
+    def __init__(self, backend: Backend, graph: "HeteroGraph | Batch", names: Sequence[str],
+                 points: Mapping[str, Point], eager: str,
+                 compiled: dict[str, CompiledProgram] | None = None) -> None:
         self.backend = backend
         self.graph = graph
         self.names = tuple(names)
         self._points = dict(points)
+        #: the programs compiled for the schedule, shared by the runners of every graph and batch of the layer
+        self._compiled: dict[str, CompiledProgram] = {} if compiled is None else compiled
         self._built: dict[str, tuple[KernelProgram, BuiltProgram]] = {}
         self._lock = threading.Lock()
         self._executor: ReferenceExecutor | None = None
+        self._eager = eager
         self.program(self.runs(eager))
+
+    def for_graph(self, graph: "HeteroGraph | Batch") -> "_Runner":
+        """The same schedule's programs bound to ``graph``: nothing is generated or compiled again, the
+        compiled programs are bound to the graph's index arrays (what a new mini-batch costs)."""
+        return _Runner(self.backend, graph, self.names, self._points, self._eager, self._compiled)
 
     def runs(self, mode: str) -> str:
         """The program that runs for ``mode``: the inference one for training on a backend that builds
@@ -133,11 +143,15 @@ class _Runner:
         return mode if mode == "inference" or self.backend.training != "none" else "inference"
 
     def program(self, mode: str) -> tuple[KernelProgram, BuiltProgram]:
-        """The kernel program of ``mode`` and its build (built on first use, once)."""
+        """The kernel program of ``mode`` and its build for this runner's graph (compiled once per layer,
+        bound once per graph, both on first use)."""
         with self._lock:
             if mode not in self._built:
                 point = self._points[mode]
-                self._built[mode] = (point.kernels, self.backend.build(point.kernels, self.graph, point.config))
+                compiled = self._compiled.get(mode)
+                if compiled is None:
+                    compiled = self._compiled[mode] = self.backend.compile(point.kernels, point.config)
+                self._built[mode] = (point.kernels, compiled.bind(self.graph))
             return self._built[mode]
 
     @property
@@ -382,35 +396,51 @@ class Layer(GraphLayer):
         """Compile both programs (a bad schedule fails here), build the one of the layer's mode now and
         the other when first needed."""
         self._runner = self._new_runner(self.graph, eager=self.mode)
-        self._other_graphs: OrderedDict[str, _Runner] | None = OrderedDict()
+        self._other_graphs: OrderedDict[int, tuple[HeteroGraph, _Runner]] | None = OrderedDict()
 
     def _new_runner(self, graph: HeteroGraph, eager: str) -> _Runner:
+        """The runner of the layer's own graph: both programs compiled (the schedule checked on it)."""
         spaces, name = self._spaces(graph), type(self).__name__
         points = {"inference": _compiled(spaces["inference"], self.inference_config, name),
                   "training": _compiled(spaces["training"], self.training_config, name)}
         self._param_names = self._kernel_param_names(points["inference"].kernels)  # the learnable ones
         return _Runner(self._backend, graph, self._param_names, points, eager=eager)
 
-    def _runner_for(self, graph: HeteroGraph | None) -> _Runner:
-        """The runner of ``graph`` (None or the bound graph: the layer's own): the same schedule, the
-        kernels built for that graph on first use and kept for the last few graphs."""
+    def _runner_for(self, graph: "HeteroGraph | Batch | None") -> _Runner:
+        """The runner of ``graph`` (None or the bound graph: the layer's own): the same schedule's compiled
+        programs bound to that graph; a graph's binding is kept for the last few graphs, a batch's is not
+        (a batch is used once: its forward and its backward share the runner the call made)."""
         if graph is None or graph is self.graph:
             return self._runner
-        if not isinstance(graph, HeteroGraph):
-            raise TypeError(f"{type(self).__name__}: graph must be a rgtune HeteroGraph, got {type(graph).__name__}")
-        if (graph.ntypes, graph.canonical_etypes) != (self.graph.ntypes, self.graph.canonical_etypes):
-            raise GraphMismatchError(f"{type(self).__name__}: graph {graph.name!r} has other node or edge types than "
-                                     f"{self.graph.name!r}, the graph the layer's parameters were made for")
-        if graph.content_hash == self.graph.content_hash:
-            return self._runner
+        if not isinstance(graph, (HeteroGraph, Batch)):
+            raise TypeError(f"{type(self).__name__}: graph must be a rgtune HeteroGraph or Batch, got "
+                            f"{type(graph).__name__}")
+        self._check_types(graph)
+        if isinstance(graph, Batch):
+            return self._runner.for_graph(graph)
         cache = self._other_graphs
         if cache is None:
             cache = self._other_graphs = OrderedDict()
-        runner = cache.pop(graph.content_hash, None) or self._new_runner(graph, eager=self.mode)
-        cache[graph.content_hash] = runner
+        key = id(graph)
+        kept = cache.pop(key, None)
+        runner = kept[1] if kept is not None and kept[0] is graph else self._runner.for_graph(graph)
+        cache[key] = (graph, runner)
         while len(cache) > _GRAPHS_KEPT:
             cache.popitem(last=False)
         return runner
+
+    def _check_types(self, graph: "HeteroGraph | Batch") -> None:
+        """``graph`` has the layer's node and edge types (a batch's may be empty, never other ones)."""
+        if (graph.ntypes, graph.canonical_etypes) == (self.graph.ntypes, self.graph.canonical_etypes):
+            return
+        missing = [t for t in (*self.graph.ntypes, *self.graph.canonical_etypes)
+                   if t not in (*graph.ntypes, *graph.canonical_etypes)]
+        extra = [t for t in (*graph.ntypes, *graph.canonical_etypes)
+                 if t not in (*self.graph.ntypes, *self.graph.canonical_etypes)]
+        what = f"missing {missing[:3]}" if missing else f"unknown {extra[:3]}" if extra else "in another order"
+        error = BatchTypeError if isinstance(graph, Batch) else GraphMismatchError
+        raise error(f"{type(self).__name__}: {type(graph).__name__.lower()} {graph.name!r} has other node or edge "
+                    f"types than {self.graph.name!r}, the graph the layer's parameters were made for ({what})")
 
     # ------------------------------------------------------------------ what was built
     @property
@@ -498,14 +528,31 @@ class Layer(GraphLayer):
             raise ValueError(f"{type(self).__name__}: {what} is on {x.device}, expected {device} "
                              f"(the layer's device); move it with .to({str(device)!r})")
 
-    def forward(self, x: NodeInput, graph: HeteroGraph | None = None) -> NodeInput:
+    def forward(self, x: NodeInput, graph: "HeteroGraph | Batch | None" = None) -> NodeInput:
         """``x``: ``(num_nodes, in_dim)`` in global node order, or ``{ntype: (n_t, in_dim)}``, of the bound
         graph or of ``graph`` (same node and edge types). Returns the output in the same form; runs the
-        generated kernels (see the module docstring)."""
+        generated kernels (see the module docstring).
+
+        With a :class:`~rgtune.data.batch.Batch` (a mini-batch's block), ``x`` is its source nodes' input,
+        ``{ntype: (num_src[t], in_dim)}`` (each type's destinations first) or one tensor in the batch's
+        global order, and the output is its destinations': ``{ntype: (num_dst[t], out_dim)}`` or
+        ``(num_dst_nodes, out_dim)``."""
         self._check_runnable()
         runner = self._runner_for(graph)
-        flat, as_dict = self._to_flat(x, runner.graph)
-        return self._from_flat(self._run(runner, flat), as_dict, runner.graph)
+        if not isinstance(runner.graph, Batch):
+            flat, as_dict = self._to_flat(x, runner.graph)
+            return self._from_flat(self._run(runner, flat), as_dict, runner.graph)
+        batch = runner.graph
+        if isinstance(x, Mapping):
+            for t, v in x.items():
+                if t in batch.num_src:
+                    self._check_tensor(v, batch.num_src[t], f"input for node type {t!r}")
+            flat = batch.flatten_src(x)
+        else:
+            self._check_tensor(x, batch.num_nodes(), "input")
+            flat = x
+        out = self._run(runner, flat)[:batch.num_dst_nodes]
+        return batch.split_dst(out) if isinstance(x, Mapping) else out
 
     def _forward_flat(self, x: Tensor) -> Tensor:
         return self._run(self._runner, x)

@@ -24,11 +24,12 @@ from typing import Any, Mapping
 
 import torch
 
-from rgtune.codegen.base import Backend, BackendError, BuiltProgram
+from rgtune.codegen.base import Backend, BackendError, BuiltProgram, CompiledProgram
 from rgtune.codegen.cpu.compiler import (FLAGS, LIBS, check_openmp, compile_libraries, find_compiler,
                                          machine_fingerprint)
 from rgtune.codegen.cpu.generate import GeneratedProgram, generate
 from rgtune.codegen.cpu.runtime import CpuRuntime
+from rgtune.data.batch import Batch
 from rgtune.data.graph import HeteroGraph
 from rgtune.codegen.cpu.schedule import CPU_SCHEDULE
 from rgtune.ir.kernels import GemmKernel, KernelProgram, ScatterKernel, WeightGradKernel, WeightKernel
@@ -54,28 +55,21 @@ class CpuBackend(Backend):
             raise BackendError("invalid schedule for the cpu backend: " + "; ".join(problems))
         return generate(kp, schedule)
 
-    def build(self, kp: KernelProgram, graph: HeteroGraph, schedule: Mapping[str, Any]) -> BuiltProgram:
+    def compile(self, kp: KernelProgram, schedule: Mapping[str, Any]) -> CompiledProgram:
         t0 = time.perf_counter()
         gen = self.generate(kp, schedule)
         libs = compile_libraries([s.text for s in gen.kernels])
         loaded = {s.kernel: lib.load() for s, lib in zip(gen.kernels, libs)}
-        t1 = time.perf_counter()
-        runtime = CpuRuntime(kp, graph, schedule, gen, loaded)
-        training = kp.is_training
-        bind = time.perf_counter() - t1
         compiler = libs[0].compiler if libs else find_compiler()
         info = {
             "compiler": compiler.path, "compiler_version": compiler.version, "flags": " ".join(FLAGS + LIBS),
             "libraries": {s.kernel: str(lib.path) for s, lib in zip(gen.kernels, libs)},
             "source_paths": {s.kernel: str(lib.source_path) for s, lib in zip(gen.kernels, libs)},
             "compiled": sum(not lib.cache_hit for lib in libs), "cached": sum(lib.cache_hit for lib in libs),
-            "threads": torch.get_num_threads(), "bind_seconds": bind, "acc_regs": gen.acc_regs,
-            "owner_blocks": runtime.blocks, "placement": placement(kp, schedule),
+            "acc_regs": gen.acc_regs, "placement": placement(kp, schedule),
         }
-        return BuiltProgram(self.name, gen.sources, t1 - t0, all(lib.cache_hit for lib in libs), runtime.run, info,
-                            train_fn=runtime.run_training if training else None,
-                            forward_fn=runtime.run_forward if training else None,
-                            backward_fn=runtime.run_backward if training else None)
+        return _CpuProgram(self.name, kp, dict(schedule), gen, loaded, time.perf_counter() - t0,
+                           all(lib.cache_hit for lib in libs), info)
 
     def device_info(self) -> dict[str, Any]:
         info: dict[str, Any] = {"backend": self.name, "device": _cpu_model(), "omp_threads": torch.get_num_threads(),
@@ -86,6 +80,26 @@ class CpuBackend(Backend):
         except BackendError as exc:
             info["compiler"] = f"unavailable: {exc}"
         return info
+
+
+class _CpuProgram(CompiledProgram):
+    """The loaded libraries of one kernel program and schedule; :meth:`bind` makes a :class:`CpuRuntime`."""
+
+    def __init__(self, backend: str, kp: KernelProgram, schedule: dict[str, Any], gen: GeneratedProgram,
+                 libs: dict[str, Any], seconds: float, cache_hit: bool, info: dict[str, Any]) -> None:
+        self.backend, self.kp, self.schedule, self.gen, self.libs = backend, kp, schedule, gen, libs
+        self.sources, self.compile_seconds, self.cache_hit, self.info = gen.sources, seconds, cache_hit, info
+
+    def bind(self, graph: "HeteroGraph | Batch") -> BuiltProgram:
+        t = time.perf_counter()
+        runtime = CpuRuntime(self.kp, graph, self.schedule, self.gen, self.libs)
+        info = {**self.info, "threads": torch.get_num_threads(), "bind_seconds": time.perf_counter() - t,
+                "owner_blocks": runtime.blocks}
+        training = self.kp.is_training
+        return BuiltProgram(self.backend, self.sources, self.compile_seconds, self.cache_hit, runtime.run, info,
+                            train_fn=runtime.run_training if training else None,
+                            forward_fn=runtime.run_forward if training else None,
+                            backward_fn=runtime.run_backward if training else None)
 
 
 def placement(kp: KernelProgram, schedule: Mapping[str, Any]) -> dict[str, str]:

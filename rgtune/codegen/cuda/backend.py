@@ -23,9 +23,10 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from rgtune._environ import env_flag
-from rgtune.codegen.base import Backend, BackendError, BuiltProgram
+from rgtune.codegen.base import Backend, BackendError, BuiltProgram, CompiledProgram
 from rgtune.codegen.cuda import nvrtc
 from rgtune.codegen.cuda.generate import GeneratedProgram, InvalidSchedule, generate
+from rgtune.data.batch import Batch
 from rgtune.data.graph import HeteroGraph
 from rgtune.ir.kernels import KernelProgram
 
@@ -90,23 +91,21 @@ class CudaBackend(Backend):
         return nvrtc.compile_program(gen.units, archs, workers, self.cache)
 
     # ---------------------------------------------------------------- run
-    def build(self, kp: KernelProgram, graph: HeteroGraph, schedule: Mapping[str, Any]) -> BuiltProgram:
+    def compile(self, kp: KernelProgram, schedule: Mapping[str, Any]) -> CompiledProgram:
         ok, why = self.available()
         if not ok:
             raise BackendError(f"the CUDA backend cannot run here: {why}")
-        from rgtune.codegen.cuda.runtime import CudaProgram, device_arch
+        from rgtune.codegen.cuda.runtime import device_arch
 
         gen = self.generate(kp, schedule)
         arch = device_arch()
         compiled = nvrtc.compile_program(gen.units, (arch,), cache=self.cache)
-        program = CudaProgram(kp, gen.units, {u: c[arch] for u, c in compiled.cubins.items()}, graph,
-                              graphs=self.graphs)
-        hit = all(c[arch].cached for c in compiled.cubins.values())
-        # JSON-friendly: the tuner stores it with the trial (the CudaProgram is run_fn's __self__)
+        # JSON-friendly: the tuner stores it with the trial
         info = {"arch": arch, "nvrtc": ".".join(map(str, nvrtc.nvrtc_version())),
                 "resources": {u: {f: vars(r) for f, r in c[arch].resources.items()}
                               for u, c in compiled.cubins.items()}}
-        return built_program(self.name, kp, program, gen.sources, compiled.seconds, hit, info)
+        return _CudaCompiled(self.name, kp, gen, {u: c[arch] for u, c in compiled.cubins.items()}, compiled.seconds,
+                             all(c[arch].cached for c in compiled.cubins.values()), info, self.graphs)
 
     def time_runs(self, built: BuiltProgram, x: Any, params: Mapping[str, Any], warmup: int,
                   repeats: int) -> list[float]:
@@ -144,6 +143,22 @@ class CudaBackend(Backend):
                 torch.cuda.synchronize()
             except Exception as e:  # noqa: BLE001 - RuntimeError or torch.AcceleratorError
                 raise LaunchError(f"{e}; {STICKY_NOTE}") from e
+
+
+class _CudaCompiled(CompiledProgram):
+    """One program's cubins for this device; :meth:`bind` loads them for a graph (a :class:`~.runtime.CudaProgram`)."""
+
+    def __init__(self, backend: str, kp: KernelProgram, gen: GeneratedProgram, cubins: dict[str, Any], seconds: float,
+                 cache_hit: bool, info: dict[str, Any], graphs: bool) -> None:
+        self.backend, self.kp, self.gen, self.cubins, self.info, self.graphs = backend, kp, gen, cubins, info, graphs
+        self.sources, self.compile_seconds, self.cache_hit = gen.sources, seconds, cache_hit
+
+    def bind(self, graph: "HeteroGraph | Batch") -> BuiltProgram:
+        from rgtune.codegen.cuda.runtime import CudaProgram
+
+        program = CudaProgram(self.kp, self.gen.units, self.cubins, graph, graphs=self.graphs)
+        return built_program(self.backend, self.kp, program, self.sources, self.compile_seconds, self.cache_hit,
+                             self.info)
 
 
 def built_program(backend: str, kp: KernelProgram, program: Any, sources: dict[str, str], seconds: float,

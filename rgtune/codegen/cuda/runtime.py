@@ -98,7 +98,7 @@ def gemm_segments(k: GemmKernel | WeightGradKernel, a: GraphArrays) -> tuple[tor
     if k.by == "none":
         return torch.tensor([0, n], dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
     seg_off = {"node_offsets": a.node_offsets, "rel_offsets": a.rel_offsets, "sp_offsets": a.sp_offsets,
-               "dp_offsets": a.dp_offsets}[segments_of(k)].long()
+               "dp_offsets": a.dp_offsets}[segments_of(k)].long()  # node rows: runs of one type
     rows = a.e_rel_order.long() if k.rows == "edge" else torch.arange(n)
     types = row_types(a, k.rows, k.by, k.weight_end)[rows] if n else torch.zeros(0, dtype=torch.int64)
     counts = seg_off[1:] - seg_off[:-1]
