@@ -50,7 +50,7 @@ pytestmark = pytest.mark.skipif(not _OK, reason=f"NVRTC unavailable: {_WHY}")
 MODELS = ("rgcn", "rgat", "hgt")
 RANDOM_SCHEDULES = 200
 #: what the default run takes of them: 2,000 new kernels for two architectures cost 5 CPU minutes
-SAMPLED_SCHEDULES = 50
+SAMPLED_SCHEDULES = 30
 
 
 # ----------------------------------------------------------------------------- fixtures

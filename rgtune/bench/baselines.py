@@ -49,7 +49,8 @@ from rgtune.torch_layers._base import edge_softmax, segment_matmul
 from rgtune.torch_layers.pyg import to_pyg_film, to_pyg_hgt, to_pyg_rgcn_state
 
 __all__ = ["Baseline", "BUILDERS", "Unavailable", "oracle", "prepare_weights", "torch_layer", "tie_rgat_attention",
-           "pyg_rgcn", "pyg_rgat", "pyg_hgt", "pyg_film", "dgl_rgcn", "dgl_rgat", "dgl_hgt"]
+           "pyg_rgcn", "pyg_rgat", "pyg_hgt", "pyg_film", "dgl_rgcn", "dgl_rgat", "dgl_hgt", "dgl_rgcn_conv",
+           "dgl_hgt_conv"]
 
 #: sigmoid(30) = 1 - 9e-14: DGL's skip gate fully open, so its (zeroed) projected skip has no weight
 _OPEN_GATE = 30.0
@@ -227,9 +228,23 @@ def _dgl_homogeneous(layer: RelationalLayer):
 
 
 def dgl_rgcn(layer: torch.nn.Module) -> Baseline:
-    """DGL's ``RelGraphConv``; with ``num_bases``/``num_blocks`` its ``basis``/``bdd`` regularizer, whose
-    weights are laid out as PyG's and rgtune's (bases ``(B, in, out)`` and coefficients ``(R, B)``; blocks
-    ``(R, B * in/B * out/B)``, row-major the same as ``(R, B, in/B, out/B)``)."""
+    """DGL's ``RelGraphConv`` (:func:`dgl_rgcn_conv`) on the layer's graph."""
+    conv = dgl_rgcn_conv(layer)
+    dev, dt = _device(layer), _dtype(layer)
+    hg = _dgl_homogeneous(layer)
+    etype = layer.graph.etype.to(dev)
+    pairs = layer.graph.unique_pairs("dst")
+    in_degree = pairs.pair_count[pairs.edge_to_pair]  # |N_r(dst)| of every edge
+    norm = (1.0 / in_degree.to(device=dev, dtype=dt)).unsqueeze(1)  # mean within (dst, relation)
+    return Baseline("DGL RelGraphConv", conv, lambda x: conv(hg, x, etype, norm, presorted=True), oracle(layer), True,
+                    "same math (norm = 1/|N_r(i)|)")
+
+
+def dgl_rgcn_conv(layer: torch.nn.Module) -> torch.nn.Module:
+    """DGL's ``RelGraphConv`` with the layer's weights (call it with ``norm = 1/|N_r(i)|`` per edge); with
+    ``num_bases``/``num_blocks`` its ``basis``/``bdd`` regularizer, whose weights are laid out as PyG's and
+    rgtune's (bases ``(B, in, out)`` and coefficients ``(R, B)``; blocks ``(R, B * in/B * out/B)``, row-major
+    the same as ``(R, B, in/B, out/B)``)."""
     from dgl.nn.pytorch import RelGraphConv
 
     opts = _options(layer, "DGL RelGraphConv", supported=("num_bases", "num_blocks"))
@@ -242,22 +257,27 @@ def dgl_rgcn(layer: torch.nn.Module) -> Baseline:
             conv.linear_r.coeff.copy_(layer.comp)
         conv.loop_weight.copy_(layer.root)
         conv.h_bias.copy_(layer.bias)
-    dev, dt = _device(layer), _dtype(layer)
-    conv = conv.to(device=dev, dtype=dt)
-    hg = _dgl_homogeneous(layer)
-    etype = layer.graph.etype.to(dev)
-    pairs = layer.graph.unique_pairs("dst")
-    in_degree = pairs.pair_count[pairs.edge_to_pair]  # |N_r(dst)| of every edge
-    norm = (1.0 / in_degree.to(device=dev, dtype=dt)).unsqueeze(1)  # mean within (dst, relation)
-    return Baseline("DGL RelGraphConv", conv, lambda x: conv(hg, x, etype, norm, presorted=True), oracle(layer), True,
-                    "same math (norm = 1/|N_r(i)|)")
+    return conv.to(device=_device(layer), dtype=_dtype(layer))
 
 
 def dgl_hgt(layer: torch.nn.Module) -> Baseline:
+    """DGL's ``HGTConv`` (:func:`dgl_hgt_conv`) on the layer's graph."""
+    conv = dgl_hgt_conv(layer)
+    dev, g = _device(layer), layer.graph
+    hg = _dgl_homogeneous(layer)
+    ntype, etype = g.node_type.to(dev), g.etype.to(dev)
+    ref = _f64(layer)
+    note = "differs: no GELU before the output linear, no biases (checked: = rgtune's HGT without them)"
+    return Baseline("DGL HGTConv", conv, lambda x: conv(hg, x, ntype, etype, presorted=True),
+                    lambda x: _hgt_dgl_math(ref, x), False, note)  # type: ignore[arg-type]
+
+
+def dgl_hgt_conv(layer: torch.nn.Module) -> torch.nn.Module:
+    """DGL's ``HGTConv`` with the layer's weights (see the module docstring for how its math differs)."""
     from dgl.nn.pytorch import HGTConv
 
     _options(layer, "DGL HGTConv")
-    H, D, g = layer.heads, layer.head_dim, layer.graph
+    H, D = layer.heads, layer.head_dim
     conv = HGTConv(layer.in_dim, D, H, layer.num_ntypes, layer.num_rels, dropout=0.0, use_norm=False)
     with torch.no_grad():
         for ours, theirs in ((layer.k_weight, conv.linear_k), (layer.q_weight, conv.linear_q),
@@ -272,14 +292,7 @@ def dgl_hgt(layer: torch.nn.Module) -> Baseline:
         else:  # rgtune has no skip when in != out: zero DGL's projection, open its gate
             conv.residual_w.zero_()
             conv.skip.fill_(_OPEN_GATE)
-    dev = _device(layer)
-    conv = conv.to(device=dev, dtype=_dtype(layer))
-    hg = _dgl_homogeneous(layer)
-    ntype, etype = g.node_type.to(dev), g.etype.to(dev)
-    ref = _f64(layer)
-    note = "differs: no GELU before the output linear, no biases (checked: = rgtune's HGT without them)"
-    return Baseline("DGL HGTConv", conv, lambda x: conv(hg, x, ntype, etype, presorted=True),
-                    lambda x: _hgt_dgl_math(ref, x), False, note)  # type: ignore[arg-type]
+    return conv.to(device=_device(layer), dtype=_dtype(layer))
 
 
 def _hgt_dgl_math(layer: HGT, x: Tensor) -> Tensor:

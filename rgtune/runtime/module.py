@@ -382,6 +382,7 @@ class Layer(GraphLayer):
         state["_runner"] = None
         state["_backend"] = None
         state["_other_graphs"] = None
+        state["_last_batch"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -397,6 +398,7 @@ class Layer(GraphLayer):
         the other when first needed."""
         self._runner = self._new_runner(self.graph, eager=self.mode)
         self._other_graphs: OrderedDict[int, tuple[HeteroGraph, _Runner]] | None = OrderedDict()
+        self._last_batch: tuple[Batch, _Runner] | None = None  # the batch just bound (bind, then the call)
 
     def _new_runner(self, graph: HeteroGraph, eager: str) -> _Runner:
         """The runner of the layer's own graph: both programs compiled (the schedule checked on it)."""
@@ -417,7 +419,10 @@ class Layer(GraphLayer):
                             f"{type(graph).__name__}")
         self._check_types(graph)
         if isinstance(graph, Batch):
-            return self._runner.for_graph(graph)
+            last = self._last_batch
+            if last is None or last[0] is not graph:
+                last = self._last_batch = (graph, self._runner.for_graph(graph))
+            return last[1]
         cache = self._other_graphs
         if cache is None:
             cache = self._other_graphs = OrderedDict()
@@ -428,6 +433,17 @@ class Layer(GraphLayer):
         while len(cache) > _GRAPHS_KEPT:
             cache.popitem(last=False)
         return runner
+
+    def bind(self, graph: "HeteroGraph | Batch", mode: str | None = None) -> None:
+        """Bind the layer's compiled kernels to ``graph`` (a graph of its types, or a mini-batch's
+        :class:`~rgtune.data.batch.Batch`) now, rather than in the first call on it: build its index
+        arrays and the kernels' tables over them. The next call with that graph or batch finds them;
+        a loader may bind the next batch while the current one trains. ``mode``: the program to bind,
+        ``"training"`` (what a call with gradients runs) or ``"inference"``; default the layer's mode."""
+        if mode is not None and mode not in MODES:
+            raise ValueError(f"{type(self).__name__}.bind: unknown mode {mode!r}; choose one of {list(MODES)}")
+        runner = self._runner_for(graph)
+        runner.program(runner.runs(mode or self.mode))
 
     def _check_types(self, graph: "HeteroGraph | Batch") -> None:
         """``graph`` has the layer's node and edge types (a batch's may be empty, never other ones)."""
