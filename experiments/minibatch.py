@@ -52,6 +52,11 @@ def main() -> int:
     ap.add_argument("--heads", type=int, default=2, help="HGT's heads")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--db", default=None, help="a trial database: rgtune loads its best training schedule from it")
+    ap.add_argument("--config", default=None,
+                    help="rgtune's schedule, knob=value pairs joined by commas (e.g. reorder.aggregate_first=on); "
+                         "default: every knob's default (or --db's best)")
+    ap.add_argument("--seed-type", default=None, help="the node type classified (default: the task's, else the type "
+                                                      "with the most in-edges) with random labels when no task")
     ap.add_argument("--losses", action="store_true", help="print every step's loss")
     ap.add_argument("--json", default=None, help="append one row per model and implementation (JSON lines)")
     ap.add_argument("--one", default=None, help=argparse_hidden())
@@ -83,7 +88,8 @@ def argparse_hidden() -> str:
 
 def _passthrough(args: Any) -> list[str]:
     out = []
-    for name in ("dataset", "steps", "warmup", "fanouts", "batch_size", "hidden", "heads", "threads", "db"):
+    for name in ("dataset", "steps", "warmup", "fanouts", "batch_size", "hidden", "heads", "threads", "db", "config",
+                 "seed_type"):
         v = getattr(args, name)
         if v is not None:
             out += [f"--{name.replace('_', '-')}", str(v)]
@@ -112,7 +118,7 @@ def run_one(spec: str, args: Any) -> dict[str, Any]:
     model, impl = spec.split("/")
     torch.set_num_threads(args.threads)
     g = load_dataset(args.dataset)
-    seed_type = g.task.category if g.task is not None else max(g.ntypes, key=g.num_nodes)
+    seed_type = _seed_type(g, args)
     num_classes = g.task.num_classes if g.task is not None else 16
     seeds = g.task.train_idx if g.task is not None else torch.arange(g.num_nodes(seed_type))
     labels = torch.zeros(g.num_nodes(seed_type), dtype=torch.int64)
@@ -157,6 +163,14 @@ def run_one(spec: str, args: Any) -> dict[str, Any]:
             "edges_per_step": statistics.median(edges)}
 
 
+def _seed_type(g: Any, args: Any) -> str:
+    if args.seed_type:
+        return args.seed_type
+    if g.task is not None:
+        return g.task.category
+    return max(g.ntypes, key=lambda t: sum(g.num_edges(c) for c in g.canonical_etypes if c[2] == t))
+
+
 def _forever(loader: Any) -> Any:
     while True:
         yield from loader
@@ -175,12 +189,12 @@ def _network(impl: str, model: str, g: Any, args: Any, num_classes: int) -> Any:
 
         ours = [load_tuned(model, g, args.hidden, args.hidden, heads, db=args.db, backend="cpu", mode="training")
                 for _ in range(2)]
-        for layer in ours[1:]:
-            layer.reset_parameters()
     else:
-        ours = [Layer(model, g, args.hidden, args.hidden, heads, backend="cpu", mode="training") for _ in range(2)]
+        config = dict(kv.split("=", 1) for kv in args.config.split(",")) if args.config else None
+        ours = [Layer(model, g, args.hidden, args.hidden, heads, backend="cpu", mode="training", config=config)
+                for _ in range(2)]
     head = torch.nn.Linear(args.hidden, num_classes)
-    seed_type = g.task.category if g.task is not None else max(g.ntypes, key=g.num_nodes)
+    seed_type = _seed_type(g, args)
     if impl == "rgtune":
         return _Rgtune(ours, head, seed_type)
     if impl == "pyg":

@@ -155,3 +155,45 @@ def test_empty_relations_and_types_cost_nothing_and_work(graph: HeteroGraph) -> 
         x = {t: torch.randn(block.num_src[t], 4) for t in graph.ntypes}
         out = layer(x, block)
         assert {t: tuple(v.shape) for t, v in out.items()} == {t: (block.num_dst[t], 4) for t in graph.ntypes}
+
+
+def _arrays_by_sorting(b: Batch, layout: str) -> dict[str, torch.Tensor]:
+    """The oracle of a batch's index arrays: comparison sorts and ``torch.unique`` of int64 keys, no shortcut
+    (the fast paths assume the sampler's edge order, or count pairs densely)."""
+    n, r = b.num_nodes(), b.num_rels
+    src, dst, rel = b.src, b.dst, b.etype
+    if layout == "csr_dst":
+        eid = torch.sort(dst * r + rel, stable=True).indices
+        rel_order = torch.sort(rel[eid], stable=True).indices
+    else:
+        eid = torch.sort(rel * n + (dst if layout == "coo_rel_dst" else src), stable=True).indices
+        rel_order = torch.arange(b.num_edges())
+    out = {"e_src": src[eid], "e_dst": dst[eid], "e_rel": rel[eid], "e_eid": eid, "e_rel_order": rel_order}
+    for side, node in (("sp", src), ("dp", dst)):
+        keys, inverse = torch.unique(rel * n + node, return_inverse=True)
+        out.update({f"{side}_node": keys % n, f"{side}_rel": keys // n, f"e_{side}": inverse[eid],
+                    f"{side}_offsets": torch.searchsorted(keys // n, torch.arange(r + 1))})
+    return out
+
+
+@pytest.mark.parametrize("layout", ["csr_dst", "coo_rel_dst", "coo_rel_src"])
+@pytest.mark.parametrize("order", ["sampled", "shuffled"])
+def test_a_batch_index_arrays_are_those_of_sorting_its_edges(graph: HeteroGraph, layout: str, order: str) -> None:
+    """The sampler's batches take the fast paths (edges by relation, then destination); a batch built from
+    edges in another order takes the general one; both give what sorting the edges gives."""
+    from rgtune.ir.bind import graph_arrays
+
+    block = NeighborSampler(graph, [5]).sample(_seeds(graph, 1, 40), torch.Generator().manual_seed(2)).blocks[0]
+    if order == "shuffled":  # the same edges, each relation's in a random order
+        g = torch.Generator().manual_seed(3)
+        edges = {}
+        for r, c in enumerate(graph.canonical_etypes):
+            lo, hi = int(block.rel_offsets[r]), int(block.rel_offsets[r + 1])
+            perm = torch.randperm(hi - lo, generator=g) + lo
+            edges[c] = (_local(block, c[0], block.src[perm]), _local(block, c[2], block.dst[perm]))
+        block = Batch(graph.ntypes, graph.canonical_etypes, num_src=block.num_src, num_dst=block.num_dst, edges=edges)
+        key = block.etype * block.num_nodes() + block.dst
+        assert not bool((key[1:] >= key[:-1]).all())  # the general path, then
+    a = graph_arrays(block, layout, 64)
+    for name, want in _arrays_by_sorting(block, layout).items():
+        assert torch.equal(getattr(a, name).long(), want), name

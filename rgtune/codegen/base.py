@@ -42,6 +42,14 @@ class CompileError(BackendError):
         self.log = log
 
 
+def source_hash(sources: Mapping[str, str]) -> str:
+    """The hash of a program's generated files (name -> text): what identifies the code a schedule makes."""
+    h = hashlib.sha256()
+    for name in sorted(sources):
+        h.update(name.encode() + b"\0" + sources[name].encode() + b"\0")
+    return h.hexdigest()[:16]
+
+
 #: what a training program's run returns: the output, the input's gradient, and param -> its gradient
 #: (a derived param's too: its sources' come through the fold, see :mod:`rgtune.ir.autodiff`)
 TrainingResult = tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]
@@ -94,10 +102,7 @@ class BuiltProgram:
 
     @property
     def source_hash(self) -> str:
-        h = hashlib.sha256()
-        for name in sorted(self.sources):
-            h.update(name.encode() + b"\0" + self.sources[name].encode() + b"\0")
-        return h.hexdigest()[:16]
+        return source_hash(self.sources)
 
     def run(self, x: torch.Tensor, params: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """The layer's output for input ``x`` (global node order) and learnable ``params``."""

@@ -125,7 +125,10 @@ class CEmitter:
         dd = d if e.dim > 1 else "0"
         if isinstance(e, Load):
             heads, dim = self.buffers[e.buffer]  # the row's width; the load's own heads x dim index within it
-            return f"{e.buffer}[{self._offset(self.index(e.via), heads * dim, e.heads, e.dim, hh, dd)}]"
+            row = self.index(e.via)
+            load = f"{e.buffer}[{self._offset(row, heads * dim, e.heads, e.dim, hh, dd)}]"
+            # a destinations' buffer read at any node: zero past them (the kernel has num_dst_nodes)
+            return f"(({row}) < {DST_ROWS} ? {load} : 0.0f)" if e.guard else load
         if isinstance(e, Acc):
             assert self.acc_shape is not None, "acc outside a GEMM epilogue"
             heads, dim = self.acc_shape
@@ -188,6 +191,10 @@ class CEmitter:
     @staticmethod
     def _offset(row: str, width: int, heads: int, dim: int, h: str, d: str) -> str:
         return f"(long)({row}) * {width} + {_flat(heads, dim, h, d)}"
+
+
+#: the name of the destinations' row count in a kernel that reads a guarded load (:attr:`Load.guard`)
+DST_ROWS = "num_dst_nodes"
 
 
 def _unary(op: str, x: str, alpha: float) -> str:

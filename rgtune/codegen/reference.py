@@ -34,7 +34,7 @@ from rgtune.data.graph import HeteroGraph
 from rgtune.codegen.weights import fold_weights
 from rgtune.ir.bind import GraphArrays, concrete_device, graph_arrays, row_types
 from rgtune.ir.op_rules import unary
-from rgtune.ir.kernels import (Acc, AggregateStage, BinaryE, BroadcastE, ConcatE, EdgeSoftmaxStage, EdgeStore, Expr,
+from rgtune.ir.kernels import (NODE_ROWS, Acc, AggregateStage, BinaryE, BroadcastE, ConcatE, EdgeSoftmaxStage, EdgeStore, Expr,
                                GatedE, GemmKernel, GraphLoad, InnerE, Kernel, KernelProgram, Load, MapKernel, ParamLoad,
                                ReduceE, ScaleE, ScatterKernel, SliceE, SoftmaxAggregate, TraversalKernel, UnaryE,
                                WeightGradKernel, WeightKernel)
@@ -64,7 +64,8 @@ def init_params(kp: KernelProgram, graph: HeteroGraph, dtype: torch.dtype = torc
 
 
 class ReferenceExecutor:
-    """Runs ``kp`` on ``graph``: ``run(x, params) -> output (num_nodes, out_features)``."""
+    """Runs ``kp`` on ``graph``: ``run(x, params) -> output (rows, out_features)``: every node's, or a
+    destinations program's (:attr:`~rgtune.ir.plan.LoweringPlan.destinations`) the destinations'."""
 
     def __init__(self, kp: KernelProgram, graph: HeteroGraph, device: torch.device | str = "cpu") -> None:
         self.kp = kp
@@ -96,7 +97,7 @@ class ReferenceExecutor:
 
     # ---------------------------------------------------------------- running
     def run(self, x: torch.Tensor, params: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """The output ``(num_nodes, out_features)``, in the dtype of ``x``."""
+        """The output ``(rows, out_features)`` (the class docstring), in the dtype of ``x``."""
         kp, a = self.kp, self.a
         if x.shape != (a.num_nodes, kp.buffers[kp.input].width):
             raise ValueError(f"input must be ({a.num_nodes}, {kp.buffers[kp.input].width}), got {tuple(x.shape)}")
@@ -149,7 +150,7 @@ class ReferenceExecutor:
         self.bufs: dict[str, torch.Tensor] = {kp.input: x.reshape(a.num_nodes, 1, -1), **given}
         if dout is not None:
             b = kp.buffers[kp.dout]  # type: ignore[index]
-            self.bufs[kp.dout] = dout.reshape(a.num_nodes, b.heads, b.dim)  # type: ignore[index]
+            self.bufs[kp.dout] = dout.reshape(a.rows(b.domain), b.heads, b.dim)  # type: ignore[index]
         for name in kp.zero_init - set(given):
             b = kp.buffers[name]
             self.bufs[name] = x.new_zeros(a.rows(b.domain), b.heads, b.dim)
@@ -174,7 +175,7 @@ class ReferenceExecutor:
             else:  # pragma: no cover
                 raise TypeError(f"no reference execution for {type(k).__name__}")
         out = self.bufs.get(self.kp.output)
-        return out.reshape(a.num_nodes, -1) if out is not None else None  # type: ignore[return-value]
+        return out.reshape(out.shape[0], -1) if out is not None else None  # type: ignore[return-value]
 
     # ---------------------------------------------------------------- gemm
     def _segments(self, rows: str, by: str, end: str | None) -> tuple[torch.Tensor | None, list[tuple[int, int, int]]]:
@@ -182,9 +183,9 @@ class ReferenceExecutor:
         a = self.a
         if by == "none":
             return None, [(0, 0, a.rows(rows))]
-        if rows == "node" and by == "ntype":  # rows in runs of one type (a batch: destinations, then sources)
-            bounds, run_type = a.node_offsets.tolist(), a.node_run_type.tolist()
-            return None, [(t, s, e) for t, s, e in zip(run_type, bounds[:-1], bounds[1:]) if e > s]
+        if rows in NODE_ROWS and by == "ntype":  # rows in runs of one type (a batch: destinations, then sources)
+            bounds, run_type, n = a.node_offsets.tolist(), a.node_run_type.tolist(), a.rows(rows)
+            return None, [(t, s, min(e, n)) for t, s, e in zip(run_type, bounds[:-1], bounds[1:]) if min(e, n) > s]
         elif rows == "edge" and by == "rel":
             perm, offsets = a.e_rel_order.long(), a.rel_offsets
         elif rows in ("src_pair", "dst_pair") and by == "rel":
@@ -202,8 +203,7 @@ class ReferenceExecutor:
         a = self.a
         n = a.rows(k.rows)
         x = self.bufs[k.x]
-        if k.x_via != "row":
-            x = x[self._index(k.rows, k.x_via)]
+        x = x[:n] if k.x_via == "row" else x[self._index(k.rows, k.x_via)]  # node rows: the first n
         w = self.params[k.weight]
         x = x.reshape(n, k.in_heads, k.in_dim) if k.per_head else x.reshape(n, 1, k.in_heads * k.in_dim)
         perm, segments = self._segments(k.rows, k.by, k.weight_end)
@@ -233,10 +233,10 @@ class ReferenceExecutor:
     def _weight_grad(self, k: WeightGradKernel) -> None:
         a = self.a
         n = a.rows(k.rows)
-        dy = self.bufs[k.dy].reshape(n, k.out_heads, k.out_dim)
+        dy = self.bufs[k.dy][:n].reshape(n, k.out_heads, k.out_dim)
         x = None
         if k.x is not None:
-            x = self.bufs[k.x] if k.x_via == "row" else self.bufs[k.x][self._index(k.rows, k.x_via)]
+            x = self.bufs[k.x][:n] if k.x_via == "row" else self.bufs[k.x][self._index(k.rows, k.x_via)]
             x = x.reshape(n, k.in_heads, k.in_dim) if k.per_head else x.reshape(n, k.in_heads * k.in_dim)
         slice_shape = self.kp.param_shapes[k.param]
         count = 1 if k.by == "none" else {"ntype": a.num_ntypes, "rel": a.num_rels}[k.by]
@@ -309,8 +309,10 @@ class ReferenceExecutor:
         if (rows, via) in table:
             return table[(rows, via)].long()
         if via == "ntype":
-            node = {"node": None, "src_pair": a.sp_node, "dst_pair": a.dp_node}[rows]
-            return a.node_type.long() if node is None else a.node_type.long()[node.long()]
+            if rows in NODE_ROWS:
+                return a.node_type.long()[:a.rows(rows)]
+            node = {"src_pair": a.sp_node, "dst_pair": a.dp_node}[rows]
+            return a.node_type.long()[node.long()]
         if via in ("src_ntype", "dst_ntype"):
             return a.node_type.long()[(a.e_src if via == "src_ntype" else a.e_dst).long()]
         raise ValueError(f"no index {via!r} on {rows} rows")
@@ -323,7 +325,13 @@ class ReferenceExecutor:
             return acc
         if isinstance(e, Load):
             buf = self.bufs[e.buffer]
-            rows_of = buf if e.via == "row" else buf[self._index(rows, e.via)]
+            if e.guard:  # a destinations' buffer read at any row: zero past them
+                index = torch.arange(n, device=buf.device) if e.via == "row" else self._index(rows, e.via)
+                inside = index < buf.shape[0]
+                rows_of = buf.new_zeros((index.shape[0],) + tuple(buf.shape[1:]))
+                rows_of[inside] = buf[index[inside]]
+            else:  # a node buffer read at the destinations' rows: its first rows
+                rows_of = buf[:n] if e.via == "row" else buf[self._index(rows, e.via)]
             if tuple(rows_of.shape[1:]) != (e.heads, e.dim):  # a view: the row's features in other heads
                 rows_of = rows_of.reshape(rows_of.shape[0], e.heads, e.dim)
             return rows_of

@@ -35,6 +35,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 from contextlib import contextmanager
 from typing import Iterator, Mapping, Sequence
 
@@ -66,33 +67,8 @@ class Batch:
     def __init__(self, ntypes: Sequence[str], canonical_etypes: Sequence[CanonicalEType], *,
                  num_src: Mapping[str, int], num_dst: Mapping[str, int],
                  edges: Mapping[CanonicalEType, tuple[object, object]], name: str = "batch", check: bool = True) -> None:
-        self.name = name
-        self.ntypes = list(ntypes)
-        self.canonical_etypes = [tuple(c) for c in canonical_etypes]
-        self._ntype_id = {t: i for i, t in enumerate(self.ntypes)}
-        self._rel_id = {c: i for i, c in enumerate(self.canonical_etypes)}
-        _known("node type", num_src, self._ntype_id, self.ntypes)
-        _known("node type", num_dst, self._ntype_id, self.ntypes)
+        self._counts(ntypes, canonical_etypes, num_src, num_dst, name)
         _known("edge type", edges, self._rel_id, self.canonical_etypes)
-        n_src = [int(num_src.get(t, 0)) for t in self.ntypes]
-        n_dst = [int(num_dst.get(t, 0)) for t in self.ntypes]
-        for t, s, d in zip(self.ntypes, n_src, n_dst):
-            if not 0 <= d <= s:
-                raise ValueError(f"batch {name!r}: node type {t!r} has {d} destinations but {s} source nodes; the "
-                                 "destinations are the first source nodes, so 0 <= num_dst <= num_src")
-        self.num_src, self.num_dst = dict(zip(self.ntypes, n_src)), dict(zip(self.ntypes, n_dst))
-        self.num_dst_nodes = sum(n_dst)
-        self._num_nodes = sum(n_src)
-        # global id of a type's local id i: dst_base[t] + i for a destination, src_base[t] + i - n_dst[t] after
-        dst_base = torch.tensor([0] + n_dst[:-1], dtype=torch.int64).cumsum(0)
-        only = [s - d for s, d in zip(n_src, n_dst)]
-        src_base = self.num_dst_nodes + torch.tensor([0] + only[:-1], dtype=torch.int64).cumsum(0)
-        self._dst_base, self._src_base, self._n_dst = dst_base.tolist(), src_base.tolist(), n_dst
-        self.node_type = torch.cat([torch.arange(len(n_dst)).repeat_interleave(torch.tensor(n_dst)),
-                                    torch.arange(len(only)).repeat_interleave(torch.tensor(only))])
-        #: the runs of one node type in the global order: offsets and each run's type (destinations, then sources)
-        self.node_run_offsets = torch.tensor([0] + n_dst + only, dtype=torch.int64).cumsum(0)
-        self.node_run_type = torch.arange(len(self.ntypes)).repeat(2)
         src_parts, dst_parts, sizes = [], [], []
         device = None
         for cet in self.canonical_etypes:
@@ -104,20 +80,66 @@ class Batch:
                                  "destinations")
             st, dt = self._ntype_id[cet[0]], self._ntype_id[cet[2]]
             if check and s.numel():
-                _in_range(name, cet, "source", s, n_src[st])
-                _in_range(name, cet, "destination", d, n_dst[dt])
+                _in_range(name, cet, "source", s, self.num_src[cet[0]])
+                _in_range(name, cet, "destination", d, self.num_dst[cet[2]])
             src_parts.append(self._global(s, st))
             dst_parts.append(d + self._dst_base[dt])
             sizes.append(s.numel())
         empty = torch.zeros(0, dtype=torch.int64, device=device)
-        self.src = torch.cat([p.to(empty.device) for p in src_parts]) if src_parts else empty
-        self.dst = torch.cat([p.to(empty.device) for p in dst_parts]) if dst_parts else empty
-        self.rel_offsets = torch.tensor([0] + sizes, dtype=torch.int64).cumsum(0)
-        self.etype = torch.arange(len(sizes)).repeat_interleave(torch.tensor(sizes, dtype=torch.int64))
+        self._edges(torch.cat([p.to(empty.device) for p in src_parts]) if src_parts else empty,
+                    torch.cat([p.to(empty.device) for p in dst_parts]) if dst_parts else empty,
+                    torch.tensor(sizes, dtype=torch.int64))
+
+    @classmethod
+    def from_global(cls, ntypes: Sequence[str], canonical_etypes: Sequence[CanonicalEType], *,
+                    num_src: Sequence[int], num_dst: Sequence[int], src: torch.Tensor, dst: torch.Tensor,
+                    rel_counts: torch.Tensor, name: str = "batch") -> "Batch":
+        """A batch from its global numbering directly (a sampler's: no per-relation work): per type (in
+        ``ntypes`` order) its source and destination counts, the edges relation by relation as global ids
+        (``src < num_nodes``, ``dst < num_dst_nodes``) and the edges of each relation. Not checked."""
+        b = cls.__new__(cls)
+        b._counts(ntypes, canonical_etypes, dict(zip(ntypes, num_src)), dict(zip(ntypes, num_dst)), name)
+        b._edges(src, dst, rel_counts.to(torch.int64).cpu())
+        return b
+
+    def _counts(self, ntypes: Sequence[str], canonical_etypes: Sequence[CanonicalEType], num_src: Mapping[str, int],
+                num_dst: Mapping[str, int], name: str) -> None:
+        """The node types, their counts and the global numbering (see the module docstring)."""
+        self.name = name
+        self.ntypes = list(ntypes)
+        self.canonical_etypes = [tuple(c) for c in canonical_etypes]
+        self._ntype_id = {t: i for i, t in enumerate(self.ntypes)}
+        self._rel_id = {c: i for i, c in enumerate(self.canonical_etypes)}
+        _known("node type", num_src, self._ntype_id, self.ntypes)
+        _known("node type", num_dst, self._ntype_id, self.ntypes)
+        n_src = [int(num_src.get(t, 0)) for t in self.ntypes]
+        n_dst = [int(num_dst.get(t, 0)) for t in self.ntypes]
+        for t, s, d in zip(self.ntypes, n_src, n_dst):
+            if not 0 <= d <= s:
+                raise ValueError(f"batch {name!r}: node type {t!r} has {d} destinations but {s} source nodes; the "
+                                 "destinations are the first source nodes, so 0 <= num_dst <= num_src")
+        self.num_src, self.num_dst = dict(zip(self.ntypes, n_src)), dict(zip(self.ntypes, n_dst))
+        self.num_dst_nodes = sum(n_dst)
+        self._num_nodes = sum(n_src)
+        # global id of a type's local id i: dst_base[t] + i for a destination, src_base[t] + i - n_dst[t] after
+        only = [s - d for s, d in zip(n_src, n_dst)]
+        self._dst_base = [0, *itertools.accumulate(n_dst)][:-1]
+        self._src_base = [self.num_dst_nodes + b for b in [0, *itertools.accumulate(only)][:-1]]
+        self._n_dst = n_dst
+        #: the runs of one node type in the global order: offsets and each run's type (destinations, then sources)
+        self.node_run_offsets = torch.tensor([0, *itertools.accumulate(n_dst + only)], dtype=torch.int64)
+        self.node_run_type = torch.arange(len(self.ntypes)).repeat(2)
         self.src_ntype_of_rel = torch.tensor([self._ntype_id[c[0]] for c in self.canonical_etypes], dtype=torch.int64)
         self.dst_ntype_of_rel = torch.tensor([self._ntype_id[c[2]] for c in self.canonical_etypes], dtype=torch.int64)
-        if device is not None and device.type != "cpu":
-            self.node_type, self.etype = self.node_type.to(device), self.etype.to(device)
+
+    def _edges(self, src: torch.Tensor, dst: torch.Tensor, rel_counts: torch.Tensor) -> None:
+        """The edges, global ids relation by relation, and the per-node and per-edge types."""
+        self.src, self.dst = src, dst
+        device = src.device
+        counts = torch.tensor(self._n_dst + [n - d for n, d in zip(self.num_src.values(), self._n_dst)])
+        self.node_type = torch.arange(len(self.ntypes)).repeat(2).repeat_interleave(counts).to(device)
+        self.rel_offsets = torch.cat([rel_counts.new_zeros(1), rel_counts.cumsum(0)])
+        self.etype = torch.arange(rel_counts.numel()).repeat_interleave(rel_counts).to(device)
 
     def _global(self, local: torch.Tensor, t: int) -> torch.Tensor:
         """Global ids of type ``t``'s local ids (destinations first, then the type's source-only nodes)."""

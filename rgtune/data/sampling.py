@@ -25,11 +25,14 @@ Example:
 
 from __future__ import annotations
 
+import itertools
+import threading
 from dataclasses import dataclass
 from typing import Iterator, Mapping, Sequence
 
 import torch
 
+from rgtune.data._sort import stable_argsort_small
 from rgtune.data.batch import Batch
 from rgtune.data.graph import CanonicalEType, HeteroGraph
 
@@ -61,23 +64,45 @@ class NeighborSampler:
         fanouts: one per layer, first layer first (as PyG's ``num_neighbors`` and DGL's fan-outs): an int
             for every relation, or a dict per canonical edge type (a relation it leaves out is not
             sampled); ``-1`` takes every in-neighbour.
+
+    The graph's in-edges are indexed once, grouped by destination and relation (the groups a fan-out
+    applies to); a batch then costs a few torch ops over the groups of its destinations and the edges
+    it draws, whatever the number of relations.
     """
 
     def __init__(self, graph: HeteroGraph, fanouts: Sequence[Fanout]) -> None:
         if not fanouts:
             raise ValueError("fanouts: give one per layer (e.g. [15, 10]), got none")
         self.graph = graph
-        self.fanouts = [self._per_relation(f, i) for i, f in enumerate(fanouts)]
-        ntype_id = {t: i for i, t in enumerate(graph.ntypes)}
-        # per relation, the in-edges of each destination: sources sorted by destination (a CSC), built once
-        self._csc: list[tuple[torch.Tensor, torch.Tensor]] = []
-        for c in graph.canonical_etypes:
-            src, dst = graph.edges(c)
-            order = torch.sort(dst, stable=True).indices
-            counts = torch.bincount(dst, minlength=graph.num_nodes(c[2]))
-            self._csc.append((torch.cat([counts.new_zeros(1), counts.cumsum(0)]), src[order]))
-        self._src_type = [ntype_id[c[0]] for c in graph.canonical_etypes]
-        self._dst_type = [ntype_id[c[2]] for c in graph.canonical_etypes]
+        self.fanouts = [torch.tensor(self._per_relation(f, i), dtype=torch.int64) for i, f in enumerate(fanouts)]
+        r = max(graph.num_rels, 1)
+        order = torch.sort(graph.dst * r + graph.etype, stable=True).indices  # by destination, then relation
+        self._src, key = graph.src[order], (graph.dst * r + graph.etype)[order]
+        # the (destination, relation) groups: where each starts among the sorted edges, its size and relation
+        starts = torch.cat([torch.ones(min(1, key.numel()), dtype=torch.bool), key[1:] != key[:-1]]).nonzero().flatten()
+        self._grp_start = starts
+        self._grp_len = torch.diff(torch.cat([starts, torch.tensor([key.numel()])]))
+        self._grp_rel = key[starts] % r
+        per_node = torch.bincount(key[starts] // r, minlength=graph.num_nodes())
+        self._node_grp = torch.cat([per_node.new_zeros(1), per_node.cumsum(0)])  # a node's groups: [ptr[v], ptr[v+1])
+        self._node_type = graph.node_type
+        #: per graph node, where it first occurs in the batch being made (-1: not yet); reset after use
+        self._first = torch.full((graph.num_nodes(),), -1, dtype=torch.int64)
+        self._lock = threading.Lock()  # one batch at a time uses it
+
+    def _first_occurrence(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``ids`` deduplicated in order of first occurrence, and each element's index among them: one
+        scatter into a per-node array (touching only ``ids``), no sort."""
+        pos = torch.arange(ids.numel())
+        with self._lock:
+            first = self._first
+            first[ids] = ids.numel()
+            first.scatter_reduce_(0, ids, pos, reduce="amin")
+            at = first[ids]
+            first[ids] = -1
+        is_first = at == pos
+        rank = torch.cumsum(is_first, 0) - 1  # a first occurrence's index among the unique ids
+        return ids[is_first], rank[at]
 
     def _per_relation(self, fanout: Fanout, layer: int) -> list[int]:
         g = self.graph
@@ -99,47 +124,56 @@ class NeighborSampler:
             raise ValueError(f"seeds of node types {unknown} that graph {g.name!r} does not have; its node types: "
                              f"{g.ntypes}")
         empty = torch.zeros(0, dtype=torch.int64)
-        frontier = [torch.as_tensor(seeds.get(t, empty), dtype=torch.int64).reshape(-1) for t in g.ntypes]
-        seed_ids = {t: f for t, f in zip(g.ntypes, frontier)}
+        per_type = [torch.as_tensor(seeds.get(t, empty), dtype=torch.int64).reshape(-1) for t in g.ntypes]
+        seed_ids = dict(zip(g.ntypes, per_type))
+        # the frontier: global ids, type by type (a block's destinations in its own global order)
+        counts = [int(p.numel()) for p in per_type]
+        frontier = torch.cat([p + int(g.node_offsets[i]) for i, p in enumerate(per_type)])
         blocks: list[Batch] = []
         for fanout in reversed(self.fanouts):
-            block, frontier = self._block(frontier, fanout, generator)
+            block, frontier, counts = self._block(frontier, counts, fanout, generator)
             blocks.append(block)
         blocks.reverse()
-        return MiniBatch(seed_ids, {t: f for t, f in zip(g.ntypes, frontier)}, blocks)
+        bounds = [0, *itertools.accumulate(counts)]
+        inputs = {t: frontier[bounds[i]:bounds[i + 1]] - int(g.node_offsets[i]) for i, t in enumerate(g.ntypes)}
+        return MiniBatch(seed_ids, inputs, blocks)
 
-    def _block(self, dst: list[torch.Tensor], fanout: list[int],
-               generator: torch.Generator | None) -> tuple[Batch, list[torch.Tensor]]:
-        """One layer: the sampled in-edges of ``dst`` (per type), and the block's sources (destinations first)."""
+    def _block(self, dst: torch.Tensor, dst_counts: list[int], fanout: torch.Tensor,
+               generator: torch.Generator | None) -> tuple[Batch, torch.Tensor, list[int]]:
+        """One layer: the sampled in-edges of ``dst`` (global ids, type by type: the block's destinations in
+        order), the block, and its sources (global ids, type by type, each type's destinations first)."""
         g = self.graph
-        picked: list[tuple[torch.Tensor, torch.Tensor]] = []  # per relation: (source id, destination position)
-        for r, (indptr, sources) in enumerate(self._csc):
-            nodes = dst[self._dst_type[r]]
-            if fanout[r] == 0 or nodes.numel() == 0:
-                picked.append((torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64)))
-                continue
-            start, deg = indptr[nodes], indptr[nodes + 1] - indptr[nodes]
-            pos, owner = _sample_segments(start, deg, fanout[r], generator)
-            picked.append((sources[pos], owner))
-        # each type's sources: its destinations, then the new ones in order of first appearance
-        new_ids: list[list[torch.Tensor]] = [[] for _ in g.ntypes]
-        for r, (src, _) in enumerate(picked):
-            new_ids[self._src_type[r]].append(src)
-        sources, local = [], []
-        for t, ids in enumerate(new_ids):
-            nodes, where = _first_occurrence_order(torch.cat([dst[t], *ids]))
-            sources.append(nodes)
-            local.append(where[dst[t].numel():])  # the local id of each sampled source, relation by relation
-        edges: dict[CanonicalEType, tuple[torch.Tensor, torch.Tensor]] = {}
-        taken = [0] * len(g.ntypes)
-        for r, (src, owner) in enumerate(picked):
-            t = self._src_type[r]
-            edges[g.canonical_etypes[r]] = (local[t][taken[t]:taken[t] + src.numel()], owner)
-            taken[t] += src.numel()
-        block = Batch(g.ntypes, g.canonical_etypes, num_src={t: int(s.numel()) for t, s in zip(g.ntypes, sources)},
-                      num_dst={t: int(d.numel()) for t, d in zip(g.ntypes, dst)}, edges=edges, name=g.name,
-                      check=False)
-        return block, sources
+        # the (destination, relation) groups of the destinations, and the fan-out of each
+        first, count = self._node_grp[dst], self._node_grp[dst + 1] - self._node_grp[dst]
+        owner = torch.arange(dst.numel()).repeat_interleave(count)
+        grp = _ranges(first, count)
+        k = fanout[self._grp_rel[grp]]
+        keep = k != 0
+        grp, owner, k = grp[keep], owner[keep], k[keep]
+        pos, seg = _sample_segments(self._grp_start[grp], self._grp_len[grp], k, generator)
+        src, rel, dst_local = self._src[pos], self._grp_rel[grp][seg], owner[seg]
+        # the sources: the destinations, then the new nodes (first appearance), type by type
+        nodes, where = self._first_occurrence(torch.cat([dst, src]))
+        new = nodes[dst.numel():]
+        new_type = self._node_type[new]
+        by_type = stable_argsort_small(new_type, g.num_ntypes)
+        new_counts = torch.bincount(new_type, minlength=g.num_ntypes).tolist()
+        local = torch.empty(nodes.numel(), dtype=torch.int64)
+        local[:dst.numel()] = torch.arange(dst.numel())
+        local[dst.numel() + by_type] = dst.numel() + torch.arange(new.numel())
+        src_local = local[where[dst.numel():]]
+        # relation by relation (within a relation, in the order drawn)
+        order = stable_argsort_small(rel, g.num_rels)
+        rel_counts = torch.bincount(rel, minlength=g.num_rels)
+        num_src = [d + n for d, n in zip(dst_counts, new_counts)]
+        block = Batch.from_global(g.ntypes, g.canonical_etypes, num_src=num_src, num_dst=dst_counts,
+                                  src=src_local[order], dst=dst_local[order], rel_counts=rel_counts, name=g.name)
+        # the next layer's destinations: this block's sources, type by type, each type's destinations first
+        new_sorted = new[by_type]
+        d_bounds, n_bounds = [0, *itertools.accumulate(dst_counts)], [0, *itertools.accumulate(new_counts)]
+        sources = torch.cat([part for t in range(g.num_ntypes) for part in
+                             (dst[d_bounds[t]:d_bounds[t + 1]], new_sorted[n_bounds[t]:n_bounds[t + 1]])])
+        return block, sources, num_src
 
 
 class NeighborLoader:
@@ -171,45 +205,56 @@ class NeighborLoader:
                 yield self.sampler.sample({t: order[i:i + self.batch_size]}, gen)
 
 
-def _sample_segments(start: torch.Tensor, deg: torch.Tensor, k: int,
+def _ranges(first: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """``first[i] .. first[i] + count[i] - 1`` for every ``i``, concatenated."""
+    total = int(count.sum())
+    starts = torch.cumsum(count, 0) - count
+    return first.repeat_interleave(count) + torch.arange(total) - starts.repeat_interleave(count)
+
+
+def _sample_segments(start: torch.Tensor, deg: torch.Tensor, k: torch.Tensor,
                      generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
     """For each segment ``[start, start + deg)``: every position when ``deg <= k`` (or ``k == -1``), else
-    ``k`` of them uniformly without replacement; the positions and the index of the segment of each."""
-    if k == -1:
-        k = int(deg.max()) if deg.numel() else 0
+    ``k`` of them uniformly without replacement; the positions and the segment of each (not grouped)."""
     seg = torch.arange(deg.numel())
-    small = deg <= k
-    # small segments: all their positions
+    small = (deg <= k) | (k == -1)
     s_deg = deg[small]
-    s_owner = seg[small].repeat_interleave(s_deg)
-    s_first = torch.cumsum(s_deg, 0) - s_deg
-    s_pos = start[small].repeat_interleave(s_deg) + torch.arange(int(s_deg.sum())) - s_first.repeat_interleave(s_deg)
-    if bool(small.all()):
-        return s_pos, s_owner
-    # large segments: a random key per candidate, the k smallest keys of each segment
-    b_deg, b_start, b_seg = deg[~small], start[~small], seg[~small]
-    owner = torch.arange(b_deg.numel()).repeat_interleave(b_deg)
-    first = torch.cumsum(b_deg, 0) - b_deg
-    within = torch.arange(int(b_deg.sum())) - first.repeat_interleave(b_deg)
+    pos, owner = [_ranges(start[small], s_deg)], [seg[small].repeat_interleave(s_deg)]
+    # a segment at most 4 fan-outs long: a random key per position, the k smallest; a longer one: 2k draws
+    # with replacement, then k of their distinct values at random (a uniform k-subset by symmetry; a
+    # segment left with fewer than k distinct ones, rarely, takes the first way)
+    short = ~small & (deg <= 4 * k)
+    long = ~small & ~short
+    if bool(long.any()):
+        l_seg, l_deg, l_k = seg[long], deg[long], k[long]
+        draws = 2 * l_k
+        owner_l = torch.arange(l_seg.numel()).repeat_interleave(draws)
+        offset = (torch.rand(owner_l.numel(), generator=generator, dtype=torch.float64) * l_deg[owner_l]).long()
+        key, counts = torch.unique(owner_l * int(l_deg.max()) + offset, return_counts=True)
+        u_owner, u_offset = key // int(l_deg.max()), key % int(l_deg.max())
+        distinct = torch.bincount(u_owner, minlength=l_seg.numel())
+        enough = distinct >= l_k
+        ok = enough[u_owner]
+        chosen = _k_smallest_random(u_owner[ok], l_k, generator)
+        pos.append(start[l_seg][u_owner[ok][chosen]] + u_offset[ok][chosen])
+        owner.append(l_seg[u_owner[ok][chosen]])
+        short[l_seg[~enough]] = True
+    if bool(short.any()):
+        b_seg, b_deg, b_k = seg[short], deg[short], k[short]
+        cand_owner = torch.arange(b_seg.numel()).repeat_interleave(b_deg)
+        chosen = _k_smallest_random(cand_owner, b_k, generator)
+        first = torch.cumsum(b_deg, 0) - b_deg
+        pos.append(start[b_seg][cand_owner[chosen]] + chosen - first[cand_owner[chosen]])
+        owner.append(b_seg[cand_owner[chosen]])
+    return torch.cat(pos), torch.cat(owner)
+
+
+def _k_smallest_random(owner: torch.Tensor, k: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """Of the candidates grouped by ``owner`` (non-decreasing), ``k[o]`` of each group ``o`` uniformly at
+    random: their indices."""
     keys = owner.double() + torch.rand(owner.numel(), generator=generator, dtype=torch.float64)
-    order = torch.sort(keys).indices  # by segment, then key
+    order = torch.sort(keys).indices  # by group, then key
+    counts = torch.bincount(owner, minlength=k.numel())
+    first = torch.cumsum(counts, 0) - counts
     rank = torch.arange(order.numel()) - first[owner[order]]
-    chosen = order[rank < k]
-    l_pos = b_start[owner[chosen]] + within[chosen]
-    l_owner = b_seg[owner[chosen]]
-    pos, owner_all = torch.cat([s_pos, l_pos]), torch.cat([s_owner, l_owner])
-    order = torch.sort(owner_all, stable=True).indices  # edges of one destination together
-    return pos[order], owner_all[order]
-
-
-def _first_occurrence_order(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``ids`` deduplicated in order of first occurrence, and each element's index among them."""
-    if ids.numel() == 0:
-        return ids, ids
-    uniq, inverse = torch.unique(ids, return_inverse=True)
-    first = torch.full((uniq.numel(),), ids.numel(), dtype=torch.int64)
-    first.scatter_reduce_(0, inverse, torch.arange(ids.numel()), reduce="amin")
-    order = torch.sort(first).indices
-    rank = torch.empty_like(order)
-    rank[order] = torch.arange(order.numel())
-    return uniq[order], rank[inverse]
+    return order[rank < k[owner[order]]]

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from rgtune.ir.kernels import (NODE, AggregateStage, BinaryE, GemmKernel, Kernel, KernelProgram, Load, MapKernel,
+from rgtune.ir.kernels import (NODE_ROWS, AggregateStage, BinaryE, GemmKernel, Kernel, KernelProgram, Load, MapKernel,
                                ScatterKernel, SoftmaxAggregate, TraversalKernel)
 
 __all__ = ["accumulate_into_addends"]
@@ -83,15 +83,16 @@ def _fold(kp: KernelProgram, out: str) -> tuple[int, int, str, str] | None:
         return None
     m = mine[0]
     k = kp.kernels[m]
-    if not (isinstance(k, MapKernel) and k.rows == NODE and isinstance(k.value, BinaryE) and k.value.op == "add"):
+    if not (isinstance(k, MapKernel) and k.rows in NODE_ROWS and isinstance(k.value, BinaryE) and k.value.op == "add"):
         return None
     loads = (k.value.a, k.value.b)
-    if not all(isinstance(v, Load) and v.via == "row" for v in loads):
+    if not all(isinstance(v, Load) and v.via == "row" and not v.guard for v in loads):
         return None
     names = [v.buffer for v in loads]  # type: ignore[union-attr]
     keep = {kp.input, kp.dout, kp.output, kp.input_grad}
-    # one shape for all (a view reads a buffer with other heads; a per-head GEMM writes its own)
-    shape = (NODE, kp.buffers[out].heads, kp.buffers[out].dim)
+    # one shape for all (a view reads a buffer with other heads; a per-head GEMM writes its own), and one
+    # row domain (every node, or the destinations': a sum of the two keeps its map)
+    shape = (k.rows, kp.buffers[out].heads, kp.buffers[out].dim)
     for a, b in (names, names[::-1]):
         if a == b or {a, b} & keep or readers.get(a) != [m] or readers.get(b) != [m]:
             continue
@@ -99,7 +100,7 @@ def _fold(kp: KernelProgram, out: str) -> tuple[int, int, str, str] | None:
         if len(wa) != 1 or len(wb) != 1 or not wa[0] < wb[0] < m or b not in kp.zero_init:
             continue
         shapes = {(kp.buffers[n].domain, kp.buffers[n].heads, kp.buffers[n].dim) for n in (a, b)}
-        if _accumulates(kp.kernels[wb[0]]) == b and shapes | {(NODE, v.heads, v.dim) for v in loads} == {shape}:
+        if _accumulates(kp.kernels[wb[0]]) == b and shapes | {(k.rows, v.heads, v.dim) for v in loads} == {shape}:
             return m, wb[0], a, b
     return None
 

@@ -20,9 +20,9 @@ import dataclasses
 from dataclasses import dataclass
 from functools import cached_property
 
-import numpy as np
 import torch
 
+from rgtune.data._sort import stable_argsort_small
 from rgtune.data.batch import Batch
 from rgtune.data.graph import HeteroGraph
 
@@ -61,8 +61,8 @@ class GraphArrays:
     num_dst_nodes: int
 
     def rows(self, domain: str) -> int:
-        return {"node": self.num_nodes, "edge": self.num_edges, "src_pair": int(self.sp_node.numel()),
-                "dst_pair": int(self.dp_node.numel())}[domain]
+        return {"node": self.num_nodes, "dst_node": self.num_dst_nodes, "edge": self.num_edges,
+                "src_pair": int(self.sp_node.numel()), "dst_pair": int(self.dp_node.numel())}[domain]
 
     def index_tensors(self) -> dict[str, torch.Tensor]:
         return {k: v for k, v in self.__dict__.items() if isinstance(v, torch.Tensor)}
@@ -205,23 +205,6 @@ def _rewidth(a: GraphArrays, bits: int) -> GraphArrays:
     )
 
 
-def _stable_argsort_rel(rel: torch.Tensor, num_rels: int) -> torch.Tensor:
-    """``torch.sort(rel, stable=True).indices`` for relation ids in ``[0, num_rels)``: on 8- or 16-bit
-    keys numpy's stable sort is a radix sort (one pass per byte), several times faster than a
-    comparison sort of int64.
-
-    Example:
-        >>> _stable_argsort_rel(torch.tensor([2, 0, 2, 1, 0]), 3).tolist()
-        [1, 4, 3, 0, 2]
-        >>> _stable_argsort_rel(torch.tensor([300, 0, 300, 1]), 301).tolist()
-        [1, 3, 0, 2]
-    """
-    for small in (np.uint8, np.uint16):
-        if num_rels <= np.iinfo(small).max + 1:
-            return torch.from_numpy(np.argsort(rel.numpy().astype(small), kind="stable").astype(np.int64))
-    return torch.sort(rel, stable=True).indices
-
-
 def _build(g: HeteroGraph, layout: str, bits: int) -> GraphArrays:
     idx = torch.int32 if bits == 32 else torch.int64
     indptr = None
@@ -232,7 +215,7 @@ def _build(g: HeteroGraph, layout: str, bits: int) -> GraphArrays:
         # In CSR order node v's in-edges are contiguous: per-destination values are each node's value
         # repeated by its in-degree, with no gather through the (random) permutation.
         e_dst = torch.repeat_interleave(torch.arange(g.num_nodes(), dtype=torch.int64), g.in_degrees)
-        rel_order = _stable_argsort_rel(e_rel, g.num_rels)
+        rel_order = stable_argsort_small(e_rel, g.num_rels)
         indptr = csr.indptr.to(idx)
     else:
         lay = g.layout("dst" if layout == COO_REL_DST else "src")
@@ -262,31 +245,50 @@ def _build(g: HeteroGraph, layout: str, bits: int) -> GraphArrays:
 
 def _build_batch(b: Batch, layout: str, bits: int) -> GraphArrays:
     """A batch's arrays: the same structures as :func:`_build`'s, made with torch ops over the batch's own
-    edges and nodes (sorts of int64 keys, ``unique``, ``bincount``), in time proportional to the batch, on
-    its device."""
+    edges and nodes, in time proportional to the batch, on its device. A sampler's batch has its edges by
+    relation, then destination (:class:`~rgtune.data.sampling.NeighborSampler`): its destination-major order
+    is then one radix sort of the destinations, and its relation order that sort's inverse; the (relation,
+    node) pairs are counted in a dense table where it is small (a bincount, no sort)."""
     idx = torch.int32 if bits == 32 else torch.int64
     n, e, r = b.num_nodes(), b.num_edges(), b.num_rels
     src, dst, rel = b.src, b.dst, b.etype.to(b.device)
     indptr = None
     in_degree = torch.bincount(dst, minlength=n)
+    rel_dst = rel * max(n, 1) + dst
+    by_rel_dst = bool((rel_dst[1:] >= rel_dst[:-1]).all()) if e > 1 else True
     if layout == CSR_DST:  # by destination, then relation (stable: the sampler's order of neighbours)
-        eid = torch.sort(dst * max(r, 1) + rel, stable=True).indices
-        rel_order = torch.sort(rel[eid], stable=True).indices
+        if by_rel_dst:  # a stable sort by destination keeps each one's edges by relation
+            eid = stable_argsort_small(dst, b.num_dst_nodes or 1)
+            rel_order = torch.empty_like(eid)
+            rel_order[eid] = torch.arange(e, device=b.device)  # back to relation-major: the inverse
+        else:
+            eid = stable_argsort_small(dst * max(r, 1) + rel, max(n * r, 1))
+            rel_order = stable_argsort_small(rel[eid], max(r, 1))
         indptr = torch.cat([in_degree.new_zeros(1), in_degree.cumsum(0)]).to(idx)
     else:  # segmented by relation, sorted by one end inside
         end = dst if layout == COO_REL_DST else src
-        eid = torch.sort(rel * max(n, 1) + end, stable=True).indices
+        eid = (torch.arange(e, device=b.device) if by_rel_dst and layout == COO_REL_DST else
+               stable_argsort_small(rel * max(n, 1) + end, max(n * r, 1)))
         rel_order = torch.arange(e, device=b.device)
 
-    def pairs(node: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Unique (node, relation) pairs sorted by relation then node; each edge's pair; the pairs per relation."""
-        keys, edge_to_pair, count = torch.unique(rel * max(n, 1) + node, return_inverse=True, return_counts=True)
+    def pairs(key: torch.Tensor, in_order: bool) -> tuple[torch.Tensor, ...]:
+        """Unique (node, relation) pairs sorted by relation then node; each edge's pair; the pairs per relation;
+        the edges per pair. ``key``: each edge's ``rel * n + node``, ``in_order`` when sorted already."""
+        order = None if in_order else stable_argsort_small(key, max(n * r, 1))
+        ordered = key if order is None else key[order]
+        first = torch.ones(e, dtype=torch.bool, device=b.device)
+        first[1:] = ordered[1:] != ordered[:-1]  # where a pair's run starts
+        pair = torch.cumsum(first, 0) - 1
+        starts = first.nonzero().flatten()
+        keys = ordered[starts]
+        count = torch.diff(starts, append=torch.tensor([e], device=b.device))
+        edge_to_pair = pair if order is None else torch.empty_like(pair).index_copy_(0, order, pair)
         p_rel = keys // max(n, 1)
         offsets = torch.searchsorted(p_rel, torch.arange(r + 1, device=b.device))
         return keys - p_rel * max(n, 1), p_rel, offsets, edge_to_pair, count
 
-    sp_node, sp_rel, sp_off, sp_of_edge, _ = pairs(src)
-    dp_node, dp_rel, dp_off, dp_of_edge, dp_count = pairs(dst)
+    sp_node, sp_rel, sp_off, sp_of_edge, _ = pairs(rel * max(n, 1) + src, False)
+    dp_node, dp_rel, dp_off, dp_of_edge, dp_count = pairs(rel_dst, by_rel_dst)
 
     def i(t: torch.Tensor) -> torch.Tensor:
         return t.to(idx).contiguous()
@@ -311,6 +313,8 @@ def row_types(a: GraphArrays, rows: str, by: str, end: str | None = None) -> tor
         return None
     if rows == "node":
         return a.node_type.long()
+    if rows == "dst_node":
+        return a.node_type.long()[:a.num_dst_nodes]
     if rows == "edge":
         if by == "rel":
             return a.e_rel.long()

@@ -216,11 +216,11 @@ def graph_counts(graph: "HeteroGraph") -> GraphCounts:
     cached = graph.__dict__.get("_rgtune_counts")
     if cached is None:
         a = any_graph_arrays(graph)
-        keys = [(r, by, None) for r in ("node", "src_pair", "dst_pair") for by in ("ntype", "rel") if
-                not (r == "node" and by == "rel")]
+        keys = [(r, by, None) for r in ("node", "dst_node", "src_pair", "dst_pair") for by in ("ntype", "rel") if
+                not (r in ("node", "dst_node") and by == "rel")]
         keys += [("edge", "rel", None), ("edge", "ntype", "src"), ("edge", "ntype", "dst")]
         per_type = {key: np.bincount(row_types(a, *key).numpy(), minlength=1).astype(np.int64) for key in keys}
-        cached = GraphCounts({d: a.rows(d) for d in ("node", "edge", "src_pair", "dst_pair")},
+        cached = GraphCounts({d: a.rows(d) for d in ("node", "dst_node", "edge", "src_pair", "dst_pair")},
                              {"ntype": a.num_ntypes, "rel": a.num_rels, "none": 1}, dict(a.bsearch_probes), per_type)
         graph.__dict__["_rgtune_counts"] = cached
     return cached

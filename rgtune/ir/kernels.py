@@ -42,6 +42,13 @@ from typing import Iterator
 
 from rgtune.ir.program import EDGE, NODE
 
+#: the kernel IR's rows of a layer's *destination* nodes: the first ``num_dst_nodes`` nodes (every node of a
+#: whole graph; a mini-batch's destinations, :class:`~rgtune.data.batch.Batch`). A node value that only
+#: destinations need (an output, a root term, a query) is computed and stored for these rows alone
+DST_NODE = "dst_node"
+#: the row domains of node values
+NODE_ROWS = (NODE, DST_NODE)
+
 # ---------------------------------------------------------------------------- buffers
 
 
@@ -89,10 +96,14 @@ class Expr:
 class Load(Expr):
     """Row ``via`` of ``buffer``. Its ``heads x dim`` may group the buffer's features differently than the
     buffer does (a view: ``heads * dim`` is the buffer's width, element ``(h, d)`` is feature ``h * dim + d``
-    of the row): a re-indexed load of the same memory."""
+    of the row): a re-indexed load of the same memory.
+
+    ``guard``: the buffer holds destination rows only (:data:`DST_NODE`) and is zero beyond them, and the
+    row read may be any node: the load is zero where the row is ``num_dst_nodes`` or past it."""
 
     buffer: str
     via: str
+    guard: bool = False
 
 
 @dataclass(frozen=True)
@@ -199,7 +210,7 @@ class ReduceE(Expr):
 def expr_str(e: Expr) -> str:
     """A compact text form of an expression, e.g. ``inner(load(k@src_pair), load(q@dst))``."""
     if isinstance(e, Load):
-        return f"{e.buffer}@{e.via}"
+        return f"{e.buffer}@{e.via}{'?' if e.guard else ''}"
     if isinstance(e, ParamLoad):
         return f"{e.param}[{e.via}]"
     if isinstance(e, GraphLoad):
@@ -586,3 +597,23 @@ class KernelProgram:
 
 def template_name(t: type[Kernel]) -> str:
     return t.__name__.replace("Kernel", "").lower()
+
+
+def kernel_exprs(k: Kernel) -> tuple[Expr, ...]:
+    """The expressions a kernel evaluates per row (a GEMM's epilogue, a traversal's stage, a map's value,
+    a scatter's message); none for the others."""
+    if isinstance(k, GemmKernel):
+        return tuple(e for _, e in k.epilogue)
+    if isinstance(k, TraversalKernel):
+        return k.stage.exprs()
+    if isinstance(k, MapKernel):
+        return (k.value,)
+    if isinstance(k, ScatterKernel):
+        return (k.message,)
+    return ()
+
+
+def reads_guarded(k: Kernel) -> bool:
+    """Whether ``k`` reads a destinations' buffer at rows that may be past them (:attr:`Load.guard`): its
+    code needs the destinations' count."""
+    return any(isinstance(x, Load) and x.guard for e in kernel_exprs(k) for x in e.walk())

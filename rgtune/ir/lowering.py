@@ -28,9 +28,11 @@ from __future__ import annotations
 
 from rgtune.ir.addend import accumulate_into_addends
 from rgtune.ir.fusion_plan import plan_epilogues
-from rgtune.ir.kernels import (Acc, AggregateStage, BinaryE, Buffer, EdgeSoftmaxStage, EdgeStore, Expr, GemmKernel,
-                               GraphLoad, KernelProgram, Load, MapKernel, ScatterKernel, SoftmaxAggregate,
-                               TraversalKernel, WeightGradKernel, WeightKernel)
+from typing import Any
+
+from rgtune.ir.kernels import (DST_NODE, NODE_ROWS, Acc, AggregateStage, BinaryE, Buffer, EdgeSoftmaxStage, EdgeStore,
+                               Expr, GemmKernel, GraphLoad, KernelProgram, Load, MapKernel, ScatterKernel,
+                               SoftmaxAggregate, TraversalKernel, WeightGradKernel, WeightKernel)
 from rgtune.ir.op_rules import rules_of, sums_features, sums_heads
 from rgtune.ir.passes.fusion import softmax_aggregations
 from rgtune.ir.plan import LoweringPlan
@@ -154,6 +156,91 @@ class _Lowering:
         epilogue_only = {t for t in self.epilogues
                          if all(u.out.name in epilogue_inners for u in self.users.get(t, [])) and t != p.output.name}
         self.stored = {v for v in m if v not in epilogue_only and v not in self.accumulate_into}
+        self.dst_rows = self._destination_rows()
+
+    def _destination_rows(self) -> set[str]:
+        """The node values computed for the destinations' rows alone (:data:`~rgtune.ir.kernels.DST_NODE`).
+
+        A layer's output is needed at its destinations, the first ``num_dst_nodes`` rows (a whole graph's
+        every node; a mini-batch's destinations), and so is every node value that only feeds it there (a
+        root term, a query, the softmax's aggregation): those are computed for these rows alone. A value is
+        needed at every row when it is the input or its gradient, when something reads it at sources (a
+        gather or scatter at the ``src`` end, a source pair), or when a kernel computed at every row reads
+        it. The last need is waived for a value that is zero past the destinations (the output's gradient,
+        an aggregation at destinations, and what ops that keep zeros make of them: ``keeps_zero``): an
+        expression reads it there as zero (a guarded load), so it too is computed for the destinations
+        alone; a GEMM's input cannot be read guarded, so a GEMM over every row makes its input every row's.
+        """
+        p = self.p
+        if not self.plan.destinations:
+            return set()
+        zero: set[str] = {v.name for v in p.inputs}  # the output's gradient: zero past the destinations
+        for op in p.ops:
+            if not isinstance(op, (FoldWeights, WeightGrad)) and op.out.domain == NODE and \
+                    rules_of(op).keeps_zero(op, lambda w: w.name in zero):
+                zero.add(op.out.name)
+        plain: set[str] = {p.x.name} | ({p.input_grad.name} if p.input_grad is not None else set())
+        guarded: set[str] = set()
+        everywhere: set[str] = set()  # computed at every row
+
+        def at_rows(v: Value, all_rows: bool, gemm: bool) -> None:
+            """``v`` is read at every row (or the destinations'), by a GEMM's input (unguardable) or not."""
+            if v.domain == NODE and all_rows:
+                (plain if gemm else guarded).add(root(v))
+
+        def root(v: Value) -> str:
+            return self.view_root.get(v.name, v).name
+
+        def computed_everywhere(v: Value) -> bool:
+            return root(v) in plain or (root(v) in guarded and root(v) not in zero)
+
+        everywhere |= {root(op.out) for op in p.ops  # scatters: their targets are sources
+                       if isinstance(op, Aggregate) and op.out.domain == NODE and op.side == "src"}
+        before = -1
+        while before != len(plain) + len(guarded) + len(everywhere):  # until nothing changes (sets only grow)
+            before = len(plain) + len(guarded) + len(everywhere)
+            for op in reversed(p.ops):
+                if isinstance(op, FoldWeights):
+                    continue
+                if isinstance(op, WeightGrad):  # at the rows of dy; x read as a GEMM reads its input
+                    if op.x is not None:
+                        all_rows = op.dy.domain == NODE and (root(op.dy) in everywhere or computed_everywhere(op.dy))
+                        self._read_input(op.x, all_rows, at_rows)
+                    continue
+                out = op.out
+                if out.domain == NODE and computed_everywhere(out):
+                    everywhere.add(root(out))
+                all_rows = out.domain == NODE and root(out) in everywhere
+                if isinstance(op, TypedLinear):
+                    self._read_input(op.x, all_rows, at_rows)
+                    continue
+                for v in op.inputs():
+                    if isinstance(op, (Gather, GatherPair)):
+                        end = op.end if isinstance(op, Gather) else op.side
+                        at_rows(v, end == "src", gemm=False)
+                    elif out.domain == NODE:
+                        at_rows(v, all_rows, gemm=False)
+        everywhere |= {root(v) for v in (p.x, p.input_grad) if v is not None}
+        rows = {root(v) for v in p.values() if v.domain == NODE and root(v) not in everywhere}
+        for v in p.inputs:
+            if root(v) in everywhere:
+                raise LoweringError(f"the output's gradient {v.name} is read at every node by a GEMM; it is given "
+                                    "for the destinations alone")
+        return rows  # a view's rows are those of the value it views (row_domain)
+
+    def _read_input(self, x: Value, all_rows: bool, at_rows: Any) -> None:
+        """A GEMM's input ``x`` read at its rows: a node value by row, or what a gather reads at its end."""
+        src = self.prod.get(x.name)
+        if x.name not in self.stored and isinstance(src, (Gather, GatherPair)):
+            end = src.end if isinstance(src, Gather) else src.side
+            at_rows(src.x, end == "src", gemm=True)
+        else:
+            at_rows(x, all_rows, gemm=True)
+
+    def row_domain(self, v: Value) -> str:
+        """The rows a node value is computed and stored for (:data:`DST_NODE` or every node); others' own."""
+        name = self.view_root.get(v.name, v).name
+        return DST_NODE if v.domain == NODE and name in self.dst_rows else v.domain
 
     def _sums_heads(self, v: Value, materialized: set[str]) -> bool:
         """Whether computing ``v`` inline sums over heads (through the values it inlines)."""
@@ -172,7 +259,7 @@ class _Lowering:
         out = {}
         for v in self.p.values():
             if v.name in self.stored:
-                out[self.buf_name(v)] = Buffer(self.buf_name(v), v.domain, v.heads, v.dim)
+                out[self.buf_name(v)] = Buffer(self.buf_name(v), self.row_domain(v), v.heads, v.dim)
         return out
 
     # ------------------------------------------------------------------ expressions
@@ -187,7 +274,7 @@ class _Lowering:
         if acc is not None and v.name == acc:
             return Acc(v.heads, v.dim)
         if v.name in self.stored and not define:
-            return Load(v.heads, v.dim, self.buf_name(v), self._via(v.domain, row, pair_side))
+            return self.load(v, self._via(v.domain, row, pair_side), row)
         op = self.prod.get(v.name)
         if op is None:
             raise LoweringError(f"value {v.name} is not materialized and has no producer")
@@ -196,13 +283,21 @@ class _Lowering:
             raise LoweringError(f"{op}: cannot be inlined into a {row} kernel; it must be materialized")
         return e
 
+    def load(self, v: Value, via: str, row: str, heads: int | None = None, dim: int | None = None) -> Load:
+        """``v``'s buffer read through ``via`` from a ``row`` kernel; guarded where the buffer holds the
+        destinations alone and the row read may be any node (:meth:`_destination_rows`)."""
+        guard = self.row_domain(v) == DST_NODE and (via in ("src", "src_pair", "src_ntype") or
+                                                    (via == "row" and row == NODE) or
+                                                    (via == "pair_node" and row == SRC_PAIR))
+        return Load(v.heads if heads is None else heads, v.dim if dim is None else dim, self.buf_name(v), via, guard)
+
     @staticmethod
     def _via(domain: str, row: str, pair_side: str | None) -> str:
         if pair_side is not None:
             if domain in (SRC_PAIR, DST_PAIR):
                 return f"{pair_side}_pair"
             raise LoweringError(f"a {domain} value read inside a pair expression")
-        if domain == row:
+        if domain == row or (domain == NODE and row in NODE_ROWS):
             return "row"
         if row == EDGE and domain in (SRC_PAIR, DST_PAIR):
             return "src_pair" if domain == SRC_PAIR else "dst_pair"
@@ -213,7 +308,7 @@ class _Lowering:
         if op.by == "none":
             return "none"
         if op.by == "rel":
-            if row == NODE:
+            if row in NODE_ROWS:
                 raise LoweringError(f"{op}: a per-relation param read on node rows")
             return "rel"
         if pair_side is not None:
@@ -278,8 +373,9 @@ class _Lowering:
                                                                             self.expr(op.out, EDGE, define=True)),
                                                self.layout))
             else:
-                kernels.append(MapKernel(kname("map"), op.out.domain, self.buf_name(op.out),
-                                         self.expr(op.out, op.out.domain, define=True)))
+                rows = self.row_domain(op.out)
+                kernels.append(MapKernel(kname("map"), rows, self.buf_name(op.out),
+                                         self.expr(op.out, rows, define=True)))
         params = self.p.params
         return KernelProgram(
             name=self.p.name,
@@ -306,11 +402,12 @@ class _Lowering:
             out, out_via, accumulate = self.buf_name(self.accumulate_into[op.out.name]), "pair_node", True
         elif op.out.name in self.stored:
             out = self.buf_name(op.out)
-        epilogue = [(self.buf_name(self.prod[r].out), self.expr(self.prod[r].out, op.out.domain, acc=op.out.name,
+        rows = self.row_domain(op.out)
+        epilogue = [(self.buf_name(self.prod[r].out), self.expr(self.prod[r].out, rows, acc=op.out.name,
                                                                 define=True))
                     for _, r in self.epilogues.get(op.out.name, [])]
         return GemmKernel(
-            name, rows=op.out.domain, x=self.buf_name(x), x_via=x_via, weight=op.weight, bias=op.bias, by=op.by,
+            name, rows=rows, x=self.buf_name(x), x_via=x_via, weight=op.weight, bias=op.bias, by=op.by,
             weight_end=op.end, per_head=op.per_head, in_heads=xin.heads, in_dim=xin.dim, out_heads=op.out.heads,
             out_dim=op.out.dim, out=out, out_via=out_via, accumulate=accumulate, epilogue=epilogue)
 
@@ -329,7 +426,8 @@ class _Lowering:
         x, x_via = self._gathered(op.x) if op.x is not None else (None, "row")
         dy = op.dy
         return WeightGradKernel(
-            name, rows=dy.domain, x=self.buf_name(x) if x is not None else None, x_via=x_via, dy=self.buf_name(dy),
+            name, rows=self.row_domain(dy), x=self.buf_name(x) if x is not None else None, x_via=x_via,
+            dy=self.buf_name(dy),
             grad=op.out_param, param=op.param, by=op.by, weight_end=op.end, per_head=op.per_head,
             in_heads=op.x.heads if op.x is not None else 1, in_dim=op.x.dim if op.x is not None else 1,
             out_heads=dy.heads, out_dim=dy.dim, accumulate=op.accumulate)
@@ -372,6 +470,11 @@ class ExprContext:
     def buffer(self, v: Value) -> str:
         """The buffer holding ``v`` (a view's is the buffer of the value it views)."""
         return self._l.buf_name(v)
+
+    def load(self, v: Value, via: str, heads: int | None = None, dim: int | None = None) -> Load:
+        """A read of ``v``'s buffer through ``via`` (in ``heads x dim``, default ``v``'s), guarded where the
+        buffer holds the destinations' rows alone and this kernel's row may reach any node."""
+        return self._l.load(v, via, self.row, heads, dim)
 
     def via(self, domain: str) -> str:
         """How a row of this kernel reads the row of a ``domain`` buffer."""

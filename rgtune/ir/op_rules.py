@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 import torch
 import torch.nn.functional as F
 
-from rgtune.ir.kernels import (BinaryE, BroadcastE, ConcatE, Expr, GatedE, GraphLoad, InnerE, Load, ParamLoad, ReduceE,
+from rgtune.ir.kernels import (BinaryE, BroadcastE, ConcatE, Expr, GatedE, GraphLoad, InnerE, ParamLoad, ReduceE,
                                ScaleE, SliceE, UnaryE)
 from rgtune.ir.program import (DST_PAIR, EDGE, NODE, SRC_PAIR, Aggregate, Binary, Broadcast, Concat, EdgeSoftmax,
                                Expand, FoldWeights, Gather, GatedResidual, GatherPair, GraphConst, Inner, IRError, Op,
@@ -102,6 +102,12 @@ class OpRules:
         """For an edge value: which of ``src``, ``dst``, ``rel``, ``edge`` its row depends on, given its
         inputs'. A row-local op depends on what its inputs do; anything else on the whole edge."""
         return frozenset().union(*inputs) if self.row_local else frozenset({"edge"})
+
+    def keeps_zero(self, op: Any, zero: Callable[[Value], bool]) -> bool:
+        """For a node value: whether it is zero at every row where the node values ``zero`` says are zero
+        are (lowering's question: the rows past a mini-batch's destinations, where the output's gradient
+        is zero, need no computing when each op keeps them zero). No, unless the op says so."""
+        return False
 
 
 _RULES: dict[type, OpRules] = {}
@@ -156,7 +162,7 @@ class _GatherRules(OpRules):
                                     end=None if op.end == "dst" else op.end))
 
     def inline(self, op: Gather, ctx: "ExprContext") -> Expr:
-        return Load(op.out.heads, op.out.dim, ctx.buffer(op.x), op.end)
+        return ctx.load(op.x, op.end, op.out.heads, op.out.dim)
 
     def depends_on(self, op: Gather, inputs: list[frozenset[str]]) -> frozenset[str]:
         return frozenset({op.end})
@@ -172,7 +178,7 @@ class _GatherPairRules(OpRules):
                                     end=None if op.side == "dst" else op.side))
 
     def inline(self, op: GatherPair, ctx: "ExprContext") -> Expr:
-        return Load(op.out.heads, op.out.dim, ctx.buffer(op.x), "pair_node" if ctx.pair_side is None else ctx.pair_side)
+        return ctx.load(op.x, "pair_node" if ctx.pair_side is None else ctx.pair_side, op.out.heads, op.out.dim)
 
 
 class _ExpandRules(OpRules):
@@ -242,6 +248,9 @@ class _InnerRules(OpRules):
     def summed(self, op: Inner) -> tuple[int, int]:
         return op.a.dim, 1
 
+    def keeps_zero(self, op: Inner, zero: Callable[[Value], bool]) -> bool:
+        return zero(op.a) or zero(op.b)
+
 
 _BINARY = {"add": torch.add, "sub": torch.sub, "mul": torch.mul}
 
@@ -275,6 +284,9 @@ class _BinaryRules(OpRules):
     def flops(self, op: Binary, rows: Rows) -> int:
         return _elements(op.out, rows)
 
+    def keeps_zero(self, op: Binary, zero: Callable[[Value], bool]) -> bool:
+        return (zero(op.a) or zero(op.b)) if op.op == "mul" else (zero(op.a) and zero(op.b))
+
 
 #: the derivative of a unary op, as a unary op of the same input
 _UNARY_GRAD = {"leaky_relu": "leaky_relu_grad", "gelu": "gelu_grad", "sigmoid": "sigmoid_grad", "relu": "relu_grad"}
@@ -305,6 +317,9 @@ class _UnaryRules(OpRules):
     def flops(self, op: Unary, rows: Rows) -> int:
         return _elements(op.out, rows)
 
+    def keeps_zero(self, op: Unary, zero: Callable[[Value], bool]) -> bool:
+        return zero(op.x) and op.op in ("neg", "relu", "leaky_relu", "gelu")  # f(0) = 0
+
 
 class _ScaleRules(OpRules):
     row_local = True
@@ -320,6 +335,9 @@ class _ScaleRules(OpRules):
 
     def flops(self, op: Scale, rows: Rows) -> int:
         return _elements(op.out, rows)
+
+    def keeps_zero(self, op: Scale, zero: Callable[[Value], bool]) -> bool:
+        return zero(op.x)
 
 
 class _ReduceSumRules(OpRules):
@@ -340,6 +358,9 @@ class _ReduceSumRules(OpRules):
     def summed(self, op: ReduceSum) -> tuple[int, int]:
         return (op.x.dim, 1) if op.over == "dim" else (1, op.x.heads)
 
+    def keeps_zero(self, op: ReduceSum, zero: Callable[[Value], bool]) -> bool:
+        return zero(op.x)
+
 
 class _BroadcastRules(OpRules):
     def interpret(self, op: Broadcast, run: "RunContext") -> torch.Tensor:
@@ -352,6 +373,9 @@ class _BroadcastRules(OpRules):
     def inline(self, op: Broadcast, ctx: "ExprContext") -> Expr:
         return BroadcastE(op.out.heads, op.out.dim, ctx.expr(op.x))
 
+    def keeps_zero(self, op: Broadcast, zero: Callable[[Value], bool]) -> bool:
+        return zero(op.x)
+
 
 class _ViewRules(OpRules):
     def interpret(self, op: View, run: "RunContext") -> torch.Tensor:
@@ -362,7 +386,10 @@ class _ViewRules(OpRules):
 
     def inline(self, op: View, ctx: "ExprContext") -> Expr:
         # the viewed buffer's row, its features regrouped into this value's heads
-        return Load(op.out.heads, op.out.dim, ctx.buffer(op.out), ctx.via(op.out.domain))
+        return ctx.load(op.out, ctx.via(op.out.domain))
+
+    def keeps_zero(self, op: View, zero: Callable[[Value], bool]) -> bool:
+        return zero(op.x)
 
 
 class _ConcatRules(OpRules):
@@ -379,6 +406,9 @@ class _ConcatRules(OpRules):
     def inline(self, op: Concat, ctx: "ExprContext") -> Expr:
         return ConcatE(op.out.heads, op.out.dim, ctx.expr(op.a), ctx.expr(op.b))
 
+    def keeps_zero(self, op: Concat, zero: Callable[[Value], bool]) -> bool:
+        return zero(op.a) and zero(op.b)
+
 
 class _SliceRules(OpRules):
     row_local = True
@@ -392,6 +422,9 @@ class _SliceRules(OpRules):
 
     def inline(self, op: Slice, ctx: "ExprContext") -> Expr:
         return SliceE(op.out.heads, op.out.dim, ctx.expr(op.x), op.start)
+
+    def keeps_zero(self, op: Slice, zero: Callable[[Value], bool]) -> bool:
+        return zero(op.x)
 
 
 class _GatedResidualRules(OpRules):
@@ -419,6 +452,9 @@ class _GatedResidualRules(OpRules):
 
     def flops(self, op: GatedResidual, rows: Rows) -> int:
         return 4 * _elements(op.out, rows)
+
+    def keeps_zero(self, op: GatedResidual, zero: Callable[[Value], bool]) -> bool:
+        return zero(op.h) and zero(op.x)
 
 
 # ------------------------------------------------------------------ the kernel templates' ops
@@ -467,6 +503,9 @@ class _TypedLinearRules(OpRules):
         keys = super().depends_on(op, inputs)
         return keys | {"rel"} if op.by == "rel" else keys
 
+    def keeps_zero(self, op: TypedLinear, zero: Callable[[Value], bool]) -> bool:
+        return zero(op.x) and not op.bias
+
 
 class _AggregateRules(OpRules):
     def interpret(self, op: Aggregate, run: "RunContext") -> torch.Tensor:
@@ -502,6 +541,9 @@ class _AggregateRules(OpRules):
 
     def flops(self, op: Aggregate, rows: Rows) -> int:
         return _elements(op.x, rows)
+
+    def keeps_zero(self, op: Aggregate, zero: Callable[[Value], bool]) -> bool:
+        return op.to == NODE and op.side == "dst"  # edges reach destinations only
 
 
 class _EdgeSoftmaxRules(OpRules):

@@ -44,12 +44,18 @@ class LoweringPlan:
     softmax_fusion: str = _knob(SOFTMAX)  #: which softmax-aggregations share a traversal
     epilogue: str = _knob(EPILOGUE)  #: inner products in their GEMM's epilogue
     reuse: str = _knob(REUSE)  #: a backward's shared reductions: inlined in each reader, or stored once
+    #: not a knob but the workload's shape: the program runs on mini-batches (:class:`~rgtune.data.batch.Batch`),
+    #: where only the first ``num_dst_nodes`` nodes' outputs are wanted, and the node values only they need
+    #: are computed for those rows alone (:data:`~rgtune.ir.kernels.DST_NODE`). Such a program is right on
+    #: a whole graph too (every node a destination), at the cost of its guarded loads
+    destinations: bool = False
 
 
-def plan_lowering(config: Mapping[str, Any], training: bool = False) -> LoweringPlan:
+def plan_lowering(config: Mapping[str, Any], training: bool = False, destinations: bool = False) -> LoweringPlan:
     """The plan of a knob configuration (a full one, or a partial one: missing knobs at their defaults):
-    every registered pass's decisions, then, for a training program (``training``), the adjoint's."""
-    plan = LoweringPlan()
+    every registered pass's decisions, then, for a training program (``training``), the adjoint's;
+    ``destinations``: for mini-batches (:attr:`LoweringPlan.destinations`)."""
+    plan = LoweringPlan(destinations=destinations)
     for p in registered_passes():
         plan = p.plan(plan, config)
     if training:

@@ -79,13 +79,14 @@ from __future__ import annotations
 import math
 import threading
 from collections import OrderedDict
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from rgtune.codegen.base import Backend, BuiltProgram, CompiledProgram, ReferenceBackend, Saved, create
+from rgtune.codegen.base import (Backend, BuiltProgram, CompiledProgram, ReferenceBackend, Saved, create,
+                                 source_hash)
 from rgtune.codegen.reference import ReferenceExecutor
 from rgtune.codegen.training import learnable_grads
 from rgtune.data.batch import Batch, BatchTypeError
@@ -106,6 +107,37 @@ class GraphMismatchError(ValueError):
     """A graph whose node or edge types differ from those a schedule was tuned for."""
 
 
+class _Programs:
+    """A layer's kernel programs, each compiled once and shared by the runners of all its graphs and
+    batches: per mode, the whole-graph program (made with the layer: a bad schedule fails there) and
+    the mini-batch program (:attr:`~rgtune.ir.plan.LoweringPlan.destinations`: node values that only the
+    destinations need are computed for them alone), made by ``make_batch_point`` on the first batch."""
+
+    def __init__(self, backend: Backend, points: Mapping[str, Point],
+                 make_batch_point: Callable[[str], Point]) -> None:
+        self.backend = backend
+        self._points: dict[tuple[str, bool], Point] = {(mode, False): p for mode, p in points.items()}
+        self._make_batch_point = make_batch_point
+        self._compiled: dict[tuple[str, bool], CompiledProgram] = {}
+        self._lock = threading.Lock()
+
+    def point(self, mode: str, destinations: bool) -> Point:
+        with self._lock:
+            key = (mode, destinations)
+            if key not in self._points:
+                self._points[key] = self._make_batch_point(mode)
+            return self._points[key]
+
+    def compiled(self, mode: str, destinations: bool) -> tuple[KernelProgram, CompiledProgram]:
+        """The kernel program of ``mode`` (for batches or not), compiled on first use."""
+        point = self.point(mode, destinations)
+        with self._lock:
+            key = (mode, destinations)
+            if key not in self._compiled:
+                self._compiled[key] = self.backend.compile(point.kernels, point.config)
+            return point.kernels, self._compiled[key]
+
+
 class _Runner:
     """The built programs of one tuned layer and what the autograd Function calls.
 
@@ -117,41 +149,40 @@ class _Runner:
     its kernels; one that cannot build them at all leaves the backward to the torch lowering.
     """
 
-    def __init__(self, backend: Backend, graph: "HeteroGraph | Batch", names: Sequence[str],
-                 points: Mapping[str, Point], eager: str,
-                 compiled: dict[str, CompiledProgram] | None = None) -> None:
-        self.backend = backend
+    def __init__(self, programs: _Programs, graph: "HeteroGraph | Batch", names: Sequence[str], eager: str) -> None:
+        self.backend = programs.backend
         self.graph = graph
         self.names = tuple(names)
-        self._points = dict(points)
         #: the programs compiled for the schedule, shared by the runners of every graph and batch of the layer
-        self._compiled: dict[str, CompiledProgram] = {} if compiled is None else compiled
+        self._programs = programs
+        self._destinations = isinstance(graph, Batch)  # a batch runs the mini-batch programs
         self._built: dict[str, tuple[KernelProgram, BuiltProgram]] = {}
         self._lock = threading.Lock()
         self._executor: ReferenceExecutor | None = None
         self._eager = eager
-        self.program(self.runs(eager))
+        self.compiled(self.runs(eager))  # compiled now; bound to a graph when a call needs it
 
     def for_graph(self, graph: "HeteroGraph | Batch") -> "_Runner":
         """The same schedule's programs bound to ``graph``: nothing is generated or compiled again, the
         compiled programs are bound to the graph's index arrays (what a new mini-batch costs)."""
-        return _Runner(self.backend, graph, self.names, self._points, self._eager, self._compiled)
+        return _Runner(self._programs, graph, self.names, self._eager)
 
     def runs(self, mode: str) -> str:
         """The program that runs for ``mode``: the inference one for training on a backend that builds
         no training programs (its backward is the torch lowering's)."""
         return mode if mode == "inference" or self.backend.training != "none" else "inference"
 
+    def compiled(self, mode: str) -> tuple[KernelProgram, CompiledProgram]:
+        """The kernel program of ``mode`` for this runner's kind of graph, compiled (once per layer, on first use)."""
+        return self._programs.compiled(mode, self._destinations)
+
     def program(self, mode: str) -> tuple[KernelProgram, BuiltProgram]:
         """The kernel program of ``mode`` and its build for this runner's graph (compiled once per layer,
         bound once per graph, both on first use)."""
+        kp, compiled = self.compiled(mode)
         with self._lock:
             if mode not in self._built:
-                point = self._points[mode]
-                compiled = self._compiled.get(mode)
-                if compiled is None:
-                    compiled = self._compiled[mode] = self.backend.compile(point.kernels, point.config)
-                self._built[mode] = (point.kernels, compiled.bind(self.graph))
+                self._built[mode] = (kp, compiled.bind(self.graph))
             return self._built[mode]
 
     @property
@@ -403,10 +434,15 @@ class Layer(GraphLayer):
     def _new_runner(self, graph: HeteroGraph, eager: str) -> _Runner:
         """The runner of the layer's own graph: both programs compiled (the schedule checked on it)."""
         spaces, name = self._spaces(graph), type(self).__name__
-        points = {"inference": _compiled(spaces["inference"], self.inference_config, name),
-                  "training": _compiled(spaces["training"], self.training_config, name)}
+        configs = {"inference": self.inference_config, "training": self.training_config}
+        points = {m: _compiled(spaces[m], configs[m], name) for m in MODES}
         self._param_names = self._kernel_param_names(points["inference"].kernels)  # the learnable ones
-        return _Runner(self._backend, graph, self._param_names, points, eager=eager)
+
+        def batch_point(mode: str) -> Point:
+            space = SearchSpace(self.program, graph, self._backend.target, mode, destinations=True)
+            return _compiled(space, configs[mode], f"{name} (on mini-batches)")
+
+        return _Runner(_Programs(self._backend, points, batch_point), graph, self._param_names, eager=eager)
 
     def _runner_for(self, graph: "HeteroGraph | Batch | None") -> _Runner:
         """The runner of ``graph`` (None or the bound graph: the layer's own): the same schedule's compiled
@@ -472,16 +508,16 @@ class Layer(GraphLayer):
     def kernels(self) -> KernelProgram:
         """The kernel program of the layer's mode (a training program's holds the forward's kernels; on
         a backend that builds no training programs, the inference program)."""
-        return self._runner.program(self._runner.runs(self.mode))[0]
+        return self._runner.compiled(self._runner.runs(self.mode))[0]
 
     @property
     def sources(self) -> dict[str, str]:
         """Generated source files of the layer's mode, name -> text (``reference``: the kernel IR as text)."""
-        return dict(self._runner.program(self._runner.runs(self.mode))[1].sources)
+        return dict(self._runner.compiled(self._runner.runs(self.mode))[1].sources)
 
     @property
     def source_hash(self) -> str:
-        return self._runner.program(self._runner.runs(self.mode))[1].source_hash
+        return source_hash(self.sources)
 
     @property
     def backward_kind(self) -> str:
@@ -567,7 +603,7 @@ class Layer(GraphLayer):
         else:
             self._check_tensor(x, batch.num_nodes(), "input")
             flat = x
-        out = self._run(runner, flat)[:batch.num_dst_nodes]
+        out = self._run(runner, flat)  # a batch's program computes the destinations' rows alone
         return batch.split_dst(out) if isinstance(x, Mapping) else out
 
     def _forward_flat(self, x: Tensor) -> Tensor:

@@ -73,10 +73,12 @@ class SearchSpace:
     """Knobs, defaults, sampling, constraint checks and Optuna suggestions for one workload."""
 
     def __init__(self, program: Program, graph: "HeteroGraph | None", target: str = "cpu",
-                 mode: str = "inference") -> None:
+                 mode: str = "inference", destinations: bool = False) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; choose one of {list(MODES)}")
         self.mode = mode
+        #: the programs are for mini-batches (:attr:`~rgtune.ir.plan.LoweringPlan.destinations`)
+        self.destinations = destinations
         self.schedule = target_schedule(target)  # an unknown target is an error that lists the known ones
         if graph is not None and graph.num_rels == 0:
             raise IRError(f"model {program.name!r} needs a graph with at least one edge type; "
@@ -128,7 +130,7 @@ class SearchSpace:
         training = self.mode == "training"
         if training:
             after = adjoint(after, config=full)
-        plan = plan_lowering(full, training)
+        plan = plan_lowering(full, training, self.destinations)
         kp = lower(after, plan)
         problems = self.schedule.check(kp, full)
         if training and not problems:
@@ -140,7 +142,7 @@ class SearchSpace:
         also runs its forward without gradients (evaluation, ``torch.no_grad()``), so a training schedule is
         valid only when that program is too."""
         if self._inference is None:
-            self._inference = SearchSpace(self.program, self.graph, self.target, mode="inference")
+            self._inference = SearchSpace(self.program, self.graph, self.target, "inference", self.destinations)
         names = {k.name for k in self._inference.knobs}
         point = self._inference.compile({k: v for k, v in config.items() if k in names})
         return [f"the inference program of this schedule (what a layer runs without gradients): {p}"

@@ -63,7 +63,7 @@ from rgtune.ir.kernels import (AggregateStage, EdgeSoftmaxStage, EdgeStore, Expr
                                ScatterKernel, SoftmaxAggregate, TraversalKernel)
 
 PREFETCH = 8  # edges ahead whose gathered rows are prefetched
-ROW_COUNTS = {"node": "num_nodes", "edge": "num_edges", "src_pair": "num_src_pairs", "dst_pair": "num_dst_pairs"}
+ROW_COUNTS = {"node": "num_nodes", "dst_node": "num_dst_nodes", "edge": "num_edges", "src_pair": "num_src_pairs", "dst_pair": "num_dst_pairs"}
 
 
 class _Body:

@@ -35,17 +35,17 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from rgtune.codegen.cfamily import helper_functions
+from rgtune.codegen.cfamily import DST_ROWS, helper_functions
 from rgtune.codegen.cpu.cwriter import CFunction
 from rgtune.codegen.cpu.edges import generate_map, generate_scatter, generate_traversal
 from rgtune.codegen.cpu.gemm import VEC, generate_gemm
 from rgtune.codegen.cpu.rows import GRAPH_CONSTANTS, INDEX_ARRAYS
 from rgtune.codegen.cpu.schedule import CPU_SCHEDULE
 from rgtune.codegen.cpu.weightgrad import generate_weightgrad
-from rgtune.ir.kernels import (Buffer, Expr, GemmKernel, Kernel, KernelProgram, Load, MapKernel, ParamLoad,
+from rgtune.ir.kernels import (Buffer, Expr, GemmKernel, Kernel, KernelProgram, Load, MapKernel, ParamLoad, reads_guarded,
                                ScatterKernel, TraversalKernel, WeightGradKernel, WeightKernel)
 
-SIZES = ("num_nodes", "num_edges", "num_src_pairs", "num_dst_pairs", "num_threads")
+SIZES = ("num_nodes", "num_dst_nodes", "num_edges", "num_src_pairs", "num_dst_pairs", "num_threads")
 ABI_VERSION = 1
 
 
@@ -118,6 +118,8 @@ def generate_kernel(k: Kernel, kp: KernelProgram, schedule: Mapping[str, Any], a
         fn = generate_weightgrad(ck, s, ckp, acc_regs)
     else:
         raise TypeError(f"the cpu backend has no template for {type(k).__name__}")
+    if reads_guarded(ck):
+        fn.use(DST_ROWS)
     types = field_types(ckp)
     used = {"num_threads"} | set(fn.fields)
     fields = tuple((n, types[n]) for n in list(SIZES) + sorted(set(types) - set(SIZES)) if n in used)

@@ -87,7 +87,7 @@ class RowIndex:
                 return f"rg_find({self._array(side + '_node')}, {offs}[{rel}], {offs}[{rel} + 1], {node})"
             if via in ("src_ntype", "dst_ntype"):
                 return f"{self._array('node_type')}[{self.var(via.split('_')[0])}]"
-        elif d == "node":
+        elif d in ("node", "dst_node"):
             if via == "ntype":
                 return f"{self._array('node_type')}[{row}]"
         elif d in ("src_pair", "dst_pair"):

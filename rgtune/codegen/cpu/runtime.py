@@ -67,6 +67,7 @@ from rgtune.codegen.base import Saved, TrainingResult
 from rgtune.codegen.buffer_plan import live_intervals, plan_slots
 from rgtune.codegen.cpu.generate import GeneratedProgram, KernelSource
 from rgtune.codegen.cpu.rows import GRAPH_CONSTANTS, INDEX_ARRAYS
+from rgtune.data._sort import stable_argsort_small
 from rgtune.codegen.cpu.schedule import CPU_SCHEDULE
 from rgtune.codegen.cpu.weightgrad import WeightGradShape, weightgrad_tables
 from rgtune.codegen.reference import param_full_shape
@@ -228,7 +229,7 @@ class CpuRuntime:
         ctx = ctype()
         b = _Bound(src, fn, ctx, ctypes.c_void_p(ctypes.addressof(ctx)), {n for n, _ in src.fields})
         a = self.a
-        for size_name, value in (("num_nodes", a.num_nodes), ("num_edges", a.num_edges),
+        for size_name, value in (("num_nodes", a.num_nodes), ("num_dst_nodes", a.num_dst_nodes), ("num_edges", a.num_edges),
                                  ("num_src_pairs", a.rows("src_pair")), ("num_dst_pairs", a.rows("dst_pair"))):
             b.set(size_name, value)
         for name in INDEX_ARRAYS:
@@ -290,7 +291,7 @@ class CpuRuntime:
     def _by_target(self, k: ScatterKernel) -> tuple[torch.Tensor, torch.Tensor]:
         target = row_index(self.a, k.rows, k.out_via).numpy()
         count = self.a.num_nodes if k.out_via in ("src", "pair_node") else self.a.rows("src_pair")
-        perm = np.argsort(target, kind="stable")
+        perm = stable_argsort_small(torch.from_numpy(target), count).numpy()
         offsets = np.searchsorted(target[perm], np.arange(count + 1)).astype(np.int64)
         idx = np.int32 if self.kp.index_bits == 32 else np.int64
         return torch.from_numpy(perm.astype(idx)), torch.from_numpy(offsets)
@@ -471,7 +472,7 @@ class CpuRuntime:
 
     # ------------------------------------------------------------------ running
     def run(self, x: torch.Tensor, params: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """The layer's output ``(num_nodes, out_features)`` for input ``x`` and learnable ``params``
+        """The layer's output ``(rows, out_features)`` (every node's, or a destinations program's destinations') for input ``x`` and learnable ``params``
         (float32 CPU tensors); of a training program, its forward kernels alone. Concurrent calls wait
         for each other (see the module docstring)."""
         with self._lock, torch.no_grad():
@@ -480,7 +481,7 @@ class CpuRuntime:
             bufs = self._buffers(x, fresh=set(self.kp.saved))
             end = len(self.steps) if self.kp.forward_kernels is None else self.kp.forward_kernels
             self._run_steps(0, end, bufs, p)
-            return bufs[self.kp.output].view(self.a.num_nodes, -1)
+            return self._rows_of(bufs, self.kp.output)
 
     def run_training(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], dout: torch.Tensor) -> TrainingResult:
         """A training program's ``(output, input gradient, {param: gradient})`` for input ``x``, learnable
@@ -501,7 +502,7 @@ class CpuRuntime:
             bufs = self._buffers(x, fresh=set(kp.saved))
             self._run_steps(0, kp.forward_kernels, bufs, p)  # type: ignore[arg-type]
             saved = Saved({b: bufs[b] for b in kp.saved}, {q: p[q] for q in kp.saved_params})
-            return bufs[kp.output].view(self.a.num_nodes, -1), saved
+            return self._rows_of(bufs, kp.output), saved
 
     def run_backward(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], saved: Saved,
                      dout: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -520,7 +521,7 @@ class CpuRuntime:
             bufs = self._buffers(x, dout, given)
             self._run_steps(kp.forward_kernels, len(self.steps), bufs, p)  # type: ignore[arg-type]
             grads = {name: p[g] for name, g in kp.param_grads.items()}
-            return bufs[kp.input_grad].view(self.a.num_nodes, -1), grads  # type: ignore[index]
+            return self._rows_of(bufs, kp.input_grad), grads  # type: ignore[arg-type]
 
     def _training(self) -> KernelProgram:
         if not self.kp.is_training:
@@ -545,9 +546,14 @@ class CpuRuntime:
             _check_tensor(f"saved param {name!r}", saved.params[name], tuple(saved.params[name].shape))
         return out
 
+    def _rows_of(self, bufs: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
+        """Buffer ``name`` as ``(rows, width)``: every node's, or the destinations' (a destinations program's
+        output: :attr:`~rgtune.ir.plan.LoweringPlan.destinations`)."""
+        return bufs[name].view(self.a.rows(self.kp.buffers[name].domain), -1)
+
     def _check_input(self, x: torch.Tensor, what: str = "input x", buffer: str | None = None) -> torch.Tensor:
-        width = self.kp.buffers[buffer or self.kp.input].width
-        _check_tensor(what, x, (self.a.num_nodes, width))
+        b = self.kp.buffers[buffer or self.kp.input]
+        _check_tensor(what, x, (self.a.rows(b.domain), b.width))
         return x.contiguous()
 
     def _check_params(self, params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -24,7 +24,8 @@ from typing import Iterable, Mapping, Sequence
 from rgtune.codegen.cuda._expr import (GRAPH_ARRAYS, Emitter, RowIndex, constants_in, loads_in, params_in,
                                        rename_buffers)
 from rgtune.codegen.cuda._unit import Arg, Launch, Signature, Temp
-from rgtune.ir.kernels import Expr, KernelProgram
+from rgtune.codegen.cfamily import DST_ROWS
+from rgtune.ir.kernels import DST_NODE, Expr, KernelProgram, Load
 
 
 class Context:
@@ -106,6 +107,8 @@ class Context:
             sig.add("table", t, t, "const idx_t*")
         for domain, cname in sizes:
             sig.add("size", domain, cname, "long long")
+        if any(isinstance(x, Load) and x.guard for e in self.exprs for x in e.walk()):
+            sig.add("size", DST_NODE, DST_ROWS, "long long")  # what a guarded load tests its row against
         return tuple(sig.args)
 
     def params(self, tables: Iterable[str] = (), sizes: Iterable[tuple[str, str]] = ()) -> str:

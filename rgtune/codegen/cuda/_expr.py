@@ -86,7 +86,7 @@ class RowIndex:
                 return self.array(f"{p}_rel", r)
             if via == "ntype" or via == f"{dom[:3]}_ntype":
                 return self.array("node_type", self.array(f"{p}_node", r))
-        if dom == "node" and via == "ntype":
+        if dom in ("node", "dst_node") and via == "ntype":
             return self.array("node_type", r)
         raise UnsupportedKernel(f"no index {via!r} on {dom} rows")
 

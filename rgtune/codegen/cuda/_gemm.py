@@ -60,7 +60,7 @@ def segments_of(k: GemmKernel) -> str:
     """Which offsets delimit the GEMM's type segments (see ``runtime.gemm_segments``)."""
     if k.by == "none":
         return "all"
-    return {"node": "node_offsets", "edge": "rel_offsets", "src_pair": "sp_offsets", "dst_pair": "dp_offsets"}[k.rows]
+    return {"node": "node_offsets", "dst_node": "node_offsets", "edge": "rel_offsets", "src_pair": "sp_offsets", "dst_pair": "dp_offsets"}[k.rows]
 
 
 def _epilogue_strategy(k: GemmKernel, requested: str) -> str:

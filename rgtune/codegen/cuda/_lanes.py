@@ -27,7 +27,8 @@ _COMP = "xyzw"
 
 def vector_leaves(exprs: list[Expr], dim: int, vw: int, kp: KernelProgram) -> list[Expr]:
     """Loads that can be read ``vw`` features at a time: feature-varying, aligned, not reduced (inside an
-    inner product, a sum or a concatenation a load is read at other features than the chunk's)."""
+    inner product, a sum or a concatenation a load is read at other features than the chunk's), not
+    guarded (a destinations' buffer read where the row may be past them: scalar loads that test it)."""
     if vw == 1:
         return []
     out: list[Expr] = []
@@ -35,7 +36,7 @@ def vector_leaves(exprs: list[Expr], dim: int, vw: int, kp: KernelProgram) -> li
     def visit(e: Expr) -> None:
         if isinstance(e, (InnerE, ConcatE, ReduceE, SliceE)):
             return  # indexed by the reduction variable / shifted: scalar loads
-        if isinstance(e, Load) and e.dim == dim and dim % vw == 0 and e not in out:
+        if isinstance(e, Load) and not e.guard and e.dim == dim and dim % vw == 0 and e not in out:
             out.append(e)
         elif isinstance(e, ParamLoad) and e.dim == dim and dim % vw == 0 and e not in out:
             size = 1

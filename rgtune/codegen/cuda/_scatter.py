@@ -53,9 +53,9 @@ from rgtune.ir.kernels import Expr, KernelProgram, ScatterKernel, expr_str
 GROUP_TABLES = ("group_perm", "group_off")
 
 
-def target_domain(k: ScatterKernel) -> str:
-    """The domain of the rows ``k`` adds into: nodes, or source pairs."""
-    return "src_pair" if k.out_via == "src_pair" else "node"
+def target_domain(k: ScatterKernel, kp: KernelProgram) -> str:
+    """The domain of the rows ``k`` adds into: nodes (every one, or the destinations), or source pairs."""
+    return kp.buffers[k.out].domain
 
 
 def scatter_unit(k: ScatterKernel, s: Mapping[str, Any], kp: KernelProgram) -> KernelUnit:
@@ -106,8 +106,8 @@ def _grouped(ctx: Context, k: ScatterKernel, message: Expr, threads: int, vw: in
     lines.append("    }")
     warp.write_back("    ", "v", False)
     lines += ["  }", "}"]
-    text, args = _finish(ctx, lines, GROUP_TABLES, [(target_domain(k), "num_rows")])
-    grid = Grid("items", target_domain(k), 1, (threads // 32) * coarsening)
+    text, args = _finish(ctx, lines, GROUP_TABLES, [(target_domain(k, ctx.kp), "num_rows")])
+    grid = Grid("items", target_domain(k, ctx.kp), 1, (threads // 32) * coarsening)
     target = {"src": "source", "src_pair": "source pair", "pair_node": "node"}[k.out_via]
     desc = f"{_what(k, message)}; warp per {target} (rows grouped by the host), no atomics"
     return text, Launch("scatter", grid, threads, args), desc

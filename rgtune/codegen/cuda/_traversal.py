@@ -236,8 +236,11 @@ def _dst_warp(ctx: Context, k: TraversalKernel, score: Expr | None, message: Exp
     else:
         desc = _softmax_online(warp, score, message)
     lines += ["  }", "}"]
-    text, args = finish_kernel(ctx, lines, [("node", "num_rows")])
-    grid = Grid("items", "node", 1, (threads // 32) * coarsening)
+    # a warp per destination writes its row back (zeros where it has no in-edges): over the output's rows
+    # (every node, or the destinations alone), whose buffer has no others
+    rows = ctx.kp.buffers[k.stage.out].domain if out_via == "dst" else "node"  # type: ignore[attr-defined]
+    text, args = finish_kernel(ctx, lines, [(rows, "num_rows")])
+    grid = Grid("items", rows, 1, (threads // 32) * coarsening)
     return text, (Launch("traverse", grid, threads, args),), desc
 
 

@@ -99,6 +99,8 @@ def gemm_segments(k: GemmKernel | WeightGradKernel, a: GraphArrays) -> tuple[tor
         return torch.tensor([0, n], dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
     seg_off = {"node_offsets": a.node_offsets, "rel_offsets": a.rel_offsets, "sp_offsets": a.sp_offsets,
                "dp_offsets": a.dp_offsets}[segments_of(k)].long()  # node rows: runs of one type
+    if k.rows == "dst_node":  # the destinations' runs (the first rows)
+        seg_off = torch.clamp(seg_off, max=n)
     rows = a.e_rel_order.long() if k.rows == "edge" else torch.arange(n)
     types = row_types(a, k.rows, k.by, k.weight_end)[rows] if n else torch.zeros(0, dtype=torch.int64)
     counts = seg_off[1:] - seg_off[:-1]
@@ -339,7 +341,7 @@ class ProgramRunner:
         self.arrays = graph_arrays(graph, kp.layout, kp.index_bits)
         # one copy on the device, for the kernels' arguments and for folding derived weights next to the params
         self.device_arrays = on_dev = self.arrays.to(self.device)
-        self.rows = {d: on_dev.rows(d) for d in ("node", "edge", "src_pair", "dst_pair")}
+        self.rows = {d: on_dev.rows(d) for d in ("node", "dst_node", "edge", "src_pair", "dst_pair")}
         self.graph = {n: getattr(on_dev, n).contiguous() for n in GRAPH_ARRAYS if getattr(on_dev, n) is not None}
         self.consts = {n: on_dev.graph_constant(n, KERNEL_DTYPE).contiguous() for n in GRAPH_CONSTANTS}
         self.loaded: list[_Loaded] = []
@@ -421,16 +423,21 @@ class ProgramRunner:
     def _execute(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], fill: float | None = None) -> torch.Tensor:
         """One run, launch by launch (the caller holds the lock); a training program's forward kernels only."""
         bufs, _ = self._launch_program(x, params, "forward", fill)
-        return bufs[self.kp.output].view(self.rows["node"], -1)
+        return self._rows_of(bufs, self.kp.output)
+
+    def _rows_of(self, bufs: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
+        """Buffer ``name`` as ``(rows, width)``: every node's, or the destinations' (a destinations program's
+        output: :attr:`~rgtune.ir.plan.LoweringPlan.destinations`)."""
+        return bufs[name].view(self.rows[self.kp.buffers[name].domain], -1)
 
     def _execute_training(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], dout: torch.Tensor,
                           fill: float | None = None) -> TrainingResult:
         """One training step, both phases in one go, launch by launch (the caller holds the lock)."""
-        kp, n = self.kp, self.rows["node"]
+        kp = self.kp
         bufs, p = self._launch_program(x, params, "step", fill, dout)
         assert kp.input_grad is not None
         grads = {name: p[grad] for name, grad in kp.param_grads.items()}
-        return bufs[kp.output].view(n, -1), bufs[kp.input_grad].view(n, -1), grads
+        return self._rows_of(bufs, kp.output), self._rows_of(bufs, kp.input_grad), grads
 
     def _execute_forward(self, x: torch.Tensor, params: Mapping[str, torch.Tensor],
                          fill: float | None = None) -> tuple[torch.Tensor, Saved]:
@@ -439,7 +446,7 @@ class ProgramRunner:
         caller may change the output it gets)."""
         kp = self.kp
         bufs, p = self._launch_program(x, params, "forward", fill)
-        out = bufs[kp.output].view(self.rows["node"], -1)
+        out = self._rows_of(bufs, kp.output)
         saved = {b: (bufs[b].clone() if b == kp.output else bufs[b]) for b in kp.saved}
         return out, Saved(saved, {name: p[name] for name in kp.saved_params})
 
@@ -452,7 +459,7 @@ class ProgramRunner:
             raise BackendError(f"the backward phase of {kp.name} reads {', '.join(missing)}: not in the saved values")
         bufs, p = self._launch_program(x, params, "backward", fill, dout, saved)
         assert kp.input_grad is not None
-        return bufs[kp.input_grad].view(self.rows["node"], -1), {name: p[g] for name, g in kp.param_grads.items()}
+        return self._rows_of(bufs, kp.input_grad), {name: p[g] for name, g in kp.param_grads.items()}
 
     def _launch_program(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], phase: str, fill: float | None,
                         dout: torch.Tensor | None = None, saved: Saved | None = None
@@ -470,7 +477,8 @@ class ProgramRunner:
             bufs.update({b: self._saved_buffer(b, saved.buffers[b]) for b in kp.saved})
         if dout is not None:
             assert kp.dout is not None
-            bufs[kp.dout] = _aligned(dout.to(device=dev, dtype=KERNEL_DTYPE).reshape(n, -1))
+            bufs[kp.dout] = _aligned(dout.to(device=dev, dtype=KERNEL_DTYPE).reshape(self.rows[kp.buffers[kp.dout].domain],
+                                                                                      -1))
             # zeroed: the weight-gradient kernels add their partial sums into them (or overwrite them)
             p.update({grad: torch.zeros(param_full_shape(kp, name, self.arrays), device=dev, dtype=KERNEL_DTYPE)
                       for name, grad in kp.param_grads.items()})
@@ -667,7 +675,7 @@ class CudaProgram(ProgramRunner):
             return self._launches(super(CudaProgram, self)._execute_backward, inputs[0], params, static, inputs[1])
 
         key = _graph_key(x, params) + tuple(tuple(t.shape) for t in inputs[1:])
-        self._captured_backward, result = self._replayed(self._captured_backward, inputs, key, run, node_inputs=2)
+        self._captured_backward, result = self._replayed(self._captured_backward, inputs, key, run)
         return result
 
     def _launches(self, phase: Callable[..., Any], *args: Any) -> Any:
@@ -676,13 +684,11 @@ class CudaProgram(ProgramRunner):
         return phase(*args)
 
     def _replayed(self, captured: _Captured | None, inputs: tuple[torch.Tensor, ...], key: tuple[Any, ...],
-                  run: Callable[[tuple[torch.Tensor, ...]], Any], node_inputs: int | None = None
-                  ) -> tuple[_Captured | None, Any]:
+                  run: Callable[[tuple[torch.Tensor, ...]], Any]) -> tuple[_Captured | None, Any]:
         """``run(inputs)`` through ``captured``, recorded first when there is none or ``key`` changed; the
-        recording to keep and the result. When recording fails, the launches run one by one. The first
-        ``node_inputs`` inputs (all by default) are node rows, the others are copied in their own shape."""
+        recording to keep and the result. When recording fails, the launches run one by one."""
         if captured is None or captured.key != key:
-            captured = self._capture(inputs, run, key, len(inputs) if node_inputs is None else node_inputs)
+            captured = self._capture(inputs, run, key)
             if captured is None:
                 return None, run(inputs)
         return captured, self._replay(captured, inputs)
@@ -711,12 +717,10 @@ class CudaProgram(ProgramRunner):
         return super()._execute_training(x, params, dout, fill)
 
     def _capture(self, inputs: tuple[torch.Tensor, ...], run: Callable[[tuple[torch.Tensor, ...]], Any],
-                 key: tuple[Any, ...], node_inputs: int) -> _Captured | None:
-        """``run`` recorded on input buffers of its own (copies of ``inputs``: the first ``node_inputs`` as
-        node rows); None when recording fails."""
-        n = self.rows["node"]
-        static = tuple(torch.empty((n, t.numel() // max(n, 1)) if i < node_inputs else tuple(t.shape),
-                                   device=self.device, dtype=KERNEL_DTYPE) for i, t in enumerate(inputs))
+                 key: tuple[Any, ...]) -> _Captured | None:
+        """``run`` recorded on input buffers of its own (copies of ``inputs``, in their shapes: the key has
+        them); None when recording fails."""
+        static = tuple(torch.empty(tuple(t.shape), device=self.device, dtype=KERNEL_DTYPE) for t in inputs)
         for buffer, t in zip(static, inputs):
             buffer.copy_(t.reshape(buffer.shape))
         try:
