@@ -889,6 +889,24 @@ def test_sqlite_workers_open_optuna_storage_at_once(tmp_path: Path) -> None:
     _check_optuna_race(_file_url(tmp_path / "results.db"), 8)
 
 
+def test_optuna_storage_on_sqlite_holds_the_write_lock_from_each_transaction_start(tmp_path: Path) -> None:
+    # Optuna claims a waiting trial by reading its state and then setting it running: unless the
+    # read holds the write lock, two workers claim the same trial (seen in CI: one trial run twice)
+    import sqlite3
+
+    path = tmp_path / "results.db"
+    storage = TrialDatabase(_file_url(path)).optuna_storage()
+    other = sqlite3.connect(path, timeout=0, isolation_level=None)
+    other.execute("CREATE TABLE probe (x INTEGER)")
+    with storage.engine.connect() as conn, conn.begin():
+        conn.exec_driver_sql("SELECT count(*) FROM trials").all()  # a read only
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            other.execute("INSERT INTO probe VALUES (1)")
+    other.execute("INSERT INTO probe VALUES (1)")  # released at the end
+    other.close()
+    storage.engine.dispose()
+
+
 # ---------------------------------------------------------------------- PostgreSQL
 @pytest.mark.slow
 def test_postgres_workers_open_optuna_storage_at_once(postgres_url: str) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+MINIBATCH_GUIDE = README.parent / "docs" / "minibatch.md"
 
 
 def _blocks(section: str) -> list[tuple[str, str]]:
@@ -36,3 +37,14 @@ def test_the_training_example_runs_as_written(tmp_path, monkeypatch, capsys):
     exec(compile(blocks[2][1], "README.md (export)", "exec"), namespace)
     exported = namespace["layer"]
     assert exported.config == layer.config and exported.provenance["trial_id"] == layer.provenance["trial_id"]
+
+
+def test_the_minibatch_guide_trains_as_written():
+    text = MINIBATCH_GUIDE.read_text()
+    code = re.findall(r"```python\n(.*?)```", text, flags=re.S)[0]
+    namespace: dict = {}
+    exec(compile(code, "docs/minibatch.md", "exec"), namespace)
+    layers, loss = namespace["layers"], namespace["loss"]
+    assert loss.requires_grad and bool(loss.isfinite())
+    # every parameter of both layers received a gradient through the sampled blocks
+    assert all(p.grad is not None and bool(p.grad.abs().sum() > 0) for m in layers for p in m.parameters())

@@ -48,7 +48,15 @@ from sqlalchemy.orm import Session
 
 import rgtune
 from rgtune.db import DEFAULT_URL
-from rgtune.db.engine import WRITE_OPTION, display_name, make_engine, parse_url, preflight_sqlite, sqlite_file
+from rgtune.db.engine import (
+    WRITE_OPTION,
+    display_name,
+    make_engine,
+    parse_url,
+    preflight_sqlite,
+    serialize_sqlite_transactions,
+    sqlite_file,
+)
 from rgtune.db.errors import (
     DatabaseCorruptError,
     DatabaseError,
@@ -274,7 +282,9 @@ class TrialDatabase:
         RDBStorage creates and stamps its tables on first use without any locking; concurrent
         first opens are serialized here (PostgreSQL: an advisory lock) or, on SQLite, the losers
         of the race (a duplicate ``alembic_version`` row, a table that already exists) retry and
-        find the winner's tables.
+        find the winner's tables. On SQLite every transaction of the storage then takes the write lock
+        when it begins, so that two workers never claim the same waiting trial
+        (:func:`~rgtune.db.engine.serialize_sqlite_transactions`).
         """
         if self.readonly:
             raise DatabaseReadOnlyError(f"{self.name} was opened read-only; Optuna's storage writes to it")
@@ -283,7 +293,10 @@ class TrialDatabase:
 
         def locked_open() -> Any:
             with schema_lock(self._writer):
-                return open_storage(self.url, kwargs)
+                storage = open_storage(self.url, kwargs)
+            if self.dialect == "sqlite":
+                serialize_sqlite_transactions(storage.engine, busy_timeout=60)
+            return storage
 
         return self._retrying(locked_open, also=_lost_create_race)
 

@@ -44,7 +44,7 @@ from rgtune.db.errors import (
 )
 
 __all__ = ["WRITE_OPTION", "parse_url", "hide_password", "display_name", "sqlite_file", "engine_sqlite_file",
-           "preflight_sqlite", "make_engine"]
+           "preflight_sqlite", "make_engine", "serialize_sqlite_transactions"]
 
 #: execution option that marks an engine/connection as a writer (SQLite: BEGIN IMMEDIATE)
 WRITE_OPTION = "rgtune_write"
@@ -278,7 +278,21 @@ def make_engine(url: URL, *, readonly: bool, busy_timeout: float, echo: bool = F
     return engine
 
 
-def _configure_sqlite(engine: Engine, *, busy_timeout: float, wal: bool) -> None:
+def serialize_sqlite_transactions(engine: Engine, *, busy_timeout: float) -> None:
+    """Make every transaction of ``engine`` (an SQLite one made elsewhere) take the write lock when it begins.
+
+    For Optuna's storage engine, which reads and then writes in one transaction with no way to mark
+    it a writer: claiming a waiting trial reads its state, then sets it running. Under sqlite3's own
+    transaction control the read runs outside any transaction, so two workers can both see the
+    trial waiting and both run it (one Optuna trial measured twice). ``BEGIN IMMEDIATE`` for all
+    makes the read and the write one step; the busy timeout lets the others wait their turn.
+    Connections opened before this call are dropped from the pool.
+    """
+    _configure_sqlite(engine, busy_timeout=busy_timeout, wal=False, always_immediate=True)
+    engine.dispose()
+
+
+def _configure_sqlite(engine: Engine, *, busy_timeout: float, wal: bool, always_immediate: bool = False) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, record: Any) -> None:
         dbapi_conn.isolation_level = None  # sqlite3 must not BEGIN on its own (see module docstring)
@@ -295,7 +309,7 @@ def _configure_sqlite(engine: Engine, *, busy_timeout: float, wal: bool) -> None
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: sa.Connection) -> None:
-        write = conn.get_execution_options().get(WRITE_OPTION, False)
+        write = always_immediate or conn.get_execution_options().get(WRITE_OPTION, False)
         conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
 
 
