@@ -217,8 +217,8 @@ class _Net:
 
 class _Rgtune(_Net):
     def prepare(self, mb: Any) -> None:
-        for layer, block in zip(self.layers, mb.blocks):
-            layer.bind(block)
+        for i, (layer, block) in enumerate(zip(self.layers, mb.blocks)):
+            layer.bind(block, input_grad=i > 0)  # the features need no gradient: the first layer's params' alone
 
     def __call__(self, x: dict[str, Any], mb: Any) -> Any:
         import torch

@@ -39,13 +39,18 @@ def _configs(space: SearchSpace, stride: int) -> list[dict[str, Any]]:
     return list(space.ir_configs())[::stride] + [space.sample(rng) for _ in range(12 if stride == 1 else 2)]
 
 
-def _check(backend: str, model: str, mode: str, cfg: dict[str, Any], graph: Any) -> None:
-    space = SearchSpace(build_model(model, 8, 8, MODELS[model]), GRAPH, "cuda" if backend == "emulator" else "cpu",
-                        mode, destinations=True)
+def _check(backend: str, model: str, mode: str, cfg: dict[str, Any], graph: Any, input_grad: bool = True,
+           destinations: bool = True) -> None:
+    """``input_grad=False``: the training program of the params' gradients alone, checked against the
+    interpreter of the program with the input's gradient (the oracle does not prune)."""
+    target = "cuda" if backend == "emulator" else "cpu"
+    space = SearchSpace(build_model(model, 8, 8, MODELS[model]), GRAPH, target, mode, destinations, input_grad)
     point = space.compile(cfg)
     if not point.valid:
         return
-    kp, program = point.kernels, point.compiled.program
+    kp = point.kernels
+    full = point if input_grad else SearchSpace(space.program, GRAPH, target, mode, destinations).compile(cfg)
+    program = full.compiled.program
     torch.manual_seed(0)
     params = random_params(program, GRAPH)
     n_dst = getattr(graph, "num_dst_nodes", graph.num_nodes())
@@ -69,9 +74,13 @@ def _check(backend: str, model: str, mode: str, cfg: dict[str, Any], graph: Any)
         out, saved = built.run_forward(x.float(), p32, **kw)
         dx, grads = built.run_backward(x.float(), p32, saved, dout.float(), **kw)
         got = {"output": out, "input gradient": dx, **grads}
+        assert sorted(grads) == sorted(want.param_grads), where
         for name, g in grads.items():
             assert torch.allclose(g.double(), want.param_grads[name], atol=1e-4), f"{where}: {name}"
-        assert torch.allclose(dx.double(), want.input_grad, atol=1e-4), f"{where}: input gradient"
+        if input_grad:
+            assert torch.allclose(dx.double(), want.input_grad, atol=1e-4), f"{where}: input gradient"
+        else:
+            assert dx is None and kp.input_grad is None, where
     assert got["output"].shape[0] == n_dst, where
     assert torch.allclose(got["output"].double(), want.output[:n_dst], atol=1e-4), f"{where}: output"
 
@@ -116,3 +125,22 @@ def test_the_destinations_rows_are_what_only_destinations_need() -> None:
     assert rows[kp.input] == rows[kp.input_grad] == "node"
     whole = SearchSpace(program, GRAPH, "cpu", "training").compile({}).kernels
     assert DST_NODE not in {b.domain for b in whole.buffers.values()}
+
+
+@pytest.mark.parametrize("model,stride", sampled(MODELS, {"rgcn": 5, "rgat": 71, "hgt": 251, "film": 13}, 1))
+@pytest.mark.parametrize("backend", ["reference", "cpu", "emulator"])
+def test_a_program_of_the_params_gradients_alone_gives_the_interpreters(backend: str, model: str, stride: int) -> None:
+    # what a layer runs when its input needs no gradient, on a batch and on a whole graph
+    if backend == "emulator":
+        from rgtune.codegen.cuda.emulate import find_cxx
+
+        if find_cxx() is None:
+            pytest.skip("no C++ compiler for the CUDA emulator (set CXX)")
+    space = SearchSpace(build_model(model, 8, 8, MODELS[model]), GRAPH, "cuda" if backend == "emulator" else "cpu",
+                        "training", destinations=True, input_grad=False)
+    configs = _configs(space, stride)
+    if backend != "reference" and stride > 1:  # compiled code: an IR configuration and two random schedules
+        configs = configs[-3:]
+    for cfg in configs:
+        _check(backend, model, "training", cfg, BLOCK, input_grad=False)
+        _check(backend, model, "training", cfg, GRAPH, input_grad=False, destinations=False)

@@ -64,6 +64,32 @@ def test_a_full_block_gives_each_destination_its_whole_graph_output_and_gradient
 
 
 @pytest.mark.parametrize("model,heads", [("rgcn", 1), ("hgt", 2)])
+def test_an_input_that_needs_no_gradient_runs_the_program_of_the_params_gradients(graph: HeteroGraph, model: str,
+                                                                                 heads: int) -> None:
+    """A first layer's features need no gradient: the layer's backward then computes the params' gradients
+    alone (fewer kernels), the same as with the input's."""
+    torch.manual_seed(2)
+    layer = Layer(model, graph, 8, 8, heads, backend="cpu", mode="training")
+    block = NeighborSampler(graph, [4]).sample(_seeds(graph, 1, 20), torch.Generator().manual_seed(0)).blocks[0]
+    for where in (block, None):
+        rows = block.num_nodes() if where is not None else graph.num_nodes()
+        x = torch.randn(rows, 8)
+        grads = []
+        for needs in (True, False):
+            layer.zero_grad()
+            xi = x.clone().requires_grad_(needs)
+            out = layer(xi, where) if where is not None else layer(xi)
+            (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+            assert (xi.grad is not None) == needs
+            grads.append({n: p.grad.clone() for n, p in layer.named_parameters()})
+        for name in grads[0]:
+            assert torch.allclose(grads[1][name], grads[0][name], atol=1e-6), name
+        built = (layer._runner_for(where) if where is not None else layer._runner).built
+        full, params_only = built[("training", True)][0], built[("training", False)][0]
+        assert params_only.input_grad is None and len(params_only.kernels) < len(full.kernels)
+
+
+@pytest.mark.parametrize("model,heads", [("rgcn", 1), ("hgt", 2)])
 def test_two_layers_on_sampled_blocks_train_and_match_the_reference_backend(graph: HeteroGraph, model: str,
                                                                             heads: int) -> None:
     """Sampled blocks (fan-outs 4 and 3) through two layers, cpu against the torch executor: same outputs

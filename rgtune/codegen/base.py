@@ -50,9 +50,10 @@ def source_hash(sources: Mapping[str, str]) -> str:
     return h.hexdigest()[:16]
 
 
-#: what a training program's run returns: the output, the input's gradient, and param -> its gradient
-#: (a derived param's too: its sources' come through the fold, see :mod:`rgtune.ir.autodiff`)
-TrainingResult = tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]
+#: what a training program's run returns: the output, the input's gradient (None for a program of the params'
+#: gradients only: :func:`rgtune.ir.autodiff.without_input_grad`), and param -> its gradient (a derived
+#: param's too: its sources' come through the fold, see :mod:`rgtune.ir.autodiff`)
+TrainingResult = tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]
 
 
 @dataclass
@@ -131,9 +132,9 @@ class BuiltProgram:
         return self.forward_fn(x, params)
 
     def run_backward(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], saved: Saved,
-                     dout: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """A training program's backward phase: the input's gradient and every param's (derived ones
-        included), from the forward phase's ``saved`` and the output's gradient ``dout``."""
+                     dout: torch.Tensor) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
+        """A training program's backward phase: the input's gradient (None: a program of the params' only)
+        and every param's (derived ones included), from the forward phase's ``saved`` and the output's gradient ``dout``."""
         if self.backward_fn is None:
             raise BackendError(f"this {self.backend} program has no separate backward phase (a training program's)")
         return self.backward_fn(x, params, saved, dout)

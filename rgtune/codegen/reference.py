@@ -123,14 +123,16 @@ class ReferenceExecutor:
         return out, Saved({b: run.bufs[b] for b in kp.saved}, {p: run.params[p] for p in kp.saved_params})
 
     def run_backward(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], saved: Saved,
-                     dout: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """A training program's backward phase: the input's gradient and ``{param: gradient}``."""
+                     dout: torch.Tensor) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
+        """A training program's backward phase: the input's gradient (None: the program computes the params'
+        only) and ``{param: gradient}``."""
         kp, a = self._training(), self.a
         run = copy.copy(self)
         run._start(x, {**params, **saved.params}, dout, saved.buffers)
         run._kernels(kp.kernels[kp.forward_kernels:])
         grads = {p: run.params[g] for p, g in kp.param_grads.items()}
-        return run.bufs[kp.input_grad].reshape(a.num_nodes, -1), grads  # type: ignore[index]
+        dx = run.bufs[kp.input_grad].reshape(a.num_nodes, -1) if kp.input_grad is not None else None
+        return dx, grads
 
     def _training(self) -> KernelProgram:
         if not self.kp.is_training:

@@ -67,7 +67,7 @@ from rgtune.ir.program import (EDGE, NODE, PARAM_OPS, Binary, FoldWeights, IRErr
 if TYPE_CHECKING:
     from rgtune.ir.plan import LoweringPlan
 
-__all__ = ["AdjointBuilder", "plan_backward", "adjoint", "grad_name", "transposed_name", "SAVE", "REUSE", "training_knobs", "saved_values"]
+__all__ = ["AdjointBuilder", "plan_backward", "adjoint", "without_input_grad", "grad_name", "transposed_name", "SAVE", "REUSE", "training_knobs", "saved_values"]
 
 #: which forward values the backward reads saved (see the module docstring)
 SAVE = Knob("autodiff.save", ("all", "nodes", "input"), "all",
@@ -193,12 +193,54 @@ def training_knobs(program: Program) -> list[Knob]:
     return list(KNOB_CACHE[key])
 
 
-def adjoint(program: Program, save: str = SAVE.default, config: Mapping[str, Any] | None = None) -> Program:
+def adjoint(program: Program, save: str = SAVE.default, config: Mapping[str, Any] | None = None,
+            input_grad: bool = True) -> Program:
     """The training program of ``program`` (see the module docstring); ``save`` (or ``config``'s
-    ``autodiff.save``) chooses which forward values the backward reads saved."""
+    ``autodiff.save``) chooses which forward values the backward reads saved. ``input_grad=False``: the
+    params' gradients only (:func:`without_input_grad`), for an input that needs none (a first layer's
+    features)."""
     if config is not None:
         save = config.get(SAVE.name, save)
-    return _recompute(AdjointBuilder(program).run(), SAVE.check(save))
+    training = AdjointBuilder(program).run()
+    if not input_grad:
+        training = without_input_grad(training)
+    return _recompute(training, SAVE.check(save))
+
+
+def without_input_grad(program: Program) -> Program:
+    """Training program ``program`` without the input's gradient: the backward ops that feed no param's
+    gradient go (in RGCN's backward, the transposed GEMMs and the scatter back to the sources), with the
+    derived params only they defined; the forward stays as it is.
+
+    Example:
+        >>> from rgtune.ir.models import build_model
+        >>> full = adjoint(build_model("rgcn", 4, 3))
+        >>> params_only = without_input_grad(full)
+        >>> params_only.input_grad is None, sorted(params_only.param_grads) == sorted(full.param_grads)
+        (True, True)
+        >>> len(params_only.ops) < len(full.ops)
+        True
+    """
+    split = program.forward_ops
+    if split is None:
+        raise IRError(f"program {program.name} is not a training program (it has no backward)")
+    values: set[str] = set()
+    params: set[str] = set()
+    kept: list[Op] = []
+    for op in reversed(program.ops[split:]):
+        if isinstance(op, WeightGrad):
+            needed = True
+        elif isinstance(op, FoldWeights):
+            needed = op.out_param in params
+        else:
+            needed = op.out.name in values
+        if needed:
+            kept.append(op)
+            values.update(v.name for v in op.inputs())
+            params.update(op.params())
+    dropped = {op.out_param for op in program.ops[split:] if isinstance(op, FoldWeights)} - params
+    return program.copy(ops=program.ops[:split] + kept[::-1], input_grad=None,
+                        params={k: p for k, p in program.params.items() if k not in dropped})
 
 
 def plan_backward(plan: "LoweringPlan", config: Mapping[str, Any]) -> "LoweringPlan":

@@ -107,32 +107,47 @@ class GraphMismatchError(ValueError):
     """A graph whose node or edge types differ from those a schedule was tuned for."""
 
 
+#: which program of a schedule: (mode, for mini-batches, computes the input's gradient)
+_Variant = tuple[str, bool, bool]
+
+
 class _Programs:
     """A layer's kernel programs, each compiled once and shared by the runners of all its graphs and
-    batches: per mode, the whole-graph program (made with the layer: a bad schedule fails there) and
-    the mini-batch program (:attr:`~rgtune.ir.plan.LoweringPlan.destinations`: node values that only the
-    destinations need are computed for them alone), made by ``make_batch_point`` on the first batch."""
+    batches. Per mode, the whole-graph program is made with the layer (a bad schedule fails there); the
+    others on first use by ``make_point(mode, destinations, input_grad)``: the mini-batch programs
+    (:attr:`~rgtune.ir.plan.LoweringPlan.destinations`: node values that only the destinations need are
+    computed for them alone) and the training programs of the params' gradients alone
+    (:func:`~rgtune.ir.autodiff.without_input_grad`: an input that needs no gradient, e.g. a first
+    layer's features). Such a program that the schedule cannot make (invalid) gives way to the one with
+    the input's gradient."""
 
     def __init__(self, backend: Backend, points: Mapping[str, Point],
-                 make_batch_point: Callable[[str], Point]) -> None:
+                 make_point: Callable[[str, bool, bool], Point]) -> None:
         self.backend = backend
-        self._points: dict[tuple[str, bool], Point] = {(mode, False): p for mode, p in points.items()}
-        self._make_batch_point = make_batch_point
-        self._compiled: dict[tuple[str, bool], CompiledProgram] = {}
+        self._points: dict[_Variant, Point] = {(mode, False, True): p for mode, p in points.items()}
+        self._make_point = make_point
+        self._compiled: dict[_Variant, CompiledProgram] = {}
         self._lock = threading.Lock()
 
-    def point(self, mode: str, destinations: bool) -> Point:
-        with self._lock:
-            key = (mode, destinations)
-            if key not in self._points:
-                self._points[key] = self._make_batch_point(mode)
-            return self._points[key]
+    def _variant(self, mode: str, destinations: bool, input_grad: bool) -> _Variant:
+        """The variant that runs for the arguments (an invalid params-only program: the full one)."""
+        key = (mode, destinations, input_grad or mode != "training")  # an inference program has no gradients
+        if key not in self._points:
+            self._points[key] = self._make_point(*key)
+        if not self._points[key].valid:
+            return self._variant(mode, destinations, True)
+        return key
 
-    def compiled(self, mode: str, destinations: bool) -> tuple[KernelProgram, CompiledProgram]:
-        """The kernel program of ``mode`` (for batches or not), compiled on first use."""
-        point = self.point(mode, destinations)
+    def point(self, mode: str, destinations: bool, input_grad: bool = True) -> Point:
         with self._lock:
-            key = (mode, destinations)
+            return self._points[self._variant(mode, destinations, input_grad)]
+
+    def compiled(self, mode: str, destinations: bool, input_grad: bool = True) -> tuple[KernelProgram, CompiledProgram]:
+        """The kernel program of ``mode`` (for batches or not; with the input's gradient or not), compiled
+        on first use."""
+        with self._lock:
+            key = self._variant(mode, destinations, input_grad)
+            point = self._points[key]
             if key not in self._compiled:
                 self._compiled[key] = self.backend.compile(point.kernels, point.config)
             return point.kernels, self._compiled[key]
@@ -156,7 +171,7 @@ class _Runner:
         #: the programs compiled for the schedule, shared by the runners of every graph and batch of the layer
         self._programs = programs
         self._destinations = isinstance(graph, Batch)  # a batch runs the mini-batch programs
-        self._built: dict[str, tuple[KernelProgram, BuiltProgram]] = {}
+        self._built: dict[tuple[str, bool], tuple[KernelProgram, BuiltProgram]] = {}
         self._lock = threading.Lock()
         self._executor: ReferenceExecutor | None = None
         self._eager = eager
@@ -172,21 +187,24 @@ class _Runner:
         no training programs (its backward is the torch lowering's)."""
         return mode if mode == "inference" or self.backend.training != "none" else "inference"
 
-    def compiled(self, mode: str) -> tuple[KernelProgram, CompiledProgram]:
-        """The kernel program of ``mode`` for this runner's kind of graph, compiled (once per layer, on first use)."""
-        return self._programs.compiled(mode, self._destinations)
+    def compiled(self, mode: str, input_grad: bool = True) -> tuple[KernelProgram, CompiledProgram]:
+        """The kernel program of ``mode`` for this runner's kind of graph, compiled (once per layer, on first
+        use); ``input_grad=False``: a training program of the params' gradients alone (see :class:`_Programs`)."""
+        return self._programs.compiled(mode, self._destinations, input_grad)
 
-    def program(self, mode: str) -> tuple[KernelProgram, BuiltProgram]:
+    def program(self, mode: str, input_grad: bool = True) -> tuple[KernelProgram, BuiltProgram]:
         """The kernel program of ``mode`` and its build for this runner's graph (compiled once per layer,
         bound once per graph, both on first use)."""
-        kp, compiled = self.compiled(mode)
+        kp, compiled = self.compiled(mode, input_grad)
+        key = (mode, input_grad or mode != "training")
         with self._lock:
-            if mode not in self._built:
-                self._built[mode] = (kp, compiled.bind(self.graph))
-            return self._built[mode]
+            if key not in self._built or self._built[key][0] is not kp:
+                self._built[key] = (kp, compiled.bind(self.graph))
+            return self._built[key]
 
     @property
-    def built(self) -> dict[str, tuple[KernelProgram, BuiltProgram]]:
+    def built(self) -> dict[tuple[str, bool], tuple[KernelProgram, BuiltProgram]]:
+        """``(mode, input_grad)`` -> the kernel program and its build for this runner's graph."""
         return dict(self._built)
 
     def backward_kind(self) -> str:
@@ -198,11 +216,13 @@ class _Runner:
         with torch.no_grad():
             return self.program("inference")[1].run(x, dict(zip(self.names, params)))
 
-    def forward_for_backward(self, x: Tensor, params: Sequence[Tensor]) -> tuple[Tensor, Saved | None]:
-        """The output and what the backward reads (None: the backward recomputes from ``x`` and the params)."""
+    def forward_for_backward(self, x: Tensor, params: Sequence[Tensor],
+                             input_grad: bool = True) -> tuple[Tensor, Saved | None]:
+        """The output and what the backward reads (None: the backward recomputes from ``x`` and the params);
+        ``input_grad=False``: for a backward of the params' gradients alone."""
         if self.backward_kind() != "generated":
             return self.forward(x, params), None
-        kp, built = self.program("training")
+        kp, built = self.program("training", input_grad)
         with torch.no_grad():
             return built.run_forward(x, dict(zip(self.names, params)))
 
@@ -212,7 +232,7 @@ class _Runner:
         kind = self.backward_kind()
         if kind == "torch":
             return self._torch_vjp(x, params, grad_out, needs)
-        kp, built = self.program("training")
+        kp, built = self.program("training", needs[0])  # the forward's program (it ran with the same needs)
         named = dict(zip(self.names, params))
         with torch.no_grad():
             if kind == "generated":
@@ -248,7 +268,8 @@ class _KernelFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, runner: _Runner, x: Tensor, *params: Tensor) -> Tensor:  # type: ignore[override]
         ctx.runner = runner
-        out, saved = runner.forward_for_backward(x, params)
+        # an input that needs no gradient (features, not embeddings): the program of the params' gradients
+        out, saved = runner.forward_for_backward(x, params, input_grad=ctx.needs_input_grad[1])
         ctx.num_params = len(params)
         ctx.buffer_names = list(saved.buffers) if saved is not None else None
         ctx.param_names = list(saved.params) if saved is not None else []
@@ -438,11 +459,13 @@ class Layer(GraphLayer):
         points = {m: _compiled(spaces[m], configs[m], name) for m in MODES}
         self._param_names = self._kernel_param_names(points["inference"].kernels)  # the learnable ones
 
-        def batch_point(mode: str) -> Point:
-            space = SearchSpace(self.program, graph, self._backend.target, mode, destinations=True)
+        def variant_point(mode: str, destinations: bool, input_grad: bool) -> Point:
+            space = SearchSpace(self.program, graph, self._backend.target, mode, destinations, input_grad)
+            if not input_grad:  # may be invalid: the layer then runs the program with the input's gradient
+                return space.compile(configs[mode])
             return _compiled(space, configs[mode], f"{name} (on mini-batches)")
 
-        return _Runner(_Programs(self._backend, points, batch_point), graph, self._param_names, eager=eager)
+        return _Runner(_Programs(self._backend, points, variant_point), graph, self._param_names, eager=eager)
 
     def _runner_for(self, graph: "HeteroGraph | Batch | None") -> _Runner:
         """The runner of ``graph`` (None or the bound graph: the layer's own): the same schedule's compiled
@@ -470,16 +493,18 @@ class Layer(GraphLayer):
             cache.popitem(last=False)
         return runner
 
-    def bind(self, graph: "HeteroGraph | Batch", mode: str | None = None) -> None:
+    def bind(self, graph: "HeteroGraph | Batch", mode: str | None = None, input_grad: bool = True) -> None:
         """Bind the layer's compiled kernels to ``graph`` (a graph of its types, or a mini-batch's
         :class:`~rgtune.data.batch.Batch`) now, rather than in the first call on it: build its index
         arrays and the kernels' tables over them. The next call with that graph or batch finds them;
         a loader may bind the next batch while the current one trains. ``mode``: the program to bind,
-        ``"training"`` (what a call with gradients runs) or ``"inference"``; default the layer's mode."""
+        ``"training"`` (what a call with gradients runs) or ``"inference"``; default the layer's mode.
+        ``input_grad=False``: the call's input will need no gradient (a first layer's features), so bind
+        the training program of the params' gradients alone, what that call runs."""
         if mode is not None and mode not in MODES:
             raise ValueError(f"{type(self).__name__}.bind: unknown mode {mode!r}; choose one of {list(MODES)}")
         runner = self._runner_for(graph)
-        runner.program(runner.runs(mode or self.mode))
+        runner.program(runner.runs(mode or self.mode), input_grad)
 
     def _check_types(self, graph: "HeteroGraph | Batch") -> None:
         """``graph`` has the layer's node and edge types (a batch's may be empty, never other ones)."""

@@ -73,12 +73,15 @@ class SearchSpace:
     """Knobs, defaults, sampling, constraint checks and Optuna suggestions for one workload."""
 
     def __init__(self, program: Program, graph: "HeteroGraph | None", target: str = "cpu",
-                 mode: str = "inference", destinations: bool = False) -> None:
+                 mode: str = "inference", destinations: bool = False, input_grad: bool = True) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; choose one of {list(MODES)}")
         self.mode = mode
         #: the programs are for mini-batches (:attr:`~rgtune.ir.plan.LoweringPlan.destinations`)
         self.destinations = destinations
+        #: a training program computes the input's gradient (False: the params' only,
+        #: :func:`~rgtune.ir.autodiff.without_input_grad`; what a layer runs when its input needs none)
+        self.input_grad = input_grad
         self.schedule = target_schedule(target)  # an unknown target is an error that lists the known ones
         if graph is not None and graph.num_rels == 0:
             raise IRError(f"model {program.name!r} needs a graph with at least one edge type; "
@@ -129,7 +132,7 @@ class SearchSpace:
         after = apply_passes(self.program, full, self.graph)
         training = self.mode == "training"
         if training:
-            after = adjoint(after, config=full)
+            after = adjoint(after, config=full, input_grad=self.input_grad)
         plan = plan_lowering(full, training, self.destinations)
         kp = lower(after, plan)
         problems = self.schedule.check(kp, full)

@@ -505,7 +505,7 @@ class CpuRuntime:
             return self._rows_of(bufs, kp.output), saved
 
     def run_backward(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], saved: Saved,
-                     dout: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                     dout: torch.Tensor) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
         """A training program's backward phase: ``(input gradient, {param: gradient})`` from the forward's
         ``saved`` (read, not recomputed) and the output's gradient ``dout``. The gradients are fresh
         tensors of the params' full shapes (the caller keeps them)."""
@@ -521,7 +521,8 @@ class CpuRuntime:
             bufs = self._buffers(x, dout, given)
             self._run_steps(kp.forward_kernels, len(self.steps), bufs, p)  # type: ignore[arg-type]
             grads = {name: p[g] for name, g in kp.param_grads.items()}
-            return self._rows_of(bufs, kp.input_grad), grads  # type: ignore[arg-type]
+            dx = self._rows_of(bufs, kp.input_grad) if kp.input_grad is not None else None  # None: params only
+            return dx, grads
 
     def _training(self) -> KernelProgram:
         if not self.kp.is_training:

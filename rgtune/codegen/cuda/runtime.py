@@ -435,9 +435,9 @@ class ProgramRunner:
         """One training step, both phases in one go, launch by launch (the caller holds the lock)."""
         kp = self.kp
         bufs, p = self._launch_program(x, params, "step", fill, dout)
-        assert kp.input_grad is not None
         grads = {name: p[grad] for name, grad in kp.param_grads.items()}
-        return self._rows_of(bufs, kp.output), self._rows_of(bufs, kp.input_grad), grads
+        dx = self._rows_of(bufs, kp.input_grad) if kp.input_grad is not None else None  # None: params only
+        return self._rows_of(bufs, kp.output), dx, grads
 
     def _execute_forward(self, x: torch.Tensor, params: Mapping[str, torch.Tensor],
                          fill: float | None = None) -> tuple[torch.Tensor, Saved]:
@@ -451,15 +451,15 @@ class ProgramRunner:
         return out, Saved(saved, {name: p[name] for name in kp.saved_params})
 
     def _execute_backward(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], saved: Saved,
-                          dout: torch.Tensor, fill: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                          dout: torch.Tensor, fill: float | None = None) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
         """The backward phase, launch by launch (the caller holds the lock)."""
         kp = self.kp
         missing = [b for b in kp.saved if b not in saved.buffers] + [q for q in kp.saved_params if q not in saved.params]
         if missing:
             raise BackendError(f"the backward phase of {kp.name} reads {', '.join(missing)}: not in the saved values")
         bufs, p = self._launch_program(x, params, "backward", fill, dout, saved)
-        assert kp.input_grad is not None
-        return self._rows_of(bufs, kp.input_grad), {name: p[g] for name, g in kp.param_grads.items()}
+        dx = self._rows_of(bufs, kp.input_grad) if kp.input_grad is not None else None  # None: params only
+        return dx, {name: p[g] for name, g in kp.param_grads.items()}
 
     def _launch_program(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], phase: str, fill: float | None,
                         dout: torch.Tensor | None = None, saved: Saved | None = None
@@ -659,7 +659,7 @@ class CudaProgram(ProgramRunner):
         return result
 
     def _execute_backward(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], saved: Saved,
-                          dout: torch.Tensor, fill: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                          dout: torch.Tensor, fill: float | None = None) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
         """The backward phase: recorded as a graph of its own whose inputs are ``x``, ``dout`` and the saved
         values (copied in before each replay: every forward's saved tensors are others)."""
         kp = self.kp
