@@ -66,6 +66,7 @@ import torch
 from rgtune.codegen.base import Saved, TrainingResult
 from rgtune.codegen.buffer_plan import live_intervals, plan_slots
 from rgtune.codegen.cpu.generate import GeneratedProgram, KernelSource
+from rgtune.codegen.cpu.memory import POOL
 from rgtune.codegen.cpu.rows import GRAPH_CONSTANTS, INDEX_ARRAYS
 from rgtune.data._sort import stable_argsort_small
 from rgtune.codegen.cpu.schedule import CPU_SCHEDULE
@@ -599,8 +600,9 @@ def _first_write_accumulates(kp: KernelProgram, grad: str) -> bool:
 
 
 def _kernel_buffer(shape: tuple[int, ...], zero: bool = False) -> torch.Tensor:
-    """A buffer the kernels write: :data:`KERNEL_DTYPE` whatever torch's default dtype is."""
-    return torch.zeros(shape, dtype=KERNEL_DTYPE) if zero else torch.empty(shape, dtype=KERNEL_DTYPE)
+    """A buffer the kernels write: :data:`KERNEL_DTYPE` whatever torch's default dtype is; a big one on the
+    pool's already mapped memory (:mod:`.memory`: no page faults for each batch's new buffers)."""
+    return POOL.tensor(shape, KERNEL_DTYPE, zero)
 
 
 def _ptr(t: torch.Tensor) -> int:
