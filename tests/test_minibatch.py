@@ -151,6 +151,16 @@ def _local(block: Batch, ntype: str, global_ids: torch.Tensor) -> torch.Tensor:
     return out
 
 
+@pytest.mark.parametrize("fanout", [1, 2])
+def test_the_sampler_emits_each_relations_edges_by_destination(graph: HeteroGraph, fanout: int) -> None:
+    # taken whole, sampled from a few, or from many: every kind of (destination, relation) group, whose
+    # edges must still come by relation, then destination (binding a batch counts on it)
+    seeds = {t: torch.arange(graph.num_nodes(t)) for t in graph.ntypes}
+    for block in NeighborSampler(graph, [fanout, fanout]).sample(seeds, torch.Generator().manual_seed(3)).blocks:
+        key = block.etype * block.num_nodes() + block.dst
+        assert bool((key[1:] >= key[:-1]).all())
+
+
 def test_the_same_seed_gives_the_same_batches_and_another_epoch_others(graph: HeteroGraph) -> None:
     def edges(loader: NeighborLoader) -> list[Any]:
         return [tuple(b.src.tolist() + b.dst.tolist()) for mb in loader for b in mb.blocks]

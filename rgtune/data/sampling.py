@@ -215,7 +215,8 @@ def _ranges(first: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
 def _sample_segments(start: torch.Tensor, deg: torch.Tensor, k: torch.Tensor,
                      generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
     """For each segment ``[start, start + deg)``: every position when ``deg <= k`` (or ``k == -1``), else
-    ``k`` of them uniformly without replacement; the positions and the segment of each (not grouped)."""
+    ``k`` of them uniformly without replacement; the positions and the segment of each, by segment (a block's
+    edges then come by destination within each relation: what binding a batch counts on)."""
     seg = torch.arange(deg.numel())
     small = (deg <= k) | (k == -1)
     s_deg = deg[small]
@@ -246,7 +247,11 @@ def _sample_segments(start: torch.Tensor, deg: torch.Tensor, k: torch.Tensor,
         first = torch.cumsum(b_deg, 0) - b_deg
         pos.append(start[b_seg][cand_owner[chosen]] + chosen - first[cand_owner[chosen]])
         owner.append(b_seg[cand_owner[chosen]])
-    return torch.cat(pos), torch.cat(owner)
+    if len(pos) == 1:  # every segment taken whole: in segment order already
+        return pos[0], owner[0]
+    positions, segments = torch.cat(pos), torch.cat(owner)
+    by_segment = stable_argsort_small(segments, max(deg.numel(), 1))
+    return positions[by_segment], segments[by_segment]
 
 
 def _k_smallest_random(owner: torch.Tensor, k: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

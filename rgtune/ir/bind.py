@@ -19,12 +19,17 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 import torch
 
 from rgtune.data._sort import stable_argsort_small
 from rgtune.data.batch import Batch
 from rgtune.data.graph import HeteroGraph
+
+
+#: the arrays of the (source, relation) pairs, which a batch builds on first use
+SRC_PAIR_FIELDS = ("sp_node", "sp_rel", "sp_offsets", "e_sp")
 
 
 @dataclass(frozen=True)
@@ -60,9 +65,22 @@ class GraphArrays:
     #: the rows a layer's output has: a graph's every node; a batch's destinations, the first rows
     num_dst_nodes: int
 
+    def __getattr__(self, name: str) -> Any:
+        # only for attributes not set: a batch's (source, relation) pairs, built on first use (few programs
+        # read them, and on an ogbn-mag block they are half of the batch's arrays' time: see _build_batch)
+        build = self.__dict__.get("_src_pairs")
+        if name in SRC_PAIR_FIELDS and build is not None:
+            for field, value in build().items():
+                object.__setattr__(self, field, value)
+            del self.__dict__["_src_pairs"]
+            return self.__dict__[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     def rows(self, domain: str) -> int:
+        if domain == "src_pair":
+            return int(self.sp_node.numel())
         return {"node": self.num_nodes, "dst_node": self.num_dst_nodes, "edge": self.num_edges,
-                "src_pair": int(self.sp_node.numel()), "dst_pair": int(self.dp_node.numel())}[domain]
+                "dst_pair": int(self.dp_node.numel())}[domain]
 
     def index_tensors(self) -> dict[str, torch.Tensor]:
         return {k: v for k, v in self.__dict__.items() if isinstance(v, torch.Tensor)}
@@ -248,7 +266,8 @@ def _build_batch(b: Batch, layout: str, bits: int) -> GraphArrays:
     edges and nodes, in time proportional to the batch, on its device. A sampler's batch has its edges by
     relation, then destination (:class:`~rgtune.data.sampling.NeighborSampler`): its destination-major order
     is then one radix sort of the destinations, and its relation order that sort's inverse; the (relation,
-    node) pairs are counted in a dense table where it is small (a bincount, no sort)."""
+    node) pairs come from runs of the sorted keys; the (relation, source) pairs are built on first use (what
+    reads them: compact source pairs), since they need a sort of every edge's key."""
     idx = torch.int32 if bits == 32 else torch.int64
     n, e, r = b.num_nodes(), b.num_edges(), b.num_rels
     src, dst, rel = b.src, b.dst, b.etype.to(b.device)
@@ -287,22 +306,30 @@ def _build_batch(b: Batch, layout: str, bits: int) -> GraphArrays:
         offsets = torch.searchsorted(p_rel, torch.arange(r + 1, device=b.device))
         return keys - p_rel * max(n, 1), p_rel, offsets, edge_to_pair, count
 
-    sp_node, sp_rel, sp_off, sp_of_edge, _ = pairs(rel * max(n, 1) + src, False)
     dp_node, dp_rel, dp_off, dp_of_edge, dp_count = pairs(rel_dst, by_rel_dst)
 
     def i(t: torch.Tensor) -> torch.Tensor:
         return t.to(idx).contiguous()
 
-    return GraphArrays(
+    def src_pairs() -> dict[str, torch.Tensor]:
+        sp_node, sp_rel, sp_off, sp_of_edge, _ = pairs(rel * max(n, 1) + src, False)
+        return {"sp_node": i(sp_node), "sp_rel": i(sp_rel), "sp_offsets": i(sp_off), "e_sp": i(sp_of_edge[eid])}
+
+    none = torch.zeros(0, dtype=idx)
+    arrays = GraphArrays(
         layout=layout, index_bits=bits, num_nodes=n, num_edges=e, num_rels=r, num_ntypes=b.num_ntypes,
         node_type=i(b.node_type), node_offsets=i(b.node_run_offsets), node_run_type=i(b.node_run_type),
         e_src=i(src[eid]), e_dst=i(dst[eid]), e_rel=i(rel[eid]), e_eid=i(eid), e_rel_order=i(rel_order),
         rel_offsets=i(b.rel_offsets), csr_indptr=indptr,
-        sp_node=i(sp_node), sp_rel=i(sp_rel), sp_offsets=i(sp_off), e_sp=i(sp_of_edge[eid]),
+        sp_node=none, sp_rel=none, sp_offsets=none, e_sp=none,  # replaced by src_pairs() on first use
         dp_node=i(dp_node), dp_rel=i(dp_rel), dp_offsets=i(dp_off), e_dp=i(dp_of_edge[eid]),
         dp_inv_count=1.0 / dp_count.double(), inv_in_degree=1.0 / in_degree.double(),
         rel_src_ntype=i(b.src_ntype_of_rel), rel_dst_ntype=i(b.dst_ntype_of_rel), num_dst_nodes=b.num_dst_nodes,
     )
+    for field in SRC_PAIR_FIELDS:
+        del arrays.__dict__[field]
+    arrays.__dict__["_src_pairs"] = src_pairs
+    return arrays
 
 
 def row_types(a: GraphArrays, rows: str, by: str, end: str | None = None) -> torch.Tensor | None:

@@ -65,6 +65,7 @@ import torch
 
 from rgtune.codegen.base import Saved, TrainingResult
 from rgtune.codegen.buffer_plan import live_intervals, plan_slots
+from rgtune.codegen.cpu.edges import ROW_COUNTS
 from rgtune.codegen.cpu.generate import GeneratedProgram, KernelSource
 from rgtune.codegen.cpu.memory import POOL
 from rgtune.codegen.cpu.rows import GRAPH_CONSTANTS, INDEX_ARRAYS
@@ -230,9 +231,9 @@ class CpuRuntime:
         ctx = ctype()
         b = _Bound(src, fn, ctx, ctypes.c_void_p(ctypes.addressof(ctx)), {n for n, _ in src.fields})
         a = self.a
-        for size_name, value in (("num_nodes", a.num_nodes), ("num_dst_nodes", a.num_dst_nodes), ("num_edges", a.num_edges),
-                                 ("num_src_pairs", a.rows("src_pair")), ("num_dst_pairs", a.rows("dst_pair"))):
-            b.set(size_name, value)
+        for domain, size_name in ROW_COUNTS.items():
+            if size_name in b.names:  # asked only where read: a batch builds its source pairs on first use
+                b.set(size_name, a.rows(domain))
         for name in INDEX_ARRAYS:
             if name in b.names:
                 b.set(name, self._pointer(getattr(a, name)))
@@ -627,11 +628,11 @@ def row_index(a: GraphArrays, rows: str, via: str) -> torch.Tensor:
     """The row in another domain that each row reaches through ``via`` (int64)."""
     if via == "row":
         return torch.arange(a.rows(rows))
-    table = {("edge", "src"): a.e_src, ("edge", "dst"): a.e_dst, ("edge", "src_pair"): a.e_sp,
-             ("edge", "dst_pair"): a.e_dp, ("src_pair", "pair_node"): a.sp_node, ("dst_pair", "pair_node"): a.dp_node}
+    table = {("edge", "src"): "e_src", ("edge", "dst"): "e_dst", ("edge", "src_pair"): "e_sp",
+             ("edge", "dst_pair"): "e_dp", ("src_pair", "pair_node"): "sp_node", ("dst_pair", "pair_node"): "dp_node"}
     if (rows, via) not in table:
         raise ValueError(f"no index {via!r} on {rows} rows")
-    return table[(rows, via)].long()
+    return getattr(a, table[(rows, via)]).long()
 
 
 def owner_blocks(target: torch.Tensor, blocks: int) -> np.ndarray:
