@@ -343,7 +343,7 @@ def test_shared_backward_reductions_stored_once_match_reference(model: str, back
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model,count", sampled(sorted(MODELS), 12, 200))
+@pytest.mark.parametrize("model,count", sampled(sorted(MODELS), 8, 200))
 def test_random_training_schedules_match_reference(model: str, count: int, backend: CpuBackend,
                                                    synthetic: HeteroGraph, aifb: HeteroGraph) -> None:
     """``count`` random training schedules (IR and schedule knobs) on a synthetic graph, the first 4 on

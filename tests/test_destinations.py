@@ -140,7 +140,7 @@ def test_a_program_of_the_params_gradients_alone_gives_the_interpreters(backend:
                         "training", destinations=True, input_grad=False)
     configs = _configs(space, stride)
     if backend != "reference" and stride > 1:  # compiled code: an IR configuration and two random schedules
-        configs = configs[-3:]
+        configs = configs[-3:] if backend == "cpu" else configs[-2:]
     for cfg in configs:
         _check(backend, model, "training", cfg, BLOCK, input_grad=False)
         _check(backend, model, "training", cfg, GRAPH, input_grad=False, destinations=False)
