@@ -138,19 +138,16 @@ class _Programs:
             return self._variant(mode, destinations, True)
         return key
 
-    def point(self, mode: str, destinations: bool, input_grad: bool = True) -> Point:
-        with self._lock:
-            return self._points[self._variant(mode, destinations, input_grad)]
-
-    def compiled(self, mode: str, destinations: bool, input_grad: bool = True) -> tuple[KernelProgram, CompiledProgram]:
-        """The kernel program of ``mode`` (for batches or not; with the input's gradient or not), compiled
-        on first use."""
+    def compiled(self, mode: str, destinations: bool,
+                 input_grad: bool = True) -> tuple[_Variant, KernelProgram, CompiledProgram]:
+        """The variant that runs for ``mode`` (for batches or not; with the input's gradient or not), its
+        kernel program, compiled on first use."""
         with self._lock:
             key = self._variant(mode, destinations, input_grad)
             point = self._points[key]
             if key not in self._compiled:
                 self._compiled[key] = self.backend.compile(point.kernels, point.config)
-            return point.kernels, self._compiled[key]
+            return key, point.kernels, self._compiled[key]
 
 
 class _Runner:
@@ -190,17 +187,16 @@ class _Runner:
     def compiled(self, mode: str, input_grad: bool = True) -> tuple[KernelProgram, CompiledProgram]:
         """The kernel program of ``mode`` for this runner's kind of graph, compiled (once per layer, on first
         use); ``input_grad=False``: a training program of the params' gradients alone (see :class:`_Programs`)."""
-        return self._programs.compiled(mode, self._destinations, input_grad)
+        return self._programs.compiled(mode, self._destinations, input_grad)[1:]
 
     def program(self, mode: str, input_grad: bool = True) -> tuple[KernelProgram, BuiltProgram]:
         """The kernel program of ``mode`` and its build for this runner's graph (compiled once per layer,
         bound once per graph, both on first use)."""
-        kp, compiled = self.compiled(mode, input_grad)
-        key = (mode, input_grad or mode != "training")
-        with self._lock:
-            if key not in self._built or self._built[key][0] is not kp:
-                self._built[key] = (kp, compiled.bind(self.graph))
-            return self._built[key]
+        (mode, _, input_grad), kp, compiled = self._programs.compiled(mode, self._destinations, input_grad)
+        with self._lock:  # keyed by the variant that runs: a fallback shares the full program's binding
+            if (mode, input_grad) not in self._built:
+                self._built[(mode, input_grad)] = (kp, compiled.bind(self.graph))
+            return self._built[(mode, input_grad)]
 
     @property
     def built(self) -> dict[tuple[str, bool], tuple[KernelProgram, BuiltProgram]]:

@@ -30,6 +30,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import threading
 import weakref
 from typing import Any
@@ -51,6 +52,7 @@ class BufferPool:
     def __init__(self, min_bytes: int = MIN_POOLED_BYTES) -> None:
         self.min_bytes = min_bytes
         self._free: list[np.ndarray] = []  # oldest first
+        self._free_bytes = 0
         self._lock = threading.RLock()  # a release may run inside a request (a collected view)
         self._in_use = 0
         self._peak = 0
@@ -59,10 +61,7 @@ class BufferPool:
 
     def tensor(self, shape: tuple[int, ...], dtype: torch.dtype = torch.float32, zero: bool = False) -> torch.Tensor:
         """A new tensor of ``shape`` (zeroed with ``zero``, else its contents are undefined)."""
-        count = 1
-        for n in shape:
-            count *= int(n)
-        nbytes = count * torch.tensor([], dtype=dtype).element_size()
+        nbytes = math.prod(int(n) for n in shape) * dtype.itemsize
         if nbytes < self.min_bytes or dtype not in _NUMPY:
             return torch.zeros(shape, dtype=dtype) if zero else torch.empty(shape, dtype=dtype)
         block = self._take(nbytes)
@@ -77,13 +76,14 @@ class BufferPool:
     def stats(self) -> dict[str, Any]:
         """Bytes in use and held free, the most ever in use, and how many requests found a free block."""
         with self._lock:
-            return {"in_use_bytes": self._in_use, "free_bytes": sum(b.nbytes for b in self._free),
+            return {"in_use_bytes": self._in_use, "free_bytes": self._free_bytes,
                     "peak_bytes": self._peak, "hits": self.hits, "misses": self.misses}
 
     def clear(self) -> None:
         """Drop the free blocks (their memory goes back to the system)."""
         with self._lock:
             self._free.clear()
+            self._free_bytes = 0
 
     def _take(self, nbytes: int) -> np.ndarray:
         need = nbytes + _ALIGN
@@ -91,6 +91,7 @@ class BufferPool:
             fits = [(b.nbytes, i) for i, b in enumerate(self._free) if need <= b.nbytes <= 2 * need]
             if fits:
                 block = self._free.pop(min(fits)[1])
+                self._free_bytes -= block.nbytes
                 self.hits += 1
             else:
                 block = np.empty(need + need // 8, dtype=np.uint8)
@@ -103,9 +104,9 @@ class BufferPool:
         with self._lock:
             self._in_use -= block.nbytes
             self._free.append(block)
-            held = sum(b.nbytes for b in self._free)
-            while self._free and held > self._peak:
-                held -= self._free.pop(0).nbytes
+            self._free_bytes += block.nbytes
+            while self._free and self._free_bytes > self._peak:
+                self._free_bytes -= self._free.pop(0).nbytes
 
 
 #: the process's pool: the CPU backend's buffers of every layer share it
