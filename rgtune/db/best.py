@@ -4,8 +4,10 @@ Without a confirmation, the fastest ``ok`` trial (lowest median; the earliest on
 
 With one (revision 0003), the latest *finished* confirmation of the workload decides: its
 schedules were timed in interleaved rounds in one process, and the schedule with the lowest
-median over its ``ok`` rounds wins; the trial returned is its round whose time is that median
-(the middle round for an odd number of rounds, else the closest). A trial of the search
+median over its ``ok`` rounds wins; the trial returned is its round whose time is that median. The
+median of an even number of rounds is the lower middle one (a contender's rounds add to the
+winner's), never the mean of the two: a round's time, so the best trial's time, the confirmed median
+and the Optuna study's value of that schedule (:mod:`rgtune.tuner.confirmation`) are one number. A trial of the search
 recorded after that confirmation, and faster than the winner's median, is returned instead:
 it has not been confirmed yet (``tune`` confirms at the end of every run by default, so this
 happens only after ``--confirm 0`` or an interrupted confirmation).
@@ -40,6 +42,8 @@ def confirmed_pick(rounds: list[tuple[int, int, float]]) -> tuple[int, float] | 
     Example:
         >>> confirmed_pick([(1, 7, 3.0), (2, 8, 2.0), (3, 7, 1.0), (4, 8, 2.5), (5, 7, 2.0), (6, 8, 9.0)])
         (5, 2.0)
+        >>> confirmed_pick([(1, 7, 1.0), (2, 7, 3.0), (3, 8, 2.5), (4, 8, 2.5)])  # even: a round's time, not a mean
+        (1, 1.0)
         >>> confirmed_pick([]) is None
         True
     """
@@ -48,7 +52,7 @@ def confirmed_pick(rounds: list[tuple[int, int, float]]) -> tuple[int, float] | 
         by_schedule[schedule_id].append((ms, trial_id))
     if not by_schedule:
         return None
-    medians = {sch: statistics.median(ms for ms, _ in v) for sch, v in by_schedule.items()}
+    medians = {sch: statistics.median_low(ms for ms, _ in v) for sch, v in by_schedule.items()}
     winner = min(medians, key=lambda sch: (medians[sch], min(t for _, t in by_schedule[sch])))
     middle = min(by_schedule[winner], key=lambda r: (abs(r[0] - medians[winner]), r[1]))
     return middle[1], medians[winner]
@@ -61,14 +65,15 @@ def rejected_schedules(s: Session, workload_id: int) -> set[int]:
 
 
 def confirmation_medians(s: Session, confirmation_id: int, rejected: set[int] = frozenset()) -> dict[int, float]:
-    """Schedule id -> the median of its ``ok`` rounds in a confirmation (rejected schedules left out)."""
+    """Schedule id -> the median of its ``ok`` rounds in a confirmation, the lower middle one for an even count
+    (see the module docstring; rejected schedules left out)."""
     rounds: dict[int, list[float]] = defaultdict(list)
     for sch, ms in s.execute(sa.select(Trial.schedule_id, Trial.median_ms)
                              .where(Trial.confirmation_id == confirmation_id, Trial.status == _OK,
                                     Trial.median_ms.is_not(None))):
         if int(sch) not in rejected:
             rounds[int(sch)].append(float(ms))
-    return {sch: statistics.median(v) for sch, v in rounds.items()}
+    return {sch: statistics.median_low(v) for sch, v in rounds.items()}
 
 
 def confirmed_winner(s: Session, workload_id: int, rejected: set[int] | None = None) -> tuple[int, float, int] | None:
