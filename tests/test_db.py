@@ -404,6 +404,9 @@ def _check_upgraded_0001_data(db: TrialDatabase) -> None:
     # rows from before model options read as "no options"; the same model with options is another workload
     assert w.options == "" and db.best(model="hgt", options="") is not None
     assert db.best(model="hgt", options="num_bases=2") is None
+    # rows from before samplers read as tuned on the whole graph; a sampler's is another workload
+    assert w.batches == "" and db.best(model="hgt", batches="") is not None
+    assert db.best(model="hgt", batches=_BATCHES) is None
 
 
 _COMPARE_OPTS = {
@@ -416,7 +419,7 @@ def test_head_revision_matches_models() -> None:
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
 
-    assert known_revisions() == ["0001", "0002", "0003", "0004", "0005", "0006"] and known_revisions()[-1] == SCHEMA_VERSION
+    assert known_revisions() == ["0001", "0002", "0003", "0004", "0005", "0006", "0007"] and known_revisions()[-1] == SCHEMA_VERSION
     db = TrialDatabase("sqlite://")
     with db.engine.connect() as conn:
         ctx = MigrationContext.configure(conn, opts=_COMPARE_OPTS)
@@ -482,6 +485,73 @@ def test_downgrade_below_options_refuses_when_options_are_used(tmp_path: Path) -
         migrate(engine.execution_options(rgtune_write=True), "0004")
     engine.dispose()
     assert TrialDatabase(url).workloads()[0].options == "num_bases=4"  # rolled back, untouched
+
+
+_BATCHES = "neighbor:fanout=15x10,batch_size=1024"
+
+
+def test_upgrade_from_0006_reads_whole_graph_batches(tmp_path: Path) -> None:
+    url = _file_url(tmp_path / "r.db")
+    _make_0001_database(url)
+    engine = make_engine(parse_url(url), readonly=False, busy_timeout=5)
+    migrate(engine.execution_options(rgtune_write=True), "0006")
+    with engine.connect() as conn:
+        assert current_revision(conn) == "0006" and "batches" not in {c["name"] for c in sa.inspect(conn).get_columns("rg_workloads")}
+    engine.dispose()
+    db = TrialDatabase(url)
+    (w,) = db.workloads()
+    assert db.schema_version == SCHEMA_VERSION and w.batches == "" and w.study_name == "old-study"
+    assert {t.batches for t in db.history(w)} == {""}
+    db.close()
+
+
+def test_batches_are_part_of_the_workload_key(tmp_path: Path) -> None:
+    db = TrialDatabase(_file_url(tmp_path / "r.db"))
+    plain, sampled, again = _workload(db), _workload(db, batches=_BATCHES), _workload(db, batches=_BATCHES)
+    assert plain.id != sampled.id == again.id and (plain.batches, sampled.batches) == ("", _BATCHES)
+    assert _workload(db, batches="").id == plain.id
+    # the whole graph's study keeps the name rgtune gave it before batches existed: Optuna finds it by name
+    assert plain.study_name == "rgtune:rgcn:stub:cpu:inference:08ef467b993e" != sampled.study_name
+    assert _workload(db, options="num_bases=4", batches=_BATCHES).study_name not in (plain.study_name, sampled.study_name)
+    _trial(db, plain, {"a": 1}, "ok", 1.0)
+    _trial(db, sampled, {"a": 2}, "ok", 2.0)
+    assert [w.id for w in db.workloads(batches=_BATCHES, options="")] == [sampled.id]
+    assert [w.id for w in db.workloads(batches="", options="")] == [plain.id]
+    assert [t.knobs for t in db.history(batches=_BATCHES)] == [{"a": 2}] and db.count_trials(batches="") == 1
+    best = db.best(model="rgcn", batches=_BATCHES)
+    assert best is not None and best.batches == _BATCHES and best.median_ms == 2.0
+    assert db.best(model="rgcn", batches="neighbor:fanout=5,batch_size=64") is None
+    with pytest.raises(ValueError, match="batches"):
+        _workload(db, batches="x" * 256)
+    with pytest.raises(ValueError, match="batches"):
+        _workload(db, batches={"fanout": [15, 10]})  # type: ignore[arg-type]
+    db.close()
+
+
+def test_downgrade_below_batches_refuses_while_a_workload_has_them(tmp_path: Path) -> None:
+    url = _file_url(tmp_path / "r.db")
+    db = TrialDatabase(url)
+    _workload(db)
+    _trial(db, _workload(db, batches=_BATCHES), {"a": 1}, "ok", 1.0)
+    db.close()
+    engine = make_engine(parse_url(url), readonly=False, busy_timeout=5)
+    with pytest.raises(Exception, match="1 workload.*mini-batches"):
+        migrate(engine.execution_options(rgtune_write=True), "0006")
+    with TrialDatabase(url) as db:
+        assert db.workloads()[1].batches == _BATCHES  # rolled back, untouched
+    with engine.begin() as conn:  # without it, the older schema can hold the rest
+        conn.exec_driver_sql("DELETE FROM rg_trials")
+        conn.exec_driver_sql("DELETE FROM rg_workloads WHERE batches <> ''")
+    migrate(engine.execution_options(rgtune_write=True), "0006")
+    with engine.connect() as conn:
+        assert current_revision(conn) == "0006" and "batches" not in {c["name"] for c in sa.inspect(conn).get_columns("rg_workloads")}
+        assert conn.exec_driver_sql("SELECT COUNT(*) FROM rg_workloads").scalar() == 1
+        (key,) = [u["column_names"] for u in sa.inspect(conn).get_unique_constraints("rg_workloads") if u["name"] == "uq_rg_workloads_key"]
+        assert key[-1] == "options"  # the 0006 key again
+    engine.dispose()
+    with TrialDatabase(url) as db:
+        (w,) = db.workloads()
+        assert w.batches == ""
 
 
 @pytest.mark.parametrize("version, pattern", [(f"{int(SCHEMA_VERSION) + 1:04d}", "newer than this rgtune knows"), ("zz99", "does not know")])
@@ -938,9 +1008,10 @@ def test_postgres_fresh_schema_matches_models_and_refuses_newer(postgres_url: st
         ctx = MigrationContext.configure(conn, opts=_COMPARE_OPTS)
         assert compare_metadata(ctx, Base.metadata) == []
     db.close()
+    newer = f"{int(SCHEMA_VERSION) + 1:04d}"
     with _raw(postgres_url).begin() as conn:
-        conn.exec_driver_sql(f"UPDATE {VERSION_TABLE} SET version_num = '0007'")
-    with pytest.raises(SchemaVersionError, match="0007"):
+        conn.exec_driver_sql(f"UPDATE {VERSION_TABLE} SET version_num = '{newer}'")
+    with pytest.raises(SchemaVersionError, match=newer):
         TrialDatabase(postgres_url)
 
 

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any, Callable
 
-from rgtune.cli._common import add_db_arg, add_model_args, model_options, positive_int
+from rgtune.cli._common import CLIError, add_db_arg, add_model_args, model_options, positive_int
 
 
 def add_query_parser(sub: argparse._SubParsersAction, name: str, about: str,
@@ -20,6 +20,9 @@ def add_query_parser(sub: argparse._SubParsersAction, name: str, about: str,
     p.add_argument("--heads", type=positive_int, help="filter by heads")
     p.add_argument("--mode", choices=("inference", "training"),
                    help="filter by mode: inference (a forward's schedules) or training (a training step's)")
+    p.add_argument("--batches", metavar="SAMPLER",
+                   help="filter by the sampler a workload was tuned for (tune --batches; 'none': the whole graph, "
+                        "what --model selects unless this is given)")
     add_db_arg(p)
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print JSON")
@@ -40,6 +43,16 @@ def filters(args: argparse.Namespace) -> dict[str, Any]:
         f["options"] = model_options(args)
     if f.get("backend") == "auto":
         f.pop("backend")
+    batches = getattr(args, "batches", None)
+    if batches is None and "options" in f:  # like options: a model's whole-graph workloads unless --batches says
+        f["batches"] = ""
+    elif batches is not None:
+        from rgtune.data.sampler_spec import SamplerSpec
+
+        try:
+            f["batches"] = "" if batches == "none" else SamplerSpec.parse(batches).key
+        except ValueError as e:
+            raise CLIError(f"--batches: {e}") from None
     return f
 
 
@@ -57,4 +70,5 @@ def emit(records: list, args: argparse.Namespace) -> None:
             err = f"  {r.error.splitlines()[0][:80]}" if r.error else ""
             role = "search" if r.confirmation_id is None else f"confirm {r.confirmation_id}"
             model = f"{r.model}({r.options})" if r.options else r.model
-            print(f"#{r.id:<5} {model:<5} {r.dataset:<12} {r.backend:<9} {role:<10} {r.status:<13} {t:>12}{err}")
+            dataset = f"{r.dataset} [{r.batches}]" if r.batches else r.dataset
+            print(f"#{r.id:<5} {model:<5} {dataset:<12} {r.backend:<9} {role:<10} {r.status:<13} {t:>12}{err}")

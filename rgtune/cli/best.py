@@ -22,7 +22,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         how = "" if best.confirmation_id is None else \
             f" (median of the {db.confirmation(best.confirmation_id).rounds} rounds of confirmation {best.confirmation_id})"
-        print(f"best: trial {best.id}, {best.median_ms:.4g} ms{how}, {best.model} on {best.dataset} "
+        on = f"batches of {best.batches} from {best.dataset}" if best.batches else best.dataset
+        print(f"best: trial {best.id}, {best.median_ms:.4g} ms{how}, {best.model} on {on} "
               f"({best.backend}, {best.device}), max error {best.max_error:.2g}")
         print(f"  re-verified on {best.verified_inputs} fresh inputs" if best.verified_inputs else
               "  not re-verified on fresh inputs yet (a `tune` run that ends normally does it)")

@@ -71,8 +71,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "of the default schedule per timed run")
     p.add_argument("--fresh", action="store_true", help="start a new study instead of resuming (history is kept)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--cost-model", default="on", choices=("on", "off"),
-                   help="on (default): the learned cost model, trained on this device's history, steers the "
+    p.add_argument("--batches", default=None, metavar="SAMPLER",
+                   help="tune for mini-batch training: time every trial on fixed batches of this neighbour sampler "
+                        "instead of the whole graph (each block bound afresh, then a forward or a training step: "
+                        "what a layer does with a new batch), e.g. neighbor:fanout=15x10,batch_size=1024. Fields: "
+                        "fanout (per layer, first layer first, joined by x; -1: every in-neighbour), batch_size, "
+                        "seed_type (default: the task's node type, else the one with the most in-edges), batches "
+                        "(how many batches each trial times, default 4) and seed (default 0). The sampler is part "
+                        "of the workload (load_tuned(..., batches=...) finds it); the best schedule tuned on the "
+                        "whole graph, if recorded, is timed on the same batches and the summary compares them")
+    p.add_argument("--cost-model", default=None, choices=("on", "off"),
+                   help="on (default; off with --batches, whose trials it cannot rank: its features describe the "
+                        "whole graph): the learned cost model, trained on this device's history, steers the "
                         "search (see --cost-model-policy); it stays out of the way until the history is large "
                         "enough, and says so")
     p.add_argument("--trust-code", action="store_true", help="cost model: " + TRUST_CODE_HELP)
@@ -130,17 +140,34 @@ def run(args: argparse.Namespace) -> int:
     options = _tune_options(args)  # a bad value fails before anything is loaded or written
     backend = resolve_backend(args.backend)
     graph = load_graph(args)  # fail fast on a bad dataset, before the database is touched
+    batches = _sampler(args, graph)
     db = open_db(args.db)
     workload = Workload(args.model, args.dataset, args.hidden, args.hidden, args.heads, backend,
-                        args.data_dir, args.mode, model_options(args))
+                        args.data_dir, args.mode, model_options(args), batches=batches)
     named = f"{workload.model}({workload.options})" if workload.options else workload.model
-    print(f"tuning {named} on {graph.name} ({graph.num_nodes():,} nodes, {graph.num_edges():,} edges, "
+    on = f"batches of {batches} (seeds of type {batches.seed_type(graph)!r}) from {graph.name}" \
+        if batches is not None else graph.name
+    print(f"tuning {named} on {on} ({graph.num_nodes():,} nodes, {graph.num_edges():,} edges, "
           f"{graph.num_rels} relations), hidden={args.hidden}, heads={args.heads}, backend={backend}, "
           f"{'' if args.mode == 'inference' else 'mode=training (forward + backward), '}db={db.name}", file=sys.stderr)
     tuner = Tuner(workload, db, options, graph=graph)
     summary = tuner.run()
     _print_summary(summary)
     return 130 if summary.interrupted else 0
+
+
+def _sampler(args: argparse.Namespace, graph: Any) -> Any:
+    """``--batches`` as a :class:`~rgtune.data.sampler_spec.SamplerSpec` checked on the graph (None: not given)."""
+    if args.batches is None:
+        return None
+    from rgtune.data.sampler_spec import SamplerSpec
+
+    try:
+        spec = SamplerSpec.parse(args.batches)
+        spec.seed_type(graph)
+    except ValueError as e:
+        raise CLIError(f"--batches: {e}") from None
+    return spec
 
 
 def _tune_options(args: argparse.Namespace) -> "TuneOptions":
@@ -168,7 +195,10 @@ def _tune_options(args: argparse.Namespace) -> "TuneOptions":
 
 
 def _cost_model_guide(args: argparse.Namespace) -> Any:
-    if args.cost_model == "off":
+    if args.batches and args.cost_model == "on":
+        raise CLIError("--cost-model on does not apply to --batches: the cost model's features describe the whole "
+                       "graph, not the sampler's batches")
+    if args.cost_model == "off" or args.batches:
         return None
     from rgtune.costmodel import CostModelGuide, PrunePolicy, RankPolicy
 
@@ -238,5 +268,23 @@ def _print_summary(s) -> None:
         print(f"best schedule: {s.best_ms:.4g} ms{how}{speed}, trial {s.best_trial_id}")
     if s.best_verified_inputs:
         print(f"  re-verified on {s.best_verified_inputs} fresh inputs")
+    _print_whole_graph(s)
     for k, v in sorted(s.best_knobs.items()):
         print(f"  {k} = {v}")
+
+
+def _print_whole_graph(s: Any) -> None:
+    """A sampler study: how its best compares, on its batches, with the best schedule tuned on the whole graph."""
+    w = s.whole_graph
+    if w is None or s.best_ms is None:
+        return
+    there = f", {w.whole_graph_ms:.4g} ms on the whole graph" if w.whole_graph_ms is not None else ""
+    which = f"the best whole-graph schedule (trial {w.trial_id}{there})"
+    if w.same_schedule:
+        print(f"{which} is also the best on these batches")
+    elif w.batches_ms is None:
+        print(f"{which} was not measured on these batches")
+    else:
+        how = "both confirmed" if w.confirmed else "its measurements in the search"
+        print(f"{which}: {w.batches_ms:.4g} ms on these batches; the best for them is "
+              f"{w.batches_ms / s.best_ms:.2f}x as fast ({how})")

@@ -75,7 +75,7 @@ def evaluate_holdout(db: "TrialDatabase", holdout_dataset: str, *, model: str | 
         ...
         ValueError: no trials on 'aifb' in the database (model any, backend any)
     """
-    filters: dict[str, Any] = {"dataset": holdout_dataset}
+    filters: dict[str, Any] = {"dataset": holdout_dataset, "batches": ""}  # whole-graph workloads (as trained on)
     if model is not None:
         filters["model"] = model
     if backend is not None:

@@ -120,13 +120,15 @@ def _model_available(model: str, trust_code: bool) -> bool:
 
 def matching_workloads(db: "TrialDatabase", backend: str, device: str | None,
                        exclude: Callable[["WorkloadRecord"], bool] | None = None) -> list["WorkloadRecord"]:
-    """The workloads on this device (by name) and backend.
+    """The whole-graph workloads on this device (by name) and backend.
 
     By name, not by fingerprint: a compiler or driver update makes a new fingerprint, and the
     schedules' *relative* costs mostly survive it. Times themselves are never compared across
     stacks: a workload has one device fingerprint, and the target is normalized per workload.
+    A sampler workload's (``tune --batches``) are left out: its times are of its batches, which the
+    features (the whole graph's counts) do not describe.
     """
-    return [w for w in db.workloads(backend=backend, device=device) if exclude is None or not exclude(w)]
+    return [w for w in db.workloads(backend=backend, device=device, batches="") if exclude is None or not exclude(w)]
 
 
 def load_samples(db: "TrialDatabase", workloads: Iterable["WorkloadRecord"], graphs: GraphLoader,

@@ -35,6 +35,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import itertools
 from contextlib import contextmanager
 from typing import Iterator, Mapping, Sequence
@@ -44,6 +45,10 @@ import torch
 from rgtune.data.graph import CanonicalEType
 
 __all__ = ["Batch", "BatchTypeError"]
+
+#: what binding kernels keeps on a graph or a batch (:func:`rgtune.ir.bind.graph_arrays`, the backends' tables)
+#: is under attribute names that start so
+_DERIVED = "_rgtune"
 
 
 class BatchTypeError(ValueError):
@@ -165,6 +170,14 @@ class Batch:
     @property
     def device(self) -> torch.device:
         return self.src.device
+
+    def unbound(self) -> "Batch":
+        """This batch as its sampler made it: the same edges and counts (shared, not copied), without what
+        binding kernels derived from them (index arrays, the kernels' tables: kept on the batch for its
+        forward and backward). What a tuner times a binding on, since a new batch never has them."""
+        fresh = copy.copy(self)
+        fresh.__dict__ = {k: v for k, v in self.__dict__.items() if not k.startswith(_DERIVED)}
+        return fresh
 
     @contextmanager
     def derived_once(self) -> Iterator[None]:

@@ -61,9 +61,9 @@ class NeighborSampler:
 
     Args:
         graph: the full graph (its node and edge types are every block's).
-        fanouts: one per layer, first layer first (as PyG's ``num_neighbors`` and DGL's fan-outs): an int
-            for every relation, or a dict per canonical edge type (a relation it leaves out is not
-            sampled); ``-1`` takes every in-neighbour.
+        fanouts: one per layer, first layer first (as DGL's samplers list them; PyG's ``num_neighbors``
+            lists them from the seeds outwards, the reverse order): an int for every relation, or a dict
+            per canonical edge type (a relation it leaves out is not sampled); ``-1`` takes every in-neighbour.
 
     The graph's in-edges are indexed once, grouped by destination and relation (the groups a fan-out
     applies to); a batch then costs a few torch ops over the groups of its destinations and the edges

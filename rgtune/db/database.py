@@ -165,6 +165,7 @@ class WorkloadFilter(TypedDict, total=False):
     backend: str
     mode: str
     options: str  # the model's options, canonical text ("" for none)
+    batches: str  # the sampler the trials were timed on, canonical text ("": the whole graph)
     in_dim: int
     out_dim: int
     heads: int
@@ -216,7 +217,7 @@ class TrialDatabase:
     Example:
         >>> with TrialDatabase("sqlite://") as db:
         ...     db.schema_version, db.count_trials()
-        ('0006', 0)
+        ('0007', 0)
         >>> TrialDatabase("postgres://")
         Traceback (most recent call last):
         ...
@@ -476,12 +477,16 @@ class TrialDatabase:
         backend: str | None = None,
         mode: str = "inference",
         options: str = "",
+        batches: str = "",
     ) -> WorkloadRecord:
-        """The workload (one model with its options at given sizes on one graph, device, backend, mode);
-        get or create.
+        """The workload (one model with its options at given sizes on one graph, device, backend, mode,
+        timed on the whole graph or on one sampler's batches); get or create.
 
         ``backend`` defaults to the device's; ``options`` is the model's options as canonical text
-        (``ModelSpec.key``; ``""``: none). The record's ``study_name`` names its Optuna study.
+        (``ModelSpec.key``; ``""``: none); ``batches`` is the sampler's canonical text
+        (``"neighbor:fanout=15x10,batch_size=1024"``; ``""``: the whole graph), since the best
+        schedule for sampled subgraphs need not be the whole graph's. The record's ``study_name``
+        names its Optuna study.
         """
         model = model_key(checked_name(model, "model", limit=255))
         mode = checked_name(mode, "mode")
@@ -502,9 +507,12 @@ class TrialDatabase:
         if not isinstance(options, str) or len(options) > 255:
             raise ValueError(f"options must be the canonical text of a model's options (at most 255 characters), "
                              f"got {options!r}")
+        if not isinstance(batches, str) or len(batches) > 255:
+            raise ValueError(f"batches must be the canonical text of a sampler (at most 255 characters), got {batches!r}")
         key = {"model": model, **dims, "graph_id": graph_id, "device_id": device_id, "backend": backend, "mode": mode,
-               "options": options}
-        named = {k: v for k, v in key.items() if k != "options" or v}  # no options: the name it had before them
+               "options": options, "batches": batches}
+        # no options or batches: the name it had before they existed (Optuna studies are found by name)
+        named = {k: v for k, v in key.items() if k not in ("options", "batches") or v}
         digest = sha256_hex(canonical_json({**named, "graph_id": g.content_hash, "device_id": d.fingerprint}))
         study = f"rgtune:{model[-64:]}:{g.name[:64]}:{backend}:{mode}:{digest[:12]}"  # fits study_name's 255
         wid = self._get_or_create(Workload, key, lambda: {"study_name": study, "created_at": _utcnow()})
@@ -931,6 +939,7 @@ class TrialDatabase:
                 backend=w.backend,
                 mode=w.mode,
                 options=w.options,
+                batches=w.batches,
                 in_dim=w.in_dim,
                 out_dim=w.out_dim,
                 heads=w.heads,

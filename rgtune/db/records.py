@@ -163,6 +163,7 @@ class WorkloadRecord(_Exportable):
     study_name: str
     created_at: datetime
     options: str = ""  # the model's options, canonical text ("" for none)
+    batches: str = ""  # the sampler the workload's trials were timed on, canonical text ("": the whole graph)
     num_trials: int = 0
     num_ok: int = 0
     best_ms: float | None = None  # the fastest single ok measurement (best() may confirm another)
@@ -201,6 +202,7 @@ class TrialRecord(_Exportable):
     finished_at: datetime | None
     heartbeat_at: datetime | None
     options: str = ""  # the workload's model options, canonical text
+    batches: str = ""  # the sampler the workload's trials were timed on, canonical text ("": the whole graph)
     confirmation_id: int | None = None  # a round of this confirmation (None: a trial of the search)
     #: fresh inputs its schedule passed re-verification on (set by ``TrialDatabase.best``; None elsewhere)
     verified_inputs: int | None = None

@@ -23,7 +23,7 @@ __all__ = ["SCHEMA_VERSION", "VERSION_TABLE", "TABLE_PREFIX", "Base", "Device", 
            "Confirmation", "Verification", "Trial"]
 
 #: the Alembic revision these classes describe; a test checks it is the migrations' head
-SCHEMA_VERSION = "0006"
+SCHEMA_VERSION = "0007"
 VERSION_TABLE = "rg_alembic_version"
 TABLE_PREFIX = "rg_"
 
@@ -74,12 +74,13 @@ class Graph(Base):
 
 
 class Workload(Base):
-    """What is tuned: one model at given sizes, on one graph, device and backend; one Optuna study."""
+    """What is tuned: one model at given sizes, on one graph (whole or one sampler's batches), device and backend;
+    one Optuna study."""
 
     __tablename__ = "rg_workloads"
     __table_args__ = (
         UniqueConstraint("model", "in_dim", "out_dim", "heads", "graph_id", "device_id", "backend", "mode", "options",
-                         name="uq_rg_workloads_key"),
+                         "batches", name="uq_rg_workloads_key"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -95,6 +96,10 @@ class Workload(Base):
     mode: Mapped[str] = mapped_column(String(32))  # "inference", "training"
     study_name: Mapped[str] = mapped_column(String(255), unique=True)
     created_at: Mapped[datetime] = mapped_column(DateTime)
+    # --- added by revision 0007
+    #: the sampler the workload's trials were timed on, canonical text ("neighbor:fanout=15x10,batch_size=1024");
+    #: "" for the whole graph
+    batches: Mapped[str] = mapped_column(String(255), default="", server_default="")
 
     graph: Mapped[Graph] = relationship(lazy="joined")
     device: Mapped[Device] = relationship(lazy="joined")

@@ -88,8 +88,9 @@ def is_dataset_name(name: str) -> bool:
 
 
 def tune_command(model: str, dataset: str, in_dim: int, out_dim: int, heads: int, backend: str,
-                 db: str | None, mode: str = "inference", options: str = "") -> str:
-    """The command that records a schedule for this workload (``options``: the model's, canonical text).
+                 db: str | None, mode: str = "inference", options: str = "", batches: str = "") -> str:
+    """The command that records a schedule for this workload (``options``: the model's, canonical text;
+    ``batches``: the sampler's, ``""`` for the whole graph).
 
     ``tune`` has one ``--hidden`` for both sizes; for ``in_dim != out_dim`` it is the Python call.
 
@@ -103,13 +104,15 @@ def tune_command(model: str, dataset: str, in_dim: int, out_dim: int, heads: int
             parts += ["--model-opt", f"{name}={value}"]
         if heads != 1:
             parts += ["--heads", str(heads)]
-        parts += ["--backend", backend] + (["--mode", mode] if mode != "inference" else []) + (["--db", db] if db else [])
+        parts += ["--backend", backend] + (["--mode", mode] if mode != "inference" else [])
+        parts += (["--batches", batches] if batches else []) + (["--db", db] if db else [])
         return shlex.join(parts)
     q = json.dumps  # double-quoted Python string literals: the shell quoting stays readable
     code = ("from rgtune.db import TrialDatabase; from rgtune.tuner.workload import Workload; "
             "from rgtune.tuner.study import TuneOptions, Tuner; "
             f"print(Tuner(Workload({q(model)}, {q(dataset)}, {in_dim}, {out_dim}, {heads}, {q(backend)}"
-            f"{', mode=' + q(mode) if mode != 'inference' else ''}{', options=' + q(options) if options else ''}), "
+            f"{', mode=' + q(mode) if mode != 'inference' else ''}{', options=' + q(options) if options else ''}"
+            f"{', batches=' + q(batches) if batches else ''}), "
             f"TrialDatabase({q(db or 'results.db')}), TuneOptions(trials=50)).run())")
     return shlex.join(["python", "-c", code])
 
@@ -156,6 +159,7 @@ class Found:
     def provenance(self, db: "TrialDatabase") -> dict[str, Any]:
         t, w = self.trial, self.workload
         return {"source": "database", "db": db.name, "trial_id": t.id, "mode": w.mode, "options": w.options,
+                "batches": w.batches,
                 "median_ms": t.median_ms,
                 "device": t.device, "device_fingerprint": w.device_fingerprint, "backend": t.backend,
                 "dataset": w.dataset, "graph_hash": w.graph_hash, "rgtune_version": t.rgtune_version,
@@ -164,12 +168,13 @@ class Found:
 
 
 def find_best(db: "TrialDatabase", model: str, graph: HeteroGraph, in_dim: int, out_dim: int, heads: int,
-              backend: Backend, mode: str = "inference", options: str = "") -> Found | None:
+              backend: Backend, mode: str = "inference", options: str = "", batches: str = "") -> Found | None:
     """The best ``ok`` trial of this workload (``mode``: ``"inference"`` or ``"training"``; ``options``:
-    the model's, canonical text): this graph (by content hash) on this device first; else this graph on
-    another device; else a graph of the same name (other content)."""
+    the model's, canonical text; ``batches``: the sampler it was timed on, ``""``: the whole graph): this
+    graph (by content hash) on this device first; else this graph on another device; else a graph of the
+    same name (other content)."""
     sizes = {"model": model, "in_dim": in_dim, "out_dim": out_dim, "heads": heads, "backend": backend.name,
-             "mode": mode, "options": options}
+             "mode": mode, "options": options, "batches": batches}
     mine = fingerprint(backend)
     for same_graph, key in ((True, {"graph_hash": graph.content_hash}), (False, {"dataset": graph.name})):
         candidates = [w for w in db.workloads(**sizes, **key) if w.num_ok and w.best_ms is not None]  # type: ignore[arg-type]

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import rgtune
 from rgtune.codegen.base import Backend
 from rgtune.data import HeteroGraph
+from rgtune.data.sampler_spec import SamplerSpec
 from rgtune.ir.passes import KnobError
 from rgtune.ir.program import IRError
 from rgtune.runtime._lookup import (Found, check_model, find_best, is_dataset_name, open_db, resolve_backend, resolve_graph,
@@ -48,6 +49,7 @@ def load_tuned(
     options: Mapping[str, Any] | None = None,
     mode: str = "inference",
     data_dir: str | Path | None = None,
+    batches: "str | SamplerSpec | None" = None,
 ) -> Layer:
     """A :class:`~rgtune.runtime.module.Layer` running the best recorded schedule.
 
@@ -72,13 +74,17 @@ def load_tuned(
             fastest training step: forward, then backward to the input and every param). Without
             a training record, the best inference schedule with the backward's knobs at their
             defaults, with a warning.
+        batches: the sampler of mini-batch training (``"neighbor:fanout=15x10,batch_size=1024"``, a
+            :class:`~rgtune.data.sampler_spec.SamplerSpec`): the schedule tuned for its batches (``tune
+            --batches``); without one, the best whole-graph schedule, with a warning. ``None``: the
+            schedule tuned on the whole graph.
 
     Returns:
         A module with the model's parameters (those of its torch layer and of PyG's), ``state_dict`` and call; its
         ``provenance`` says where the schedule came from.
     """
     sel = select_schedule(model, graph, in_dim, out_dim, heads, db, backend, mode=mode, data_dir=data_dir,
-                          options=options)
+                          options=options, batches=batches)
     for message in sel.warnings:
         warn(message)
     return sel.build()
@@ -100,6 +106,7 @@ class Selection:
     where: str  # the workload, in words
     mode: str = "inference"
     options: str = ""  # the model's options, canonical text
+    batches: str = ""  # the sampler asked for, canonical text ("": the whole graph)
 
     def build(self) -> Layer:
         """The layer; a recorded schedule that no longer compiles falls back to the default, with a warning."""
@@ -125,7 +132,8 @@ class Selection:
 
 def select_schedule(model: str, graph: HeteroGraph | str, in_dim: int, out_dim: int, heads: int,
                     db: "str | TrialDatabase | None", backend: str | Backend, *, mode: str = "inference",
-                    data_dir: str | Path | None = None, options: Mapping[str, Any] | str | None = None) -> Selection:
+                    data_dir: str | Path | None = None, options: Mapping[str, Any] | str | None = None,
+                    batches: "str | SamplerSpec | None" = None) -> Selection:
     """Look the workload up (see :func:`load_tuned`) without building anything or warning."""
     try:
         model, opts = check_model(model, options)
@@ -133,21 +141,33 @@ def select_schedule(model: str, graph: HeteroGraph | str, in_dim: int, out_dim: 
         raise ValueError(str(e)) from None
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {list(MODES)}")
+    sampler = "" if batches is None else SamplerSpec.parse(batches).key  # a bad spec: a ValueError naming it
     g = resolve_graph(graph, data_dir)
     be = resolve_backend(backend)
     database = open_db(db)
     db_text = shown_db(db)
-    command = tune_command(model, g.name, in_dim, out_dim, heads, be.name, db_text, mode, opts)
+    command = tune_command(model, g.name, in_dim, out_dim, heads, be.name, db_text, mode, opts, sampler)
     hint = f"run `{command}`" + ("" if is_dataset_name(g.name) else
                                  f" (the tuner loads graphs by dataset name; {g.name!r} is not one)")
     kind = "" if mode == "inference" else "training "
     named = f"{model}({opts})" if opts else model
-    where = f"{named} on {g.name!r} (in_dim={in_dim}, out_dim={out_dim}, heads={heads}, backend={be.name})"
-    find = (lambda m: find_best(database, model, g, in_dim, out_dim, heads, be, m, opts)) if database is not None \
-        else None
+    on = f"batches of {sampler} from {g.name!r}" if sampler else repr(g.name)
+    where = f"{named} on {on} (in_dim={in_dim}, out_dim={out_dim}, heads={heads}, backend={be.name})"
+    find = (lambda m, b=sampler: find_best(database, model, g, in_dim, out_dim, heads, be, m, opts, b)) \
+        if database is not None else None
     found = find(mode) if find is not None else None
     sel = Selection(model, g, (in_dim, out_dim, heads), be, None, {"source": "default"}, [], None, hint, where, mode,
-                    opts)
+                    opts, sampler)
+    if found is None and sampler and find is not None:
+        found = find(mode, "")
+        if found is not None:  # what a user without batches gets: the schedule tuned on the whole graph
+            assert database is not None
+            sel.config, sel.provenance = dict(found.trial.knobs), found.provenance(database)
+            sel.missing = f"no {kind}schedule tuned for {where} in {database.name}. To record one, {hint}"
+            sel.warnings.append(f"no {kind}schedule tuned for {where}; using the best one tuned on the whole graph "
+                                f"(trial {found.trial.id}). To record one, {hint}")
+            _warn_fit(sel, found, g)
+            return sel
     if found is None and mode == "training" and find is not None:
         found = find("inference")
         if found is not None:  # the tuned forward, the backward's knobs at their defaults

@@ -8,6 +8,7 @@
 * :mod:`.proposals`: candidate pools on an in-memory copy of the study;
 * :mod:`.measure`: the worker process (compile, verify against the float64 reference, time),
   killed and restarted when a kernel hangs or crashes;
+* :mod:`.batches`: a sampler workload's trials, timed on fixed sampled batches (``tune --batches``);
 * :mod:`.device_lock`: the cross-process lock that keeps studies sharing a GPU from timing
   each other's kernels.
 
@@ -37,27 +38,33 @@ __all__ = ["tune", "Tuner", "TuneOptions", "TuneSummary", "Workload", "MeasureOp
 
 def tune(model: str, dataset: str, *, options: Mapping[str, Any] | None = None, hidden: int = 64, heads: int = 1,
          trials: int | None = 50, db: str = DEFAULT_URL, backend: str = "auto", data_dir: str | None = None,
-         seed: int | None = None, mode: str = "inference", cost_model: bool = True, progress: bool = True,
-         **tune_options: Any) -> TuneSummary:
+         seed: int | None = None, mode: str = "inference", cost_model: bool | None = None, progress: bool = True,
+         batches: str | None = None, **tune_options: Any) -> TuneSummary:
     """Tune ``model`` on ``dataset`` as ``tune --model ... --dataset ...`` does, and return the summary.
 
     ``model``: a registered model (:func:`rgtune.register_model`) or ``"package.module:builder"``;
     ``options``: the model's options (``{"num_bases": 30}``; part of the workload's identity).
     ``backend="auto"`` is cuda where a GPU is usable, else cpu. ``mode="training"`` tunes one training step
-    (forward, then the gradients of the input and every param) instead of the forward. ``cost_model``: the learned cost model
-    steers the search with its default policy (it stays idle until the device's history is large
-    enough). ``tune_options`` are further :class:`TuneOptions` fields (``time_budget``, ``confirm_top``,
+    (forward, then the gradients of the input and every param) instead of the forward. ``batches``: a sampler
+    (``"neighbor:fanout=15x10,batch_size=1024"``, :class:`~rgtune.data.sampler_spec.SamplerSpec`): each trial
+    is timed on its fixed batches instead of the whole graph (:mod:`.batches`). ``cost_model``: the learned
+    cost model steers the search with its default policy (it stays idle until the device's history is large
+    enough); default on, except for a sampler workload, which it cannot rank (its features describe the
+    whole graph). ``tune_options`` are further :class:`TuneOptions` fields (``time_budget``, ``confirm_top``,
     ``recheck``, ``measure``, ...). The same call resumes the same study; every trial is recorded in ``db``.
     """
     from rgtune.codegen.base import auto_backend
 
+    if cost_model and batches:
+        raise ValueError("cost_model=True: the cost model cannot steer a study timed on a sampler's batches (its "
+                         "features describe the whole graph); leave cost_model out with batches")
     guide = None
-    if cost_model:
+    if cost_model or (cost_model is None and not batches):
         from rgtune.costmodel import CostModelGuide, RankPolicy
 
         guide = CostModelGuide(policy=RankPolicy(seed=seed or 0), data_dir=data_dir)
     name = auto_backend() if backend == "auto" else backend
-    workload = Workload(model, dataset, hidden, hidden, heads, name, data_dir, mode, options or {})
+    workload = Workload(model, dataset, hidden, hidden, heads, name, data_dir, mode, options or {}, batches=batches)
     from rgtune.db import TrialDatabase
 
     with TrialDatabase(db) as database:

@@ -7,7 +7,9 @@ search ends (:class:`Confirmation`):
 1. **Rounds.** The ``confirm_top`` fastest schedules of the workload, the winner of the previous
    confirmation and the default schedule are timed again in ``confirm_rounds`` interleaved rounds,
    each round a trial of the confirmation. The default takes part so that the run's speedup
-   compares like with like (two confirmed medians), and says so when the default won.
+   compares like with like (two confirmed medians), and says so when the default won; so does
+   any schedule the tuner asks for (``also``: for a sampler workload, the best schedule tuned on the
+   whole graph, which its summary compares with the best for the batches).
 2. **Contenders.** A schedule of this study measured faster than the winner's median but not
    confirmed (it was not among the fastest by a single measurement) is timed in further rounds
    beside the winner, so no unconfirmed measurement undercuts the confirmed best.
@@ -80,9 +82,13 @@ class Confirmation:
     def __init__(self, db: "TrialDatabase", workload: "WorkloadRecord", worker: MeasureWorker, study: "optuna.Study",
                  default: "TrialRecord | None", distributions: Mapping[str, Any], *, top: int, rounds: int,
                  reverify_inputs: int = 3, budget_s: float | None = None, measurement_s: float | None = None,
-                 progress: Callable[..., Any] | None = None) -> None:
+                 progress: Callable[..., Any] | None = None,
+                 also: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        """``also``: schedule hash -> knobs of schedules timed in the rounds beside the default, whatever their
+        single measurements (a sampler workload's: the best whole-graph schedule, which its summary compares)."""
         self.db, self.workload, self.worker, self.study = db, workload, worker, study
         self.default, self.distributions = default, dict(distributions)  # default: its first ok trial
+        self.also = {h: dict(k) for h, k in (also or {}).items()}
         self.top, self.rounds, self.reverify_inputs = top, rounds, reverify_inputs
         self.budget_s, self.measurement_s = budget_s, measurement_s
         self._progress = progress
@@ -110,6 +116,8 @@ class Confirmation:
             knobs.setdefault(previous.schedule_hash, previous.knobs)  # the last winner defends its place
         if self.default is not None:  # the speedup compares two confirmed medians
             knobs.setdefault(self.default.schedule_hash, self.default.knobs)
+        for h, k in self.also.items():
+            knobs.setdefault(h, k)
         knobs = self._fit(knobs, previous.schedule_hash if previous is not None else None)
         if len(knobs) < 2:
             return None
@@ -147,10 +155,11 @@ class Confirmation:
             log.info("the confirmation's budget (%.0f s) affords %d measurements of %.1f s: no rounds",
                      self.budget_s, fits, self.measurement_s)
             return {}
-        # the fastest first, then the default (the run's speedup), the last winner, the next fastest
+        # the fastest first, then the default (the run's speedup), the ones asked for, the last winner, the next fastest
         default = self.default.schedule_hash if self.default is not None else None
-        top = [h for h in knobs if h not in (default, previous)]
-        order = top[:1] + [h for h in (default, previous) if h in knobs] + top[1:]
+        kept = [h for h in (default, *self.also, previous) if h in knobs]
+        top = [h for h in knobs if h not in kept]
+        order = top[:1] + list(dict.fromkeys(kept)) + top[1:]
         return {h: knobs[h] for h in order[:keep]}
 
     def _time(self, cid: int, knobs: Mapping[str, Mapping[str, Any]]) -> None:

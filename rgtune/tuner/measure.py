@@ -33,6 +33,10 @@ every param for a random output gradient (:func:`rgtune.codegen.training.train_s
 is verified against torch's autograd through the float64 interpreter of the unoptimized program, and the step
 is timed.
 
+A sampler workload (``Workload.batches``) builds the schedule's mini-batch programs, verifies them on
+one sampled block and times their binding and run over the sampler's fixed batches (:mod:`.batches`;
+the build's facts name the batches, ``details.build["timed_on"]``).
+
 On a GPU, steps 2 and 3 hold the device's cross-process lock (:mod:`rgtune.tuner.device_lock`):
 workers of several studies can share one GPU without timing each other's kernels; compiling and
 the float64 reference overlap. A trial that waited for the lock has ``details.device_wait_s``.
@@ -95,6 +99,7 @@ from rgtune.db.trial_result import MemoryUse, PairedTiming, TrialDetails, TrialR
 from rgtune.tuner.device_lock import device_lock, lock_timeout
 from rgtune.tuner.memory import MemoryBudget, is_out_of_memory
 from rgtune.tuner.options import OptionError, check_at_least, check_choice, check_positive
+from rgtune.tuner.batches import SampledBatches
 from rgtune.tuner.verification import VERIFY_MODES, Case, Verifier, shown
 
 if TYPE_CHECKING:
@@ -163,14 +168,19 @@ class _Session:
         self.program = workload.program()
         self.space = SearchSpace(self.program, self.graph, self.backend.target, mode=workload.mode)
         self.training = workload.mode == "training"
-        if self.training and options.timing == "paired":
-            raise ValueError("paired timing alternates with the default schedule's forward; a training workload "
-                             "is timed plain")
-        # the oracle: the unoptimized program, op by op in torch (float64; float32 for its own rounding), on
-        # sampled rows of a big graph
-        self.verifier = Verifier(self.program, self.graph, training=self.training, base_tolerance=options.tolerance,
-                                 mode=options.verify, rows=options.verify_rows)
+        if (self.training or workload.batches is not None) and options.timing == "paired":
+            raise ValueError("paired timing alternates with the default schedule's forward on the whole graph; a "
+                             "training workload or one timed on a sampler's batches is timed plain")
         self.device = self.backend.device_type
+        #: a sampler workload: its fixed batches, and how a trial builds, verifies and times on them
+        self.batches = None if workload.batches is None else \
+            SampledBatches(workload.batches, self.graph, self.program, self.backend, workload.mode, self.device,
+                           options.tolerance)
+        # the oracle: the unoptimized program, op by op in torch (float64; float32 for its own rounding), on
+        # sampled rows of a big graph (a sampler workload: every row of one of its blocks)
+        self.verifier = self.batches.verifier if self.batches is not None else \
+            Verifier(self.program, self.graph, training=self.training, base_tolerance=options.tolerance,
+                     mode=options.verify, rows=options.verify_rows)
         self.memory = MemoryBudget("cpu" if self.device == "cpu" else "cuda", options.memory_limit,
                                    share_slots=self.device == "cpu")
         self.torch = torch
@@ -198,8 +208,20 @@ class _Session:
                       for _ in range(3)]
             self.reference_ms = statistics.median(blocks) * 1e3
 
+    def _point(self, config: Mapping[str, Any]) -> Any:
+        """The programs ``config`` makes: of the whole graph, or a sampler workload's mini-batch programs."""
+        return self.space.compile(config) if self.batches is None else self.batches.point(config)
+
+    def _build(self, point: Any) -> Any:
+        """``point`` compiled, bound to the graph (or, for batches, to the block it is verified on)."""
+        if self.batches is not None:
+            return self.batches.build(point)
+        return self.backend.build(point.kernels, self.graph, point.config)
+
     def _run_case(self, built: Any, kp: Any, dev: Case) -> dict[str, Any]:
         """What the built program computes for ``dev`` (on the device), named as the verifier names it."""
+        if self.batches is not None:
+            return self.batches.run_case(built, dev)
         if not self.training:
             return {"output": built.run(dev.x, dev.params)}
         from rgtune.codegen.training import train_step
@@ -213,10 +235,11 @@ class _Session:
         from rgtune.codegen.base import CompileError
 
         self._collect()
-        point = self.space.compile(config)
+        point = self._point(config)
         if not point.valid:
             return TrialResult("invalid", error="; ".join(point.problems))
-        buffers = self.memory.estimate(point.kernels, self.graph)
+        # batches run one block at a time: the largest block's buffers are what a run holds
+        buffers = self.memory.estimate(point.kernels, self.graph if self.batches is None else self.batches.largest)
         # the check's inputs and results take about the same every trial: the last case's size refuses a
         # candidate before the oracle runs (the first trial makes its case first)
         why = self._case_bytes is not None and self.memory.refusal(buffers, self._case_bytes)
@@ -232,7 +255,7 @@ class _Session:
             return self._refused(buffers, self._case_bytes, why)
         t0 = time.perf_counter()
         try:
-            built = self.backend.build(point.kernels, self.graph, point.config)
+            built = self._build(point)
         except CompileError as e:
             return TrialResult("compile_error", error=f"{e}\n{e.log}".strip())
         compile_s = time.perf_counter() - t0
@@ -244,7 +267,8 @@ class _Session:
             got = self._run_case(built, point.kernels, dev)
             self.backend.synchronize()
             t3 = time.perf_counter()
-            err, which, tol = self.verifier.error(got, case)
+            err, which, tol = self.verifier.error(got, case if self.batches is None else
+                                                  self.batches.case_of_variants(case))
             del got
             reference_s += time.perf_counter() - t3
             verified = err < tol  # also False for NaN
@@ -257,7 +281,8 @@ class _Session:
             first_run_ms=None if first is None else first * 1e3,  # what the early stop compared
             paired=paired, device_wait_s=waited(),
             memory=MemoryUse(self.memory.peak(), buffers, buffers + self._case_bytes),
-            cache_hit=built.cache_hit, build=dict(built.info))
+            cache_hit=built.cache_hit,
+            build=dict(built.info) if self.batches is None else {**built.info, "timed_on": self.batches.describe()})
         measured = dict(compile_seconds=compile_s, max_error=err, source_hash=built.source_hash, details=details)
         if not verified:
             why = which if err == float("inf") else \
@@ -281,13 +306,14 @@ class _Session:
         """Verify ``config`` again on the inputs of ``seeds``, each run ``runs`` times (no timing);
         ``wrong_result`` at the first output off the float64 reference."""
         self._collect()
-        point = self.space.compile(config)
+        point = self._point(config)
         if not point.valid:
             return TrialResult("invalid", error="; ".join(point.problems))
-        built = self.backend.build(point.kernels, self.graph, point.config)
+        built = self._build(point)
         worst = 0.0
         for seed in seeds:
             case = self.verifier.case(seed)
+            case = case if self.batches is None else self.batches.case_of_variants(case)
             with self._exclusive_device():
                 dev = case.on(self.device)
                 for run in range(runs):
@@ -334,7 +360,9 @@ class _Session:
         one training step, timed on the host around a synchronization. The verification's run and the first run are
         two of the warm-up's."""
         x, params = dev.x, dev.params
-        if self.training:
+        if self.batches is not None:
+            run = self.batches.step(built, params)
+        elif self.training:
             from rgtune.codegen.training import train_step
 
             def run() -> None:
@@ -350,10 +378,10 @@ class _Session:
         if stop_after is not None and first > stop_after:
             return first, [], None, None
         o = replace(self.o, warmup=max(0, self.o.warmup - 2))  # the verification's run and the first one
-        if self.backend.times_on_device and not self.training:  # GPU backends time forwards with events
+        if self.backend.times_on_device and not self.training and self.batches is None:  # a forward: device events
             times = list(self.backend.time_runs(built, x, params, o.warmup, o.repeats))
             return first, times, statistics.median(times), None
-        if self.reference_run is None or self.training:
+        if self.reference_run is None or self.training or self.batches is not None:
             times = _plain_times(run, o)
             return first, times, statistics.median(times), None
         reference, scale_ms = self.reference_run, self.reference_ms

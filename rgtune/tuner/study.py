@@ -12,11 +12,16 @@ any other's, before each pool. A new study with a ranking guide first measures t
 *opening*: its picks out of random schedules, queued in the study right after the default
 schedule.
 
-One Optuna study per workload (model, sizes, graph content, device, backend, mode), stored
+One Optuna study per workload (model, sizes, graph content, device, backend, mode, sampler), stored
 through Optuna's RDBStorage in the same database as rgtune's trial history. The same command
 resumes the same study; ``fresh=True`` starts a new one (the recorded trials stay: they are
 real measurements). The default schedule is the first trial of every study, so a study
 always reports its speedup over it.
+
+A sampler workload (``Workload.batches``, ``tune --batches``: trials timed on a sampler's fixed batches,
+:mod:`.batches`) whose workload was also tuned on the whole graph (same device) measures that best
+whole-graph schedule second, and has it in the confirmation's rounds: the summary says how the best
+schedule for the batches compares with it on those batches (:class:`WholeGraphBest`).
 
 Budget: ``trials`` counts *measured* trials. A candidate the guide skips is recorded as
 ``pruned`` with its predicted time and told to Optuna as pruned, but costs no measurement and
@@ -215,12 +220,27 @@ class TuneSummary:
     default_confirmed: bool = False
     default_is_best: bool = False  # no searched schedule beat the default schedule
     best_verified_inputs: int | None = None  # fresh inputs the best schedule passed re-verification on
+    #: a sampler workload: the best whole-graph schedule timed on the same batches (None: none recorded)
+    whole_graph: "WholeGraphBest | None" = None
 
     @property
     def speedup(self) -> float | None:
         if self.default_ms and self.best_ms:
             return self.default_ms / self.best_ms
         return None
+
+
+@dataclass
+class WholeGraphBest:
+    """A sampler workload's comparison: the best schedule tuned on the whole graph (trial ``trial_id``,
+    ``whole_graph_ms`` there) and its time on the workload's batches (``batches_ms``: the confirmation's median
+    where it took part, else its measurements in the search; ``confirmed`` says which)."""
+
+    trial_id: int
+    whole_graph_ms: float | None
+    batches_ms: float | None
+    confirmed: bool
+    same_schedule: bool  # the best for the batches is this very schedule
 
 
 def make_sampler(name: str, seed: int | None) -> "optuna.samplers.BaseSampler":
@@ -274,7 +294,8 @@ class Tuner:
         device = self.worker.start()
         self.space = SearchSpace(program, self.graph, backend_target(w.backend, trust_code=True), mode=w.mode)
         self.record = self.db.ensure_workload(w.model, self.graph, device, in_dim=w.in_dim, out_dim=w.out_dim,
-                                              heads=w.heads, backend=w.backend, mode=w.mode, options=w.options)
+                                              heads=w.heads, backend=w.backend, mode=w.mode, options=w.options,
+                                              batches=w.batches_key)
         self.db.mark_stale_running(self.record)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         storage = self.db.optuna_storage()
@@ -302,8 +323,14 @@ class Tuner:
         self.study.set_user_attr("rgtune.recheck", self.options.recheck)
         self._fail_abandoned_optuna_trials()
         new_study = not self.study.trials
+        #: a sampler workload's counterpart on the whole graph: its best trial, timed here too (_whole_graph_best)
+        self.whole_graph = self._whole_graph_best()
         if new_study:
             self.study.enqueue_trial(self.space.default(), skip_if_exists=True)
+            if self.whole_graph is not None:  # measured on the batches second: a good start, and the comparison
+                known = self.space.distributions()
+                self.study.enqueue_trial({k: v for k, v in self.whole_graph.knobs.items() if k in known},
+                                         skip_if_exists=True)
         guide = self.options.guide
         #: the guide, when it learns from the study (bound now, fed every measured trial, closed at the end)
         self._learner: LearningGuide | None = guide if isinstance(guide, LearningGuide) else None
@@ -328,6 +355,19 @@ class Tuner:
         _, valid = self._compile(proposals)
         for i in ranker.opening([(p.config, point) for p, point in valid]):
             self.study.enqueue_trial(valid[i][0].params, skip_if_exists=True)
+
+    def _whole_graph_best(self) -> "TrialRecord | None":
+        """For a sampler workload, the best trial of the same workload tuned on the whole graph (same model,
+        options, sizes, graph content, device, backend and mode), if one was recorded: the schedule a user
+        would run on the batches without ``--batches``. None for a whole-graph workload."""
+        r = self.record
+        if self.workload.batches is None:
+            return None
+        for w in self.db.workloads(model=r.model, options=r.options, in_dim=r.in_dim, out_dim=r.out_dim,
+                                   heads=r.heads, backend=r.backend, mode=r.mode, graph_hash=r.graph_hash, batches=""):
+            if w.device_fingerprint == r.device_fingerprint and w.num_ok:
+                return self.db.best(w)
+        return None
 
     @staticmethod
     def _latest_study_name(storage: Any, base: str) -> str:
@@ -403,7 +443,9 @@ class Tuner:
                     budget_s=None if opts.confirm_share is None else
                     max(CONFIRM_MIN_BUDGET_S, opts.confirm_share * (time.time() - start)),
                     measurement_s=statistics.median(self._walls) if self._walls else None,
-                    progress=(lambda **kw: _progress(opts, **kw)) if opts.progress else None).run()
+                    progress=(lambda **kw: _progress(opts, **kw)) if opts.progress else None,
+                    also={} if self.whole_graph is None else
+                    {self.whole_graph.schedule_hash: self.whole_graph.knobs}).run()
                 interrupted = confirmed is not None and not confirmed.finished
         finally:
             self.worker.close()
@@ -602,12 +644,28 @@ class Tuner:
         if best is not None and confirmed is not None and confirmed.finished and best.confirmation_id == confirmed.id \
                 and default_hash in confirmed.medians_ms:
             default_ms, default_confirmed = confirmed.medians_ms[default_hash], True  # both confirmed medians
+        whole = self._whole_graph_comparison(best, confirmed)
         return TuneSummary(self.record.id, self.study.study_name, proposed, statuses, default_ms,
                            best.median_ms if best else None, best.knobs if best else None,
                            best.id if best else None, elapsed, interrupted, measured, rechecked=self.rechecked,
                            over_memory=self.over_memory, guide=guide, confirmation=confirmed, default_confirmed=default_confirmed,
                            default_is_best=best is not None and default is not None and best.schedule_hash == default_hash,
-                           best_verified_inputs=best.verified_inputs if best else None)
+                           best_verified_inputs=best.verified_inputs if best else None, whole_graph=whole)
+
+    def _whole_graph_comparison(self, best: "TrialRecord | None", confirmed: Confirmed | None) -> WholeGraphBest | None:
+        """The best whole-graph schedule's time on the batches: confirmed with the best where both took part in
+        the confirmation that decided it, else the median of its measurements on the batches (None: never measured)."""
+        wg = self.whole_graph
+        if wg is None:
+            return None
+        h = wg.schedule_hash
+        if confirmed is not None and confirmed.finished and best is not None and best.confirmation_id == confirmed.id \
+                and h in confirmed.medians_ms:
+            ms, sure = confirmed.medians_ms[h], True
+        else:
+            runs = [t.median_ms for t in self.db.history(self.record, status="ok") if t.schedule_hash == h]
+            ms, sure = (statistics.median_low(runs) if runs else None), False
+        return WholeGraphBest(wg.id, wg.median_ms, ms, sure, best is not None and best.schedule_hash == h)
 
 
 # ---------------------------------------------------------------------- helpers

@@ -46,6 +46,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
+from rgtune.data.batch import Batch
 from rgtune.data.graph import HeteroGraph
 from rgtune.data.neighbourhood import Neighbourhood, in_neighbourhood, sample_destinations
 from rgtune.db.trial_result import Coverage
@@ -149,10 +150,13 @@ class Verifier:
     """Cases of ``program`` on ``graph`` and the errors of results against them (see the module docstring).
 
     ``mode``: ``"full"``, ``"sampled"`` (``rows`` destinations), or ``"auto"`` (sampled on graphs with
-    more than :data:`SAMPLE_ABOVE_EDGES` edges).
+    more than :data:`SAMPLE_ABOVE_EDGES` edges). ``graph`` may be a mini-batch's block
+    (:class:`~rgtune.data.batch.Batch`), checked on every row: its program computes the destinations'
+    output alone, so the output checked is the reference's first ``num_dst_nodes`` rows, and ``dout`` has
+    those rows (the reference's output gradient is zero past them).
     """
 
-    def __init__(self, program: Any, graph: HeteroGraph, *, training: bool, base_tolerance: float = 1e-4,
+    def __init__(self, program: Any, graph: HeteroGraph | Batch, *, training: bool, base_tolerance: float = 1e-4,
                  mode: str = "auto", rows: int = 512) -> None:
         if mode not in VERIFY_MODES:
             raise ValueError(f"unknown verification mode {mode!r}; choose one of {list(VERIFY_MODES)}")
@@ -160,7 +164,12 @@ class Verifier:
             raise ValueError(f"rows must be at least 1 sampled destination, got {rows}")
         self.program, self.graph, self.training = program, graph, training
         self.base, self.rows = base_tolerance, rows
-        self.sampled = mode == "sampled" or (mode == "auto" and graph.num_edges() > SAMPLE_ABOVE_EDGES)
+        #: a block's program computes its destinations' rows alone (the prefix of its nodes)
+        self.out_rows = graph.num_dst_nodes if isinstance(graph, Batch) else graph.num_nodes()
+        if mode == "sampled" and isinstance(graph, Batch):
+            raise ValueError(f"a block ({graph!r}) is verified on every row: sampled verification is for whole graphs")
+        self.sampled = mode == "sampled" or (mode == "auto" and not isinstance(graph, Batch)
+                                             and graph.num_edges() > SAMPLE_ABOVE_EDGES)
         self._full = None if self.sampled else Interpreter(program, graph)
         self._full_lengths = None if self.sampled else self._lengths(graph)  # the same for every case
         self._x32: torch.Tensor | None = None  # sampled: the whole graph's input, kept between cases
@@ -185,11 +194,16 @@ class Verifier:
         gen = torch.Generator().manual_seed(seed * 7919 + 1)
         if not self.sampled:
             x, params = self.inputs(seed)
-            dout = torch.randn(n, out_dim, generator=gen, dtype=torch.float64) if self.training else None
+            dout = torch.randn(self.out_rows, out_dim, generator=gen, dtype=torch.float64) if self.training else None
+            # the reference computes every node's output: the rows past a block's destinations get no gradient
+            dout_all = None if dout is None else torch.cat([dout, dout.new_zeros(n - self.out_rows, out_dim)])
             hood, lengths = None, self._full_lengths
-            exact = _reference(self._full, x, params, dout)
+            exact = _reference(self._full, x, params, dout_all)
             rounded = lambda: _reference(self._full, x.float(), {k: v.float() for k, v in params.items()},  # noqa: E731
-                                         None if dout is None else dout.float())
+                                         None if dout_all is None else dout_all.float())
+            if self.out_rows < n:
+                exact["output"] = exact["output"][:self.out_rows]
+                rounded = _first_rows(rounded, self.out_rows)
         else:
             hood = in_neighbourhood(self.graph, sample_destinations(self.graph, self.rows, seed=seed))
             x, params, dout = self._sampled_inputs(seed, hood, gen)
@@ -256,6 +270,16 @@ class Verifier:
             if err / mine > worst / tol:
                 worst, which, tol = err, name, mine
         return worst, which, tol
+
+
+def _first_rows(reference: Callable[[], dict[str, torch.Tensor]], rows: int) -> Callable[[], dict[str, torch.Tensor]]:
+    """``reference`` with its output cut to its first ``rows`` rows (a block's destinations)."""
+
+    def cut() -> dict[str, torch.Tensor]:
+        r = reference()
+        return {**r, "output": r["output"][:rows]}
+
+    return cut
 
 
 def _expected(name: str, value: torch.Tensor, hood: Neighbourhood | None, total: int) -> Expected:

@@ -1,4 +1,4 @@
-"""What the tuner tunes: a :class:`Workload` (model and options, sizes, graph, backend, mode).
+"""What the tuner tunes: a :class:`Workload` (model and options, sizes, graph, backend, mode, sampler).
 
 A workload is made in the process of the user's own command (``tune``, :func:`rgtune.tune`, a
 script); the measurement worker (:mod:`.measure`, a fresh process) receives it and imports the
@@ -11,6 +11,8 @@ Example:
     ('rgcn', 'num_bases=30', 'inference')
     >>> w.program().name
     'rgcn'
+    >>> Workload("rgcn", "aifb", 16, 16, 1, "cpu", batches="neighbor:fanout=10x10,batch_size=64").batches_key
+    'neighbor:fanout=10x10,batch_size=64'
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ __all__ = ["Workload"]
 
 @dataclass(frozen=True)
 class Workload:
-    """What is tuned: model (with its options), sizes, graph (by dataset name), backend, mode.
+    """What is tuned: model (with its options), sizes, graph (by dataset name), backend, mode, and the
+    sampler whose batches the trials run on (``batches``: a :class:`~rgtune.data.sampler_spec.SamplerSpec`
+    or its text, kept as the spec; None: the whole graph).
 
     ``options`` may be given as a mapping or as canonical text; it is kept as canonical text
     (:meth:`ModelSpec.key <rgtune.ir.registry.ModelSpec.key>`), and checked against the model's
@@ -43,13 +47,26 @@ class Workload:
     mode: str = "inference"  # or "training": one training step (forward, then every gradient)
     options: Any = ""
     model_source: str | None = None
+    #: the sampler whose batches the trials are timed on (:mod:`.batches`); None: the whole graph
+    batches: Any = None
 
     def __post_init__(self) -> None:
+        from rgtune.data.sampler_spec import SamplerSpec
+
         spec = self.spec()
         object.__setattr__(self, "model", spec.name)
         object.__setattr__(self, "options", spec.key(self.options))
         if self.model_source is None:
             object.__setattr__(self, "model_source", spec.source)
+        if self.batches is not None and self.batches != "":
+            object.__setattr__(self, "batches", SamplerSpec.parse(self.batches))
+        else:
+            object.__setattr__(self, "batches", None)
+
+    @property
+    def batches_key(self) -> str:
+        """The sampler as the workload's key has it (``""``: the whole graph)."""
+        return "" if self.batches is None else self.batches.key
 
     def spec(self) -> Any:
         """The model's :class:`~rgtune.ir.registry.ModelSpec`. In a measurement worker (a fresh process)
