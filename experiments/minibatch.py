@@ -36,14 +36,16 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import append_jsonl, parser  # noqa: E402 - experiments/ is not a package
 
-IMPLS = ("rgtune", "pyg", "dgl")
+IMPLS = ("rgtune", "pyg", "dgl", "rgtune-sampler")
 
 
 def main() -> int:
     ap = parser(__doc__)
     ap.add_argument("--dataset", default="aifb")
     ap.add_argument("--models", default="rgcn,hgt")
-    ap.add_argument("--impls", default=",".join(IMPLS))
+    ap.add_argument("--impls", default="rgtune,pyg,dgl",
+                    help="rgtune (the default schedule, --config, or --db's best whole-graph schedule), pyg, dgl, "
+                         "rgtune-sampler (--db's schedule tuned for this sampler: tune --batches)")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--fanouts", default="15,10", help="per layer, first layer first (per relation)")
@@ -57,6 +59,8 @@ def main() -> int:
                          "default: every knob's default (or --db's best)")
     ap.add_argument("--seed-type", default=None, help="the node type classified (default: the task's, else the type "
                                                       "with the most in-edges) with random labels when no task")
+    ap.add_argument("--sample-seed", type=int, default=0,
+                    help="the loader's seed (tune --batches times the first batches of seed 0: 1 gives fresh ones)")
     ap.add_argument("--losses", action="store_true", help="print every step's loss")
     ap.add_argument("--json", default=None, help="append one row per model and implementation (JSON lines)")
     ap.add_argument("--one", default=None, help=argparse_hidden())
@@ -89,7 +93,7 @@ def argparse_hidden() -> str:
 def _passthrough(args: Any) -> list[str]:
     out = []
     for name in ("dataset", "steps", "warmup", "fanouts", "batch_size", "hidden", "heads", "threads", "db", "config",
-                 "seed_type"):
+                 "seed_type", "sample_seed"):
         v = getattr(args, name)
         if v is not None:
             out += [f"--{name.replace('_', '-')}", str(v)]
@@ -112,15 +116,14 @@ def run_one(spec: str, args: Any) -> dict[str, Any]:
     import torch
 
     from rgtune.data import load_dataset
-    from rgtune.data.sampling import NeighborLoader
     from rgtune.tuner.memory import reset_peak, status_bytes
 
     model, impl = spec.split("/")
     torch.set_num_threads(args.threads)
     g = load_dataset(args.dataset)
-    seed_type = _seed_type(g, args)
+    sampler = _sampler(args)
+    seed_type = sampler.seed_type(g)
     num_classes = g.task.num_classes if g.task is not None else 16
-    seeds = g.task.train_idx if g.task is not None else torch.arange(g.num_nodes(seed_type))
     labels = torch.zeros(g.num_nodes(seed_type), dtype=torch.int64)
     if g.task is not None:
         labels[g.task.train_idx] = g.task.train_labels.long()
@@ -128,11 +131,9 @@ def run_one(spec: str, args: Any) -> dict[str, Any]:
         labels = torch.randint(num_classes, (g.num_nodes(seed_type),), generator=torch.Generator().manual_seed(0))
     gen = torch.Generator().manual_seed(1)
     feats = {t: torch.randn(g.num_nodes(t), args.hidden, generator=gen) for t in g.ntypes}
-    fanouts = [int(f) for f in args.fanouts.split(",")]
     net = _network(impl, model, g, args, num_classes)
     opt = torch.optim.Adam(net.parameters(), lr=0.01)
-    loader = NeighborLoader(g, fanouts, {seed_type: seeds}, batch_size=args.batch_size, seed=0)
-    batches = iter(_forever(loader))
+    batches = iter(_forever(sampler.loader(g)))
     reset_peak()
     base = status_bytes("VmHWM") or 0
     times, losses, edges = [], [], []
@@ -157,18 +158,19 @@ def run_one(spec: str, args: Any) -> dict[str, Any]:
     kept = times[args.warmup:]
     med = [statistics.median(t[i] for t in kept) * 1e3 for i in range(4)]
     peak = ((status_bytes("VmHWM") or 0) - base) / 2**20
-    return {"model": model, "impl": impl, "dataset": args.dataset, "fanouts": fanouts, "batch_size": args.batch_size,
+    return {"model": model, "impl": impl, "dataset": args.dataset, "fanouts": list(sampler.fanouts),
+            "batch_size": args.batch_size, "sample_seed": args.sample_seed, "schedule": net.schedule,
             "hidden": args.hidden, "threads": args.threads, "steps": args.steps, "sample_ms": med[0], "prep_ms": med[1],
             "model_ms": med[2], "step_ms": med[3], "peak_mb": peak, "losses": losses,
             "edges_per_step": statistics.median(edges)}
 
 
-def _seed_type(g: Any, args: Any) -> str:
-    if args.seed_type:
-        return args.seed_type
-    if g.task is not None:
-        return g.task.category
-    return max(g.ntypes, key=lambda t: sum(g.num_edges(c) for c in g.canonical_etypes if c[2] == t))
+def _sampler(args: Any) -> Any:
+    """The sampler every implementation draws from (and the one ``tune --batches`` names)."""
+    from rgtune.data.sampler_spec import SamplerSpec
+
+    return SamplerSpec(tuple(int(f) for f in args.fanouts.split(",")), args.batch_size, seed_type_name=args.seed_type,
+                       seed=args.sample_seed)
 
 
 def _forever(loader: Any) -> Any:
@@ -184,18 +186,19 @@ def _network(impl: str, model: str, g: Any, args: Any, num_classes: int) -> Any:
 
     torch.manual_seed(0)
     heads = 1 if model == "rgcn" else args.heads
-    if args.db and impl == "rgtune":
+    if args.db and impl in ("rgtune", "rgtune-sampler"):
         from rgtune.runtime import load_tuned
 
-        ours = [load_tuned(model, g, args.hidden, args.hidden, heads, db=args.db, backend="cpu", mode="training")
-                for _ in range(2)]
+        batches = _sampler(args).key if impl == "rgtune-sampler" else None
+        ours = [load_tuned(model, g, args.hidden, args.hidden, heads, db=args.db, backend="cpu", mode="training",
+                           batches=batches) for _ in range(2)]
     else:
         config = dict(kv.split("=", 1) for kv in args.config.split(",")) if args.config else None
         ours = [Layer(model, g, args.hidden, args.hidden, heads, backend="cpu", mode="training", config=config)
                 for _ in range(2)]
     head = torch.nn.Linear(args.hidden, num_classes)
-    seed_type = _seed_type(g, args)
-    if impl == "rgtune":
+    seed_type = _sampler(args).seed_type(g)
+    if impl in ("rgtune", "rgtune-sampler"):
         return _Rgtune(ours, head, seed_type)
     if impl == "pyg":
         return _Pyg(model, ours, head, seed_type)
@@ -205,6 +208,8 @@ def _network(impl: str, model: str, g: Any, args: Any, num_classes: int) -> Any:
 
 
 class _Net:
+    schedule: Any = None  # rgtune's: the trial its schedule came from, or where else
+
     def __init__(self, layers: list[Any], head: Any, seed_type: str) -> None:
         import torch
 
@@ -216,6 +221,11 @@ class _Net:
 
 
 class _Rgtune(_Net):
+    @property
+    def schedule(self) -> Any:
+        p = self.layers[0].provenance
+        return f"trial {p['trial_id']}" if p.get("trial_id") is not None else p.get("source")
+
     def prepare(self, mb: Any) -> None:
         for i, (layer, block) in enumerate(zip(self.layers, mb.blocks)):
             layer.bind(block, input_grad=i > 0)  # the features need no gradient: the first layer's params' alone

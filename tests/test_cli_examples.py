@@ -215,3 +215,20 @@ def test_show_source_prints_the_generated_files_of_either_backend(backend, capsy
     assert rc == 0, err
     files = re.findall(r"^# generated: (\S+)$", out, flags=re.M)
     assert files and all(f.endswith(".cu" if backend == "cuda" else (".c", ".txt")) for f in files)
+
+
+def test_tune_json_prints_the_summary_and_takes_in_and_out_sizes(tmp_path, capsys) -> None:
+    """``tune --json`` (a script reads stdout), ``--in-dim``/``--out-dim`` (a layer whose sizes differ) and
+    ``--threads``."""
+    from rgtune.db import TrialDatabase
+
+    db = tmp_path / "r.db"
+    rc, out, err = _main(["tune", "--model", "rgcn", "--dataset", "synthetic:custom,nodes=80,edges=400,ntypes=2,rels=3",
+                          "--in-dim", "8", "--out-dim", "4", "--backend", "reference", "--trials", "2", "--confirm", "0",
+                          "--threads", "1", "--quiet", "--json", "--db", str(db)], capsys)
+    assert rc == 0, err
+    summary = json.loads(out)
+    assert summary["measured"] == 2 and summary["best_ms"] > 0 and summary["speedup"] is not None
+    assert "best schedule" in err and "in_dim=8, out_dim=4" in err  # the readable summary, on stderr
+    (w,) = TrialDatabase(str(db)).workloads()
+    assert (w.in_dim, w.out_dim, w.id) == (8, 4, summary["workload_id"])

@@ -233,3 +233,21 @@ def test_a_batch_index_arrays_are_those_of_sorting_its_edges(graph: HeteroGraph,
     a = graph_arrays(block, layout, 64)
     for name, want in _arrays_by_sorting(block, layout).items():
         assert torch.equal(getattr(a, name).long(), want), name
+
+
+@pytest.mark.parametrize("first, then", [(32, 64), (64, 32)])
+def test_a_batchs_arrays_in_another_width_build_their_own_source_pairs(graph: HeteroGraph, first: int, then: int) -> None:
+    """The (source, relation) pairs are built on first use; arrays cast to another width before that build
+    theirs in their own width (a 64-bit program once read a copy's 32-bit pairs: a segfault on ogbn-mag batches)."""
+    from rgtune.ir.bind import SRC_PAIR_FIELDS, graph_arrays
+
+    block = NeighborSampler(graph, [5]).sample(_seeds(graph, 1, 40), torch.Generator().manual_seed(2)).blocks[0]
+    graph_arrays(block, "coo_rel_src", first)  # its pairs not read yet
+    a = graph_arrays(block, "coo_rel_src", then)
+    want = _arrays_by_sorting(block, "coo_rel_src")
+    for name in SRC_PAIR_FIELDS:
+        got = getattr(a, name)
+        assert got.dtype == (torch.int32 if then == 32 else torch.int64), name
+        assert torch.equal(got.long(), want[name]), name
+    assert all(getattr(graph_arrays(block, "coo_rel_src", first), n).dtype ==
+               (torch.int32 if first == 32 else torch.int64) for n in SRC_PAIR_FIELDS)

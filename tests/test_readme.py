@@ -48,3 +48,19 @@ def test_the_minibatch_guide_trains_as_written():
     assert loss.requires_grad and bool(loss.isfinite())
     # every parameter of both layers received a gradient through the sampled blocks
     assert all(p.grad is not None and bool(p.grad.abs().sum() > 0) for m in layers for p in m.parameters())
+
+
+def test_the_minibatch_guides_sampler_lookup_runs_as_written(tmp_path, monkeypatch):
+    """The lookup of a schedule tuned for a sampler, on the guide's graph: with no database here, the default
+    schedule and a warning that names the command tuning for that sampler."""
+    from rgtune.runtime._lookup import TunedScheduleWarning
+
+    monkeypatch.chdir(tmp_path)  # no results.db
+    text = MINIBATCH_GUIDE.read_text()
+    first, lookup = re.findall(r"```python\n(.*?)```", text, flags=re.S)[:2]
+    graph_code = first[:first.index("feats =")]  # the guide's graph, not its training loop
+    namespace: dict = {}
+    exec(compile(graph_code, "docs/minibatch.md", "exec"), namespace)
+    with pytest.warns(TunedScheduleWarning, match="--batches neighbor:fanout=15x10,batch_size=1024"):
+        exec(compile(lookup, "docs/minibatch.md (tuned for a sampler)", "exec"), namespace)
+    assert [layer.provenance["source"] for layer in namespace["layers"]] == ["default", "default"]

@@ -96,8 +96,8 @@ def test_without_a_record_the_default_schedule_and_a_warning_with_the_tune_comma
         load_tuned("rgcn", graph, 8, 8, db=str(db), backend="reference")
 
 
-def test_different_in_and_out_sizes_name_the_python_tuner_call(graph):
-    with pytest.warns(TunedScheduleWarning, match=r'python -c .*Workload\("rgat", ".*", 8, 4, 2, "reference"\)'):
+def test_different_in_and_out_sizes_name_the_tune_command_with_both_sizes(graph):
+    with pytest.warns(TunedScheduleWarning, match=r"tune --model rgat --dataset \S+ --in-dim 8 --out-dim 4 --heads 2"):
         load_tuned("rgat", graph, 8, 4, 2, db=None, backend="reference")
 
 

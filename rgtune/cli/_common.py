@@ -93,13 +93,21 @@ def model_options(args: argparse.Namespace) -> str:
 
 
 def add_workload_args(p: argparse.ArgumentParser, dataset_required: bool = True) -> None:
-    """``--model --model-opt --dataset --data-dir --hidden --heads``: the workload of ``tune`` and ``show``."""
+    """``--model --model-opt --dataset --data-dir --hidden --in-dim --out-dim --heads``: the workload of ``tune`` and
+    ``show`` (:func:`layer_sizes` reads the sizes)."""
     add_model_args(p, what="the layer to compile")
     p.add_argument("--dataset", required=dataset_required, help=DATASET_HELP)
     p.add_argument("--data-dir", default=None,
                    help="folder with one sub-folder per dataset (default: $RGTUNE_DATA_DIR, else the user cache)")
     p.add_argument("--hidden", type=positive_int, default=64, help="input and output feature size (default 64)")
+    p.add_argument("--in-dim", type=positive_int, default=None, help="input feature size (default --hidden)")
+    p.add_argument("--out-dim", type=positive_int, default=None, help="output feature size (default --hidden)")
     p.add_argument("--heads", type=positive_int, default=1, help="attention heads of a model with attention (default 1)")
+
+
+def layer_sizes(args: argparse.Namespace) -> tuple[int, int]:
+    """``(in_dim, out_dim)``: ``--in-dim`` and ``--out-dim``, each ``--hidden`` where not given."""
+    return args.in_dim or args.hidden, args.out_dim or args.hidden
 
 
 def add_layer_args(p: argparse.ArgumentParser, dataset_help: str) -> None:

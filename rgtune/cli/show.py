@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from rgtune.cli._common import EXIT_FAILURE, CLIError, add_workload_args, load_graph, model_options, parse_sets
+from rgtune.cli._common import (EXIT_FAILURE, CLIError, add_workload_args, layer_sizes, load_graph, model_options,
+                                parse_sets)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -32,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     options = model_options(args)
     graph = load_graph(args)
     try:
-        program = build_model(args.model, args.hidden, args.hidden, args.heads, options)
+        program = build_model(args.model, *layer_sizes(args), args.heads, options)
     except ValueError as e:  # the model's builder refuses these sizes or options
         raise CLIError(str(e)) from None
     target = backend_target(args.backend, trust_code=True)  # the user named it
@@ -41,7 +42,8 @@ def run(args: argparse.Namespace) -> int:
     point = space.compile(config)
     spec = model_spec(args.model)
     named = f"{args.model}({options})" if options else args.model
-    print(f"# workload: {named} on {graph!r}, hidden={args.hidden}, heads={args.heads}, target={target}")
+    in_dim, out_dim = layer_sizes(args)
+    print(f"# workload: {named} on {graph!r}, in_dim={in_dim}, out_dim={out_dim}, heads={args.heads}, target={target}")
     print(f"# model options: {', '.join(o.describe() for o in spec.options) or 'none'}\n")
     print("# program before passes")
     print(program, end="\n\n")

@@ -6,11 +6,15 @@ Example: ``tune --model hgt --dataset aifb --trials 50``; the same command resum
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
+import json
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from rgtune.cli._common import (TRUST_CODE_HELP, CLIError, add_db_arg, add_mode_arg, add_workload_args, load_graph,
-                                model_options, open_db, positive_int, positive_seconds, resolve_backend)
+from rgtune.cli._common import (TRUST_CODE_HELP, CLIError, add_db_arg, add_mode_arg, add_workload_args, layer_sizes,
+                                load_graph, model_options, open_db, positive_int, positive_seconds, resolve_backend)
 from rgtune.tuner.measure import TIMINGS
 
 if TYPE_CHECKING:
@@ -41,6 +45,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="trials to run now (default 50 unless --time-budget is given)")
     p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS", help="start no trial after this long")
     p.add_argument("--backend", default="auto", help="auto (cuda if a GPU is usable, else cpu), cpu, cuda, reference")
+    p.add_argument("--threads", type=positive_int, default=None, metavar="N",
+                   help="CPU threads of the measured kernels (OMP_NUM_THREADS; default: the environment's, else one "
+                        "per core). The thread count is part of the device's fingerprint: tune with the count your "
+                        "training runs with, or load_tuned warns that the schedule was tuned on another device")
+    p.add_argument("--json", action="store_true",
+                   help="print the summary as one JSON object on stdout (the readable summary goes to stderr)")
     add_db_arg(p)
     p.add_argument("--sampler", default="tpe", help="tpe (default), random, gp, cmaes")
     p.add_argument("--seed", type=int, default=None, help="seed of the sampler and of the test inputs")
@@ -134,6 +144,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.threads is not None:  # before torch starts its thread pool; the measurement worker inherits it
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)
+        import torch
+
+        torch.set_num_threads(args.threads)
     from rgtune.tuner.study import Tuner
     from rgtune.tuner.workload import Workload
 
@@ -142,18 +157,34 @@ def run(args: argparse.Namespace) -> int:
     graph = load_graph(args)  # fail fast on a bad dataset, before the database is touched
     batches = _sampler(args, graph)
     db = open_db(args.db)
-    workload = Workload(args.model, args.dataset, args.hidden, args.hidden, args.heads, backend,
+    in_dim, out_dim = layer_sizes(args)
+    workload = Workload(args.model, args.dataset, in_dim, out_dim, args.heads, backend,
                         args.data_dir, args.mode, model_options(args), batches=batches)
     named = f"{workload.model}({workload.options})" if workload.options else workload.model
     on = f"batches of {batches} (seeds of type {batches.seed_type(graph)!r}) from {graph.name}" \
         if batches is not None else graph.name
     print(f"tuning {named} on {on} ({graph.num_nodes():,} nodes, {graph.num_edges():,} edges, "
-          f"{graph.num_rels} relations), hidden={args.hidden}, heads={args.heads}, backend={backend}, "
+          f"{graph.num_rels} relations), {_sizes(in_dim, out_dim)}, heads={args.heads}, backend={backend}, "
           f"{'' if args.mode == 'inference' else 'mode=training (forward + backward), '}db={db.name}", file=sys.stderr)
     tuner = Tuner(workload, db, options, graph=graph)
     summary = tuner.run()
-    _print_summary(summary)
+    if args.json:
+        with contextlib.redirect_stdout(sys.stderr):
+            _print_summary(summary)
+        print(json.dumps(summary_json(summary)))
+    else:
+        _print_summary(summary)
     return 130 if summary.interrupted else 0
+
+
+def _sizes(in_dim: int, out_dim: int) -> str:
+    return f"hidden={in_dim}" if in_dim == out_dim else f"in_dim={in_dim}, out_dim={out_dim}"
+
+
+def summary_json(s: Any) -> dict[str, Any]:
+    """The summary as ``tune --json`` prints it: every field of :class:`~rgtune.tuner.study.TuneSummary` (the
+    confirmation and the whole-graph comparison as objects), and the speedup over the default schedule."""
+    return {**dataclasses.asdict(s), "speedup": s.speedup}
 
 
 def _sampler(args: argparse.Namespace, graph: Any) -> Any:

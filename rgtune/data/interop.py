@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # only for annotations; both are optional dependencies
     import dgl
     from torch_geometric.data import HeteroData
 
-__all__ = ["from_dgl", "from_pyg", "to_dgl", "to_pyg", "to_pyg_homogeneous"]
+__all__ = ["from_dgl", "from_pyg", "from_pyg_homogeneous", "relation_names", "to_dgl", "to_pyg", "to_pyg_homogeneous"]
 
 _DGL_FEATURE, _PYG_FEATURE = "feat", "x"
 
@@ -190,3 +190,59 @@ def to_pyg_homogeneous(graph: HeteroGraph) -> tuple[torch.Tensor, torch.Tensor, 
     ``edge_type`` is the graph's own tensor (graphs are immutable): do not modify it in place.
     """
     return torch.stack([graph.src, graph.dst]), graph.etype, graph.num_nodes()
+
+
+#: the node type of a graph made from one homogeneous ``edge_index`` (:func:`from_pyg_homogeneous`)
+HOMOGENEOUS_NTYPE = "node"
+
+
+def relation_names(num_relations: int) -> list[str]:
+    """Names of relations ``0 .. num_relations - 1`` whose sorted order is their number's (zero-padded), so
+    that a :class:`HeteroGraph`, which orders relations by name, keeps the caller's integer order.
+
+    Example:
+        >>> relation_names(11)[:3], sorted(relation_names(11)) == relation_names(11)
+        (['00', '01', '02'], True)
+    """
+    width = len(str(max(num_relations - 1, 0)))
+    return [f"{i:0{width}d}" for i in range(num_relations)]
+
+
+def from_pyg_homogeneous(edge_index: torch.Tensor, edge_type: torch.Tensor | None, num_nodes: int,
+                         num_relations: int, name: str = "graph") -> HeteroGraph:
+    """A :class:`HeteroGraph` of one node type from PyG's homogeneous form (``RGCNConv``'s ``edge_index``,
+    ``edge_type``): relation ``r`` is the edges of type ``r``, named so that the graph's relation ``r`` is
+    the caller's ``r`` (:func:`relation_names`; every relation exists, with or without edges), each
+    relation's edges in the caller's order. ``edge_type=None``: every edge is of relation 0.
+
+    Example:
+        >>> g = from_pyg_homogeneous(torch.tensor([[0, 1, 2], [1, 2, 0]]), torch.tensor([1, 0, 1]), 3, 12)
+        >>> g.num_rels, g.canonical_etypes[1], g.edges(g.canonical_etypes[1])[0].tolist()
+        (12, ('node', '01', 'node'), [0, 2])
+        >>> from_pyg_homogeneous(torch.tensor([[0], [1]]), torch.tensor([5]), 3, 2)
+        Traceback (most recent call last):
+        ...
+        ValueError: edge_type has values up to 5, but num_relations is 2 (edge types 0 .. 1)
+    """
+    ei = edge_index.as_subclass(torch.Tensor) if isinstance(edge_index, torch.Tensor) else None
+    if ei is None or ei.dim() != 2 or ei.size(0) != 2:
+        raise ValueError(f"edge_index must be a (2, num_edges) tensor, got "
+                         f"{tuple(ei.shape) if ei is not None else type(edge_index).__name__}")
+    ei = ei.to("cpu", torch.int64)
+    if edge_type is None:
+        et = torch.zeros(ei.size(1), dtype=torch.int64)
+    else:
+        et = edge_type.as_subclass(torch.Tensor).to("cpu", torch.int64).reshape(-1)
+        if et.numel() != ei.size(1):
+            raise ValueError(f"edge_type has {et.numel()} entries for {ei.size(1)} edges")
+    if et.numel() and (int(et.min()) < 0 or int(et.max()) >= num_relations):
+        low, high = int(et.min()), int(et.max())
+        what = f"a negative value ({low})" if low < 0 else f"values up to {high}"
+        raise ValueError(f"edge_type has {what}, but num_relations is {num_relations} (edge types 0 .. "
+                         f"{num_relations - 1})")
+    order = torch.sort(et, stable=True).indices  # by relation, each relation's edges in the caller's order
+    counts = torch.bincount(et, minlength=num_relations).tolist()
+    src, dst = ei[0][order].split(counts), ei[1][order].split(counts)
+    n = HOMOGENEOUS_NTYPE
+    edges = {(n, r, n): (s, d) for r, s, d in zip(relation_names(num_relations), src, dst)}
+    return HeteroGraph({n: num_nodes}, edges, name=name)

@@ -217,10 +217,18 @@ def _rewidth(a: GraphArrays, bits: int) -> GraphArrays:
     """``a`` with ``bits``-bit indices: the same values, a cast instead of a rebuild (the layout
     pass offers 32 bits only when every index fits)."""
     idx = torch.int32 if bits == 32 else torch.int64
-    return dataclasses.replace(
-        a, index_bits=bits,
-        **{k: v.to(idx).contiguous() for k, v in a.index_tensors().items() if not v.dtype.is_floating_point},
-    )
+    cast = {k: v.to(idx).contiguous() for k, v in a.index_tensors().items() if not v.dtype.is_floating_point}
+    lazy = a.__dict__.get("_src_pairs")
+    if lazy is None:
+        return dataclasses.replace(a, index_bits=bits, **cast)
+    # a batch's (source, relation) pairs not built yet: replace() would read them, building them in a's width
+    # for the copy (a 64-bit program then read 32-bit indices: a crash); the copy builds its own when first read
+    fields = {f.name: a.__dict__[f.name] for f in dataclasses.fields(a) if f.name in a.__dict__}
+    out = GraphArrays(**{**fields, **cast, "index_bits": bits, **dict.fromkeys(SRC_PAIR_FIELDS)})
+    for field in SRC_PAIR_FIELDS:
+        del out.__dict__[field]
+    out.__dict__["_src_pairs"] = lambda: {k: v.to(idx).contiguous() for k, v in lazy().items()}
+    return out
 
 
 def _build(g: HeteroGraph, layout: str, bits: int) -> GraphArrays:

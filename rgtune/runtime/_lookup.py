@@ -7,7 +7,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 import warnings
@@ -92,29 +91,21 @@ def tune_command(model: str, dataset: str, in_dim: int, out_dim: int, heads: int
     """The command that records a schedule for this workload (``options``: the model's, canonical text;
     ``batches``: the sampler's, ``""`` for the whole graph).
 
-    ``tune`` has one ``--hidden`` for both sizes; for ``in_dim != out_dim`` it is the Python call.
-
     Example:
         >>> print(tune_command("hgt", "aifb", 64, 64, 2, "cpu", None, mode="training"))
         tune --model hgt --dataset aifb --hidden 64 --heads 2 --backend cpu --mode training
+        >>> print(tune_command("rgcn", "aifb", 16, 4, 1, "cpu", "r.db", options="num_bases=30"))
+        tune --model rgcn --dataset aifb --in-dim 16 --out-dim 4 --model-opt num_bases=30 --backend cpu --db r.db
     """
-    if in_dim == out_dim:
-        parts = ["tune", "--model", model, "--dataset", dataset, "--hidden", str(in_dim)]
-        for name, value in parse_key(options).items():
-            parts += ["--model-opt", f"{name}={value}"]
-        if heads != 1:
-            parts += ["--heads", str(heads)]
-        parts += ["--backend", backend] + (["--mode", mode] if mode != "inference" else [])
-        parts += (["--batches", batches] if batches else []) + (["--db", db] if db else [])
-        return shlex.join(parts)
-    q = json.dumps  # double-quoted Python string literals: the shell quoting stays readable
-    code = ("from rgtune.db import TrialDatabase; from rgtune.tuner.workload import Workload; "
-            "from rgtune.tuner.study import TuneOptions, Tuner; "
-            f"print(Tuner(Workload({q(model)}, {q(dataset)}, {in_dim}, {out_dim}, {heads}, {q(backend)}"
-            f"{', mode=' + q(mode) if mode != 'inference' else ''}{', options=' + q(options) if options else ''}"
-            f"{', batches=' + q(batches) if batches else ''}), "
-            f"TrialDatabase({q(db or 'results.db')}), TuneOptions(trials=50)).run())")
-    return shlex.join(["python", "-c", code])
+    sizes = ["--hidden", str(in_dim)] if in_dim == out_dim else ["--in-dim", str(in_dim), "--out-dim", str(out_dim)]
+    parts = ["tune", "--model", model, "--dataset", dataset, *sizes]
+    for name, value in parse_key(options).items():
+        parts += ["--model-opt", f"{name}={value}"]
+    if heads != 1:
+        parts += ["--heads", str(heads)]
+    parts += ["--backend", backend] + (["--mode", mode] if mode != "inference" else [])
+    parts += (["--batches", batches] if batches else []) + (["--db", db] if db else [])
+    return shlex.join(parts)
 
 
 # ---------------------------------------------------------------------- the database
@@ -192,9 +183,12 @@ def find_best(db: "TrialDatabase", model: str, graph: HeteroGraph, in_dim: int, 
 
 
 def warn(message: str) -> None:
-    """A :class:`TunedScheduleWarning` attributed to the first caller outside this package."""
-    here = str(Path(__file__).resolve().parent)
+    """A :class:`TunedScheduleWarning` attributed to the first caller outside rgtune and torch (the user's line,
+    also when a module of :mod:`rgtune.nn` looked the schedule up in its first call)."""
+    import torch
+
+    inside = (str(Path(__file__).resolve().parents[1]), str(Path(torch.__file__).resolve().parent))
     level, frame = 2, sys._getframe(1)  # stacklevel 2 is the frame that called warn()
-    while frame is not None and str(Path(frame.f_code.co_filename).resolve()).startswith(here):
+    while frame is not None and str(Path(frame.f_code.co_filename).resolve()).startswith(inside):
         level, frame = level + 1, frame.f_back  # type: ignore[assignment]
     warnings.warn(message, TunedScheduleWarning, stacklevel=level)

@@ -1,0 +1,162 @@
+"""PyG's conv modules on rgtune's generated kernels: change ``from torch_geometric.nn import RGCNConv`` to
+``from rgtune.nn.pyg import RGCNConv`` and the script runs as it did, faster.
+
+:class:`RGCNConv` takes PyG's constructor arguments and call (``conv(x, edge_index, edge_type)``), holds
+PyG's parameters under PyG's names and shapes (``weight``, ``comp`` with ``num_bases``, ``root``, ``bias``;
+initialized as PyG does), so ``conv.load_state_dict(pyg_conv.state_dict())`` works in both directions
+and gives PyG's outputs. The relations are the caller's integers: relation ``r`` of the graph the kernels
+run on is ``edge_type == r`` (:func:`~rgtune.data.interop.from_pyg_homogeneous`), never re-sorted.
+
+Which schedule runs is looked up in the trial database on the first call, as
+:func:`~rgtune.runtime.load_tuned` does (the graph by content, the sizes, this device): a graph nobody
+tuned runs the default schedule, with one :class:`~rgtune.runtime._lookup.TunedScheduleWarning`. The
+graph of an ``(edge_index, edge_type)`` pair is built once and kept while the same tensors come back
+(full-graph training passes the same ones every epoch); another pair (a sampled subgraph) gets its own.
+
+Example:
+    >>> import torch, warnings
+    >>> conv = RGCNConv(8, 16, num_relations=3, db=None)
+    >>> sorted(conv.state_dict()), tuple(conv.weight.shape)
+    (['bias', 'root', 'weight'], (3, 8, 16))
+    >>> x, edge_index = torch.randn(10, 8), torch.randint(0, 10, (2, 40))
+    >>> edge_type = torch.randint(0, 3, (40,))
+    >>> with warnings.catch_warnings():
+    ...     warnings.simplefilter("ignore")   # no database: the default schedule, said once
+    ...     out = conv(x, edge_index, edge_type)
+    >>> out.shape
+    torch.Size([10, 16])
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rgtune.data.graph import HeteroGraph
+from rgtune.data.interop import from_pyg_homogeneous
+from rgtune.ir.registry import model_spec
+from rgtune.runtime.load import load_tuned
+from rgtune.runtime.module import Layer, init_param
+
+__all__ = ["RGCNConv"]
+
+#: graphs (one per ``(edge_index, edge_type)`` pair) a module keeps built
+_GRAPHS_KEPT = 4
+
+
+class RGCNConv(torch.nn.Module):
+    r"""PyG's ``RGCNConv``: :math:`x'_i = x_i \Theta_{root} + b + \sum_r \frac{1}{|N_r(i)|}
+    \sum_{j \in N_r(i)} x_j \Theta_r`, with ``num_bases`` (:math:`\Theta_r = \sum_b a_{rb} V_b`) or
+    ``num_blocks`` (block-diagonal :math:`\Theta_r`), on generated kernels (see the module docstring).
+
+    Args (PyG's):
+        in_channels, out_channels: feature sizes (``in_channels`` an int: node features, not PyG's
+            featureless ``x=None`` form, nor a bipartite tuple).
+        num_relations: edge types ``0 .. num_relations - 1``.
+        num_bases, num_blocks: the weight decompositions (at most one).
+        aggr: ``"mean"`` (PyG's default; the only aggregation rgtune's RGCN computes).
+        root_weight, bias: both ``True`` (PyG's defaults; rgtune's RGCN has both).
+        is_sorted: accepted and ignored (edges are grouped by relation when the graph is built).
+
+    Keyword-only (rgtune's):
+        backend: ``"auto"`` (the kernels of the device the input is on: ``cuda`` or ``cpu``) or a name.
+        db: the trial database the schedule is looked up in (None: the default schedule).
+        mode: the schedule looked up: ``"training"`` (a training step's, default) or ``"inference"``.
+    """
+
+    model = "rgcn"
+
+    def __init__(self, in_channels: int, out_channels: int, num_relations: int, num_bases: int | None = None,
+                 num_blocks: int | None = None, aggr: str = "mean", root_weight: bool = True, is_sorted: bool = False,
+                 bias: bool = True, *, backend: str = "auto", db: Any = "results.db", mode: str = "training") -> None:
+        super().__init__()
+        name = type(self).__name__
+        if not isinstance(in_channels, int) or isinstance(in_channels, bool):
+            raise ValueError(f"{name}: in_channels={in_channels!r}: rgtune's RGCNConv takes node features of one size "
+                             "(an int); PyG's featureless (x=None) and bipartite (a tuple) forms are not supported")
+        if aggr != "mean":
+            raise ValueError(f"{name}: aggr={aggr!r} is not supported; rgtune's RGCN takes the mean over each "
+                             "relation's in-neighbours, PyG's default aggr='mean'")
+        for flag, value in (("root_weight", root_weight), ("bias", bias)):
+            if not value:
+                raise ValueError(f"{name}: {flag}=False is not supported; rgtune's RGCN has the root weight and the "
+                                 f"bias (PyG's defaults, {flag}=True)")
+        if isinstance(num_relations, bool) or not isinstance(num_relations, int) or num_relations < 1:
+            raise ValueError(f"{name}: num_relations must be a positive int, got {num_relations!r}")
+        self.in_channels, self.out_channels, self.num_relations = in_channels, out_channels, num_relations
+        self.num_bases, self.num_blocks = num_bases, num_blocks
+        self.options = {k: v for k, v in (("num_bases", num_bases), ("num_blocks", num_blocks)) if v is not None}
+        spec = model_spec(self.model)
+        try:
+            self._program = spec.build(in_channels, out_channels, 1, spec.resolve(self.options))
+        except ValueError as e:  # a bad decomposition for these sizes, said by the model's builder
+            raise ValueError(f"{name}: {e}") from None
+        self.backend, self.db, self.mode = backend, db, mode
+        for pname, p in self._program.state_params().items():
+            count = num_relations if p.by == "rel" else None
+            self.register_parameter(pname, init_param(p, count, dtype=torch.float32, device=None))
+        self._layer: Layer | None = None
+        self._graphs: OrderedDict[tuple[Any, ...], tuple[Tensor, Tensor | None, HeteroGraph]] = OrderedDict()
+
+    def reset_parameters(self) -> None:
+        """Fresh parameters, initialized as PyG initializes them (glorot weights, zero bias)."""
+        for pname, p in self._program.state_params().items():
+            mine = getattr(self, pname)
+            count = self.num_relations if p.by == "rel" else None
+            with torch.no_grad():
+                mine.copy_(init_param(p, count, dtype=mine.dtype, device=mine.device))
+
+    def forward(self, x: Tensor | None, edge_index: Tensor, edge_type: Tensor | None = None) -> Tensor:
+        """``x``: ``(num_nodes, in_channels)``; ``edge_index``: ``(2, num_edges)``; ``edge_type``: ``(num_edges,)``
+        in ``0 .. num_relations - 1`` (may be left out with one relation). Returns ``(num_nodes, out_channels)``."""
+        name = type(self).__name__
+        if x is None or not isinstance(x, Tensor):
+            raise ValueError(f"{name}: x must be a (num_nodes, {self.in_channels}) tensor of node features, got "
+                             f"{type(x).__name__} (PyG's featureless form, x=None, is not supported: give the nodes "
+                             "features, e.g. a torch.nn.Embedding's weight)")
+        if not isinstance(edge_index, Tensor):
+            raise ValueError(f"{name}: edge_index must be a (2, num_edges) tensor, got {type(edge_index).__name__} "
+                             "(a SparseTensor adjacency is not supported)")
+        if edge_type is None and self.num_relations > 1:
+            raise ValueError(f"{name}: edge_type is needed with num_relations={self.num_relations}")
+        graph = self._graph(edge_index, edge_type, x.size(0))
+        layer = self._layer_for(graph, x.device)
+        for pname in layer._param_names:  # the layer computes with this module's parameters
+            layer._parameters[pname] = getattr(self, pname)
+        return layer(x, graph=None if graph is layer.graph else graph)
+
+    def _graph(self, edge_index: Tensor, edge_type: Tensor | None, num_nodes: int) -> HeteroGraph:
+        """The graph of these tensors, built once while they come back unchanged (same objects, versions)."""
+        key = (id(edge_index), edge_index._version, id(edge_type), None if edge_type is None else edge_type._version,
+               num_nodes)
+        kept = self._graphs.pop(key, None)
+        if kept is None or kept[0] is not edge_index or kept[1] is not edge_type:
+            kept = (edge_index, edge_type,
+                    from_pyg_homogeneous(edge_index, edge_type, num_nodes, self.num_relations, name="pyg"))
+        self._graphs[key] = kept
+        while len(self._graphs) > _GRAPHS_KEPT:
+            self._graphs.popitem(last=False)
+        return kept[2]
+
+    def _layer_for(self, graph: HeteroGraph, device: torch.device) -> Layer:
+        """The compiled layer (its schedule looked up once, for the first graph), on ``device``'s backend."""
+        backend = self.backend if self.backend != "auto" else ("cuda" if device.type == "cuda" else "cpu")
+        layer = self._layer
+        if layer is None or layer.backend != backend:
+            layer = load_tuned(self.model, graph, self.in_channels, self.out_channels, 1, db=self.db, backend=backend,
+                               options=self.options, mode=self.mode)
+            self.__dict__["_layer"] = layer  # not a submodule: the state dict is this module's parameters, PyG's
+        return layer
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the compiled layer and the graphs are rebuilt on the copy's first call (a compile-cache hit)
+        state = dict(self.__dict__)
+        state["_layer"], state["_graphs"] = None, OrderedDict()
+        return state
+
+    def extra_repr(self) -> str:
+        opts = "".join(f", {k}={v}" for k, v in self.options.items())
+        return f"{self.in_channels}, {self.out_channels}, num_relations={self.num_relations}{opts}"

@@ -1,0 +1,153 @@
+"""``rgtune.nn.pyg``: PyG's conv modules by an import line. Their state dicts load both ways and give PyG's
+outputs and gradients (PyG is the oracle: it is installed in CI, never skipped), the relations are the
+caller's integers, and what PyG's modules take that rgtune does not is an error naming it."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from rgtune.bench.baselines import _pyg
+from rgtune.nn.pyg import RGCNConv
+from rgtune.runtime._lookup import TunedScheduleWarning
+
+N, E, R = 60, 400, 5
+
+
+def _inputs(seed: int = 0, relations: int = R) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    edge_index = torch.randint(0, N, (2, E), generator=gen)
+    edge_type = torch.randint(0, relations, (E,), generator=gen)
+    return torch.randn(N, 8, generator=gen), edge_index, edge_type
+
+
+def _conv(*args, **kwargs) -> RGCNConv:
+    return RGCNConv(*args, db=None, **kwargs)
+
+
+def _quiet(conv, *args):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TunedScheduleWarning)  # no database: the default schedule
+        return conv(*args)
+
+
+@pytest.mark.parametrize("options", [{}, {"num_bases": 3}, {"num_blocks": 4}], ids=["plain", "bases", "blocks"])
+def test_rgcnconv_equals_pyg_both_ways(options):
+    theirs_cls = _pyg().nn.RGCNConv
+    torch.manual_seed(0)
+    theirs = theirs_cls(8, 16, R, **options)
+    ours = _conv(8, 16, R, **options)
+    assert sorted(ours.state_dict()) == sorted(theirs.state_dict())  # PyG's names ...
+    assert {k: v.shape for k, v in ours.state_dict().items()} == {k: v.shape for k, v in theirs.state_dict().items()}
+    ours.load_state_dict(theirs.state_dict())  # ... and shapes: PyG -> rgtune
+    x, edge_index, edge_type = _inputs()
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    want, got = theirs(xa, edge_index, edge_type), _quiet(ours, xb, edge_index, edge_type)
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-5)
+    g = torch.randn_like(want)
+    want.backward(g)
+    got.backward(g)
+    assert torch.allclose(xb.grad, xa.grad, rtol=1e-4, atol=1e-5)
+    for name, p in ours.named_parameters():
+        assert torch.allclose(p.grad, dict(theirs.named_parameters())[name].grad, rtol=1e-4, atol=1e-5), name
+    # rgtune -> PyG: a fresh PyG module with our (changed) weights gives our outputs
+    with torch.no_grad():
+        ours.root.mul_(2.0)
+    back = theirs_cls(8, 16, R, **options)
+    back.load_state_dict(ours.state_dict())
+    assert torch.allclose(_quiet(ours, x, edge_index, edge_type), back(x, edge_index, edge_type), rtol=1e-4, atol=1e-5)
+
+
+def test_relations_are_the_callers_integers_even_when_some_have_no_edges():
+    theirs = _pyg().nn.RGCNConv(8, 16, 12)
+    ours = _conv(8, 16, 12)  # 12 relations: names 00 .. 11, never sorted as 0, 1, 10, 11, 2 ...
+    ours.load_state_dict(theirs.state_dict())
+    x, edge_index, _ = _inputs()
+    edge_type = torch.tensor([11, 10, 2, 0])[torch.arange(E) % 4]  # relations 1, 3-9 have no edges
+    assert torch.allclose(_quiet(ours, x, edge_index, edge_type), theirs(x, edge_index, edge_type), rtol=1e-4,
+                          atol=1e-5)
+
+
+def test_a_new_edge_set_gets_its_graph_and_the_same_one_is_built_once():
+    ours = _conv(8, 16, R)
+    x, edge_index, edge_type = _inputs()
+    _quiet(ours, x, edge_index, edge_type)
+    graph = ours._graph(edge_index, edge_type, N)
+    _quiet(ours, x, edge_index, edge_type)
+    assert ours._graph(edge_index, edge_type, N) is graph  # the same tensors: no rebuild
+    sub = edge_index[:, ::2], edge_type[::2]
+    theirs = _pyg().nn.RGCNConv(8, 16, R)
+    theirs.load_state_dict(ours.state_dict())
+    assert torch.allclose(_quiet(ours, x, *sub), theirs(x, *sub), rtol=1e-4, atol=1e-5)
+    edge_type[0] = (edge_type[0] + 1) % R  # changed in place: a new graph
+    assert ours._graph(edge_index, edge_type, N) is not graph
+
+
+def test_the_schedule_is_looked_up_once_with_one_warning(tmp_path):
+    conv = RGCNConv(8, 16, R, db=str(tmp_path / "missing.db"))
+    x, edge_index, edge_type = _inputs()
+    with pytest.warns(TunedScheduleWarning, match="no tuned training schedule for rgcn") as caught:
+        conv(x, edge_index, edge_type)
+        conv(x, edge_index, edge_type)
+    assert len(caught) == 1 and conv._layer.provenance["source"] == "default"
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda: _conv(8, 16, R, aggr="add"), "aggr='add' is not supported"),
+    (lambda: _conv(8, 16, R, root_weight=False), "root_weight=False is not supported"),
+    (lambda: _conv((8, 4), 16, R), "bipartite"),
+    (lambda: _conv(8, 16, R, num_bases=2, num_blocks=2), "exclude each other"),
+])
+def test_what_rgtune_does_not_compute_is_refused_when_made(make, says):
+    with pytest.raises(ValueError, match=says):
+        make()
+
+
+def test_bad_calls_name_what_is_wrong():
+    conv = _conv(8, 16, R)
+    x, edge_index, edge_type = _inputs()
+    with pytest.raises(ValueError, match="featureless form, x=None"):
+        conv(None, edge_index, edge_type)
+    with pytest.raises(ValueError, match="edge_type has values up to 5, but num_relations is 5"):
+        _quiet(conv, x, edge_index, edge_type + 1)
+    with pytest.raises(ValueError, match="edge_type is needed"):
+        conv(x, edge_index)
+
+
+def test_a_copy_and_a_pickle_keep_the_weights_and_rebuild_the_kernels(tmp_path):
+    import copy
+
+    conv = _conv(8, 16, R)
+    x, edge_index, edge_type = _inputs()
+    want = _quiet(conv, x, edge_index, edge_type)
+    for other in (copy.deepcopy(conv), _saved_and_loaded(conv, tmp_path)):
+        assert other._layer is None and torch.equal(other.weight, conv.weight)
+        assert torch.allclose(_quiet(other, x, edge_index, edge_type), want)
+
+
+def _saved_and_loaded(module, tmp_path):
+    torch.save(module, tmp_path / "conv.pt")
+    return torch.load(tmp_path / "conv.pt", weights_only=False)
+
+
+@pytest.mark.slow
+def test_pygs_aifb_script_trains_the_same_with_rgtunes_import(tmp_path):
+    """docs/examples/pyg_rgcn_aifb.py, PyG's entity classification with the import line as the only change:
+    the same losses from the same initial weights (experiments/dropin_pyg.py times it)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "docs" / "examples" / "pyg_rgcn_aifb.py"
+    losses = {}
+    for impl in ("pyg", "rgtune"):
+        out = tmp_path / f"{impl}.json"
+        subprocess.run([sys.executable, str(script), "--impl", impl, "--epochs", "4", "--init", str(tmp_path / "init.pt"),
+                        "--json", str(out)], check=True, capture_output=True, cwd=tmp_path, timeout=300)
+        losses[impl] = json.loads(out.read_text())["losses"]
+    assert len(losses["pyg"]) == 4
+    for a, b in zip(losses["pyg"], losses["rgtune"]):
+        assert abs(a - b) <= 1e-4 * abs(a), losses
