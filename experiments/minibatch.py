@@ -44,7 +44,7 @@ def main() -> int:
     ap.add_argument("--dataset", default="aifb")
     ap.add_argument("--models", default="rgcn,hgt")
     ap.add_argument("--impls", default="rgtune,pyg,dgl",
-                    help="rgtune (the default schedule, --config, or --db's best whole-graph schedule), pyg, dgl, "
+                    help="rgtune (--config, else --db's best whole-graph schedule, else the default one), pyg, dgl, "
                          "rgtune-sampler (--db's schedule tuned for this sampler: tune --batches)")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
@@ -186,7 +186,7 @@ def _network(impl: str, model: str, g: Any, args: Any, num_classes: int) -> Any:
 
     torch.manual_seed(0)
     heads = 1 if model == "rgcn" else args.heads
-    if args.db and impl in ("rgtune", "rgtune-sampler"):
+    if args.db and (impl == "rgtune-sampler" or (impl == "rgtune" and not args.config)):
         from rgtune.runtime import load_tuned
 
         batches = _sampler(args).key if impl == "rgtune-sampler" else None

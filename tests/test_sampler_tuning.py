@@ -60,6 +60,9 @@ def test_the_seeds_are_the_tasks_training_nodes_where_the_graph_has_a_task():
                                  mb.seeds[g.task.category].numel() == 16 for mb in mbs)
     assert [mb.seeds[g.task.category].tolist() for mb in mbs] == \
         [mb.seeds[g.task.category].tolist() for mb in spec.sample(g)]  # the same batches every time
+    whole = SamplerSpec.parse("neighbor:fanout=4,batch_size=512,batches=3").sample(g)  # an epoch is one batch
+    assert len(whole) == 3 and all(mb.seeds[g.task.category].numel() == g.task.train_idx.numel() for mb in whole)
+    assert not torch.equal(whole[0].blocks[0].src, whole[1].blocks[0].src)  # other epochs: other draws
     with pytest.raises(ValueError, match="no node type 'paper'"):
         SamplerSpec.parse("neighbor:fanout=4,batch_size=16,seed_type=paper").seed_type(g)
 

@@ -39,7 +39,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                "--trials counts measured trials: candidates the cost model prunes are recorded but cost none; with "
                "the rank policy, the candidates of a pool that are not picked are not trials at all.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_workload_args(p)
+    add_workload_args(p, dataset_required=False)
+    p.add_argument("--graph", default=None, metavar="FILE",
+                   help="tune on your own graph instead of a dataset: a file written by rgtune.data.save_graph_file "
+                        "(convert a PyG HeteroData or a DGL graph with rgtune.data.from_pyg / from_dgl first); "
+                        "load_tuned finds the schedules of that graph by its content")
     add_mode_arg(p, "what is tuned")
     p.add_argument("--trials", type=positive_int, default=None,
                    help="trials to run now (default 50 unless --time-budget is given)")
@@ -154,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
 
     options = _tune_options(args)  # a bad value fails before anything is loaded or written
     backend = resolve_backend(args.backend)
-    graph = load_graph(args)  # fail fast on a bad dataset, before the database is touched
+    graph = _graph(args)  # fail fast on a bad dataset, before the database is touched
     batches = _sampler(args, graph)
     db = open_db(args.db)
     in_dim, out_dim = layer_sizes(args)
@@ -185,6 +189,20 @@ def summary_json(s: Any) -> dict[str, Any]:
     """The summary as ``tune --json`` prints it: every field of :class:`~rgtune.tuner.study.TuneSummary` (the
     confirmation and the whole-graph comparison as objects), and the speedup over the default schedule."""
     return {**dataclasses.asdict(s), "speedup": s.speedup}
+
+
+def _graph(args: argparse.Namespace) -> Any:
+    """The graph of ``--dataset`` or ``--graph`` (exactly one); a ``--graph`` file is stored by content, and
+    ``args.dataset`` becomes its stored name, which the measurement worker loads."""
+    if (args.dataset is None) == (args.graph is None):
+        raise CLIError("give the graph to tune with --dataset NAME or --graph FILE (one of them)")
+    if args.dataset is not None:
+        return load_graph(args)
+    from rgtune.data.stored import load_graph_file, store_graph
+
+    graph = load_graph_file(args.graph)
+    args.dataset = store_graph(graph)
+    return graph
 
 
 def _sampler(args: argparse.Namespace, graph: Any) -> Any:

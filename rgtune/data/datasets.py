@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from rgtune.data.stored import is_stored_name, load_stored
 from rgtune.data.errors import DatasetError, UnknownDatasetError
 from rgtune.data.graph import HeteroGraph
 
@@ -104,7 +105,8 @@ def load_dataset(
     """Load a dataset by name as a :class:`HeteroGraph` (with its :class:`NodeTask` when it has one).
 
     Args:
-        name: a name of :func:`list_datasets` (case-insensitive), or ``synthetic:<spec>``.
+        name: a name of :func:`list_datasets` (case-insensitive), ``synthetic:<spec>``, or ``graph:<content hash>``
+            (a graph stored by :func:`rgtune.data.stored.store_graph`: ``rgtune.tune(model, graph)``, ``tune --graph``).
         root: the data root (default ``$RGTUNE_DATA_DIR``, else the per-user cache).
         construction: RDF datasets only: ``"typed"`` (DGL's heterograph) or ``"untyped"``
             (PyG's ``Entities`` graph).
@@ -118,6 +120,8 @@ def load_dataset(
         DatasetNotFoundError: files are missing and could not be downloaded.
         CorruptDatasetError: a raw file is damaged (names the file and line).
     """
+    if is_stored_name(name):  # a user's own graph, stored by content for the tuner's worker
+        return load_stored(name)
     key = _canonical(name)
     kind = DATASETS[key].kind
     if kind != "rdf" and construction != "typed":

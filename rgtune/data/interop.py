@@ -35,7 +35,8 @@ if TYPE_CHECKING:  # only for annotations; both are optional dependencies
     import dgl
     from torch_geometric.data import HeteroData
 
-__all__ = ["from_dgl", "from_pyg", "from_pyg_homogeneous", "relation_names", "to_dgl", "to_pyg", "to_pyg_homogeneous"]
+__all__ = ["as_hetero_graph", "from_dgl", "from_pyg", "from_pyg_homogeneous", "relation_names", "to_dgl", "to_pyg",
+           "to_pyg_homogeneous"]
 
 _DGL_FEATURE, _PYG_FEATURE = "feat", "x"
 
@@ -246,3 +247,26 @@ def from_pyg_homogeneous(edge_index: torch.Tensor, edge_type: torch.Tensor | Non
     n = HOMOGENEOUS_NTYPE
     edges = {(n, r, n): (s, d) for r, s, d in zip(relation_names(num_relations), src, dst)}
     return HeteroGraph({n: num_nodes}, edges, name=name)
+
+
+def as_hetero_graph(graph: Any, name: str = "graph") -> HeteroGraph:
+    """``graph`` as a :class:`HeteroGraph`: itself, or a PyG ``HeteroData`` (:func:`from_pyg`) or a DGL graph
+    (:func:`from_dgl`) converted, named ``name``.
+
+    Example:
+        >>> g = HeteroGraph({"a": 2}, {("a", "r", "a"): (torch.tensor([0]), torch.tensor([1]))})
+        >>> as_hetero_graph(g) is g
+        True
+        >>> as_hetero_graph("aifb")
+        Traceback (most recent call last):
+        ...
+        TypeError: expected a rgtune HeteroGraph, a PyG HeteroData or a DGL graph, got str
+    """
+    if isinstance(graph, HeteroGraph):
+        return graph
+    module = type(graph).__module__.split(".")[0]
+    if module == "torch_geometric" and type(graph).__name__ == "HeteroData":
+        return from_pyg(graph, name=name)
+    if module == "dgl":
+        return from_dgl(graph, name=name)
+    raise TypeError(f"expected a rgtune HeteroGraph, a PyG HeteroData or a DGL graph, got {type(graph).__name__}")

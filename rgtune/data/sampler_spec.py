@@ -6,9 +6,9 @@
 takes every in-neighbour) and 1024 seeds per batch. The seeds are the training nodes of the graph's
 task where it has one (AIFB's ``Personen``), else every node of ``seed_type`` (default: the node type
 with the most in-edges: ogbn-mag's ``paper``). Two more fields say how a tuner *measures* it, not what it
-is, so they are not part of its :attr:`~SamplerSpec.key`: ``batches`` (how many batches of the first
-epoch every trial times, default 4) and ``seed`` (the epoch's shuffle and draws, default 0): every trial of
-a study times the same batches.
+is, so they are not part of its :attr:`~SamplerSpec.key`: ``batches`` (how many batches every trial times,
+default 4: the loader's first ones, over more than one epoch where an epoch has fewer) and ``seed`` (the
+shuffle and draws, default 0): every trial of a study times the same batches, and its time is per batch.
 
 Example:
     >>> spec = SamplerSpec.parse("neighbor: batch_size=16, fanout=10x5, batches=2")
@@ -137,6 +137,13 @@ class SamplerSpec:
         return NeighborLoader(graph, list(self.fanouts), self.seeds(graph), batch_size=self.batch_size, seed=self.seed)
 
     def sample(self, graph: HeteroGraph) -> list[MiniBatch]:
-        """The first ``batches`` batches of the loader's first epoch (fewer when the epoch is shorter): the
-        same ones for the same spec and graph, whatever the process."""
-        return list(itertools.islice(iter(self.loader(graph)), self.batches))
+        """The loader's first ``batches`` batches, from its first epoch and, where that epoch is shorter (AIFB's
+        140 training nodes are one batch of 512), the next ones: the same batches for the same spec and graph,
+        whatever the process."""
+        loader, drawn = self.loader(graph), []
+        while len(drawn) < self.batches:
+            before = len(drawn)
+            drawn += itertools.islice(iter(loader), self.batches - len(drawn))
+            if len(drawn) == before:  # no seed nodes: no batch at all
+                break
+        return drawn

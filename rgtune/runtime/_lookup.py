@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from rgtune.codegen.base import AUTO_ORDER, Backend, BackendError, available_backends, create
-from rgtune.data import HeteroGraph, load_dataset
+from rgtune.data import HeteroGraph, as_hetero_graph, load_dataset
 from rgtune.data.datasets import dataset_info
 from rgtune.data.errors import UnknownDatasetError
 from rgtune.db.records import DeviceInfo
@@ -52,13 +52,16 @@ def resolve_backend(name: str | Backend) -> Backend:
     return backend
 
 
-def resolve_graph(graph: HeteroGraph | str, data_dir: str | Path | None = None) -> HeteroGraph:
-    """A :class:`HeteroGraph`, or a dataset name (``"aifb"``, ``"synthetic:..."``) loaded with ``data_dir``."""
-    if isinstance(graph, HeteroGraph):
-        return graph
+def resolve_graph(graph: Any, data_dir: str | Path | None = None) -> HeteroGraph:
+    """A :class:`HeteroGraph` (a PyG ``HeteroData`` or a DGL graph converted), or a dataset name (``"aifb"``,
+    ``"synthetic:..."``) loaded with ``data_dir``."""
     if isinstance(graph, str):
         return load_dataset(graph, root=data_dir)
-    raise TypeError(f"graph must be a rgtune HeteroGraph or a dataset name, got {type(graph).__name__}")
+    try:
+        return as_hetero_graph(graph)
+    except TypeError:
+        raise TypeError(f"graph must be a rgtune HeteroGraph, a PyG HeteroData, a DGL graph or a dataset name, got "
+                        f"{type(graph).__name__}") from None
 
 
 def fingerprint(backend: Backend) -> str:
@@ -84,6 +87,22 @@ def is_dataset_name(name: str) -> bool:
     except UnknownDatasetError:
         return False
     return True
+
+
+def tune_call(model: str, in_dim: int, out_dim: int, heads: int, backend: str, db: str | None,
+              mode: str = "inference", options: str = "", batches: str = "") -> str:
+    """The Python call that tunes a graph that is not a dataset (``graph``: the caller's own object).
+
+    Example:
+        >>> print(tune_call("rgcn", 16, 4, 1, "cpu", "r.db", "training", "num_bases=30"))
+        rgtune.tune('rgcn', graph, in_dim=16, out_dim=4, backend='cpu', mode='training', options='num_bases=30', db='r.db')
+    """
+    args = [repr(model), "graph"]
+    args += [f"hidden={in_dim}"] if in_dim == out_dim else [f"in_dim={in_dim}", f"out_dim={out_dim}"]
+    args += [f"heads={heads}"] * (heads != 1) + [f"backend={backend!r}"] + [f"mode={mode!r}"] * (mode != "inference")
+    args += [f"options={options!r}"] * bool(options) + [f"batches={batches!r}"] * bool(batches)
+    args += [f"db={db!r}"] * bool(db)
+    return f"rgtune.tune({', '.join(args)})"
 
 
 def tune_command(model: str, dataset: str, in_dim: int, out_dim: int, heads: int, backend: str,

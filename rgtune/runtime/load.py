@@ -26,7 +26,7 @@ from rgtune.data.sampler_spec import SamplerSpec
 from rgtune.ir.passes import KnobError
 from rgtune.ir.program import IRError
 from rgtune.runtime._lookup import (Found, check_model, find_best, is_dataset_name, open_db, resolve_backend, resolve_graph,
-                                    shown_db, tune_command, warn)
+                                    shown_db, tune_call, tune_command, warn)
 from rgtune.ir.registry import parse_key
 from rgtune.runtime.module import Layer
 from rgtune.search_spaces import MODES
@@ -65,7 +65,9 @@ def load_tuned(
             :func:`rgtune.register_model`) or ``"package.module:builder"``.
         options: the model's options (``{"num_bases": 30}``); a bad name or value is a ``ValueError``
             listing the valid ones.
-        graph: a :class:`HeteroGraph`, or a dataset name (loaded from ``data_dir``).
+        graph: a :class:`HeteroGraph` (or a PyG ``HeteroData``, a DGL graph: converted), or a dataset name
+            (loaded from ``data_dir``). A graph that is not a dataset is found by its content, as
+            ``rgtune.tune(model, graph)`` recorded it.
         in_dim, out_dim, heads: the layer's sizes (the workload's).
         db: a SQLAlchemy URL, a ``.db`` path, an open :class:`TrialDatabase`, or None (no
             lookup). A missing SQLite file is not created.
@@ -146,9 +148,11 @@ def select_schedule(model: str, graph: HeteroGraph | str, in_dim: int, out_dim: 
     be = resolve_backend(backend)
     database = open_db(db)
     db_text = shown_db(db)
-    command = tune_command(model, g.name, in_dim, out_dim, heads, be.name, db_text, mode, opts, sampler)
-    hint = f"run `{command}`" + ("" if is_dataset_name(g.name) else
-                                 f" (the tuner loads graphs by dataset name; {g.name!r} is not one)")
+    if is_dataset_name(g.name):
+        hint = f"run `{tune_command(model, g.name, in_dim, out_dim, heads, be.name, db_text, mode, opts, sampler)}`"
+    else:  # the user's own graph: tuned from Python, where the graph is (or saved, with tune --graph)
+        hint = (f"run `{tune_call(model, in_dim, out_dim, heads, be.name, db_text, mode, opts, sampler)}` with this "
+                f"graph ({g.name!r} is not a dataset; or save it with rgtune.data.save_graph_file and run tune --graph)")
     kind = "" if mode == "inference" else "training "
     named = f"{model}({opts})" if opts else model
     on = f"batches of {sampler} from {g.name!r}" if sampler else repr(g.name)

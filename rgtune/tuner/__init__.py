@@ -36,13 +36,18 @@ from rgtune.tuner.workload import Workload
 __all__ = ["tune", "Tuner", "TuneOptions", "TuneSummary", "Workload", "MeasureOptions"]
 
 
-def tune(model: str, dataset: str, *, options: Mapping[str, Any] | None = None, hidden: int = 64, heads: int = 1,
+def tune(model: str, dataset: Any, *, options: Mapping[str, Any] | None = None, hidden: int = 64, heads: int = 1,
          trials: int | None = 50, db: str = DEFAULT_URL, backend: str = "auto", data_dir: str | None = None,
          seed: int | None = None, mode: str = "inference", cost_model: bool | None = None, progress: bool = True,
-         batches: str | None = None, **tune_options: Any) -> TuneSummary:
+         batches: str | None = None, in_dim: int | None = None, out_dim: int | None = None,
+         **tune_options: Any) -> TuneSummary:
     """Tune ``model`` on ``dataset`` as ``tune --model ... --dataset ...`` does, and return the summary.
 
     ``model``: a registered model (:func:`rgtune.register_model`) or ``"package.module:builder"``;
+    ``dataset``: a dataset name, or a graph (a :class:`~rgtune.data.HeteroGraph`, a PyG ``HeteroData``, a DGL
+    graph): it is stored by content for the measurement worker (:mod:`rgtune.data.stored`), and
+    :func:`~rgtune.runtime.load_tuned` finds its schedules by that content. ``in_dim``/``out_dim``: the layer's
+    sizes (default ``hidden`` both);
     ``options``: the model's options (``{"num_bases": 30}``; part of the workload's identity).
     ``backend="auto"`` is cuda where a GPU is usable, else cpu. ``mode="training"`` tunes one training step
     (forward, then the gradients of the input and every param) instead of the forward. ``batches``: a sampler
@@ -64,9 +69,16 @@ def tune(model: str, dataset: str, *, options: Mapping[str, Any] | None = None, 
 
         guide = CostModelGuide(policy=RankPolicy(seed=seed or 0), data_dir=data_dir)
     name = auto_backend() if backend == "auto" else backend
-    workload = Workload(model, dataset, hidden, hidden, heads, name, data_dir, mode, options or {}, batches=batches)
+    graph = None
+    if not isinstance(dataset, str):  # the user's own graph: stored by content for the worker to load
+        from rgtune.data import as_hetero_graph, store_graph
+
+        graph = as_hetero_graph(dataset)
+        dataset = store_graph(graph)
+    workload = Workload(model, dataset, in_dim or hidden, out_dim or hidden, heads, name, data_dir, mode, options or {},
+                        batches=batches)
     from rgtune.db import TrialDatabase
 
     with TrialDatabase(db) as database:
         return Tuner(workload, database, TuneOptions(trials=trials, seed=seed, progress=progress, guide=guide,
-                                                      **tune_options)).run()
+                                                      **tune_options), graph=graph).run()

@@ -16,8 +16,8 @@ params' gradients alone). So a trial of such a workload, in the measurement work
   per worker from the spec's seed) and over each batch's blocks of: binding a fresh copy of the block
   (:meth:`~rgtune.data.batch.Batch.unbound`: nothing derived in an earlier run is kept, as a new batch
   has nothing) and a forward (inference) or a training step (training) on it. The trial's time is the
-  median of such runs: per-batch preparation included, sampling itself not (it does not depend on the
-  schedule).
+  median of such runs divided by the number of batches (a time per batch, whatever ``batches=`` a study
+  used): per-batch preparation included, sampling itself not (it does not depend on the schedule).
 
 Example:
     >>> from rgtune.codegen.base import create

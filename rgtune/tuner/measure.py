@@ -35,7 +35,7 @@ is timed.
 
 A sampler workload (``Workload.batches``) builds the schedule's mini-batch programs, verifies them on
 one sampled block and times their binding and run over the sampler's fixed batches (:mod:`.batches`;
-the build's facts name the batches, ``details.build["timed_on"]``).
+the build's facts name the batches, ``details.build["timed_on"]``); its times are per batch.
 
 On a GPU, steps 2 and 3 hold the device's cross-process lock (:mod:`rgtune.tuner.device_lock`):
 workers of several studies can share one GPU without timing each other's kernels; compiling and
@@ -375,6 +375,8 @@ class _Session:
         t = time.perf_counter()
         run()
         first = time.perf_counter() - t
+        if self.batches is not None:  # a run times every fixed batch: the trial's time is per batch
+            return self._per_batch(first, run, stop_after)
         if stop_after is not None and first > stop_after:
             return first, [], None, None
         o = replace(self.o, warmup=max(0, self.o.warmup - 2))  # the verification's run and the first one
@@ -391,6 +393,17 @@ class _Session:
         ratio = statistics.median(c / r for c, r in zip(times, reference_times))
         paired = PairedTiming(ratio, scale_ms, statistics.median(reference_times) * 1e3)
         return first, times, ratio * scale_ms / 1e3, paired
+
+    def _per_batch(self, first: float, run: Callable[[], None],
+                   stop_after: float | None) -> tuple[float, list[float], float | None, None]:
+        """:meth:`_time` of a sampler workload, whose run times all its fixed batches: seconds per batch (a
+        study's trials compare with each other and with another ``batches=`` count of the same sampler)."""
+        assert self.batches is not None
+        n = self.batches.num_batches
+        if stop_after is not None and first / n > stop_after:
+            return first / n, [], None, None
+        times = [t / n for t in _plain_times(run, replace(self.o, warmup=max(0, self.o.warmup - 2)))]
+        return first / n, times, statistics.median(times), None
 
 
 def _plain_times(run: Callable[[], Any], options: MeasureOptions) -> list[float]:
