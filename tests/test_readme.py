@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,23 +22,33 @@ def _blocks(section: str) -> list[tuple[str, str]]:
     return re.findall(r"```(\w+)\n(.*?)```", text[start:end if end > 0 else None], flags=re.S)
 
 
+def _run_as_file(code: str, folder: Path, name: str) -> str:
+    """Run ``code`` saved as ``folder/name`` in a fresh Python process, as a user runs an example; its stdout."""
+    path = folder / name
+    path.write_text(code)
+    done = subprocess.run([sys.executable, str(path)], cwd=folder, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, f"{name} failed:\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
 @pytest.mark.slow
-def test_the_training_example_runs_as_written(tmp_path, monkeypatch, capsys):
+def test_the_training_example_runs_as_written(tmp_path, monkeypatch):
+    """Each Python block saved as a script and run in a fresh process (no ``if __name__ == "__main__":`` guard:
+    the tuner's worker does not run the user's script again), the bash block with the CLI."""
     from rgtune.cli import main
 
     monkeypatch.chdir(tmp_path)  # results.db and the export folder land here
     blocks = _blocks("Train with a tuned layer")
     assert [lang for lang, _ in blocks] == ["python", "bash", "python"]
-    namespace: dict = {}
-    exec(compile(blocks[0][1], "README.md (training)", "exec"), namespace)
-    assert "with the schedule of trial" in capsys.readouterr().out
-    layer = namespace["layer"]
-    assert layer.provenance["trial_id"] is not None  # the tuned schedule, not the default
+    out = _run_as_file(blocks[0][1], tmp_path, "train.py")
+    trial = re.search(r"with the schedule of trial (\d+), backward generated", out)
+    assert trial is not None, out  # the tuned schedule, not the default
     command = shlex.split(blocks[1][1], comments=True)
     assert command[0] == "rgtune" and main(command[1:]) == 0
-    exec(compile(blocks[2][1], "README.md (export)", "exec"), namespace)
-    exported = namespace["layer"]
-    assert exported.config == layer.config and exported.provenance["trial_id"] == layer.provenance["trial_id"]
+    setup = blocks[0][1][:blocks[0][1].index("rgtune.tune(")]  # the imports and the graph, without tuning again
+    out = _run_as_file(setup + blocks[2][1] + "print(layer.provenance['trial_id'], layer.config)\n", tmp_path,
+                       "export.py")
+    assert out.split()[0] == trial.group(1)
 
 
 def test_the_minibatch_guide_trains_as_written():

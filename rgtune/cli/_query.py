@@ -65,6 +65,8 @@ def emit(records: list, args: argparse.Namespace) -> None:
     elif args.csv:
         write_csv(records, sys.stdout)
     else:
+        if records:
+            print(f"{'trial':<6} {'model':<5} {'dataset':<12} {'backend':<9} {'role':<10} {'status':<13} {'time':>12}")
         for r in records:
             t = f"{r.median_ms:.4g} ms" if r.median_ms is not None else "-"
             err = f"  {r.error.splitlines()[0][:80]}" if r.error else ""

@@ -82,6 +82,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import multiprocessing as mp
@@ -89,6 +90,7 @@ import os
 import random
 import signal
 import statistics
+import sys
 import threading
 import time
 import traceback
@@ -522,6 +524,29 @@ def _user() -> str:
 
 
 # ----------------------------------------------------------------------- parent side
+@contextlib.contextmanager
+def _main_script_hidden(keep: bool) -> Iterator[None]:
+    """Start a worker without running the user's script in it. Python's ``spawn`` runs the parent's main
+    module in the child (as ``__mp_main__``, so that what the child unpickles may refer to it): a script that
+    calls ``rgtune.tune()`` at its top level, without ``if __name__ == "__main__":``, would tune again in
+    there and fail. The worker needs nothing of it (its target and the workload are rgtune's), so the
+    main module's ``__file__`` and ``__spec__``, which tell ``spawn`` to run it, are hidden while the process
+    starts. ``keep``: the workload's model is defined in the main script: the worker imports it from there
+    (and the script needs the guard, as for any ``spawn``)."""
+    main = sys.modules.get("__main__")
+    if keep or main is None:
+        yield
+        return
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
+    main.__dict__.pop("__file__", None)
+    main.__spec__ = None
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
+
+
 class WorkerStartError(RuntimeError):
     """The worker could not load the workload (bad dataset, backend unavailable...)."""
 
@@ -552,7 +577,8 @@ class MeasureWorker:
         parent, child = self._ctx.Pipe()
         proc = self._ctx.Process(target=_worker_main, args=(child, self.workload, self.options, os.getpid()), daemon=True,
                                  name=f"rgtune-measure-{self.workload.model}")
-        proc.start()
+        with _main_script_hidden(keep=(self.workload.model_source or "").startswith("__main__:")):
+            proc.start()
         child.close()
         if not parent.poll(self.options.startup_timeout):
             proc.kill()
