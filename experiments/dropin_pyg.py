@@ -1,12 +1,15 @@
 """A PyG script changed by its import line, side by side (BENCHMARKS.md, "PyG scripts by an import line").
 
-Runs ``docs/examples/pyg_rgcn_aifb.py`` (AIFB entity classification, two ``RGCNConv`` layers, Adam,
-full-graph epochs) with PyG's ``RGCNConv`` and with ``rgtune.nn.pyg.RGCNConv``, each in a process of its
+Runs ``docs/examples/pyg_rgcn_aifb.py`` (``--example rgcn``: AIFB entity classification, two ``RGCNConv``
+layers, Adam, full-graph epochs) or ``docs/examples/pyg_hgt_aifb.py`` (``--example hgt``: two ``HGTConv``
+layers on AIFB's ``HeteroData``) with PyG's conv and with ``rgtune.nn.pyg``'s, each in a process of its
 own, from the same initial weights, ``--rounds`` times alternating; reports the median epoch time after
 ``--warmup`` epochs (rgtune's first epoch compiles its kernels), the peak memory, and how far apart the
 two loss curves are (largest relative difference of any epoch's loss).
 
     python experiments/dropin_pyg.py --epochs 50 --threads 2 --rounds 3 --json experiments/results/dropin_pyg.jsonl
+    python experiments/dropin_pyg.py --example hgt --epochs 10 --warmup 2 --threads 2 --rounds 2 \
+        --json experiments/results/dropin_pyg.jsonl
 """
 
 from __future__ import annotations
@@ -21,11 +24,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import append_jsonl, parser  # noqa: E402 - experiments/ is not a package
 
-SCRIPT = Path(__file__).resolve().parents[1] / "docs" / "examples" / "pyg_rgcn_aifb.py"
+EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
+SCRIPTS = {"rgcn": EXAMPLES / "pyg_rgcn_aifb.py", "hgt": EXAMPLES / "pyg_hgt_aifb.py"}
 
 
 def main() -> int:
     ap = parser(__doc__)
+    ap.add_argument("--example", choices=sorted(SCRIPTS), default="rgcn")
     ap.add_argument("--epochs", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
@@ -37,7 +42,7 @@ def main() -> int:
     for rnd in range(args.rounds):
         for impl in ("pyg", "rgtune") if rnd % 2 == 0 else ("rgtune", "pyg"):
             out = work / f"{impl}{rnd}.json"
-            cmd = [sys.executable, str(SCRIPT), "--impl", impl, "--epochs", str(args.epochs), "--threads",
+            cmd = [sys.executable, str(SCRIPTS[args.example]), "--impl", impl, "--epochs", str(args.epochs), "--threads",
                    str(args.threads), "--init", str(work / "init.pt"), "--json", str(out)]
             subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=work)
             runs[impl].append(json.loads(out.read_text()))
@@ -45,7 +50,7 @@ def main() -> int:
     peak = {impl: max(r["peak_mb"] for r in rs) for impl, rs in runs.items()}
     ref, ours = runs["pyg"][0]["losses"], runs["rgtune"][0]["losses"]
     apart = max(abs(a - b) / max(abs(a), 1e-12) for a, b in zip(ref, ours))
-    row = {"epochs": args.epochs, "threads": args.threads, "rounds": args.rounds, "epoch_ms": epoch_ms,
+    row = {"example": args.example, "epochs": args.epochs, "threads": args.threads, "rounds": args.rounds, "epoch_ms": epoch_ms,
            "peak_mb": peak, "speedup": epoch_ms["pyg"] / epoch_ms["rgtune"], "losses_max_rel_diff": apart,
            "test_acc": {impl: rs[0]["test_acc"] for impl, rs in runs.items()}}
     print(f"epoch: PyG {epoch_ms['pyg']:.1f} ms, rgtune {epoch_ms['rgtune']:.1f} ms ({row['speedup']:.1f}x); peak "

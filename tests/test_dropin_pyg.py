@@ -133,21 +133,83 @@ def _saved_and_loaded(module, tmp_path):
 
 
 @pytest.mark.slow
-def test_pygs_aifb_script_trains_the_same_with_rgtunes_import(tmp_path):
-    """docs/examples/pyg_rgcn_aifb.py, PyG's entity classification with the import line as the only change:
-    the same losses from the same initial weights (experiments/dropin_pyg.py times it)."""
+@pytest.mark.parametrize("script, epochs", [("pyg_rgcn_aifb.py", 4), ("pyg_hgt_aifb.py", 2)])
+def test_pygs_aifb_script_trains_the_same_with_rgtunes_import(tmp_path, script, epochs):
+    """docs/examples/pyg_*_aifb.py, PyG's entity classification with the import line as the only change: the
+    same losses from the same initial weights (experiments/dropin_pyg.py times them)."""
     import json
     import subprocess
     import sys
     from pathlib import Path
 
-    script = Path(__file__).resolve().parents[1] / "docs" / "examples" / "pyg_rgcn_aifb.py"
+    path = Path(__file__).resolve().parents[1] / "docs" / "examples" / script
     losses = {}
     for impl in ("pyg", "rgtune"):
         out = tmp_path / f"{impl}.json"
-        subprocess.run([sys.executable, str(script), "--impl", impl, "--epochs", "4", "--init", str(tmp_path / "init.pt"),
-                        "--json", str(out)], check=True, capture_output=True, cwd=tmp_path, timeout=300)
+        subprocess.run([sys.executable, str(path), "--impl", impl, "--epochs", str(epochs), "--init",
+                        str(tmp_path / "init.pt"), "--json", str(out)], check=True, capture_output=True, cwd=tmp_path,
+                       timeout=600)
         losses[impl] = json.loads(out.read_text())["losses"]
-    assert len(losses["pyg"]) == 4
+    assert len(losses["pyg"]) == epochs
     for a, b in zip(losses["pyg"], losses["rgtune"]):
         assert abs(a - b) <= 1e-4 * abs(a), losses
+
+
+# ------------------------------------------------------------------ HGTConv
+def _hetero(seed: int = 0):
+    from rgtune.data.synthetic import random_graph
+
+    g = random_graph((30, 40, 20), num_relations=4, num_edges=300, seed=seed)
+    gen = torch.Generator().manual_seed(seed)
+    x = {t: torch.randn(g.num_nodes(t), 8, generator=gen) for t in g.ntypes}
+    edges = {c: torch.stack(g.edges(c)) for c in g.canonical_etypes}
+    return g, x, edges
+
+
+@pytest.mark.parametrize("order", ["as built", "reversed"])
+def test_hgtconv_equals_pyg_both_ways_whatever_the_metadata_order(order):
+    from rgtune.nn.pyg import HGTConv
+
+    g, x, edges = _hetero()
+    ntypes, etypes = list(g.ntypes), list(g.canonical_etypes)
+    if order == "reversed":  # PyG numbers types in the caller's order: mapped by name, never by position
+        ntypes, etypes = ntypes[::-1], etypes[::-1]
+        edges = dict(reversed(list(edges.items())))
+    torch.manual_seed(0)
+    theirs = _pyg().nn.HGTConv(8, 8, (ntypes, etypes), heads=2)
+    ours = HGTConv(8, 8, (ntypes, etypes), heads=2, db=None)
+    assert {k: v.shape for k, v in ours.state_dict().items()} == {k: v.shape for k, v in theirs.state_dict().items()}
+    with torch.no_grad():  # PyG's skip and p_rel start at one: other values check the mapping
+        for p in theirs.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    ours.load_state_dict(theirs.state_dict())
+    xa = {t: v.clone().requires_grad_() for t, v in x.items()}
+    xb = {t: v.clone().requires_grad_() for t, v in x.items()}
+    want, got = theirs(xa, edges), _quiet(ours, xb, edges)
+    for t in g.ntypes:
+        if want.get(t) is not None:
+            assert torch.allclose(got[t], want[t], rtol=1e-4, atol=1e-5), t
+    loss_w = sum((v * (i + 1)).sum() for i, v in enumerate(want[t] for t in g.ntypes if want.get(t) is not None))
+    loss_g = sum((v * (i + 1)).sum() for i, v in enumerate(got[t] for t in g.ntypes if want.get(t) is not None))
+    loss_w.backward()
+    loss_g.backward()
+    for t in g.ntypes:
+        assert torch.allclose(xb[t].grad, xa[t].grad, rtol=1e-4, atol=1e-5), t
+    mine = dict(ours.named_parameters())
+    for name, p in theirs.named_parameters():
+        assert torch.allclose(mine[name].grad, p.grad, rtol=1e-4, atol=1e-5), name
+    back = _pyg().nn.HGTConv(8, 8, (ntypes, etypes), heads=2)
+    back.load_state_dict(ours.state_dict())  # rgtune -> PyG
+    assert all(torch.allclose(back(x, edges)[t], _quiet(ours, x, edges)[t], rtol=1e-4, atol=1e-5)
+               for t in g.ntypes if want.get(t) is not None)
+
+
+def test_hgtconv_refuses_what_it_does_not_compute():
+    from rgtune.nn.pyg import HGTConv
+
+    g, x, edges = _hetero()
+    with pytest.raises(ValueError, match="one input size for every node type"):
+        HGTConv(-1, 8, (g.ntypes, g.canonical_etypes), heads=2, db=None)
+    conv = HGTConv(8, 8, (g.ntypes, g.canonical_etypes), heads=2, db=None)
+    with pytest.raises(ValueError, match="is not in metadata"):
+        _quiet(conv, x, {("n0", "nope", "n1"): torch.zeros(2, 0, dtype=torch.long)})

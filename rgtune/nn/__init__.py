@@ -3,8 +3,8 @@
 :class:`Layer` runs any registered model's program (or a :class:`~rgtune.ir.program.Program`) on
 a graph with generated kernels and trains through the generated backward; see
 :mod:`rgtune.runtime.module`. :func:`rgtune.runtime.load_tuned` returns one with the best
-recorded schedule. :mod:`rgtune.nn.pyg` has PyG's conv modules on the same kernels (``RGCNConv``: PyG's
-constructor, call and state dict), so a PyG script changes its import line only.
+recorded schedule. :mod:`rgtune.nn.pyg` has PyG's conv modules on the same kernels (``RGCNConv``,
+``HGTConv``: PyG's constructors, calls and state dicts), so a PyG script changes its import line only.
 
 Example:
     >>> import torch

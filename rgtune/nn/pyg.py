@@ -1,5 +1,6 @@
-"""PyG's conv modules on rgtune's generated kernels: change ``from torch_geometric.nn import RGCNConv`` to
-``from rgtune.nn.pyg import RGCNConv`` and the script runs as it did, faster.
+"""PyG's conv modules on rgtune's generated kernels: change ``from torch_geometric.nn import RGCNConv`` (or
+``HGTConv``) to ``from rgtune.nn.pyg import RGCNConv`` and the script runs as it did, faster.
+:class:`HGTConv` is described in its own docstring; the rest of this one is :class:`RGCNConv`'s.
 
 :class:`RGCNConv` takes PyG's constructor arguments and call (``conv(x, edge_index, edge_type)``), holds
 PyG's parameters under PyG's names and shapes (``weight``, ``comp`` with ``num_bases``, ``root``, ``bias``;
@@ -41,7 +42,7 @@ from rgtune.ir.registry import model_spec
 from rgtune.runtime.load import load_tuned
 from rgtune.runtime.module import Layer, init_param
 
-__all__ = ["RGCNConv"]
+__all__ = ["RGCNConv", "HGTConv"]
 
 #: graphs (one per ``(edge_index, edge_type)`` pair) a module keeps built
 _GRAPHS_KEPT = 4
@@ -160,3 +161,123 @@ class RGCNConv(torch.nn.Module):
     def extra_repr(self) -> str:
         opts = "".join(f", {k}={v}" for k, v in self.options.items())
         return f"{self.in_channels}, {self.out_channels}, num_relations={self.num_relations}{opts}"
+
+
+class HGTConv(torch.nn.Module):
+    r"""PyG's ``HGTConv`` (the heterogeneous graph transformer), on generated kernels.
+
+    Its parameters are PyG's own modules (``kqv_lin``, ``out_lin``, ``k_rel``, ``v_rel``, ``skip``, ``p_rel``;
+    made by PyG's constructor, so their names, shapes and initialization are PyG's and ``load_state_dict``
+    works both ways); each call derives rgtune's HGT weights from them with a few differentiable torch ops
+    (gradients flow back to PyG's parameters) and runs the layer's kernels. Node and edge types are mapped
+    by name: rgtune's order (sorted names) never meets PyG's numbering of ``metadata``.
+
+    Args (PyG's): in_channels (an int: one size for every node type), out_channels, metadata
+    (``(node_types, edge_types)``), heads. Keyword-only (rgtune's): backend, db, mode, as :class:`RGCNConv`.
+    Call: ``conv(x_dict, edge_index_dict)`` -> ``{node type: (n_t, out_channels)}``.
+    """
+
+    model = "hgt"
+
+    def __init__(self, in_channels: int, out_channels: int, metadata: tuple[list[str], list[tuple[str, str, str]]],
+                 heads: int = 1, *, backend: str = "auto", db: Any = "results.db", mode: str = "training",
+                 **kwargs: Any) -> None:
+        super().__init__()
+        name = type(self).__name__
+        if not isinstance(in_channels, int) or isinstance(in_channels, bool) or in_channels < 1:
+            raise ValueError(f"{name}: in_channels={in_channels!r}: rgtune's HGTConv takes one input size for every "
+                             "node type (an int); per-type sizes and lazy (-1) sizes are not supported")
+        if kwargs:
+            raise ValueError(f"{name}: arguments {sorted(kwargs)} are not supported")
+        from torch_geometric.nn import HGTConv as PyGHGTConv  # PyG's parameters, by PyG's own constructor
+
+        pyg = PyGHGTConv(in_channels, out_channels, metadata, heads=heads)
+        for child, module in pyg.named_children():
+            self.add_module(child, module)
+        self.in_channels, self.out_channels, self.heads = in_channels, out_channels, heads
+        self.node_types = list(metadata[0])
+        self.edge_types = [tuple(e) for e in metadata[1]]
+        self._pyg_relation = {tuple(k): int(v) for k, v in pyg.edge_types_map.items()}  # PyG's numbering, by name
+        self.backend, self.db, self.mode = backend, db, mode
+        self._layer: Layer | None = None
+        self._graphs: OrderedDict[tuple[Any, ...], tuple[Any, HeteroGraph]] = OrderedDict()
+
+    def reset_parameters(self) -> None:
+        """Fresh parameters, as PyG's ``HGTConv.reset_parameters`` makes them (ones for ``skip`` and ``p_rel``)."""
+        for module in (self.kqv_lin, self.out_lin, self.k_rel, self.v_rel):
+            module.reset_parameters()
+        with torch.no_grad():
+            for p in (*self.skip.values(), *self.p_rel.values()):
+                p.fill_(1.0)
+
+    def forward(self, x_dict: dict[str, Tensor], edge_index_dict: dict[Any, Tensor]) -> dict[str, Tensor]:
+        name = type(self).__name__
+        unknown = [t for t in x_dict if t not in self.node_types]
+        if unknown:
+            raise ValueError(f"{name}: x_dict has node types {unknown} that metadata does not have: {self.node_types}")
+        graph = self._graph(x_dict, edge_index_dict)
+        device = next(iter(x_dict.values())).device
+        layer = self._layer_for(graph, device)
+        for pname, value in self._rgtune_params(graph).items():  # rgtune's weights, from PyG's parameters
+            layer._parameters[pname] = value
+        x = {t: x_dict[t] for t in graph.ntypes if t in x_dict}
+        return dict(layer(x, graph=None if graph is layer.graph else graph))
+
+    def _graph(self, x_dict: dict[str, Tensor], edge_index_dict: dict[Any, Tensor]) -> HeteroGraph:
+        name = type(self).__name__
+        key = (tuple((t, x.size(0)) for t, x in x_dict.items()),
+               tuple((tuple(k), id(v), v._version) for k, v in edge_index_dict.items()))
+        kept = self._graphs.pop(key, None)
+        if kept is None or any(a is not b for a, b in zip(kept[0], edge_index_dict.values())):
+            edges = {}
+            for cet, ei in edge_index_dict.items():
+                cet = tuple(cet)
+                if cet not in self._pyg_relation:
+                    raise ValueError(f"{name}: edge type {cet} is not in metadata: {self.edge_types}")
+                ei = ei.as_subclass(Tensor).to("cpu", torch.int64)
+                edges[cet] = (ei[0], ei[1])
+            for cet in self.edge_types:  # every relation the layer has, with or without edges in this call
+                edges.setdefault(cet, (torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64)))
+            counts = {t: (x_dict[t].size(0) if t in x_dict else 0) for t in self.node_types}
+            kept = (list(edge_index_dict.values()), HeteroGraph(counts, edges, name="pyg"))
+        self._graphs[key] = kept
+        while len(self._graphs) > _GRAPHS_KEPT:
+            self._graphs.popitem(last=False)
+        return kept[1]
+
+    def _layer_for(self, graph: HeteroGraph, device: torch.device) -> Layer:
+        backend = self.backend if self.backend != "auto" else ("cuda" if device.type == "cuda" else "cpu")
+        layer = self._layer
+        if layer is None or layer.backend != backend:
+            layer = load_tuned(self.model, graph, self.in_channels, self.out_channels, self.heads, db=self.db,
+                               backend=backend, mode=self.mode)
+            self.__dict__["_layer"] = layer  # not a submodule: the state dict is PyG's parameters
+        return layer
+
+    def _rgtune_params(self, graph: HeteroGraph) -> dict[str, Tensor]:
+        """rgtune's HGT weights (``rgtune.ir.models.hgt``) from PyG's parameters, node and edge types by name:
+        ``kqv_lin`` holds ``[K | Q | V]^T`` per node type, ``out_lin`` ``A^T``; ``k_rel``/``v_rel`` hold the
+        per-(head, relation) attention and message matrices at PyG's index ``head * R + relation``."""
+        out, heads, types = self.out_channels, self.heads, graph.ntypes
+        kqv = [self.kqv_lin.lins[t] for t in types]
+        weights = torch.stack([lin.weight for lin in kqv])  # (T, 3 out, in)
+        biases = torch.stack([lin.bias for lin in kqv])  # (T, 3 out)
+        rel = torch.tensor([self._pyg_relation[c] for c in graph.canonical_etypes], device=weights.device)
+        index = (torch.arange(heads, device=weights.device)[None, :] * len(self.edge_types) + rel[:, None])  # (R, H)
+        params = {f"{n}_weight": weights[:, i * out:(i + 1) * out].transpose(1, 2) for i, n in enumerate("kqv")}
+        params.update({f"{n}_bias": biases[:, i * out:(i + 1) * out] for i, n in enumerate("kqv")})
+        params["a_weight"] = torch.stack([self.out_lin.lins[t].weight.T for t in types])
+        params["a_bias"] = torch.stack([self.out_lin.lins[t].bias for t in types])
+        params["skip"] = torch.cat([self.skip[t].reshape(1) for t in types])
+        params["mu"] = torch.stack([self.p_rel["__".join(c)].reshape(heads) for c in graph.canonical_etypes])
+        params["w_att"] = self.k_rel.weight[index]  # (R, H, D, D)
+        params["w_msg"] = self.v_rel.weight[index]
+        return params
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_layer"], state["_graphs"] = None, OrderedDict()
+        return state
+
+    def extra_repr(self) -> str:
+        return f"{self.in_channels}, {self.out_channels}, heads={self.heads}"
