@@ -33,7 +33,8 @@ def _quiet(conv, *args):
         return conv(*args)
 
 
-@pytest.mark.parametrize("options", [{}, {"num_bases": 3}, {"num_blocks": 4}], ids=["plain", "bases", "blocks"])
+@pytest.mark.parametrize("options", [{}, {"num_bases": 3}, {"num_blocks": 4}, {"aggr": "add"}],
+                         ids=["plain", "bases", "blocks", "sum"])
 def test_rgcnconv_equals_pyg_both_ways(options):
     theirs_cls = _pyg().nn.RGCNConv
     torch.manual_seed(0)
@@ -95,7 +96,7 @@ def test_the_schedule_is_looked_up_once_with_one_warning(tmp_path):
 
 
 @pytest.mark.parametrize("make, says", [
-    (lambda: _conv(8, 16, R, aggr="add"), "aggr='add' is not supported"),
+    (lambda: _conv(8, 16, R, aggr="max"), "aggr='max' is not supported"),
     (lambda: _conv(8, 16, R, root_weight=False), "root_weight=False is not supported"),
     (lambda: _conv((8, 4), 16, R), "bipartite"),
     (lambda: _conv(8, 16, R, num_bases=2, num_blocks=2), "exclude each other"),

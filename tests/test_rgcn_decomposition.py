@@ -270,7 +270,7 @@ def _lowered_matches_interpreter(before: Program, graph: HeteroGraph, configs: l
     return len(seen)
 
 
-@pytest.mark.parametrize("option", [{"num_bases": 3}, {"num_blocks": 4}],
+@pytest.mark.parametrize("option", [{"num_bases": 3}, {"num_blocks": 4}, {"aggr": "sum"}],
                          ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
 def test_every_configuration_has_the_gradients_of_autograd(option: dict[str, int]) -> None:
     """The adjoint of the program after the passes of every IR configuration (``autodiff.save`` each way)

@@ -26,8 +26,9 @@ __all__ = ["rgcn", "rgat", "hgt", "film", "build_model"]
 
 
 def rgcn(in_dim: int, out_dim: int, heads: int = 1, *, num_bases: int | None = None,
-         num_blocks: int | None = None) -> Program:
-    """``h'_i = h_i W_0 + b + sum_r mean_{j in N_r(i)} h_j W_r`` (PyG ``RGCNConv``, aggr mean).
+         num_blocks: int | None = None, aggr: Literal["mean", "sum"] = "mean") -> Program:
+    """``h'_i = h_i W_0 + b + sum_r mean_{j in N_r(i)} h_j W_r`` (PyG ``RGCNConv``, aggr mean); with
+    ``aggr="sum"``, ``sum_{j in N_r(i)}`` instead of the mean (DGL's ``RelGraphConv`` without ``norm``).
 
     ``W_r`` is ``weight[r]`` ``(R, in, out)``, or, as PyG's regularized ``RGCNConv``:
 
@@ -53,7 +54,7 @@ def rgcn(in_dim: int, out_dim: int, heads: int = 1, *, num_bases: int | None = N
         weight = "weight" if num_bases is None else \
             p.basis_weight("weight__comp", "weight", "comp", num_bases, (in_dim, out_dim))
         linear = p.typed_linear(p.src(x), weight, out=(1, out_dim), by="rel")
-    message = p.mul(linear, p.inv_dst_rel_degree())
+    message = p.mul(linear, p.inv_dst_rel_degree()) if aggr == "mean" else linear
     root = p.linear(x, "root", out=(1, out_dim), bias="bias")
     neighbours = p.aggregate(message)
     if num_blocks is not None:

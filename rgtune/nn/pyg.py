@@ -46,6 +46,8 @@ __all__ = ["RGCNConv", "HGTConv"]
 
 #: graphs (one per ``(edge_index, edge_type)`` pair) a module keeps built
 _GRAPHS_KEPT = 4
+#: PyG's ``aggr`` of ``RGCNConv`` -> rgtune's RGCN option ``aggr``
+_AGGRS = {"mean": "mean", "add": "sum", "sum": "sum"}
 
 
 class RGCNConv(torch.nn.Module):
@@ -58,7 +60,7 @@ class RGCNConv(torch.nn.Module):
             featureless ``x=None`` form, nor a bipartite tuple).
         num_relations: edge types ``0 .. num_relations - 1``.
         num_bases, num_blocks: the weight decompositions (at most one).
-        aggr: ``"mean"`` (PyG's default; the only aggregation rgtune's RGCN computes).
+        aggr: ``"mean"`` (PyG's default) or ``"add"`` (the sum over each relation's in-neighbours).
         root_weight, bias: both ``True`` (PyG's defaults; rgtune's RGCN has both).
         is_sorted: accepted and ignored (edges are grouped by relation when the graph is built).
 
@@ -78,9 +80,9 @@ class RGCNConv(torch.nn.Module):
         if not isinstance(in_channels, int) or isinstance(in_channels, bool):
             raise ValueError(f"{name}: in_channels={in_channels!r}: rgtune's RGCNConv takes node features of one size "
                              "(an int); PyG's featureless (x=None) and bipartite (a tuple) forms are not supported")
-        if aggr != "mean":
-            raise ValueError(f"{name}: aggr={aggr!r} is not supported; rgtune's RGCN takes the mean over each "
-                             "relation's in-neighbours, PyG's default aggr='mean'")
+        if aggr not in _AGGRS:
+            raise ValueError(f"{name}: aggr={aggr!r} is not supported; rgtune's RGCN takes the mean (PyG's default, "
+                             "aggr='mean') or the sum (aggr='add') over each relation's in-neighbours")
         for flag, value in (("root_weight", root_weight), ("bias", bias)):
             if not value:
                 raise ValueError(f"{name}: {flag}=False is not supported; rgtune's RGCN has the root weight and the "
@@ -89,7 +91,9 @@ class RGCNConv(torch.nn.Module):
             raise ValueError(f"{name}: num_relations must be a positive int, got {num_relations!r}")
         self.in_channels, self.out_channels, self.num_relations = in_channels, out_channels, num_relations
         self.num_bases, self.num_blocks = num_bases, num_blocks
-        self.options = {k: v for k, v in (("num_bases", num_bases), ("num_blocks", num_blocks)) if v is not None}
+        self.aggr = aggr
+        self.options = {k: v for k, v in (("num_bases", num_bases), ("num_blocks", num_blocks),
+                                          ("aggr", None if _AGGRS[aggr] == "mean" else _AGGRS[aggr])) if v is not None}
         spec = model_spec(self.model)
         try:
             self._program = spec.build(in_channels, out_channels, 1, spec.resolve(self.options))

@@ -1,0 +1,163 @@
+"""DGL's conv modules on rgtune's generated kernels: change ``from dgl.nn import RelGraphConv`` to
+``from rgtune.nn.dgl import RelGraphConv`` and the script runs as it did, faster.
+
+:class:`RelGraphConv` takes DGL's constructor arguments and call (``conv(g, feat, etypes, norm=None)``), and
+its parameters are DGL's own (made by DGL's constructor: ``linear_r.W``, ``linear_r.coeff`` with the basis
+regularizer, ``h_bias``, ``loop_weight``; DGL's names, shapes and initialization), so state dicts load both
+ways. rgtune's RGCN weights are views of them (the block-diagonal ``bdd`` weight reshaped), so gradients
+are DGL's parameters'. Edge types are the caller's integers (relation ``r`` is ``etypes == r``).
+
+DGL sums the messages, each multiplied by ``norm`` when given: without ``norm`` the layer runs rgtune's RGCN
+with ``aggr="sum"``; with the usual right normalization, ``norm = 1 / |N_r(i)|`` (each edge's destination's
+in-edges of its relation), the mean per relation. Any other ``norm`` is an error that says so: the
+kernels compute those two.
+
+Example (needs DGL):
+    >>> import dgl, torch, warnings
+    >>> g = dgl.graph((torch.tensor([0, 1, 2, 3]), torch.tensor([1, 2, 3, 0])))
+    >>> conv = RelGraphConv(8, 4, num_rels=2, db=None)
+    >>> sorted(conv.state_dict())
+    ['h_bias', 'linear_r.W', 'loop_weight']
+    >>> with warnings.catch_warnings():
+    ...     warnings.simplefilter("ignore")   # no database: the default schedule, said once
+    ...     out = conv(g, torch.randn(4, 8), torch.tensor([0, 1, 1, 0]))
+    >>> out.shape
+    torch.Size([4, 4])
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+from rgtune.data.graph import HeteroGraph
+from rgtune.data.interop import from_pyg_homogeneous
+from rgtune.runtime.load import load_tuned
+from rgtune.runtime.module import Layer
+
+__all__ = ["RelGraphConv"]
+
+_GRAPHS_KEPT = 4
+#: how far a given ``norm`` may be from the mean per relation's ``1 / |N_r(i)|`` (float32 rounding)
+_NORM_TOLERANCE = 1e-5
+
+
+class RelGraphConv(torch.nn.Module):
+    r"""DGL's ``RelGraphConv``: :math:`h'_i = \sum_r \sum_{j \in N_r(i)} e_{ji} W_r h_j + W_0 h_i + b`, then
+    ``activation`` and ``dropout``; :math:`e_{ji}` is ``norm`` (1 without it). See the module docstring.
+
+    Args (DGL's): in_feat, out_feat, num_rels, regularizer (``None``, ``"basis"``, ``"bdd"``), num_bases,
+        bias, activation, self_loop, dropout, layer_norm. ``bias`` and ``self_loop`` must be True and
+        ``layer_norm`` False (rgtune's RGCN has the root weight and the bias, no layer norm).
+    Keyword-only (rgtune's): backend, db, mode, as :class:`rgtune.nn.pyg.RGCNConv`.
+    """
+
+    model = "rgcn"
+
+    def __init__(self, in_feat: int, out_feat: int, num_rels: int, regularizer: str | None = None,
+                 num_bases: int | None = None, bias: bool = True, activation: Callable[[Tensor], Tensor] | None = None,
+                 self_loop: bool = True, dropout: float = 0.0, layer_norm: bool = False, *, backend: str = "auto",
+                 db: Any = "results.db", mode: str = "training") -> None:
+        super().__init__()
+        name = type(self).__name__
+        for flag, value, want in (("bias", bias, True), ("self_loop", self_loop, True), ("layer_norm", layer_norm, False)):
+            if value != want:
+                raise ValueError(f"{name}: {flag}={value} is not supported; rgtune's RGCN has the self-loop weight and "
+                                 f"the bias, and no layer norm ({flag}={want})")
+        from dgl.nn.pytorch import RelGraphConv as DGLRelGraphConv  # DGL's parameters, by DGL's own constructor
+
+        dgl_conv = DGLRelGraphConv(in_feat, out_feat, num_rels, regularizer, num_bases, bias=True,
+                                   self_loop=True, dropout=dropout)
+        self.linear_r = dgl_conv.linear_r
+        self.h_bias, self.loop_weight = dgl_conv.h_bias, dgl_conv.loop_weight
+        self.dropout = dgl_conv.dropout
+        self.activation = activation
+        self.in_feat, self.out_feat, self.num_rels = in_feat, out_feat, num_rels
+        self.regularizer = regularizer
+        self.num_bases = dgl_conv.linear_r.num_bases if regularizer is not None else None
+        self.backend, self.db, self.mode = backend, db, mode
+        self._layers: dict[str, Layer] = {}  # per aggregation (sum without norm, mean with 1/|N_r(i)|)
+        self._graphs: OrderedDict[tuple[Any, ...], tuple[Any, HeteroGraph, Tensor]] = OrderedDict()
+
+    def _options(self, aggr: str) -> dict[str, Any]:
+        opts: dict[str, Any] = {"aggr": aggr} if aggr != "mean" else {}
+        if self.regularizer == "basis":
+            opts["num_bases"] = self.num_bases
+        elif self.regularizer == "bdd":
+            opts["num_blocks"] = self.num_bases
+        return opts
+
+    def forward(self, g: Any, feat: Tensor, etypes: Tensor | list[int], norm: Tensor | None = None, *,
+                presorted: bool = False) -> Tensor:
+        name = type(self).__name__
+        if getattr(g, "is_block", False):
+            raise ValueError(f"{name}: DGL blocks are not supported yet; give a graph (rgtune.data.sampling's "
+                             "NeighborLoader makes blocks that rgtune.runtime.Layer takes)")
+        if not isinstance(etypes, Tensor):  # DGL's presorted form: the number of edges of each type
+            etypes = torch.repeat_interleave(torch.arange(len(etypes)), torch.as_tensor(etypes))
+        graph, mean_norm = self._graph(g, etypes)
+        aggr = "sum"
+        if norm is not None:
+            checked = (id(norm), norm._version, id(mean_norm))  # the same tensor every epoch: checked once
+            if self.__dict__.get("_norm_checked") != checked:
+                given = norm.detach().reshape(-1).to("cpu", torch.float64)
+                if given.numel() != mean_norm.numel() or not torch.allclose(given, mean_norm, rtol=_NORM_TOLERANCE,
+                                                                             atol=0.0):
+                    raise ValueError(f"{name}: norm must be None (a sum) or 1 / |N_r(i)| per edge (the mean over each "
+                                     "relation's in-edges of the destination, DGL's right normalization per relation): "
+                                     "rgtune's RGCN computes those two")
+                self.__dict__["_norm_checked"] = checked
+            aggr = "mean"
+        layer = self._layer_for(graph, feat.device, aggr)
+        weight = self.linear_r.W
+        params = {"weight": weight.view(self.num_rels, self.num_bases, self.in_feat // self.num_bases,
+                                        self.out_feat // self.num_bases) if self.regularizer == "bdd" else weight,
+                  "root": self.loop_weight, "bias": self.h_bias}
+        if self.regularizer == "basis":
+            params["comp"] = self.linear_r.coeff
+        for pname in layer._param_names:
+            layer._parameters[pname] = params[pname]
+        h = layer(feat, graph=None if graph is layer.graph else graph)
+        if self.activation is not None:
+            h = self.activation(h)
+        return self.dropout(h)
+
+    def _graph(self, g: Any, etypes: Tensor) -> tuple[HeteroGraph, Tensor]:
+        """The graph of ``g`` and ``etypes`` (kept while the same objects come back) and each edge's
+        ``1 / |N_r(i)|``, in DGL's edge order."""
+        key = (id(g), id(etypes), etypes._version, g.num_nodes(), g.num_edges())
+        kept = self._graphs.pop(key, None)
+        if kept is None or kept[0][0] is not g or kept[0][1] is not etypes:
+            src, dst = g.edges()
+            n = g.num_nodes()
+            et = etypes.to("cpu", torch.int64)
+            graph = from_pyg_homogeneous(torch.stack([src, dst]).cpu(), et, n, self.num_rels, name="dgl")
+            key_rd = et * n + dst.to("cpu", torch.int64)
+            counts = torch.bincount(key_rd, minlength=self.num_rels * n)
+            kept = ((g, etypes), graph, 1.0 / counts[key_rd].double())
+        self._graphs[key] = kept
+        while len(self._graphs) > _GRAPHS_KEPT:
+            self._graphs.popitem(last=False)
+        return kept[1], kept[2]
+
+    def _layer_for(self, graph: HeteroGraph, device: torch.device, aggr: str) -> Layer:
+        backend = self.backend if self.backend != "auto" else ("cuda" if device.type == "cuda" else "cpu")
+        layer = self._layers.get(aggr)
+        if layer is None or layer.backend != backend:
+            layer = load_tuned(self.model, graph, self.in_feat, self.out_feat, 1, db=self.db, backend=backend,
+                               options=self._options(aggr), mode=self.mode)
+            self.__dict__["_layers"][aggr] = layer  # not submodules: the state dict is DGL's parameters
+        return layer
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_layers"], state["_graphs"] = {}, OrderedDict()
+        state.pop("_norm_checked", None)
+        return state
+
+    def extra_repr(self) -> str:
+        reg = f", regularizer={self.regularizer!r}, num_bases={self.num_bases}" if self.regularizer else ""
+        return f"{self.in_feat}, {self.out_feat}, num_rels={self.num_rels}{reg}"
