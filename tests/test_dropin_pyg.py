@@ -214,3 +214,27 @@ def test_hgtconv_refuses_what_it_does_not_compute():
     conv = HGTConv(8, 8, (g.ntypes, g.canonical_etypes), heads=2, db=None)
     with pytest.raises(ValueError, match="is not in metadata"):
         _quiet(conv, x, {("n0", "nope", "n1"): torch.zeros(2, 0, dtype=torch.long)})
+
+
+# ------------------------------------------------------------------ FiLMConv
+def test_filmconv_equals_pyg_both_ways():
+    from rgtune.nn.pyg import FiLMConv
+
+    torch.manual_seed(0)
+    theirs = _pyg().nn.FiLMConv(8, 16, R)
+    ours = FiLMConv(8, 16, R, db=None)
+    assert {k: v.shape for k, v in ours.state_dict().items()} == {k: v.shape for k, v in theirs.state_dict().items()}
+    ours.load_state_dict(theirs.state_dict())
+    x, edge_index, edge_type = _inputs()
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    want, got = theirs(xa, edge_index, edge_type), _quiet(ours, xb, edge_index, edge_type)
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-5)
+    g = torch.randn_like(want)
+    want.backward(g)
+    got.backward(g)
+    assert torch.allclose(xb.grad, xa.grad, rtol=1e-4, atol=1e-5)
+    mine = dict(ours.named_parameters())
+    for name, p in theirs.named_parameters():
+        assert torch.allclose(mine[name].grad, p.grad, rtol=1e-4, atol=1e-5), name
+    with pytest.raises(ValueError, match="aggr='add' is not supported"):
+        FiLMConv(8, 16, R, aggr="add", db=None)

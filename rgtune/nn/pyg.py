@@ -31,7 +31,7 @@ Example:
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
@@ -42,7 +42,7 @@ from rgtune.ir.registry import model_spec
 from rgtune.runtime.load import load_tuned
 from rgtune.runtime.module import Layer, init_param
 
-__all__ = ["RGCNConv", "HGTConv"]
+__all__ = ["RGCNConv", "HGTConv", "FiLMConv"]
 
 #: graphs (one per ``(edge_index, edge_type)`` pair) a module keeps built
 _GRAPHS_KEPT = 4
@@ -50,7 +50,88 @@ _GRAPHS_KEPT = 4
 _AGGRS = {"mean": "mean", "add": "sum", "sum": "sum"}
 
 
-class RGCNConv(torch.nn.Module):
+class _DropIn(torch.nn.Module):
+    """What the drop-in modules share: the compiled layer, looked up once per backend as ``load_tuned`` does
+    (kept out of the state dict: the module's parameters are the library's), run with the weights the module
+    derives from its parameters (:meth:`_rgtune_params`), and rebuilt after a copy or a pickle."""
+
+    model: str
+
+    def _setup(self, in_dim: int, out_dim: int, heads: int, options: dict[str, Any], backend: str, db: Any,
+               mode: str) -> None:
+        self._sizes, self.options = (in_dim, out_dim, heads), options
+        self.backend, self.db, self.mode = backend, db, mode
+        self._layer: Layer | None = None
+        self._graphs: OrderedDict[tuple[Any, ...], tuple[Any, HeteroGraph]] = OrderedDict()
+
+    def _rgtune_params(self, graph: HeteroGraph) -> dict[str, Tensor]:
+        """rgtune's weights of the model's program, computed from this module's parameters (differentiably)."""
+        raise NotImplementedError
+
+    def _run(self, graph: HeteroGraph, x: Any, device: torch.device) -> Any:
+        """The layer's output for ``x`` on ``graph``, with the weights of this module's parameters."""
+        layer = self._layer_for(graph, device)
+        for pname, value in self._rgtune_params(graph).items():
+            layer._parameters[pname] = value  # type: ignore[assignment]  # a view of the module's parameters
+        return layer(x, graph=None if graph is layer.graph else graph)
+
+    def _layer_for(self, graph: HeteroGraph, device: torch.device) -> Layer:
+        """The compiled layer (its schedule looked up once, for the first graph), on ``device``'s backend."""
+        backend = self.backend if self.backend != "auto" else ("cuda" if device.type == "cuda" else "cpu")
+        layer = self._layer
+        if layer is None or layer.backend != backend:
+            layer = load_tuned(self.model, graph, *self._sizes, db=self.db, backend=backend, options=self.options,
+                               mode=self.mode)
+            self.__dict__["_layer"] = layer  # not a submodule: the state dict is this module's parameters
+        return layer
+
+    def _kept(self, key: tuple[Any, ...], holds: Any, build: Callable[[], HeteroGraph]) -> HeteroGraph:
+        """The graph of ``key`` built once while the same tensors (``holds``, compared by identity) come back."""
+        kept = self._graphs.pop(key, None)
+        if kept is None or len(kept[0]) != len(holds) or any(a is not b for a, b in zip(kept[0], holds)):
+            kept = (holds, build())
+        self._graphs[key] = kept
+        while len(self._graphs) > _GRAPHS_KEPT:
+            self._graphs.popitem(last=False)
+        return kept[1]
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the compiled layer and the graphs are rebuilt on the copy's first call (a compile-cache hit)
+        state = dict(self.__dict__)
+        state["_layer"], state["_graphs"] = None, OrderedDict()
+        return state
+
+
+class _EdgeTypeConv(_DropIn):
+    """A conv of PyG's homogeneous form, ``conv(x, edge_index, edge_type)`` (relation ``r``: ``edge_type == r``)."""
+
+    num_relations: int
+    in_channels: int
+
+    def forward(self, x: Tensor | None, edge_index: Tensor, edge_type: Tensor | None = None) -> Tensor:
+        """``x``: ``(num_nodes, in_channels)``; ``edge_index``: ``(2, num_edges)``; ``edge_type``: ``(num_edges,)``
+        in ``0 .. num_relations - 1`` (may be left out with one relation). Returns ``(num_nodes, out_channels)``."""
+        name = type(self).__name__
+        if x is None or not isinstance(x, Tensor):
+            raise ValueError(f"{name}: x must be a (num_nodes, {self.in_channels}) tensor of node features, got "
+                             f"{type(x).__name__} (PyG's featureless form, x=None, is not supported: give the nodes "
+                             "features, e.g. a torch.nn.Embedding's weight)")
+        if not isinstance(edge_index, Tensor):
+            raise ValueError(f"{name}: edge_index must be a (2, num_edges) tensor, got {type(edge_index).__name__} "
+                             "(a SparseTensor adjacency is not supported)")
+        if edge_type is None and self.num_relations > 1:
+            raise ValueError(f"{name}: edge_type is needed with num_relations={self.num_relations}")
+        return self._run(self._graph(edge_index, edge_type, x.size(0)), x, x.device)
+
+    def _graph(self, edge_index: Tensor, edge_type: Tensor | None, num_nodes: int) -> HeteroGraph:
+        """The graph of these tensors, built once while they come back unchanged (same objects, versions)."""
+        key = (id(edge_index), edge_index._version, id(edge_type), None if edge_type is None else edge_type._version,
+               num_nodes)
+        return self._kept(key, (edge_index, edge_type), lambda: from_pyg_homogeneous(
+            edge_index, edge_type, num_nodes, self.num_relations, name="pyg"))
+
+
+class RGCNConv(_EdgeTypeConv):
     r"""PyG's ``RGCNConv``: :math:`x'_i = x_i \Theta_{root} + b + \sum_r \frac{1}{|N_r(i)|}
     \sum_{j \in N_r(i)} x_j \Theta_r`, with ``num_bases`` (:math:`\Theta_r = \sum_b a_{rb} V_b`) or
     ``num_blocks`` (block-diagonal :math:`\Theta_r`), on generated kernels (see the module docstring).
@@ -99,12 +180,10 @@ class RGCNConv(torch.nn.Module):
             self._program = spec.build(in_channels, out_channels, 1, spec.resolve(self.options))
         except ValueError as e:  # a bad decomposition for these sizes, said by the model's builder
             raise ValueError(f"{name}: {e}") from None
-        self.backend, self.db, self.mode = backend, db, mode
+        self._setup(in_channels, out_channels, 1, self.options, backend, db, mode)
         for pname, p in self._program.state_params().items():
             count = num_relations if p.by == "rel" else None
             self.register_parameter(pname, init_param(p, count, dtype=torch.float32, device=None))
-        self._layer: Layer | None = None
-        self._graphs: OrderedDict[tuple[Any, ...], tuple[Tensor, Tensor | None, HeteroGraph]] = OrderedDict()
 
     def reset_parameters(self) -> None:
         """Fresh parameters, initialized as PyG initializes them (glorot weights, zero bias)."""
@@ -114,60 +193,16 @@ class RGCNConv(torch.nn.Module):
             with torch.no_grad():
                 mine.copy_(init_param(p, count, dtype=mine.dtype, device=mine.device))
 
-    def forward(self, x: Tensor | None, edge_index: Tensor, edge_type: Tensor | None = None) -> Tensor:
-        """``x``: ``(num_nodes, in_channels)``; ``edge_index``: ``(2, num_edges)``; ``edge_type``: ``(num_edges,)``
-        in ``0 .. num_relations - 1`` (may be left out with one relation). Returns ``(num_nodes, out_channels)``."""
-        name = type(self).__name__
-        if x is None or not isinstance(x, Tensor):
-            raise ValueError(f"{name}: x must be a (num_nodes, {self.in_channels}) tensor of node features, got "
-                             f"{type(x).__name__} (PyG's featureless form, x=None, is not supported: give the nodes "
-                             "features, e.g. a torch.nn.Embedding's weight)")
-        if not isinstance(edge_index, Tensor):
-            raise ValueError(f"{name}: edge_index must be a (2, num_edges) tensor, got {type(edge_index).__name__} "
-                             "(a SparseTensor adjacency is not supported)")
-        if edge_type is None and self.num_relations > 1:
-            raise ValueError(f"{name}: edge_type is needed with num_relations={self.num_relations}")
-        graph = self._graph(edge_index, edge_type, x.size(0))
-        layer = self._layer_for(graph, x.device)
-        for pname in layer._param_names:  # the layer computes with this module's parameters
-            layer._parameters[pname] = getattr(self, pname)
-        return layer(x, graph=None if graph is layer.graph else graph)
-
-    def _graph(self, edge_index: Tensor, edge_type: Tensor | None, num_nodes: int) -> HeteroGraph:
-        """The graph of these tensors, built once while they come back unchanged (same objects, versions)."""
-        key = (id(edge_index), edge_index._version, id(edge_type), None if edge_type is None else edge_type._version,
-               num_nodes)
-        kept = self._graphs.pop(key, None)
-        if kept is None or kept[0] is not edge_index or kept[1] is not edge_type:
-            kept = (edge_index, edge_type,
-                    from_pyg_homogeneous(edge_index, edge_type, num_nodes, self.num_relations, name="pyg"))
-        self._graphs[key] = kept
-        while len(self._graphs) > _GRAPHS_KEPT:
-            self._graphs.popitem(last=False)
-        return kept[2]
-
-    def _layer_for(self, graph: HeteroGraph, device: torch.device) -> Layer:
-        """The compiled layer (its schedule looked up once, for the first graph), on ``device``'s backend."""
-        backend = self.backend if self.backend != "auto" else ("cuda" if device.type == "cuda" else "cpu")
-        layer = self._layer
-        if layer is None or layer.backend != backend:
-            layer = load_tuned(self.model, graph, self.in_channels, self.out_channels, 1, db=self.db, backend=backend,
-                               options=self.options, mode=self.mode)
-            self.__dict__["_layer"] = layer  # not a submodule: the state dict is this module's parameters, PyG's
-        return layer
-
-    def __getstate__(self) -> dict[str, Any]:
-        # the compiled layer and the graphs are rebuilt on the copy's first call (a compile-cache hit)
-        state = dict(self.__dict__)
-        state["_layer"], state["_graphs"] = None, OrderedDict()
-        return state
+    def _rgtune_params(self, graph: HeteroGraph) -> dict[str, Tensor]:
+        """PyG's parameters are rgtune's RGCN weights as they are (the same names and shapes)."""
+        return {pname: getattr(self, pname) for pname in self._program.state_params()}
 
     def extra_repr(self) -> str:
         opts = "".join(f", {k}={v}" for k, v in self.options.items())
         return f"{self.in_channels}, {self.out_channels}, num_relations={self.num_relations}{opts}"
 
 
-class HGTConv(torch.nn.Module):
+class HGTConv(_DropIn):
     r"""PyG's ``HGTConv`` (the heterogeneous graph transformer), on generated kernels.
 
     Its parameters are PyG's own modules (``kqv_lin``, ``out_lin``, ``k_rel``, ``v_rel``, ``skip``, ``p_rel``;
@@ -202,9 +237,7 @@ class HGTConv(torch.nn.Module):
         self.node_types = list(metadata[0])
         self.edge_types = [tuple(e) for e in metadata[1]]
         self._pyg_relation = {tuple(k): int(v) for k, v in pyg.edge_types_map.items()}  # PyG's numbering, by name
-        self.backend, self.db, self.mode = backend, db, mode
-        self._layer: Layer | None = None
-        self._graphs: OrderedDict[tuple[Any, ...], tuple[Any, HeteroGraph]] = OrderedDict()
+        self._setup(in_channels, out_channels, heads, {}, backend, db, mode)
 
     def reset_parameters(self) -> None:
         """Fresh parameters, as PyG's ``HGTConv.reset_parameters`` makes them (ones for ``skip`` and ``p_rel``)."""
@@ -220,43 +253,28 @@ class HGTConv(torch.nn.Module):
         if unknown:
             raise ValueError(f"{name}: x_dict has node types {unknown} that metadata does not have: {self.node_types}")
         graph = self._graph(x_dict, edge_index_dict)
-        device = next(iter(x_dict.values())).device
-        layer = self._layer_for(graph, device)
-        for pname, value in self._rgtune_params(graph).items():  # rgtune's weights, from PyG's parameters
-            layer._parameters[pname] = value
         x = {t: x_dict[t] for t in graph.ntypes if t in x_dict}
-        return dict(layer(x, graph=None if graph is layer.graph else graph))
+        return dict(self._run(graph, x, next(iter(x_dict.values())).device))
 
     def _graph(self, x_dict: dict[str, Tensor], edge_index_dict: dict[Any, Tensor]) -> HeteroGraph:
+        """The graph of these node counts and edge tensors (kept while the same tensors come back); every
+        relation of ``metadata`` is in it, with or without edges in this call."""
         name = type(self).__name__
-        key = (tuple((t, x.size(0)) for t, x in x_dict.items()),
-               tuple((tuple(k), id(v), v._version) for k, v in edge_index_dict.items()))
-        kept = self._graphs.pop(key, None)
-        if kept is None or any(a is not b for a, b in zip(kept[0], edge_index_dict.values())):
-            edges = {}
-            for cet, ei in edge_index_dict.items():
-                cet = tuple(cet)
-                if cet not in self._pyg_relation:
-                    raise ValueError(f"{name}: edge type {cet} is not in metadata: {self.edge_types}")
-                ei = ei.as_subclass(Tensor).to("cpu", torch.int64)
-                edges[cet] = (ei[0], ei[1])
-            for cet in self.edge_types:  # every relation the layer has, with or without edges in this call
-                edges.setdefault(cet, (torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64)))
-            counts = {t: (x_dict[t].size(0) if t in x_dict else 0) for t in self.node_types}
-            kept = (list(edge_index_dict.values()), HeteroGraph(counts, edges, name="pyg"))
-        self._graphs[key] = kept
-        while len(self._graphs) > _GRAPHS_KEPT:
-            self._graphs.popitem(last=False)
-        return kept[1]
+        unknown = [tuple(c) for c in edge_index_dict if tuple(c) not in self._pyg_relation]
+        if unknown:
+            raise ValueError(f"{name}: edge type {unknown[0]} is not in metadata: {self.edge_types}")
+        counts = {t: (x_dict[t].size(0) if t in x_dict else 0) for t in self.node_types}
+        key = (tuple(counts.items()), tuple((tuple(k), id(v), v._version) for k, v in edge_index_dict.items()))
 
-    def _layer_for(self, graph: HeteroGraph, device: torch.device) -> Layer:
-        backend = self.backend if self.backend != "auto" else ("cuda" if device.type == "cuda" else "cpu")
-        layer = self._layer
-        if layer is None or layer.backend != backend:
-            layer = load_tuned(self.model, graph, self.in_channels, self.out_channels, self.heads, db=self.db,
-                               backend=backend, mode=self.mode)
-            self.__dict__["_layer"] = layer  # not a submodule: the state dict is PyG's parameters
-        return layer
+        def build() -> HeteroGraph:
+            none = (torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64))
+            edges = {c: none for c in self.edge_types}
+            for cet, ei in edge_index_dict.items():
+                ei = ei.as_subclass(Tensor).to("cpu", torch.int64)
+                edges[tuple(cet)] = (ei[0], ei[1])
+            return HeteroGraph(counts, edges, name="pyg")
+
+        return self._kept(key, tuple(edge_index_dict.values()), build)
 
     def _rgtune_params(self, graph: HeteroGraph) -> dict[str, Tensor]:
         """rgtune's HGT weights (``rgtune.ir.models.hgt``) from PyG's parameters, node and edge types by name:
@@ -278,10 +296,63 @@ class HGTConv(torch.nn.Module):
         params["w_msg"] = self.v_rel.weight[index]
         return params
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_layer"], state["_graphs"] = None, OrderedDict()
-        return state
-
     def extra_repr(self) -> str:
         return f"{self.in_channels}, {self.out_channels}, heads={self.heads}"
+
+
+class FiLMConv(_EdgeTypeConv):
+    r"""PyG's ``FiLMConv`` (GNN-FiLM): :math:`x'_i = \sigma(\gamma_i \odot W_{skip} x_i + eta_i) +
+    \sum_r rac{1}{|N_r(i)|} \sum_{j \in N_r(i)} \sigma(\gamma_{r,i} \odot W_r x_j + eta_{r,i})` with
+    ``[beta | gamma]`` of the destination from ``films[r]`` (``film_skip``), on generated kernels.
+
+    Its parameters are PyG's own modules (``lins``, ``films``, ``lin_skip``, ``film_skip``, made by PyG's
+    constructor); rgtune's FiLM weights (:func:`rgtune.ir.models.film`) are derived from them in every call.
+    Args (PyG's): in_channels (an int), out_channels, num_relations; ``nn``, ``act`` and ``aggr`` at PyG's
+    defaults (``None``, ReLU, ``"mean"``). Keyword-only (rgtune's): backend, db, mode. Call:
+    ``conv(x, edge_index, edge_type)``, as :class:`RGCNConv`.
+    """
+
+    model = "film"
+
+    def __init__(self, in_channels: int, out_channels: int, num_relations: int = 1, nn: Any = None,
+                 act: Any = "relu", aggr: str = "mean", *, backend: str = "auto", db: Any = "results.db",
+                 mode: str = "training", **kwargs: Any) -> None:
+        super().__init__()
+        name = type(self).__name__
+        if not isinstance(in_channels, int) or isinstance(in_channels, bool) or in_channels < 1:
+            raise ValueError(f"{name}: in_channels={in_channels!r}: rgtune's FiLMConv takes node features of one "
+                             "size (an int); the bipartite (tuple) form is not supported")
+        relu = act == "relu" or isinstance(act, torch.nn.ReLU)
+        for what, ok, want in (("nn", nn is None, "None (linear FiLM weights)"), ("act", relu, "ReLU"),
+                               ("aggr", aggr == "mean", "'mean'")):
+            if not ok:
+                raise ValueError(f"{name}: {what}={locals()[what]!r} is not supported; rgtune's FiLM computes PyG's "
+                                 f"default, {what}={want}")
+        if kwargs:
+            raise ValueError(f"{name}: arguments {sorted(kwargs)} are not supported")
+        from torch_geometric.nn import FiLMConv as PyGFiLMConv  # PyG's parameters, by PyG's own constructor
+
+        pyg = PyGFiLMConv(in_channels, out_channels, num_relations)
+        for child in ("lins", "films", "lin_skip", "film_skip"):
+            self.add_module(child, getattr(pyg, child))
+        self.in_channels, self.out_channels, self.num_relations = in_channels, out_channels, num_relations
+        self._setup(in_channels, out_channels, 1, {}, backend, db, mode)
+
+    def reset_parameters(self) -> None:
+        for module in (*self.lins, *self.films, self.lin_skip, self.film_skip):
+            module.reset_parameters()
+
+    def _rgtune_params(self, graph: HeteroGraph) -> dict[str, Tensor]:
+        """rgtune's FiLM weights from PyG's linears (``W^T``; ``films[r]`` and ``film_skip`` hold ``[beta | gamma]``,
+        beta first), relation ``r`` PyG's ``lins[r]``."""
+        out = self.out_channels
+        films_w = torch.stack([f.weight for f in self.films])  # (R, 2 out, in)
+        films_b = torch.stack([f.bias for f in self.films])  # (R, 2 out)
+        skip = self.film_skip.weight  # (2 out, in)
+        return {"lins": torch.stack([lin.weight for lin in self.lins]).transpose(1, 2),
+                "films_beta": films_w[:, :out].transpose(1, 2), "films_gamma": films_w[:, out:].transpose(1, 2),
+                "films_beta_bias": films_b[:, :out], "films_gamma_bias": films_b[:, out:],
+                "lin_skip": self.lin_skip.weight.T, "film_skip_beta": skip[:out].T, "film_skip_gamma": skip[out:].T}
+
+    def extra_repr(self) -> str:
+        return f"{self.in_channels}, {self.out_channels}, num_relations={self.num_relations}"
