@@ -27,7 +27,6 @@ Example (needs DGL):
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Any, Callable
 
 import torch
@@ -35,17 +34,14 @@ from torch import Tensor
 
 from rgtune.data.graph import HeteroGraph
 from rgtune.data.interop import from_pyg_homogeneous
-from rgtune.runtime.load import load_tuned
-from rgtune.runtime.module import Layer
+from rgtune.nn._dropin import DropIn
 
 __all__ = ["RelGraphConv"]
-
-_GRAPHS_KEPT = 4
 #: how far a given ``norm`` may be from the mean per relation's ``1 / |N_r(i)|`` (float32 rounding)
 _NORM_TOLERANCE = 1e-5
 
 
-class RelGraphConv(torch.nn.Module):
+class RelGraphConv(DropIn):
     r"""DGL's ``RelGraphConv``: :math:`h'_i = \sum_r \sum_{j \in N_r(i)} e_{ji} W_r h_j + W_0 h_i + b`, then
     ``activation`` and ``dropout``; :math:`e_{ji}` is ``norm`` (1 without it). See the module docstring.
 
@@ -78,9 +74,8 @@ class RelGraphConv(torch.nn.Module):
         self.in_feat, self.out_feat, self.num_rels = in_feat, out_feat, num_rels
         self.regularizer = regularizer
         self.num_bases = dgl_conv.linear_r.num_bases if regularizer is not None else None
-        self.backend, self.db, self.mode = backend, db, mode
-        self._layers: dict[str, Layer] = {}  # per aggregation (sum without norm, mean with 1/|N_r(i)|)
-        self._graphs: OrderedDict[tuple[Any, ...], tuple[Any, HeteroGraph, Tensor]] = OrderedDict()
+        # a layer per aggregation (a sum without norm, the mean with 1/|N_r(i)|)
+        self._setup(in_feat, out_feat, 1, self._options("mean"), backend, db, mode)
 
     def _options(self, aggr: str) -> dict[str, Any]:
         opts: dict[str, Any] = {"aggr": aggr} if aggr != "mean" else {}
@@ -101,62 +96,48 @@ class RelGraphConv(torch.nn.Module):
         graph, mean_norm = self._graph(g, etypes)
         aggr = "sum"
         if norm is not None:
-            checked = (id(norm), norm._version, id(mean_norm))  # the same tensor every epoch: checked once
-            if self.__dict__.get("_norm_checked") != checked:
+            checked = (id(norm), norm._version)  # the same tensor every epoch: checked once per graph
+            if graph.__dict__.get("_rgtune_dgl_norm_checked") != checked:
                 given = norm.detach().reshape(-1).to("cpu", torch.float64)
                 if given.numel() != mean_norm.numel() or not torch.allclose(given, mean_norm, rtol=_NORM_TOLERANCE,
                                                                              atol=0.0):
                     raise ValueError(f"{name}: norm must be None (a sum) or 1 / |N_r(i)| per edge (the mean over each "
                                      "relation's in-edges of the destination, DGL's right normalization per relation): "
                                      "rgtune's RGCN computes those two")
-                self.__dict__["_norm_checked"] = checked
+                graph.__dict__["_rgtune_dgl_norm_checked"] = checked
             aggr = "mean"
-        layer = self._layer_for(graph, feat.device, aggr)
-        weight = self.linear_r.W
-        params = {"weight": weight.view(self.num_rels, self.num_bases, self.in_feat // self.num_bases,
-                                        self.out_feat // self.num_bases) if self.regularizer == "bdd" else weight,
-                  "root": self.loop_weight, "bias": self.h_bias}
-        if self.regularizer == "basis":
-            params["comp"] = self.linear_r.coeff
-        for pname in layer._param_names:
-            layer._parameters[pname] = params[pname]
-        h = layer(feat, graph=None if graph is layer.graph else graph)
+        h = self._run(graph, feat, feat.device, self._options(aggr))
         if self.activation is not None:
             h = self.activation(h)
         return self.dropout(h)
+
+    def _rgtune_params(self, graph: HeteroGraph) -> dict[str, Tensor]:
+        """rgtune's RGCN weights are DGL's parameters (``bdd``'s flat blocks viewed as ``(R, B, in/B, out/B)``)."""
+        weight = self.linear_r.W
+        if self.regularizer == "bdd":
+            b = self.num_bases
+            weight = weight.view(self.num_rels, b, self.in_feat // b, self.out_feat // b)
+        params = {"weight": weight, "root": self.loop_weight, "bias": self.h_bias}
+        if self.regularizer == "basis":
+            params["comp"] = self.linear_r.coeff
+        return params
 
     def _graph(self, g: Any, etypes: Tensor) -> tuple[HeteroGraph, Tensor]:
         """The graph of ``g`` and ``etypes`` (kept while the same objects come back) and each edge's
         ``1 / |N_r(i)|``, in DGL's edge order."""
         key = (id(g), id(etypes), etypes._version, g.num_nodes(), g.num_edges())
-        kept = self._graphs.pop(key, None)
-        if kept is None or kept[0][0] is not g or kept[0][1] is not etypes:
-            src, dst = g.edges()
-            n = g.num_nodes()
-            et = etypes.to("cpu", torch.int64)
-            graph = from_pyg_homogeneous(torch.stack([src, dst]).cpu(), et, n, self.num_rels, name="dgl")
-            key_rd = et * n + dst.to("cpu", torch.int64)
-            counts = torch.bincount(key_rd, minlength=self.num_rels * n)
-            kept = ((g, etypes), graph, 1.0 / counts[key_rd].double())
-        self._graphs[key] = kept
-        while len(self._graphs) > _GRAPHS_KEPT:
-            self._graphs.popitem(last=False)
-        return kept[1], kept[2]
+        graph = self._kept(key, (g, etypes), lambda: self._build(g, etypes))
+        return graph, graph.__dict__["_rgtune_dgl_mean_norm"]
 
-    def _layer_for(self, graph: HeteroGraph, device: torch.device, aggr: str) -> Layer:
-        backend = self.backend if self.backend != "auto" else ("cuda" if device.type == "cuda" else "cpu")
-        layer = self._layers.get(aggr)
-        if layer is None or layer.backend != backend:
-            layer = load_tuned(self.model, graph, self.in_feat, self.out_feat, 1, db=self.db, backend=backend,
-                               options=self._options(aggr), mode=self.mode)
-            self.__dict__["_layers"][aggr] = layer  # not submodules: the state dict is DGL's parameters
-        return layer
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_layers"], state["_graphs"] = {}, OrderedDict()
-        state.pop("_norm_checked", None)
-        return state
+    def _build(self, g: Any, etypes: Tensor) -> HeteroGraph:
+        src, dst = g.edges()
+        n = g.num_nodes()
+        et = etypes.to("cpu", torch.int64)
+        graph = from_pyg_homogeneous(torch.stack([src, dst]).cpu(), et, n, self.num_rels, name="dgl")
+        key = et * n + dst.to("cpu", torch.int64)
+        counts = torch.bincount(key, minlength=self.num_rels * n)
+        graph.__dict__["_rgtune_dgl_mean_norm"] = 1.0 / counts[key].double()  # what DGL's right normalization gives
+        return graph
 
     def extra_repr(self) -> str:
         reg = f", regularizer={self.regularizer!r}, num_bases={self.num_bases}" if self.regularizer else ""

@@ -30,8 +30,7 @@ Example:
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -39,70 +38,16 @@ from torch import Tensor
 from rgtune.data.graph import HeteroGraph
 from rgtune.data.interop import from_pyg_homogeneous
 from rgtune.ir.registry import model_spec
-from rgtune.runtime.load import load_tuned
-from rgtune.runtime.module import Layer, init_param
+from rgtune.nn._dropin import DropIn
+from rgtune.runtime.module import init_param
 
 __all__ = ["RGCNConv", "HGTConv", "FiLMConv"]
 
-#: graphs (one per ``(edge_index, edge_type)`` pair) a module keeps built
-_GRAPHS_KEPT = 4
 #: PyG's ``aggr`` of ``RGCNConv`` -> rgtune's RGCN option ``aggr``
 _AGGRS = {"mean": "mean", "add": "sum", "sum": "sum"}
 
 
-class _DropIn(torch.nn.Module):
-    """What the drop-in modules share: the compiled layer, looked up once per backend as ``load_tuned`` does
-    (kept out of the state dict: the module's parameters are the library's), run with the weights the module
-    derives from its parameters (:meth:`_rgtune_params`), and rebuilt after a copy or a pickle."""
-
-    model: str
-
-    def _setup(self, in_dim: int, out_dim: int, heads: int, options: dict[str, Any], backend: str, db: Any,
-               mode: str) -> None:
-        self._sizes, self.options = (in_dim, out_dim, heads), options
-        self.backend, self.db, self.mode = backend, db, mode
-        self._layer: Layer | None = None
-        self._graphs: OrderedDict[tuple[Any, ...], tuple[Any, HeteroGraph]] = OrderedDict()
-
-    def _rgtune_params(self, graph: HeteroGraph) -> dict[str, Tensor]:
-        """rgtune's weights of the model's program, computed from this module's parameters (differentiably)."""
-        raise NotImplementedError
-
-    def _run(self, graph: HeteroGraph, x: Any, device: torch.device) -> Any:
-        """The layer's output for ``x`` on ``graph``, with the weights of this module's parameters."""
-        layer = self._layer_for(graph, device)
-        for pname, value in self._rgtune_params(graph).items():
-            layer._parameters[pname] = value  # type: ignore[assignment]  # a view of the module's parameters
-        return layer(x, graph=None if graph is layer.graph else graph)
-
-    def _layer_for(self, graph: HeteroGraph, device: torch.device) -> Layer:
-        """The compiled layer (its schedule looked up once, for the first graph), on ``device``'s backend."""
-        backend = self.backend if self.backend != "auto" else ("cuda" if device.type == "cuda" else "cpu")
-        layer = self._layer
-        if layer is None or layer.backend != backend:
-            layer = load_tuned(self.model, graph, *self._sizes, db=self.db, backend=backend, options=self.options,
-                               mode=self.mode)
-            self.__dict__["_layer"] = layer  # not a submodule: the state dict is this module's parameters
-        return layer
-
-    def _kept(self, key: tuple[Any, ...], holds: Any, build: Callable[[], HeteroGraph]) -> HeteroGraph:
-        """The graph of ``key`` built once while the same tensors (``holds``, compared by identity) come back."""
-        kept = self._graphs.pop(key, None)
-        if kept is None or len(kept[0]) != len(holds) or any(a is not b for a, b in zip(kept[0], holds)):
-            kept = (holds, build())
-        self._graphs[key] = kept
-        while len(self._graphs) > _GRAPHS_KEPT:
-            self._graphs.popitem(last=False)
-        return kept[1]
-
-    def __getstate__(self) -> dict[str, Any]:
-        # the compiled layer and the graphs are rebuilt on the copy's first call (a compile-cache hit)
-        state = dict(self.__dict__)
-        state["_layer"], state["_graphs"] = None, OrderedDict()
-        return state
-
-
-class _EdgeTypeConv(_DropIn):
+class _EdgeTypeConv(DropIn):
     """A conv of PyG's homogeneous form, ``conv(x, edge_index, edge_type)`` (relation ``r``: ``edge_type == r``)."""
 
     num_relations: int
@@ -202,7 +147,7 @@ class RGCNConv(_EdgeTypeConv):
         return f"{self.in_channels}, {self.out_channels}, num_relations={self.num_relations}{opts}"
 
 
-class HGTConv(_DropIn):
+class HGTConv(DropIn):
     r"""PyG's ``HGTConv`` (the heterogeneous graph transformer), on generated kernels.
 
     Its parameters are PyG's own modules (``kqv_lin``, ``out_lin``, ``k_rel``, ``v_rel``, ``skip``, ``p_rel``;
