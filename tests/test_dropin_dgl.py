@@ -12,6 +12,8 @@ import torch
 from rgtune.nn.dgl import RelGraphConv
 from rgtune.runtime._lookup import TunedScheduleWarning
 
+from _dropin import assert_same_as_library
+
 N, E, R = 50, 300, 4
 
 
@@ -46,16 +48,8 @@ def test_relgraphconv_equals_dgl_both_ways(regularizer, bases, normalized):
     with torch.no_grad():
         theirs.h_bias.uniform_(-0.5, 0.5)  # DGL starts it at zero: other values check the mapping
     ours.load_state_dict(theirs.state_dict())
-    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
-    want, got = theirs(g, xa, etypes, norm), _quiet(ours, g, xb, etypes, norm)
-    assert torch.allclose(got, want, rtol=1e-4, atol=1e-5)
-    grad = torch.randn_like(want)
-    want.backward(grad)
-    got.backward(grad)
-    assert torch.allclose(xb.grad, xa.grad, rtol=1e-4, atol=1e-5)
-    mine = dict(ours.named_parameters())
-    for name, p in theirs.named_parameters():
-        assert torch.allclose(mine[name].grad, p.grad, rtol=1e-4, atol=1e-5), name
+    assert_same_as_library(theirs, ours, lambda v: theirs(g, v, etypes, norm), lambda v: _quiet(ours, g, v, etypes, norm),
+                           x)
     back = DGLRelGraphConv(8, 8, R, regularizer, bases, activation=torch.relu)
     back.load_state_dict(ours.state_dict())  # rgtune -> DGL
     assert torch.allclose(back(g, x, etypes, norm), _quiet(ours, g, x, etypes, norm), rtol=1e-4, atol=1e-5)

@@ -13,6 +13,8 @@ from rgtune.bench.baselines import _pyg
 from rgtune.nn.pyg import RGCNConv
 from rgtune.runtime._lookup import TunedScheduleWarning
 
+from _dropin import assert_same_as_library
+
 N, E, R = 60, 400, 5
 
 
@@ -44,15 +46,8 @@ def test_rgcnconv_equals_pyg_both_ways(options):
     assert {k: v.shape for k, v in ours.state_dict().items()} == {k: v.shape for k, v in theirs.state_dict().items()}
     ours.load_state_dict(theirs.state_dict())  # ... and shapes: PyG -> rgtune
     x, edge_index, edge_type = _inputs()
-    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
-    want, got = theirs(xa, edge_index, edge_type), _quiet(ours, xb, edge_index, edge_type)
-    assert torch.allclose(got, want, rtol=1e-4, atol=1e-5)
-    g = torch.randn_like(want)
-    want.backward(g)
-    got.backward(g)
-    assert torch.allclose(xb.grad, xa.grad, rtol=1e-4, atol=1e-5)
-    for name, p in ours.named_parameters():
-        assert torch.allclose(p.grad, dict(theirs.named_parameters())[name].grad, rtol=1e-4, atol=1e-5), name
+    assert_same_as_library(theirs, ours, lambda v: theirs(v, edge_index, edge_type),
+                           lambda v: _quiet(ours, v, edge_index, edge_type), x)
     # rgtune -> PyG: a fresh PyG module with our (changed) weights gives our outputs
     with torch.no_grad():
         ours.root.mul_(2.0)
@@ -226,15 +221,7 @@ def test_filmconv_equals_pyg_both_ways():
     assert {k: v.shape for k, v in ours.state_dict().items()} == {k: v.shape for k, v in theirs.state_dict().items()}
     ours.load_state_dict(theirs.state_dict())
     x, edge_index, edge_type = _inputs()
-    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
-    want, got = theirs(xa, edge_index, edge_type), _quiet(ours, xb, edge_index, edge_type)
-    assert torch.allclose(got, want, rtol=1e-4, atol=1e-5)
-    g = torch.randn_like(want)
-    want.backward(g)
-    got.backward(g)
-    assert torch.allclose(xb.grad, xa.grad, rtol=1e-4, atol=1e-5)
-    mine = dict(ours.named_parameters())
-    for name, p in theirs.named_parameters():
-        assert torch.allclose(mine[name].grad, p.grad, rtol=1e-4, atol=1e-5), name
+    assert_same_as_library(theirs, ours, lambda v: theirs(v, edge_index, edge_type),
+                           lambda v: _quiet(ours, v, edge_index, edge_type), x)
     with pytest.raises(ValueError, match="aggr='add' is not supported"):
         FiLMConv(8, 16, R, aggr="add", db=None)
