@@ -362,8 +362,8 @@ def _cuda_space(option: dict[str, int], graph: HeteroGraph, dims: tuple[int, int
 @pytest.mark.slow
 def test_cuda_training_programs_compile_with_nvrtc() -> None:
     """Every IR configuration's training program at the default schedule (the edge-parallel traversal where
-    the layout forbids the default), bases and blocks, and 20 random training schedules (10 of each); each
-    distinct unit compiled once."""
+    the layout forbids the default), bases, blocks and the sum (DGL's RelGraphConv without norm), and 30
+    random training schedules (10 of each); each distinct unit compiled once."""
     from _nvrtc_ledger import Ledger
     from test_cuda_training import _OK, _WHY, _valid_point
 
@@ -373,7 +373,7 @@ def test_cuda_training_programs_compile_with_nvrtc() -> None:
         pytest.skip(f"NVRTC unavailable: {_WHY}")
     graph = random_graph((50, 80, 30), num_relations=12, num_edges=800, seed=0)
     ledger = Ledger()
-    for option in ({"num_bases": 4}, {"num_blocks": 4}):
+    for option in ({"num_bases": 4}, {"num_blocks": 4}, {"aggr": "sum"}):
         space = _cuda_space(option, graph)
         programs = []
         for cfg in space.ir_configs():
@@ -394,7 +394,8 @@ EMULATED = [({"num_bases": 3}, {}), ({"num_bases": 3}, {"reorder.bases": "transf
             ({"num_bases": 3}, {"reorder.aggregate_first": "on", "weightgrad.reduction": "two_pass"}),
             ({"num_blocks": 4}, {}), ({"num_blocks": 4}, {"reorder.aggregate_first": "on"}),
             ({"num_blocks": 4}, {"compact.src": "pair", "layout.edges": "coo_rel_src",
-                                 "traversal.mapping": "edge_parallel", "autodiff.save": "nodes"})]
+                                 "traversal.mapping": "edge_parallel", "autodiff.save": "nodes"}),
+            ({"aggr": "sum"}, {}), ({"aggr": "sum"}, {"reorder.aggregate_first": "on", "compact.src": "pair"})]
 
 
 @pytest.mark.parametrize("option,cfg", EMULATED)
