@@ -225,3 +225,32 @@ def test_filmconv_equals_pyg_both_ways():
                            lambda v: _quiet(ours, v, edge_index, edge_type), x)
     with pytest.raises(ValueError, match="aggr='add' is not supported"):
         FiLMConv(8, 16, R, aggr="add", db=None)
+
+
+# ------------------------------------------------------------------ RGATConv
+@pytest.mark.parametrize("mechanism", ["across-relation", "within-relation"])
+def test_rgatconv_equals_pyg_both_ways(mechanism):
+    from rgtune.nn.pyg import RGATConv
+
+    torch.manual_seed(0)
+    theirs = _pyg().nn.RGATConv(8, 16, R, attention_mechanism=mechanism)
+    ours = RGATConv(8, 16, R, attention_mechanism=mechanism, db=None)
+    assert {k: v.shape for k, v in ours.state_dict().items()} == {k: v.shape for k, v in theirs.state_dict().items()}
+    with torch.no_grad():
+        theirs.bias.uniform_(-0.5, 0.5)  # PyG starts it at zero: other values check that it is added
+    ours.load_state_dict(theirs.state_dict())
+    x, edge_index, edge_type = _inputs()
+    want = assert_same_as_library(theirs, ours, lambda v: theirs(v, edge_index, edge_type),
+                                  lambda v: _quiet(ours, v, edge_index, edge_type), x)
+    back = _pyg().nn.RGATConv(8, 16, R, attention_mechanism=mechanism)
+    back.load_state_dict(ours.state_dict())  # rgtune -> PyG
+    assert torch.allclose(back(x, edge_index, edge_type), want, rtol=1e-4, atol=1e-5)
+
+
+def test_rgatconv_refuses_more_heads_and_other_modes():
+    from rgtune.nn.pyg import RGATConv
+
+    with pytest.raises(ValueError, match="heads=2 is not supported.*mix the heads' features"):
+        RGATConv(8, 16, R, heads=2, db=None)
+    with pytest.raises(ValueError, match="attention_mode='multiplicative-self-attention' is not supported"):
+        RGATConv(8, 16, R, attention_mode="multiplicative-self-attention", db=None)

@@ -158,12 +158,21 @@ class _Default:
 ])
 def test_the_confirmation_fits_its_budget(budget, expect):
     c = Confirmation.__new__(Confirmation)
-    c.rounds, c.budget_s, c.measurement_s, c.default = 5, budget, 1.0, _Default()
+    c.rounds, c.budget_s, c.measurement_s, c.default, c.also = 5, budget, 1.0, _Default(), {}
     knobs = {h: {} for h in ("f1", "f2", "f3", "f4", "f5", "previous", "default")}
     kept = c._fit(knobs, "previous")
     assert (len(kept), c.rounds) == expect
     if 2 <= len(kept) < len(knobs):  # trimmed: the fastest and the default first
         assert list(kept)[:2] == ["f1", "default"]
+
+
+def test_a_schedule_asked_for_stays_in_a_trimmed_confirmation():
+    """A sampler study's whole-graph best (``also``) is kept right after the default when the budget trims."""
+    c = Confirmation.__new__(Confirmation)
+    c.rounds, c.budget_s, c.measurement_s, c.default, c.also = 5, 9.5, 1.0, _Default(), {"whole": {}}
+    knobs = {h: {} for h in ("f1", "f2", "f3", "f4", "f5", "previous", "default", "whole")}
+    kept = c._fit(knobs, "previous")
+    assert list(kept) == ["f1", "default", "whole"] and c.rounds == 3
 
 
 def test_tune_memory_limit_on_the_command_line(tmp_path):
