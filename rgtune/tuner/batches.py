@@ -142,6 +142,7 @@ class SampledBatches:
         self.num_batches = len(minibatches)
         #: the block each trial is verified on: the seeds' block of the first batch (the smallest of its blocks)
         self.checked = minibatches[0].blocks[-1]
+        #: the block a trial's memory is estimated on (blocks run one at a time)
         self.largest = max((b for _, b in self.blocks), key=lambda b: (b.num_edges(), b.num_nodes()))
         variants = (True, False) if self.training else (True,)
         target = backend.target
@@ -180,10 +181,6 @@ class SampledBatches:
             if program is not None:
                 built.checked[input_grad] = program[1].bind(self.checked)
         return built
-
-    def estimate_graph(self) -> Batch:
-        """The block a trial's memory is estimated on: the largest one (blocks run one at a time)."""
-        return self.largest
 
     def case_of_variants(self, case: Case) -> Case:
         """``case`` with the params'-gradients program's results expected too (the same values, without

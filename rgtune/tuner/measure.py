@@ -374,11 +374,12 @@ class _Session:
             def run() -> None:
                 self._run(built.run, x, params)
 
+        # a sampler workload's run times every fixed batch: its trial's time is per batch (studies of another
+        # batches= count of the same sampler compare)
+        per = self.batches.num_batches if self.batches is not None else 1
         t = time.perf_counter()
         run()
-        first = time.perf_counter() - t
-        if self.batches is not None:  # a run times every fixed batch: the trial's time is per batch
-            return self._per_batch(first, run, stop_after)
+        first = (time.perf_counter() - t) / per
         if stop_after is not None and first > stop_after:
             return first, [], None, None
         o = replace(self.o, warmup=max(0, self.o.warmup - 2))  # the verification's run and the first one
@@ -386,7 +387,7 @@ class _Session:
             times = list(self.backend.time_runs(built, x, params, o.warmup, o.repeats))
             return first, times, statistics.median(times), None
         if self.reference_run is None or self.training or self.batches is not None:
-            times = _plain_times(run, o)
+            times = [t / per for t in _plain_times(run, o)]
             return first, times, statistics.median(times), None
         reference, scale_ms = self.reference_run, self.reference_ms
         assert scale_ms is not None  # calibrated with the reference
@@ -395,17 +396,6 @@ class _Session:
         ratio = statistics.median(c / r for c, r in zip(times, reference_times))
         paired = PairedTiming(ratio, scale_ms, statistics.median(reference_times) * 1e3)
         return first, times, ratio * scale_ms / 1e3, paired
-
-    def _per_batch(self, first: float, run: Callable[[], None],
-                   stop_after: float | None) -> tuple[float, list[float], float | None, None]:
-        """:meth:`_time` of a sampler workload, whose run times all its fixed batches: seconds per batch (a
-        study's trials compare with each other and with another ``batches=`` count of the same sampler)."""
-        assert self.batches is not None
-        n = self.batches.num_batches
-        if stop_after is not None and first / n > stop_after:
-            return first / n, [], None, None
-        times = [t / n for t in _plain_times(run, replace(self.o, warmup=max(0, self.o.warmup - 2)))]
-        return first / n, times, statistics.median(times), None
 
 
 def _plain_times(run: Callable[[], Any], options: MeasureOptions) -> list[float]:
