@@ -37,7 +37,7 @@ from rgtune.data.graph import HeteroGraph
 from rgtune.ir.bind import graph_arrays
 from rgtune.ir.kernels import KernelProgram, WeightKernel
 
-__all__ = ["train_step", "learnable_grads"]
+__all__ = ["train_step", "learnable_grads", "gradient_receivers"]
 
 
 def train_step(built: BuiltProgram, kp: KernelProgram, graph: HeteroGraph, x: torch.Tensor,
@@ -45,6 +45,17 @@ def train_step(built: BuiltProgram, kp: KernelProgram, graph: HeteroGraph, x: to
     """``(output, input gradient, {learnable param: gradient})`` of one step (see the module docstring)."""
     out, dx, grads = built.run_training(x, params, dout)
     return out, dx, learnable_grads(kp, graph, params, grads)
+
+
+def gradient_receivers(kp: KernelProgram) -> set[str]:
+    """The params (learnable and derived) that get a gradient: those the training program computes one
+    for, and what the folds of those that are derived weights read (a learnable param outside this set
+    gets None, as autograd gives an unused one)."""
+    have = set(kp.param_grads)
+    for k in reversed(kp.kernels):  # a fold may read an earlier fold's output
+        if isinstance(k, WeightKernel) and k.out in have:
+            have.update(n for n in (k.a, k.b) if n)
+    return have
 
 
 def learnable_grads(kp: KernelProgram, graph: HeteroGraph, params: Mapping[str, torch.Tensor],
@@ -56,18 +67,22 @@ def learnable_grads(kp: KernelProgram, graph: HeteroGraph, params: Mapping[str, 
     if not derived:
         return own
     arrays = graph_arrays(graph, kp.layout, kp.index_bits).to(next(iter(params.values())).device)
-    with torch.enable_grad():
-        leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
-        folded: dict[str, torch.Tensor] = dict(leaves)
+    names = [k for k in params if k in gradient_receivers(kp)]  # the params that a derived weight's gradient reaches
+
+    def folds(*learnable: torch.Tensor) -> list[torch.Tensor]:
+        folded: dict[str, torch.Tensor] = {**params, **dict(zip(names, learnable))}
         for k in kp.kernels:  # in program order: a fold may read an earlier fold's output
             if isinstance(k, WeightKernel) and k.out not in folded:
                 folded[k.out] = fold_weights(k, folded, arrays, kp.param_shapes)
         missing = sorted(set(derived) - set(folded))
         if missing:
             raise KeyError(f"gradients of {missing}, which are neither params nor derived weights of {kp.name}")
-        names = list(leaves)
-        back = torch.autograd.grad([folded[k] for k in derived], [leaves[k] for k in names],
-                                   [derived[k].to(folded[k].dtype) for k in derived], allow_unused=True)
+        return [folded[k] for k in derived]
+
+    # torch.func rather than the autograd engine: this also runs inside the layer's custom op (under
+    # torch.compile), where autograd does not record
+    folded, vjp = torch.func.vjp(folds, *(params[k].detach() for k in names))
+    back = vjp([derived[k].to(f.dtype) for k, f in zip(derived, folded)])
     for name, g in zip(names, back):
         if g is not None:
             own[name] = own[name] + g.to(own[name].dtype) if name in own else g

@@ -97,7 +97,7 @@ class GraphLayer(torch.nn.Module):
         """Validate ``x`` (input of the bound graph, or of ``graph``); return it in global node order and
         whether it came as a dict."""
         g = self.graph if graph is None else graph
-        offsets = self.node_offsets if graph is None else [int(v) for v in g.node_offsets]
+        offsets = self._offsets(graph)
         if isinstance(x, Mapping):
             ntypes = g.ntypes
             unknown = sorted(set(x) - set(ntypes))
@@ -121,11 +121,16 @@ class GraphLayer(torch.nn.Module):
         self._check_tensor(x, offsets[-1], "input")
         return x, False
 
+    def _offsets(self, graph: HeteroGraph | None) -> list[int]:
+        """Node type offsets of ``graph`` (None: the bound graph's, kept as ints: no tensor read per call,
+        which torch.compile would have to break its graph for)."""
+        return self.node_offsets if graph is None or graph is self.graph else [int(v) for v in graph.node_offsets]
+
     def _from_flat(self, out: Tensor, as_dict: bool, graph: HeteroGraph | None = None) -> NodeInput:
         if not as_dict:
             return out
         g = self.graph if graph is None else graph
-        offsets = self.node_offsets if graph is None else [int(v) for v in g.node_offsets]
+        offsets = self._offsets(graph)
         return {t: out[offsets[i] : offsets[i + 1]] for i, t in enumerate(g.ntypes)}
 
     def forward(self, x: NodeInput) -> NodeInput:

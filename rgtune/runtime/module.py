@@ -88,13 +88,14 @@ from torch.autograd.function import once_differentiable
 from rgtune.codegen.base import (Backend, BuiltProgram, CompiledProgram, ReferenceBackend, Saved, create,
                                  source_hash)
 from rgtune.codegen.reference import ReferenceExecutor
-from rgtune.codegen.training import learnable_grads
+from rgtune.codegen.training import gradient_receivers, learnable_grads
 from rgtune.data.batch import Batch, BatchTypeError
 from rgtune.data.graph import HeteroGraph
 from rgtune.data.graph_layer import GraphLayer, NodeInput
 from rgtune.ir.kernels import KernelProgram, WeightKernel
 from rgtune.ir.program import Param, Program
 from rgtune.ir.registry import model_spec
+from rgtune.runtime import ops
 from rgtune.search_spaces import MODES, Point, SearchSpace
 
 __all__ = ["GraphMismatchError", "Layer", "init_param"]
@@ -172,6 +173,10 @@ class _Runner:
         self._lock = threading.Lock()
         self._executor: ReferenceExecutor | None = None
         self._eager = eager
+        #: this runner's number for the custom ops that torch.compile traces (:mod:`rgtune.runtime.ops`)
+        self.handle = ops.register(self)
+        #: (training, input_grad) -> the shapes a program returns, for the ops' fake implementations
+        self.layouts: dict[tuple[bool, bool], Any] = {}
         self.compiled(self.runs(eager))  # compiled now; bound to a graph when a call needs it
 
     def for_graph(self, graph: "HeteroGraph | Batch") -> "_Runner":
@@ -221,6 +226,14 @@ class _Runner:
         kp, built = self.program("training", input_grad)
         with torch.no_grad():
             return built.run_forward(x, dict(zip(self.names, params)))
+
+    def gradients_produced(self, input_grad: bool) -> tuple[bool, ...]:
+        """Which of ``(x, *params)`` the backward gives a gradient (with the input's when ``input_grad``)."""
+        kp = self.program(self.runs("training"), input_grad)[0]
+        if self.backward_kind() == "torch":  # the torch lowering's autograd: every input it reads
+            return (input_grad, *(True for _ in self.names))
+        receivers = gradient_receivers(kp)
+        return (input_grad and kp.input_grad is not None, *(n in receivers for n in self.names))
 
     def backward(self, x: Tensor, params: Sequence[Tensor], saved: Saved | None, grad_out: Tensor,
                  needs: Sequence[bool]) -> list[Tensor | None]:
@@ -632,6 +645,8 @@ class Layer(GraphLayer):
 
     def _run(self, runner: _Runner, x: Tensor) -> Tensor:
         params = [self._parameters[n] for n in self._param_names]
+        if torch.compiler.is_compiling():  # traced: the kernels as custom ops, one graph with no break
+            return ops.forward(runner, x, params)
         if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params)):
             return _KernelFunction.apply(runner, x, *params)
         return runner.forward(x, params)  # no gradient: the inference program, nothing saved
