@@ -66,6 +66,59 @@ def test_another_norm_and_what_rgtune_does_not_compute_are_refused():
             RelGraphConv(8, 8, R, db=None, **kwargs)
 
 
+def _block(seed: int = 1):
+    """A sampled block of ``_graph()`` (fan-out 5, 12 seeds, DGL's sampler and ``to_block``) with its
+    edges' types, each relation's mean norm in the block, and its source nodes' features."""
+    import dgl
+
+    g, x, etypes, _ = _graph()
+    torch.manual_seed(seed)
+    seeds = torch.randperm(N)[:12]
+    frontier = dgl.sampling.sample_neighbors(g, seeds, 5)
+    block = dgl.to_block(frontier, seeds)
+    et = etypes[block.edata[dgl.EID]]
+    src, dst = block.edges()
+    key = et * block.num_dst_nodes() + dst
+    norm = (1.0 / torch.bincount(key, minlength=R * block.num_dst_nodes())[key].float()).unsqueeze(1)
+    return block, x[block.srcdata[dgl.NID]], et, norm
+
+
+@pytest.mark.parametrize("normalized", [False, True], ids=["sum", "mean"])
+def test_a_block_computes_the_destinations_rows_as_dgl_does(normalized):
+    from dgl.nn.pytorch import RelGraphConv as DGLRelGraphConv
+
+    block, x, etypes, norm = _block()
+    assert block.num_dst_nodes() < block.num_src_nodes()  # the sources outnumber the destinations
+    norm = norm if normalized else None
+    torch.manual_seed(0)
+    theirs = DGLRelGraphConv(8, 8, R, "basis", 2)
+    ours = RelGraphConv(8, 8, R, "basis", 2, db=None)
+    ours.load_state_dict(theirs.state_dict())
+    want = assert_same_as_library(theirs, ours, lambda v: theirs(block, v, etypes, norm),
+                                  lambda v: _quiet(ours, block, v, etypes, norm), x)
+    assert want.shape == (block.num_dst_nodes(), 8)
+    # the kernels ran the mini-batch program on the block: destinations' rows only
+    assert ours._layer._last_batch is not None and ours._layer._last_batch[0].num_dst_nodes == block.num_dst_nodes()
+    # the next step's block: no new layer, no new compile
+    layer = ours._layer
+    block2, x2, etypes2, norm2 = _block(seed=2)
+    got = _quiet(ours, block2, x2, etypes2, norm2 if normalized else None)
+    assert ours._layer is layer
+    assert torch.allclose(got, theirs(block2, x2, etypes2, norm2 if normalized else None), rtol=1e-4, atol=1e-5)
+
+
+def test_a_block_whose_destinations_are_not_its_first_sources_is_refused():
+    import dgl
+
+    src, dst = torch.tensor([0, 1, 2]), torch.tensor([0, 0, 1])
+    block = dgl.create_block((src, dst), num_src_nodes=3, num_dst_nodes=2)
+    block.srcdata[dgl.NID] = torch.tensor([7, 8, 9])
+    block.dstdata[dgl.NID] = torch.tensor([8, 7])
+    conv = RelGraphConv(8, 8, R, db=None)
+    with pytest.raises(ValueError, match="not its first source nodes"):
+        _quiet(conv, block, torch.randn(3, 8), torch.tensor([0, 1, 2]))
+
+
 @pytest.mark.slow
 def test_dgls_aifb_script_trains_the_same_with_rgtunes_import(tmp_path):
     """docs/examples/dgl_rgcn_aifb.py, DGL's entity classification (basis regularizer, right normalization per

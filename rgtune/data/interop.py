@@ -29,13 +29,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from rgtune.data.batch import Batch
 from rgtune.data.graph import CanonicalEType, HeteroGraph, NodeTask
 
 if TYPE_CHECKING:  # only for annotations; both are optional dependencies
     import dgl
     from torch_geometric.data import HeteroData
 
-__all__ = ["as_hetero_graph", "from_dgl", "from_pyg", "from_pyg_homogeneous", "relation_names", "to_dgl", "to_pyg",
+__all__ = ["as_hetero_graph", "batch_from_homogeneous", "from_dgl", "from_pyg", "from_pyg_homogeneous", "relation_names", "to_dgl", "to_pyg",
            "to_pyg_homogeneous"]
 
 _DGL_FEATURE, _PYG_FEATURE = "feat", "x"
@@ -230,12 +231,39 @@ def from_pyg_homogeneous(edge_index: torch.Tensor, edge_type: torch.Tensor | Non
         raise ValueError(f"edge_index must be a (2, num_edges) tensor, got "
                          f"{tuple(ei.shape) if ei is not None else type(edge_index).__name__}")
     ei = ei.to("cpu", torch.int64)
+    return HeteroGraph({HOMOGENEOUS_NTYPE: num_nodes}, _by_relation(ei[0], ei[1], edge_type, num_relations), name=name)
+
+
+def batch_from_homogeneous(src: torch.Tensor, dst: torch.Tensor, edge_type: torch.Tensor | None, num_src: int,
+                           num_dst: int, num_relations: int, name: str = "block") -> Batch:
+    """A :class:`~rgtune.data.batch.Batch` of one node type from a block in the homogeneous form (DGL's
+    block with integer edge types): ``src`` ids below ``num_src``, ``dst`` ids below ``num_dst``, the
+    destinations the first ``num_dst`` source nodes (as ``dgl.to_block`` makes them); relations named as
+    :func:`from_pyg_homogeneous` names them, so a layer made on such a graph runs on the batch.
+
+    Example:
+        >>> b = batch_from_homogeneous(torch.tensor([2, 3, 0]), torch.tensor([0, 1, 1]), torch.tensor([1, 0, 1]),
+        ...                            4, 2, 2)
+        >>> b.num_dst_nodes, b.num_nodes(), b.src.tolist(), b.dst.tolist()   # relation 0's edge first
+        (2, 4, [3, 2, 0], [1, 0, 1])
+    """
+    n = HOMOGENEOUS_NTYPE
+    src = src.as_subclass(torch.Tensor).to("cpu", torch.int64).reshape(-1)
+    dst = dst.as_subclass(torch.Tensor).to("cpu", torch.int64).reshape(-1)
+    edges = _by_relation(src, dst, edge_type, num_relations)
+    return Batch([n], list(edges), num_src={n: num_src}, num_dst={n: num_dst}, edges=edges, name=name)
+
+
+def _by_relation(src: torch.Tensor, dst: torch.Tensor, edge_type: torch.Tensor | None,
+                 num_relations: int) -> dict[CanonicalEType, tuple[torch.Tensor, torch.Tensor]]:
+    """The edges of each relation ``r`` (``edge_type == r``; None: all of relation 0), each relation's in
+    the caller's order, every relation present, named by :func:`relation_names`."""
     if edge_type is None:
-        et = torch.zeros(ei.size(1), dtype=torch.int64)
+        et = torch.zeros(src.numel(), dtype=torch.int64)
     else:
         et = edge_type.as_subclass(torch.Tensor).to("cpu", torch.int64).reshape(-1)
-        if et.numel() != ei.size(1):
-            raise ValueError(f"edge_type has {et.numel()} entries for {ei.size(1)} edges")
+        if et.numel() != src.numel():
+            raise ValueError(f"edge_type has {et.numel()} entries for {src.numel()} edges")
     if et.numel() and (int(et.min()) < 0 or int(et.max()) >= num_relations):
         low, high = int(et.min()), int(et.max())
         what = f"a negative value ({low})" if low < 0 else f"values up to {high}"
@@ -243,10 +271,9 @@ def from_pyg_homogeneous(edge_index: torch.Tensor, edge_type: torch.Tensor | Non
                          f"{num_relations - 1})")
     order = torch.sort(et, stable=True).indices  # by relation, each relation's edges in the caller's order
     counts = torch.bincount(et, minlength=num_relations).tolist()
-    src, dst = ei[0][order].split(counts), ei[1][order].split(counts)
     n = HOMOGENEOUS_NTYPE
-    edges = {(n, r, n): (s, d) for r, s, d in zip(relation_names(num_relations), src, dst)}
-    return HeteroGraph({n: num_nodes}, edges, name=name)
+    return {(n, r, n): (s, d) for r, s, d in zip(relation_names(num_relations), src[order].split(counts),
+                                                  dst[order].split(counts))}
 
 
 def as_hetero_graph(graph: Any, name: str = "graph") -> HeteroGraph:

@@ -8,6 +8,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
+from rgtune.data.batch import Batch
 from rgtune.data.graph import HeteroGraph
 from rgtune.runtime.load import load_tuned
 from rgtune.runtime.module import Layer
@@ -37,22 +38,26 @@ class DropIn(torch.nn.Module):
         """rgtune's weights of the model's program, computed from this module's parameters (differentiably)."""
         raise NotImplementedError
 
-    def _run(self, graph: HeteroGraph, x: Any, device: torch.device, options: dict[str, Any] | None = None) -> Any:
-        """The layer's output for ``x`` on ``graph``, with the weights of this module's parameters (``options``:
-        the model's for this call, default :attr:`options`)."""
-        layer = self._layer_for(graph, device, self.options if options is None else options)
+    def _run(self, graph: HeteroGraph | Batch, x: Any, device: torch.device, options: dict[str, Any] | None = None,
+             types_graph: Callable[[], HeteroGraph] | None = None) -> Any:
+        """The layer's output for ``x`` on ``graph`` (a graph, or a block's :class:`Batch`: the destinations'
+        rows), with the weights of this module's parameters (``options``: the model's for this call, default
+        :attr:`options`). ``types_graph``: the graph to make the layer for when none is made yet (a batch's
+        is not a graph; default ``graph``)."""
+        options = self.options if options is None else options
+        layer = self._layer_for(types_graph or (lambda: graph), device, options)  # type: ignore[arg-type, return-value]
         for pname, value in self._rgtune_params(graph).items():
             layer._parameters[pname] = value  # type: ignore[assignment]  # a view of the module's parameters
         return layer(x, graph=None if graph is layer.graph else graph)
 
-    def _layer_for(self, graph: HeteroGraph, device: torch.device, options: dict[str, Any]) -> Layer:
-        """The compiled layer of ``options`` (its schedule looked up once, for the first graph), on ``device``'s
-        backend."""
+    def _layer_for(self, graph: Callable[[], HeteroGraph], device: torch.device, options: dict[str, Any]) -> Layer:
+        """The compiled layer of ``options`` (its schedule looked up once, for the first ``graph()``), on
+        ``device``'s backend."""
         backend = self.backend if self.backend != "auto" else ("cuda" if device.type == "cuda" else "cpu")
         key = (backend, repr(sorted(options.items())))
         layer = self._layers.get(key)
         if layer is None:
-            layer = self._layers[key] = load_tuned(self.model, graph, *self._sizes, db=self.db, backend=backend,
+            layer = self._layers[key] = load_tuned(self.model, graph(), *self._sizes, db=self.db, backend=backend,
                                                    options=options, mode=self.mode)
         self.__dict__["_layer"] = layer  # not a submodule: the state dict is this module's parameters
         return layer

@@ -5,7 +5,9 @@
 its parameters are DGL's own (made by DGL's constructor: ``linear_r.W``, ``linear_r.coeff`` with the basis
 regularizer, ``h_bias``, ``loop_weight``; DGL's names, shapes and initialization), so state dicts load both
 ways. rgtune's RGCN weights are views of them (the block-diagonal ``bdd`` weight reshaped), so gradients
-are DGL's parameters'. Edge types are the caller's integers (relation ``r`` is ``etypes == r``).
+are DGL's parameters'. Edge types are the caller's integers (relation ``r`` is ``etypes == r``). A block (``dgl.to_block``, a
+sampler's) runs as a mini-batch: ``feat`` holds the source nodes' rows, and only the destinations' rows are
+computed (:class:`~rgtune.data.batch.Batch`).
 
 DGL sums the messages, each multiplied by ``norm`` when given: without ``norm`` the layer runs rgtune's RGCN
 with ``aggr="sum"``; with the usual right normalization, ``norm = 1 / |N_r(i)|`` (each edge's destination's
@@ -32,8 +34,9 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
+from rgtune.data.batch import Batch
 from rgtune.data.graph import HeteroGraph
-from rgtune.data.interop import from_pyg_homogeneous
+from rgtune.data.interop import batch_from_homogeneous, from_pyg_homogeneous
 from rgtune.nn._dropin import DropIn
 
 __all__ = ["RelGraphConv"]
@@ -88,9 +91,6 @@ class RelGraphConv(DropIn):
     def forward(self, g: Any, feat: Tensor, etypes: Tensor | list[int], norm: Tensor | None = None, *,
                 presorted: bool = False) -> Tensor:
         name = type(self).__name__
-        if getattr(g, "is_block", False):
-            raise ValueError(f"{name}: DGL blocks are not supported yet; give a graph (rgtune.data.sampling's "
-                             "NeighborLoader makes blocks that rgtune.runtime.Layer takes)")
         if not isinstance(etypes, Tensor):  # DGL's presorted form: the number of edges of each type
             etypes = torch.repeat_interleave(torch.arange(len(etypes)), torch.as_tensor(etypes))
         graph, mean_norm = self._graph(g, etypes)
@@ -106,7 +106,8 @@ class RelGraphConv(DropIn):
                                      "rgtune's RGCN computes those two")
                 graph.__dict__["_rgtune_dgl_norm_checked"] = checked
             aggr = "mean"
-        h = self._run(graph, feat, feat.device, self._options(aggr))
+        types_graph = graph.__dict__.get("_rgtune_dgl_types_graph")
+        h = self._run(graph, feat, feat.device, self._options(aggr), types_graph)
         if self.activation is not None:
             h = self.activation(h)
         return self.dropout(h)
@@ -122,23 +123,44 @@ class RelGraphConv(DropIn):
             params["comp"] = self.linear_r.coeff
         return params
 
-    def _graph(self, g: Any, etypes: Tensor) -> tuple[HeteroGraph, Tensor]:
-        """The graph of ``g`` and ``etypes`` (kept while the same objects come back) and each edge's
-        ``1 / |N_r(i)|``, in DGL's edge order."""
-        key = (id(g), id(etypes), etypes._version, g.num_nodes(), g.num_edges())
+    def _graph(self, g: Any, etypes: Tensor) -> tuple[HeteroGraph | Batch, Tensor]:
+        """What the kernels run on for ``g`` and ``etypes`` (a graph, or a block's :class:`Batch`; kept while the
+        same objects come back) and each edge's ``1 / |N_r(i)|``, in DGL's edge order."""
+        key = (id(g), id(etypes), etypes._version, g.num_src_nodes(), g.num_dst_nodes(), g.num_edges())
         graph = self._kept(key, (g, etypes), lambda: self._build(g, etypes))
         return graph, graph.__dict__["_rgtune_dgl_mean_norm"]
 
-    def _build(self, g: Any, etypes: Tensor) -> HeteroGraph:
-        src, dst = g.edges()
-        n = g.num_nodes()
-        et = etypes.to("cpu", torch.int64)
-        graph = from_pyg_homogeneous(torch.stack([src, dst]).cpu(), et, n, self.num_rels, name="dgl")
-        key = et * n + dst.to("cpu", torch.int64)
-        counts = torch.bincount(key, minlength=self.num_rels * n)
-        graph.__dict__["_rgtune_dgl_mean_norm"] = 1.0 / counts[key].double()  # what DGL's right normalization gives
-        return graph
+    def _build(self, g: Any, etypes: Tensor) -> HeteroGraph | Batch:
+        """A graph's :class:`HeteroGraph`, or a block's :class:`Batch` (its destinations are the first source
+        nodes, as ``dgl.to_block`` makes them: only their rows are computed), with DGL's mean norm per edge."""
+        src, dst = (e.to("cpu", torch.int64) for e in g.edges())
+        num_src, num_dst = g.num_src_nodes(), g.num_dst_nodes()
+        et = etypes.to("cpu", torch.int64).reshape(-1)
+        built: HeteroGraph | Batch
+        if getattr(g, "is_block", False):
+            _check_block(g, num_dst)
+            built = batch_from_homogeneous(src, dst, et, num_src, num_dst, self.num_rels, name="dgl block")
+            # a module's first call on a block makes the layer (and looks its schedule up) for the block as a graph
+            built.__dict__["_rgtune_dgl_types_graph"] = lambda: from_pyg_homogeneous(
+                torch.stack([src, dst]), et, num_src, self.num_rels, name="dgl block")
+        else:
+            built = from_pyg_homogeneous(torch.stack([src, dst]), et, num_src, self.num_rels, name="dgl")
+        key = et * num_dst + dst
+        counts = torch.bincount(key, minlength=self.num_rels * num_dst)
+        built.__dict__["_rgtune_dgl_mean_norm"] = 1.0 / counts[key].double()  # what DGL's right normalization gives
+        return built
 
     def extra_repr(self) -> str:
         reg = f", regularizer={self.regularizer!r}, num_bases={self.num_bases}" if self.regularizer else ""
         return f"{self.in_feat}, {self.out_feat}, num_rels={self.num_rels}{reg}"
+
+
+def _check_block(block: Any, num_dst: int) -> None:
+    """A block's destinations are its first source nodes (DGL's ``to_block`` makes them so; a block made
+    otherwise would read other nodes' rows as the destinations' own): checked where DGL records node ids."""
+    import dgl
+
+    src_ids, dst_ids = block.srcdata.get(dgl.NID), block.dstdata.get(dgl.NID)
+    if isinstance(src_ids, Tensor) and isinstance(dst_ids, Tensor) and not torch.equal(src_ids[:num_dst], dst_ids):
+        raise ValueError("RelGraphConv: the block's destination nodes are not its first source nodes (in order), "
+                         "as dgl.to_block makes them; rgtune computes a destination from its own row of the input")
