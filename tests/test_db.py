@@ -892,6 +892,37 @@ def _run_workers(target: Callable[..., None], args: list[tuple[Any, ...]], timeo
     assert [p.exitcode for p in procs] == [0] * len(procs)
 
 
+def test_a_trial_is_named_by_its_number_in_its_study(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Record ids count across the database; a study numbers its own trials from 0 (as optuna-dashboard shows
+    them), and a confirmation round is named by its schedule's search trial."""
+    from rgtune.cli import main
+
+    db = TrialDatabase(_file_url(tmp_path / "r.db"))
+    first, second = _workload(db, "hgt"), _workload(db, "rgcn")
+    for i in range(5):  # the first study's trials take the first record ids
+        db.finish_trial(db.start_trial(first, {"i": i}, optuna_trial=i), "ok", median_ms=5.0 + i)
+    searched = [db.start_trial(second, {"i": i}, optuna_trial=i) for i in range(3)]
+    for i, tid in enumerate(searched):
+        db.finish_trial(tid, "ok", median_ms=3.0 - i)
+    c = db.start_confirmation(second, schedules=1, rounds=1)
+    rnd = db.start_trial(second, {"i": 2}, confirmation_id=c)
+    db.finish_trial(rnd, "ok", median_ms=0.5)
+    db.finish_confirmation(c)
+    outside = db.start_trial(second, {"i": 99})  # measured outside the search (no study number)
+    db.finish_trial(outside, "ok", median_ms=9.0)
+    assert [db.study_trial_number(db.trial(t)) for t in (*searched, rnd, outside)] == [0, 1, 2, 2, None]
+    best = db.best(second)
+    assert best is not None and best.id == rnd and best.id > 5
+    db.close()
+    assert main(["best", "--model", "rgcn", "--db", _file_url(tmp_path / "r.db")]) == 0
+    assert capsys.readouterr().out.startswith(f"best: trial 2 of the study (record #{rnd}), 0.5 ms")
+    assert main(["history", "--model", "rgcn", "--db", _file_url(tmp_path / "r.db")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:2] == ["trial", "record"]
+    assert [ln.split()[:2] for ln in lines[1:]] == [["0", f"#{searched[0]}"], ["1", f"#{searched[1]}"],
+                                                   ["2", f"#{searched[2]}"], ["-", f"#{rnd}"], ["-", f"#{outside}"]]
+
+
 def _trial_writer(url: str, tag: str, n: int, barrier: Any) -> None:
     # Both open the database at once (racing to create it), then write at once.
     barrier.wait()

@@ -262,3 +262,9 @@ def one_line(e: BaseException) -> str:
     text = str(e).strip() or type(e).__name__
     first, *rest = text.splitlines()
     return first + (f" (+{len(rest)} more lines; RGTUNE_DEBUG=1 for details)" if rest and len(first) < 60 else "")
+
+
+def trial_name(number: int | None, record: int | None) -> str:
+    """A trial as its study numbers it (:meth:`~rgtune.db.TrialDatabase.study_trial_number`: what
+    optuna-dashboard shows), with its record's id in the database (which counts across every study)."""
+    return f"trial {number} of the study (record #{record})" if number is not None else f"record #{record}"

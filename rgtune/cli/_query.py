@@ -65,12 +65,15 @@ def emit(records: list, args: argparse.Namespace) -> None:
     elif args.csv:
         write_csv(records, sys.stdout)
     else:
-        if records:
-            print(f"{'trial':<6} {'model':<5} {'dataset':<12} {'backend':<9} {'role':<10} {'status':<13} {'time':>12}")
+        if records:  # trial: the number in its study (what optuna-dashboard shows); record: the database's id
+            print(f"{'trial':>5} {'record':<7} {'model':<5} {'dataset':<12} {'backend':<9} {'role':<10} {'status':<13} "
+                  f"{'time':>12}")
         for r in records:
             t = f"{r.median_ms:.4g} ms" if r.median_ms is not None else "-"
             err = f"  {r.error.splitlines()[0][:80]}" if r.error else ""
             role = "search" if r.confirmation_id is None else f"confirm {r.confirmation_id}"
             model = f"{r.model}({r.options})" if r.options else r.model
             dataset = f"{r.dataset} [{r.batches}]" if r.batches else r.dataset
-            print(f"#{r.id:<5} {model:<5} {dataset:<12} {r.backend:<9} {role:<10} {r.status:<13} {t:>12}{err}")
+            number = "-" if r.optuna_trial is None else str(r.optuna_trial)
+            print(f"{number:>5} #{r.id:<6} {model:<5} {dataset:<12} {r.backend:<9} {role:<10} {r.status:<13} {t:>12}{err}")
+

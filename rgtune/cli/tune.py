@@ -14,7 +14,8 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from rgtune.cli._common import (TRUST_CODE_HELP, CLIError, add_db_arg, add_mode_arg, add_workload_args, layer_sizes,
-                                load_graph, model_options, open_db, positive_int, positive_seconds, resolve_backend)
+                                load_graph, model_options, open_db, positive_int, positive_seconds, resolve_backend,
+                                trial_name)
 from rgtune.tuner.measure import TIMINGS
 
 if TYPE_CHECKING:
@@ -306,7 +307,7 @@ def _print_summary(s) -> None:
     how = " (confirmed: median of the rounds)" if c is not None and c.finished and s.default_confirmed else ""
     if s.default_is_best:
         print(f"best schedule: the default schedule, {s.best_ms:.4g} ms{how}: no searched schedule beat it; "
-              f"trial {s.best_trial_id}")
+              f"{trial_name(s.best_study_trial, s.best_trial_id)}")
     else:
         if s.speedup is None:
             speed = ""
@@ -314,7 +315,7 @@ def _print_summary(s) -> None:
             speed = f" ({s.speedup:.2f}x over the default schedule, both confirmed)"
         else:  # a confirmed median against one measurement would flatter or wrong the search: say which is which
             speed = f" ({s.speedup:.2f}x over the default schedule's measurement in the search)"
-        print(f"best schedule: {s.best_ms:.4g} ms{how}{speed}, trial {s.best_trial_id}")
+        print(f"best schedule: {s.best_ms:.4g} ms{how}{speed}, {trial_name(s.best_study_trial, s.best_trial_id)}")
     if s.best_verified_inputs:
         print(f"  re-verified on {s.best_verified_inputs} fresh inputs")
     _print_whole_graph(s)

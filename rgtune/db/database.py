@@ -720,6 +720,20 @@ class TrialDatabase:
         return trial_record(*rows[0])
 
     @_translated
+    def study_trial_number(self, trial: TrialRecord) -> int | None:
+        """The number in its workload's Optuna study of the search trial that first measured ``trial``'s
+        schedule: the trial's own number for a search trial, its schedule's for a confirmation round. It is how
+        the study and optuna-dashboard name it (a record's ``id`` counts across the whole database). None: no
+        search trial of the study measured that schedule."""
+        if trial.optuna_trial is not None:
+            return trial.optuna_trial
+        return self._read(lambda s: s.execute(
+            sa.select(Trial.optuna_trial)
+            .where(Trial.workload_id == trial.workload_id, Trial.schedule_id == trial.schedule_id,
+                   Trial.optuna_trial.is_not(None))
+            .order_by(Trial.id).limit(1)).scalar())
+
+    @_translated
     def best(self, workload: WorkloadRef | None = None, **filters: Unpack[WorkloadFilter]) -> TrialRecord | None:
         """The best ``ok`` trial among the matching workloads, or None. Only ``ok`` trials (verified,
         timed) are ever considered.

@@ -222,6 +222,8 @@ class TuneSummary:
     best_verified_inputs: int | None = None  # fresh inputs the best schedule passed re-verification on
     #: a sampler workload: the best whole-graph schedule timed on the same batches (None: none recorded)
     whole_graph: "WholeGraphBest | None" = None
+    #: the best schedule's trial number in this study (``best_trial_id`` counts across the database)
+    best_study_trial: int | None = None
 
     @property
     def speedup(self) -> float | None:
@@ -650,7 +652,8 @@ class Tuner:
                            best.id if best else None, elapsed, interrupted, measured, rechecked=self.rechecked,
                            over_memory=self.over_memory, guide=guide, confirmation=confirmed, default_confirmed=default_confirmed,
                            default_is_best=best is not None and default is not None and best.schedule_hash == default_hash,
-                           best_verified_inputs=best.verified_inputs if best else None, whole_graph=whole)
+                           best_verified_inputs=best.verified_inputs if best else None, whole_graph=whole,
+                           best_study_trial=self.db.study_trial_number(best) if best else None)
 
     def _whole_graph_comparison(self, best: "TrialRecord | None", confirmed: Confirmed | None) -> WholeGraphBest | None:
         """The best whole-graph schedule's time on the batches: confirmed with the best where both took part in
