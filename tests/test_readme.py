@@ -41,7 +41,7 @@ def test_the_training_example_runs_as_written(tmp_path, monkeypatch):
     blocks = _blocks("Train with a tuned layer")
     assert [lang for lang, _ in blocks] == ["python", "bash", "python"]
     out = _run_as_file(blocks[0][1], tmp_path, "train.py")
-    trial = re.search(r"with the schedule of trial (\d+), backward generated", out)
+    trial = re.search(r"with the schedule of record #(\d+), backward generated", out)
     assert trial is not None, out  # the tuned schedule, not the default
     command = shlex.split(blocks[1][1], comments=True)
     assert command[0] == "rgtune" and main(command[1:]) == 0
