@@ -9,7 +9,7 @@ import warnings
 import pytest
 import torch
 
-from rgtune.nn.dgl import RelGraphConv
+from rgtune.nn.dgl import HGTConv, RelGraphConv
 from rgtune.runtime._lookup import TunedScheduleWarning
 
 from _dropin import assert_same_as_library
@@ -76,7 +76,7 @@ def _block(seed: int = 1):
     seeds = torch.randperm(N)[:12]
     frontier = dgl.sampling.sample_neighbors(g, seeds, 5)
     block = dgl.to_block(frontier, seeds)
-    et = etypes[block.edata[dgl.EID]]
+    et = etypes[frontier.edata[dgl.EID][block.edata[dgl.EID]]]  # the block's edges are the frontier's
     src, dst = block.edges()
     key = et * block.num_dst_nodes() + dst
     norm = (1.0 / torch.bincount(key, minlength=R * block.num_dst_nodes())[key].float()).unsqueeze(1)
@@ -138,3 +138,90 @@ def test_dgls_aifb_script_trains_the_same_with_rgtunes_import(tmp_path):
     assert len(losses["dgl"]) == 4
     for a, b in zip(losses["dgl"], losses["rgtune"]):
         assert abs(a - b) <= 1e-4 * abs(a), losses
+
+
+T, ET = 3, 4  # node and edge types of the typed graphs below
+
+
+def _typed_graph(seed: int = 0):
+    """A DGL graph in the typed homogeneous form (``dgl.to_homogeneous`` of a heterograph: each edge type joins
+    one pair of node types), its features, node and edge types."""
+    import dgl
+
+    gen = torch.Generator().manual_seed(seed)
+    ntype = torch.randint(0, T, (N,), generator=gen)
+    pairs = [(0, 1), (1, 2), (2, 2), (1, 0)]  # edge type e joins node types pairs[e]
+    src, dst, etypes = [], [], []
+    for e, (a, b) in enumerate(pairs):
+        sa, sb = (ntype == a).nonzero().flatten(), (ntype == b).nonzero().flatten()
+        n = 60
+        src.append(sa[torch.randint(0, sa.numel(), (n,), generator=gen)])
+        dst.append(sb[torch.randint(0, sb.numel(), (n,), generator=gen)])
+        etypes.append(torch.full((n,), e))
+    perm = torch.randperm(4 * 60, generator=gen)  # edges in no particular order
+    src, dst, etypes = torch.cat(src)[perm], torch.cat(dst)[perm], torch.cat(etypes)[perm]
+    return dgl.graph((src, dst), num_nodes=N), torch.randn(N, 8, generator=gen), ntype, etypes
+
+
+@pytest.mark.parametrize("in_size, heads, use_norm", [(8, 2, False), (6, 2, True)], ids=["same-size", "projected-norm"])
+def test_hgtconv_equals_dgl_both_ways(in_size, heads, use_norm):
+    from dgl.nn.pytorch import HGTConv as DGLHGTConv
+
+    g, x, ntype, etypes = _typed_graph()
+    x = x[:, :in_size].contiguous()
+    torch.manual_seed(0)
+    theirs = DGLHGTConv(in_size, 8 // heads, heads, T, ET, dropout=0.0, use_norm=use_norm)
+    ours = HGTConv(in_size, 8 // heads, heads, T, ET, dropout=0.0, use_norm=use_norm, db=None)
+    assert {k: v.shape for k, v in ours.state_dict().items()} == {k: v.shape for k, v in theirs.state_dict().items()}
+    with torch.no_grad():  # DGL starts them at one: other values check the mapping per type
+        for p in (theirs.skip, *theirs.relation_pri):
+            p.uniform_(0.5, 1.5)
+    ours.load_state_dict(theirs.state_dict())
+    assert_same_as_library(theirs, ours, lambda v: theirs(g, v, ntype, etypes), lambda v: _quiet(ours, g, v, ntype, etypes),
+                           x)
+    back = DGLHGTConv(in_size, 8 // heads, heads, T, ET, dropout=0.0, use_norm=use_norm)
+    back.load_state_dict(ours.state_dict())  # rgtune -> DGL
+    assert torch.allclose(back(g, x, ntype, etypes), _quiet(ours, g, x, ntype, etypes), rtol=1e-4, atol=1e-5)
+
+
+def test_hgtconv_dropout_is_dgls_and_a_block_computes_its_destinations():
+    import dgl
+    from dgl.nn.pytorch import HGTConv as DGLHGTConv
+
+    g, x, ntype, etypes = _typed_graph()
+    torch.manual_seed(0)
+    theirs = DGLHGTConv(8, 4, 2, T, ET, dropout=0.5)
+    ours = HGTConv(8, 4, 2, T, ET, dropout=0.5, db=None)
+    ours.load_state_dict(theirs.state_dict())
+    _quiet(ours, g, x, ntype, etypes)  # the first call makes the layer (its own parameters draw random numbers)
+    for m in (theirs, ours):  # the same dropout mask: the same draws in the same order
+        m.train()
+    torch.manual_seed(1)
+    want = theirs(g, x, ntype, etypes)
+    torch.manual_seed(1)
+    got = _quiet(ours, g, x, ntype, etypes)
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-5)
+    theirs.eval(), ours.eval()
+    seeds = torch.arange(0, N, 3)
+    frontier = dgl.sampling.sample_neighbors(g, seeds, 4)
+    block = dgl.to_block(frontier, seeds)
+    src_ids = block.srcdata[dgl.NID]
+    bt, bx, be = ntype[src_ids], x[src_ids], etypes[frontier.edata[dgl.EID][block.edata[dgl.EID]]]
+    assert block.num_dst_nodes() < block.num_src_nodes()
+    want = assert_same_as_library(theirs, ours, lambda v: theirs(block, v, bt, be), lambda v: _quiet(ours, block, v, bt, be),
+                                  bx)
+    assert want.shape == (seeds.numel(), 8)
+    assert ours._layer._last_batch is not None  # ran the mini-batch program
+
+
+def test_hgtconv_refuses_a_relation_the_first_graph_did_not_have():
+    g, x, ntype, etypes = _typed_graph()
+    conv = HGTConv(8, 4, 2, T, ET, dropout=0.0, db=None)
+    _quiet(conv, g, x, ntype, etypes)
+    import dgl
+
+    other = dgl.graph((torch.tensor([0]), torch.tensor([1])), num_nodes=N)
+    nt = ntype.clone()
+    nt[0], nt[1] = 2, 0  # edge type 0 from node type 2 to 0: not a relation of the first graph
+    with pytest.raises(ValueError, match="relations are fixed by the first graph"):
+        _quiet(conv, other, x, nt, torch.tensor([0]))

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
@@ -36,8 +36,8 @@ if TYPE_CHECKING:  # only for annotations; both are optional dependencies
     import dgl
     from torch_geometric.data import HeteroData
 
-__all__ = ["as_hetero_graph", "batch_from_homogeneous", "from_dgl", "from_pyg", "from_pyg_homogeneous", "relation_names", "to_dgl", "to_pyg",
-           "to_pyg_homogeneous"]
+__all__ = ["as_hetero_graph", "batch_from_homogeneous", "from_dgl", "from_pyg", "from_pyg_homogeneous",
+           "from_typed_homogeneous", "relation_names", "to_dgl", "to_pyg", "to_pyg_homogeneous"]
 
 _DGL_FEATURE, _PYG_FEATURE = "feat", "x"
 
@@ -252,6 +252,77 @@ def batch_from_homogeneous(src: torch.Tensor, dst: torch.Tensor, edge_type: torc
     dst = dst.as_subclass(torch.Tensor).to("cpu", torch.int64).reshape(-1)
     edges = _by_relation(src, dst, edge_type, num_relations)
     return Batch([n], list(edges), num_src={n: num_src}, num_dst={n: num_dst}, edges=edges, name=name)
+
+
+def from_typed_homogeneous(src: torch.Tensor, dst: torch.Tensor, ntype: torch.Tensor, etype: torch.Tensor,
+                           num_ntypes: int, num_etypes: int, relations: Sequence[tuple[int, int, int]] | None = None, *,
+                           num_dst: int | None = None, name: str = "graph"
+                           ) -> tuple[HeteroGraph | Batch, list[torch.Tensor], list[torch.Tensor]]:
+    """A graph from the typed homogeneous form (DGL's ``HGTConv``'s: one node numbering, an integer type per
+    node and per edge). Node type ``t`` is named ``relation_names(num_ntypes)[t]``, edge type ``e``
+    ``relation_names(num_etypes)[e]``; a relation is a ``(source type, edge type, destination type)`` triple
+    (``relations``: which ones the graph has, with or without edges; default those the edges have; an edge of
+    another is an error naming it). Each node type's nodes keep the caller's order.
+
+    ``num_dst``: ``src``/``dst``/``ntype`` are a block's (``dgl.to_block``: ``ntype`` of the source nodes,
+    the first ``num_dst`` of them the destinations, ``dst`` ids below ``num_dst``): a :class:`Batch`.
+
+    Returns the graph (or batch), and per node type the positions in the caller's numbering of its nodes
+    (the sources') and of its destinations (a graph's: the same).
+
+    Example:
+        >>> g, nodes, _ = from_typed_homogeneous(torch.tensor([0, 1, 2]), torch.tensor([2, 2, 0]),
+        ...                                     torch.tensor([1, 0, 1]), torch.tensor([0, 1, 0]), 2, 2)
+        >>> g.ntypes, g.canonical_etypes, [p.tolist() for p in nodes]
+        (['0', '1'], [('0', '1', '1'), ('1', '0', '1')], [[1], [0, 2]])
+    """
+    ntype = ntype.as_subclass(torch.Tensor).to("cpu", torch.int64).reshape(-1)
+    src = src.as_subclass(torch.Tensor).to("cpu", torch.int64).reshape(-1)
+    dst = dst.as_subclass(torch.Tensor).to("cpu", torch.int64).reshape(-1)
+    et = etype.as_subclass(torch.Tensor).to("cpu", torch.int64).reshape(-1)
+    if et.numel() != src.numel():
+        raise ValueError(f"etype has {et.numel()} entries for {src.numel()} edges")
+    for what, t, count in (("ntype", ntype, num_ntypes), ("etype", et, num_etypes)):
+        if t.numel() and (int(t.min()) < 0 or int(t.max()) >= count):
+            raise ValueError(f"{what} has values in {int(t.min())} .. {int(t.max())}, but there are {count} types "
+                             f"(0 .. {count - 1})")
+    src_type, dst_type = ntype[src], ntype[dst]
+    code = (et * num_ntypes + src_type) * num_ntypes + dst_type
+    if relations is None:
+        relations = [(int(c) // num_ntypes % num_ntypes, int(c) // num_ntypes ** 2, int(c) % num_ntypes)
+                     for c in torch.unique(code)]
+    relations = sorted((int(s_), int(e), int(d)) for s_, e, d in relations)  # a HeteroGraph's order of relations
+    table = torch.full((num_etypes * num_ntypes * num_ntypes,), -1, dtype=torch.int64)
+    for i, (s_, e, d) in enumerate(relations):
+        table[(e * num_ntypes + s_) * num_ntypes + d] = i
+    rel = table[code]
+    if rel.numel() and int(rel.min()) < 0:
+        c = int(code[rel < 0][0])
+        raise ValueError(f"an edge of type {c // num_ntypes ** 2} goes from node type {c // num_ntypes % num_ntypes} "
+                         f"to {c % num_ntypes}, a relation this graph's layer was not made with ({relations}); "
+                         "relations are fixed by the first graph")
+    nodes, local = _typed_positions(ntype, num_ntypes)
+    order = torch.sort(rel, stable=True).indices
+    counts = torch.bincount(rel, minlength=len(relations)).tolist()
+    nn, en = relation_names(num_ntypes), relation_names(num_etypes)
+    edges = {(nn[s_], en[e], nn[d]): (local[a], local[b])
+             for (s_, e, d), a, b in zip(relations, src[order].split(counts), dst[order].split(counts))}
+    if num_dst is None:
+        return HeteroGraph({nn[t]: int(p.numel()) for t, p in enumerate(nodes)}, edges, name=name), nodes, nodes
+    dst_nodes, _ = _typed_positions(ntype[:num_dst], num_ntypes)
+    batch = Batch(nn, list(edges), num_src={nn[t]: int(p.numel()) for t, p in enumerate(nodes)},
+                  num_dst={nn[t]: int(p.numel()) for t, p in enumerate(dst_nodes)}, edges=edges, name=name)
+    return batch, nodes, dst_nodes
+
+
+def _typed_positions(ntype: torch.Tensor, num_ntypes: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Per node type the positions of its nodes (in order), and each node's id within its type."""
+    order = torch.sort(ntype, stable=True).indices
+    counts = torch.bincount(ntype, minlength=num_ntypes)
+    starts = torch.cumsum(counts, 0) - counts
+    local = torch.empty_like(ntype)
+    local[order] = torch.arange(ntype.numel()) - starts[ntype[order]]
+    return list(order.split(counts.tolist())), local
 
 
 def _by_relation(src: torch.Tensor, dst: torch.Tensor, edge_type: torch.Tensor | None,

@@ -102,27 +102,36 @@ def rgat(in_dim: int, out_dim: int, heads: int = 1, *,
     return p.finish(p.aggregate(p.mul(alpha, z)))
 
 
-def hgt(in_dim: int, out_dim: int, heads: int = 1) -> Program:
+def hgt(in_dim: int, out_dim: int, heads: int = 1, *, bias: bool = True,
+        activation: Literal["gelu", "none"] = "gelu", skip: Literal["same_size", "none"] = "same_size") -> Program:
     """PyG ``HGTConv``: typed K/Q/V; per relation and head ``k_e = K_src W_att``,
     ``m_e = V_src W_msg``, ``s = <k_e, Q_dst> mu_r / sqrt(D)``, ``a = softmax_dst(s)``,
     ``h = sum a m_e``; ``out = gelu(h) A_t + b_t``, gated skip when ``in == out``. The skip gate ``skip`` (one
     per node type) exists at every size, as in PyG (its state dict is the same whatever the sizes); when
-    ``in != out`` nothing reads it."""
+    ``in != out`` nothing reads it.
+
+    DGL's ``HGTConv`` is ``bias=False`` (no bias in K/Q/V/A), ``activation="none"`` (``h A_t``) and
+    ``skip="none"`` (the program ends at ``h A_t``): DGL applies dropout before its gated skip, which it
+    has at every size (through a projection when ``in != out``), so :class:`rgtune.nn.dgl.HGTConv` adds
+    the skip in torch."""
     p = ProgramBuilder("hgt", in_dim, heads)
     d = _head_dim(out_dim, heads)
     x = p.x
-    k = p.typed_linear(x, "k_weight", out=(heads, d), by="ntype", bias="k_bias")
-    q = p.typed_linear(x, "q_weight", out=(heads, d), by="ntype", bias="q_bias")
-    v = p.typed_linear(x, "v_weight", out=(heads, d), by="ntype", bias="v_bias")
+    k = p.typed_linear(x, "k_weight", out=(heads, d), by="ntype", bias="k_bias" if bias else None)
+    q = p.typed_linear(x, "q_weight", out=(heads, d), by="ntype", bias="q_bias" if bias else None)
+    v = p.typed_linear(x, "v_weight", out=(heads, d), by="ntype", bias="v_bias" if bias else None)
     k_e = p.typed_linear(p.src(k), "w_att", out=(heads, d), by="rel", per_head=True)
     m_e = p.typed_linear(p.src(v), "w_msg", out=(heads, d), by="rel", per_head=True)
     s = p.scale(p.mul(p.inner(k_e, p.dst(q)), p.param("mu", like=k_e, init="ones")), inv_sqrt(d))
     h = p.aggregate(p.mul(p.edge_softmax(s), m_e))
-    out = p.typed_linear(p.gelu(h), "a_weight", out=(1, out_dim), by="ntype", bias="a_bias")
-    if in_dim != out_dim:
-        p.declare("skip", "ntype", (), init="ones")
+    out = p.typed_linear(p.gelu(h) if activation == "gelu" else h, "a_weight", out=(1, out_dim), by="ntype",
+                         bias="a_bias" if bias else None)
+    if skip == "none":
         return p.finish(out)
-    return p.finish(p.gated_residual(out, x, "skip"))
+    if in_dim == out_dim:
+        return p.finish(p.gated_residual(out, x, "skip"))
+    p.declare("skip", "ntype", (), init="ones")
+    return p.finish(out)
 
 
 def film(in_dim: int, out_dim: int, heads: int = 1) -> Program:

@@ -1,5 +1,6 @@
-"""DGL's conv modules on rgtune's generated kernels: change ``from dgl.nn import RelGraphConv`` to
-``from rgtune.nn.dgl import RelGraphConv`` and the script runs as it did, faster.
+"""DGL's conv modules on rgtune's generated kernels: change ``from dgl.nn import RelGraphConv`` (or ``HGTConv``)
+to ``from rgtune.nn.dgl import RelGraphConv`` and the script runs as it did, faster. :class:`HGTConv` is
+described in its own docstring; the rest of this one is :class:`RelGraphConv`'s.
 
 :class:`RelGraphConv` takes DGL's constructor arguments and call (``conv(g, feat, etypes, norm=None)``), and
 its parameters are DGL's own (made by DGL's constructor: ``linear_r.W``, ``linear_r.coeff`` with the basis
@@ -36,10 +37,10 @@ from torch import Tensor
 
 from rgtune.data.batch import Batch
 from rgtune.data.graph import HeteroGraph
-from rgtune.data.interop import batch_from_homogeneous, from_pyg_homogeneous
+from rgtune.data.interop import batch_from_homogeneous, from_pyg_homogeneous, from_typed_homogeneous
 from rgtune.nn._dropin import DropIn
 
-__all__ = ["RelGraphConv"]
+__all__ = ["RelGraphConv", "HGTConv"]
 #: how far a given ``norm`` may be from the mean per relation's ``1 / |N_r(i)|`` (float32 rounding)
 _NORM_TOLERANCE = 1e-5
 
@@ -154,6 +155,95 @@ class RelGraphConv(DropIn):
         reg = f", regularizer={self.regularizer!r}, num_bases={self.num_bases}" if self.regularizer else ""
         return f"{self.in_feat}, {self.out_feat}, num_rels={self.num_rels}{reg}"
 
+
+
+class HGTConv(DropIn):
+    r"""DGL's ``HGTConv`` (the Heterogeneous Graph Transformer on DGL's typed homogeneous form): per head,
+    :math:`s = \langle K_{\tau(j)} h_j W^{att}_{e}, Q_{\tau(i)} h_i \rangle \mu_e / \sqrt{d}`, softmax over
+    each destination's in-edges, messages :math:`V_{\tau(j)} h_j W^{msg}_e`; then
+    :math:`h'_i = \sigma(s_{\tau(i)})\,\mathrm{drop}(\tilde h_i A_{\tau(i)}) + (1 - \sigma(s_{\tau(i)}))\,x_i`
+    (:math:`x_i W_{res}` when the sizes differ), and DGL's layer norm with ``use_norm``.
+
+    Args (DGL's): in_size, head_size, num_heads, num_ntypes, num_etypes, dropout, use_norm. Its parameters are
+    DGL's own, made by DGL's constructor (``linear_k/q/v/a.W``, ``relation_pri``, ``relation_att``,
+    ``relation_msg``, ``skip``, ``residual_w``, ``norm``). Keyword-only (rgtune's): backend, db, mode, as
+    :class:`RelGraphConv`.
+
+    Call: ``conv(g, x, ntype, etype)`` with a graph or a block (``x`` the source nodes' rows; the destinations'
+    rows are computed and returned). The kernels run rgtune's HGT with ``bias=False, activation="none",
+    skip="none"`` (:func:`rgtune.ir.models.hgt`): the gate, the dropout before it and the norm are torch's.
+    A relation is a (source type, edge type, destination type) triple, fixed by the first graph: a later
+    graph may lack one, not add one.
+    """
+
+    model = "hgt"
+
+    def __init__(self, in_size: int, head_size: int, num_heads: int, num_ntypes: int, num_etypes: int,
+                 dropout: float = 0.2, use_norm: bool = False, *, backend: str = "auto", db: Any = "results.db",
+                 mode: str = "training") -> None:
+        super().__init__()
+        from dgl.nn.pytorch import HGTConv as DGLHGTConv  # DGL's parameters, by DGL's own constructor
+
+        dgl_conv = DGLHGTConv(in_size, head_size, num_heads, num_ntypes, num_etypes, dropout=dropout, use_norm=use_norm)
+        for child, module in dgl_conv.named_children():
+            self.add_module(child, module)
+        self.skip = dgl_conv.skip
+        self.residual_w = dgl_conv.residual_w if in_size != head_size * num_heads else None
+        self.in_size, self.head_size, self.num_heads = in_size, head_size, num_heads
+        self.num_ntypes, self.num_etypes, self.use_norm = num_ntypes, num_etypes, use_norm
+        self._relations: list[tuple[int, int, int]] | None = None  # fixed by the first graph
+        self._setup(in_size, head_size * num_heads, num_heads,
+                    {"bias": False, "activation": "none", "skip": "none"}, backend, db, mode)
+
+    def forward(self, g: Any, x: Tensor, ntype: Tensor, etype: Tensor, *, presorted: bool = False) -> Tensor:
+        graph, src_nodes, dst_nodes = self._graph(g, ntype, etype)
+        xs = {t: x[p.to(x.device)] for t, p in zip(graph.ntypes, src_nodes)}
+        out = self._run(graph, xs, x.device, types_graph=lambda: graph if isinstance(graph, HeteroGraph) else
+                        from_typed_homogeneous(*g.edges(), ntype, etype, self.num_ntypes, self.num_etypes,
+                                               self._relations)[0])
+        positions = torch.cat(dst_nodes).to(x.device)
+        h = torch.cat([out[t] for t in graph.ntypes])[torch.argsort(positions)]  # the caller's order of destinations
+        num_dst = h.size(0)
+        dst_type = ntype[:num_dst].to(x.device, torch.int64)
+        x_dst = x[:num_dst]
+        alpha = torch.sigmoid(self.skip[dst_type]).unsqueeze(-1)
+        h = self.drop(h) * alpha + (x_dst @ self.residual_w if self.residual_w is not None else x_dst) * (1 - alpha)
+        return self.norm(h) if self.use_norm else h
+
+    def _graph(self, g: Any, ntype: Tensor, etype: Tensor) -> tuple[HeteroGraph | Batch, list[Tensor], list[Tensor]]:
+        key = (id(g), id(ntype), ntype._version, id(etype), etype._version, g.num_src_nodes(), g.num_dst_nodes(),
+               g.num_edges())
+
+        def build() -> Any:
+            src, dst = g.edges()
+            block = bool(getattr(g, "is_block", False))
+            if block:
+                _check_block(g, g.num_dst_nodes())
+            built, src_nodes, dst_nodes = from_typed_homogeneous(
+                src, dst, ntype, etype, self.num_ntypes, self.num_etypes, self._relations,
+                num_dst=g.num_dst_nodes() if block else None, name="dgl block" if block else "dgl")
+            if self._relations is None:
+                self._relations = [(int(c[0]), int(c[1]), int(c[2])) for c in built.canonical_etypes]
+            built.__dict__["_rgtune_dgl_nodes"] = (src_nodes, dst_nodes)
+            return built
+
+        built = self._kept(key, (g, ntype, etype), build)
+        return built, *built.__dict__["_rgtune_dgl_nodes"]
+
+    def _rgtune_params(self, graph: HeteroGraph | Batch) -> dict[str, Tensor]:
+        """rgtune's HGT weights from DGL's parameters: node types by their number, each relation's weights
+        from its edge type's (a relation is a (source, edge, destination) type triple)."""
+        types = torch.tensor([int(t) for t in graph.ntypes], device=self.skip.device)
+        rel = torch.tensor([int(c[1]) for c in graph.canonical_etypes], device=self.skip.device)
+        per_head = lambda mods: torch.stack([m.W for m in mods], dim=1)  # noqa: E731  (E, H, D, D)
+        return {"k_weight": self.linear_k.W[types], "q_weight": self.linear_q.W[types],
+                "v_weight": self.linear_v.W[types], "a_weight": self.linear_a.W[types],
+                "w_att": per_head(self.relation_att)[rel], "w_msg": per_head(self.relation_msg)[rel],
+                "mu": torch.stack(list(self.relation_pri), dim=1)[rel]}
+
+    def extra_repr(self) -> str:
+        return (f"{self.in_size}, head_size={self.head_size}, num_heads={self.num_heads}, "
+                f"num_ntypes={self.num_ntypes}, num_etypes={self.num_etypes}")
 
 def _check_block(block: Any, num_dst: int) -> None:
     """A block's destinations are its first source nodes (DGL's ``to_block`` makes them so; a block made
