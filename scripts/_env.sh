@@ -9,7 +9,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt
     python3 -m venv .venv
     .venv/bin/python -m pip install -q --upgrade pip >&2
     .venv/bin/python -m pip install -q -c constraints.txt "torch==2.13.0" >&2
-    .venv/bin/python -m pip install -q -c constraints.txt -e ".[test,pyg,dgl,nvrtc]" >&2
+    .venv/bin/python -m pip install -q -c constraints.txt -e ".[test,pyg,dgl,nvrtc,plot]" >&2
     touch "$stamp"
 fi
 # shellcheck disable=SC1091

@@ -4,6 +4,7 @@
 * :mod:`.best`, :mod:`.history`: query the trial database (read-only, as ``export`` and
   ``costmodel`` read it: a missing file is refused by name, never created; an older schema is
   refused with how to upgrade it, never upgraded);
+* :mod:`.plot`: a workload's tuning as a picture (times, best so far, knob importances);
 * :mod:`.show`: the IR before and after passes, the kernels, their counts and sources;
 * :mod:`.export`: the best schedule as a folder that training code loads without the database;
 * :mod:`.bench`: one layer side by side against its torch lowering, PyG and DGL;
@@ -28,13 +29,13 @@ import argparse
 import sys
 from typing import Sequence
 
-from rgtune.cli import bench, best, costmodel, datasets, export, history, show, tune
+from rgtune.cli import bench, best, costmodel, datasets, export, history, plot, show, tune
 from rgtune.cli._common import EXIT_USAGE, run_command
 
 __all__ = ["main", "tune_main", "build_parser", "command_parser"]
 
 #: the commands in the order ``rgtune --help`` lists them
-_COMMANDS = (datasets, show, tune, best, history, export, bench, costmodel)
+_COMMANDS = (datasets, show, tune, best, history, plot, export, bench, costmodel)
 
 
 def build_parser() -> argparse.ArgumentParser:
