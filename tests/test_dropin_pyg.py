@@ -66,6 +66,28 @@ def test_relations_are_the_callers_integers_even_when_some_have_no_edges():
                           atol=1e-5)
 
 
+def test_pygs_to_homogeneous_numbering_gives_pygs_outputs():
+    """The issue's case: a HeteroData in PyG's own metadata order (not sorted), to_homogeneous()'s edge types,
+    PyG's weights loaded as they are: PyG's outputs (no relation re-sorted behind the caller's back)."""
+    from torch_geometric.data import HeteroData
+    from torch_geometric.nn import RGCNConv as PyGRGCNConv
+
+    gen = torch.Generator().manual_seed(3)
+    data = HeteroData()
+    data["paper"].x, data["author"].x = torch.randn(20, 8, generator=gen), torch.randn(12, 8, generator=gen)
+    for rel, (s, d) in {("author", "writes", "paper"): (12, 20), ("paper", "rev_writes", "author"): (20, 12),
+                        ("paper", "cites", "paper"): (20, 20)}.items():  # PyG's order, not a sorted one
+        data[rel].edge_index = torch.stack([torch.randint(0, s, (50,), generator=gen),
+                                            torch.randint(0, d, (50,), generator=gen)])
+    homo = data.to_homogeneous()
+    torch.manual_seed(0)
+    theirs = PyGRGCNConv(8, 8, num_relations=3)
+    ours = _conv(8, 8, num_relations=3)
+    ours.load_state_dict(theirs.state_dict())
+    assert_same_as_library(theirs, ours, lambda v: theirs(v, homo.edge_index, homo.edge_type),
+                           lambda v: _quiet(ours, v, homo.edge_index, homo.edge_type), homo.x)
+
+
 def test_a_new_edge_set_gets_its_graph_and_the_same_one_is_built_once():
     ours = _conv(8, 16, R)
     x, edge_index, edge_type = _inputs()
