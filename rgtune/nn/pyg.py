@@ -246,8 +246,8 @@ class HGTConv(DropIn):
 
 
 class FiLMConv(_EdgeTypeConv):
-    r"""PyG's ``FiLMConv`` (GNN-FiLM): :math:`x'_i = \sigma(\gamma_i \odot W_{skip} x_i + eta_i) +
-    \sum_r rac{1}{|N_r(i)|} \sum_{j \in N_r(i)} \sigma(\gamma_{r,i} \odot W_r x_j + eta_{r,i})` with
+    r"""PyG's ``FiLMConv`` (GNN-FiLM): :math:`x'_i = \sigma(\gamma_i \odot W_{skip} x_i + \beta_i) +
+    \sum_r \frac{1}{|N_r(i)|} \sum_{j \in N_r(i)} \sigma(\gamma_{r,i} \odot W_r x_j + \beta_{r,i})` with
     ``[beta | gamma]`` of the destination from ``films[r]`` (``film_skip``), on generated kernels.
 
     Its parameters are PyG's own modules (``lins``, ``films``, ``lin_skip``, ``film_skip``, made by PyG's
@@ -308,9 +308,9 @@ _RGAT_SOFTMAX = {"across-relation": "destination", "within-relation": "relation"
 
 
 class RGATConv(_EdgeTypeConv):
-    r"""PyG's ``RGATConv`` (additive self-attention, one head): per edge :math:`j 	o i` of relation ``r``,
-    :math:`z = x W_r`, :math:`lpha_{ij} = \mathrm{softmax}(\mathrm{LeakyReLU}(z_i q + z_j k))` over ``i``'s
-    in-edges (``across-relation``) or those of ``r`` (``within-relation``), :math:`x'_i = \sum_j lpha_{ij} z_j + b`.
+    r"""PyG's ``RGATConv`` (additive self-attention, one head): per edge :math:`j \to i` of relation ``r``,
+    :math:`z = x W_r`, :math:`\alpha_{ij} = \mathrm{softmax}(\mathrm{LeakyReLU}(z_i q + z_j k))` over ``i``'s
+    in-edges (``across-relation``) or those of ``r`` (``within-relation``), :math:`x'_i = \sum_j \alpha_{ij} z_j + b`.
 
     Its parameters are PyG's own (``weight``, ``q``, ``k``, ``bias``, and the ones PyG keeps for its other
     attention modes); rgtune's RGAT weights are views of them (``q`` and ``k`` are every relation's attention
