@@ -250,13 +250,14 @@ def test_filmconv_equals_pyg_both_ways():
 
 
 # ------------------------------------------------------------------ RGATConv
-@pytest.mark.parametrize("mechanism", ["across-relation", "within-relation"])
-def test_rgatconv_equals_pyg_both_ways(mechanism):
+@pytest.mark.parametrize("mechanism, heads, concat", [("across-relation", 1, True), ("within-relation", 1, True),
+                                                      ("across-relation", 3, True), ("within-relation", 2, False)])
+def test_rgatconv_equals_pyg_both_ways(mechanism, heads, concat):
     from rgtune.nn.pyg import RGATConv
 
     torch.manual_seed(0)
-    theirs = _pyg().nn.RGATConv(8, 16, R, attention_mechanism=mechanism)
-    ours = RGATConv(8, 16, R, attention_mechanism=mechanism, db=None)
+    theirs = _pyg().nn.RGATConv(8, 16, R, attention_mechanism=mechanism, heads=heads, concat=concat)
+    ours = RGATConv(8, 16, R, attention_mechanism=mechanism, heads=heads, concat=concat, db=None)
     assert {k: v.shape for k, v in ours.state_dict().items()} == {k: v.shape for k, v in theirs.state_dict().items()}
     with torch.no_grad():
         theirs.bias.uniform_(-0.5, 0.5)  # PyG starts it at zero: other values check that it is added
@@ -264,15 +265,16 @@ def test_rgatconv_equals_pyg_both_ways(mechanism):
     x, edge_index, edge_type = _inputs()
     want = assert_same_as_library(theirs, ours, lambda v: theirs(v, edge_index, edge_type),
                                   lambda v: _quiet(ours, v, edge_index, edge_type), x)
-    back = _pyg().nn.RGATConv(8, 16, R, attention_mechanism=mechanism)
+    assert want.shape == (N, 16 * heads if concat else 16)
+    back = _pyg().nn.RGATConv(8, 16, R, attention_mechanism=mechanism, heads=heads, concat=concat)
     back.load_state_dict(ours.state_dict())  # rgtune -> PyG
     assert torch.allclose(back(x, edge_index, edge_type), want, rtol=1e-4, atol=1e-5)
 
 
-def test_rgatconv_refuses_more_heads_and_other_modes():
+def test_rgatconv_refuses_other_modes():
     from rgtune.nn.pyg import RGATConv
 
-    with pytest.raises(ValueError, match="heads=2 is not supported.*mix the heads' features"):
-        RGATConv(8, 16, R, heads=2, db=None)
+    with pytest.raises(ValueError, match="heads=0; a positive int"):
+        RGATConv(8, 16, R, heads=0, db=None)
     with pytest.raises(ValueError, match="attention_mode='multiplicative-self-attention' is not supported"):
         RGATConv(8, 16, R, attention_mode="multiplicative-self-attention", db=None)

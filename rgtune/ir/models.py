@@ -81,7 +81,8 @@ RGAT_SOFTMAX = ("destination", "relation")
 
 
 def rgat(in_dim: int, out_dim: int, heads: int = 1, *,
-         softmax: Literal["destination", "relation"] = "destination") -> Program:
+         softmax: Literal["destination", "relation"] = "destination",
+         attention: Literal["per_head", "mixed"] = "per_head") -> Program:
     """Per edge ``j -> i`` of relation ``r`` and head ``h``:
     ``z_j = h_j W_r``, ``e_ij = LeakyReLU(a_dst_r . h_i W_r + a_src_r . z_j)``, ``h'_i = sum_j alpha_ij z_j``.
 
@@ -89,15 +90,24 @@ def rgat(in_dim: int, out_dim: int, heads: int = 1, *,
     of ``i``'s in-edges. ``softmax="relation"`` (DGL's ``HeteroGraphConv`` of one ``GATConv`` per relation,
     summed): ``alpha_ij = exp(e_ij) / sum_{k in N_r(i)} exp(e_ik)``, over ``i``'s in-edges of ``j``'s
     relation ``r``, so ``h'_i = sum_r sum_{j in N_r(i)} alpha_ij z_j``: each relation's attention sums
-    to 1 at every destination it reaches."""
+    to 1 at every destination it reaches.
+
+    ``attention="per_head"``: head ``h``'s score reads head ``h``'s features, with vectors ``a_dst_r``,
+    ``a_src_r`` per relation and head. ``attention="mixed"`` (PyG's ``RGATConv``): one matrix each for all
+    relations, ``attn_dst`` and ``attn_src`` ``(heads * D, heads)``, so every head's score reads every head's
+    features: ``e_ij = LeakyReLU(z_i attn_dst + z_j attn_src)`` (PyG's ``q`` and ``k``)."""
     if softmax not in RGAT_SOFTMAX:
         raise IRError(f"rgat: unknown softmax {softmax!r}; choose one of {list(RGAT_SOFTMAX)}")
     p = ProgramBuilder("rgat", in_dim, heads)
     d = _head_dim(out_dim, heads)
     z = p.typed_linear(p.src(p.x), "weight", out=(heads, d), by="rel")
     z_dst = p.typed_linear(p.dst(p.x), "weight", out=(heads, d), by="rel")
-    e = p.leaky_relu(p.add(p.inner(z_dst, p.param("attn_dst", like=z_dst, dim=d)),
-                           p.inner(z, p.param("attn_src", like=z, dim=d))), slope=0.2)
+    if attention == "mixed":
+        e = p.leaky_relu(p.add(p.linear(z_dst, "attn_dst", out=(heads, 1)), p.linear(z, "attn_src", out=(heads, 1))),
+                         slope=0.2)
+    else:
+        e = p.leaky_relu(p.add(p.inner(z_dst, p.param("attn_dst", like=z_dst, dim=d)),
+                               p.inner(z, p.param("attn_src", like=z, dim=d))), slope=0.2)
     alpha = p.edge_softmax(e, per_relation=softmax == "relation")
     return p.finish(p.aggregate(p.mul(alpha, z)))
 
