@@ -122,3 +122,59 @@ def test_runner_numbers_differ_between_layers_and_are_not_counted() -> None:
     # torch.compile's disk caches key graphs by their text: a counted number would repeat in the next process
     numbers = {Layer("rgcn", GRAPH, 4, 8, backend="cpu")._runner.handle for _ in range(3)}
     assert len(numbers) == 3 and max(numbers) > 1000
+
+
+# ---------------------------------------------------------------------------- drop-in modules
+class _PyGTwoLayers(torch.nn.Module):
+    """A PyG user's 2-layer model, its import line changed to rgtune's."""
+
+    def __init__(self, conv: str, **kwargs: Any) -> None:
+        import rgtune.nn.pyg as nn
+
+        super().__init__()
+        heads = kwargs.get("heads", 1)
+        self.first = getattr(nn, conv)(8, 16, 3, db=None, **kwargs)
+        self.second = getattr(nn, conv)(16 * heads, 4, 3, db=None)
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor, edge_type: torch.Tensor) -> torch.Tensor:
+        return self.second(torch.relu(self.first(x, edge_index, edge_type)), edge_index, edge_type)
+
+
+@pytest.mark.filterwarnings("ignore::rgtune.runtime._lookup.TunedScheduleWarning")
+@pytest.mark.parametrize("conv, kwargs", [("RGCNConv", {"num_bases": 2}), ("RGATConv", {"heads": 2}), ("FiLMConv", {})])
+def test_a_pyg_model_of_drop_ins_compiles_with_no_break_and_gives_the_eager_numbers(conv: str, kwargs: dict[str, Any],
+                                                                                    monkeypatch) -> None:
+    import rgtune.nn.pyg as nn
+    from rgtune.runtime import ops
+
+    torch.manual_seed(0)
+    m = _PyGTwoLayers(conv, **kwargs)
+    gen = torch.Generator().manual_seed(1)
+    x, edge_index, edge_type = torch.randn(30, 8), torch.randint(0, 30, (2, 120), generator=gen), \
+        torch.randint(0, 3, (120,), generator=gen)
+    explained = torch._dynamo.explain(m)(x, edge_index, edge_type)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+    builds = []
+    build = nn.from_pyg_homogeneous
+
+    def counted(*args: Any, **kw: Any) -> Any:
+        builds.append(args)
+        return build(*args, **kw)
+
+    monkeypatch.setattr(nn, "from_pyg_homogeneous", counted)
+    compiled = torch.compile(m, fullgraph=True, backend="aot_eager")
+    for _ in range(2):
+        m.zero_grad(set_to_none=True)
+        out = compiled(x, edge_index, edge_type)
+        out.square().sum().backward()
+    assert builds == []  # the graph of these tensors was built once (by explain's run) and found again
+    got = _grads(m)
+    m.zero_grad(set_to_none=True)
+    want = m(x, edge_index, edge_type)
+    want.square().sum().backward()
+    torch.testing.assert_close(out, want)
+    for name, g in _grads(m).items():
+        torch.testing.assert_close(got[name], g, msg=lambda msg: f"{name}: {msg}")
+    assert not ops._SAVED  # every forward's state went with its backward
+    compiled(x, edge_index, edge_type)  # a forward whose output is dropped without a backward
+    assert not ops._SAVED  # its state went with its autograd graph

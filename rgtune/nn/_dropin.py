@@ -10,6 +10,7 @@ from torch import Tensor
 
 from rgtune.data.batch import Batch
 from rgtune.data.graph import HeteroGraph
+from rgtune.runtime import ops
 from rgtune.runtime.load import load_tuned
 from rgtune.runtime.module import Layer
 
@@ -29,6 +30,8 @@ class DropIn(torch.nn.Module):
     def _setup(self, in_dim: int, out_dim: int, heads: int, options: dict[str, Any], backend: str, db: Any,
                mode: str) -> None:
         self._sizes, self.options = (in_dim, out_dim, heads), options
+        self.out_features = out_dim  # the kernels' output size (the compiled call's fake output)
+        self.handle = ops.register(self)  # the compiled call's op finds the module by it
         self.backend, self.db, self.mode = backend, db, mode
         self._layer: Layer | None = None  # the last call's
         self._layers: dict[tuple[str, str], Layer] = {}  # per backend and options
@@ -62,6 +65,17 @@ class DropIn(torch.nn.Module):
         self.__dict__["_layer"] = layer  # not a submodule: the state dict is this module's parameters
         return layer
 
+    def compiled_call_runner(self, x: Tensor, graph_tensors: list[Tensor]) -> Any:
+        """The runner of the graph of ``graph_tensors`` (found or built now, at run time), for the custom op
+        that a call under ``torch.compile`` is (:func:`rgtune.runtime.ops.module_forward`)."""
+        graph = self._graph_of_tensors(x, graph_tensors)
+        layer = self._layer_for(lambda: graph, x.device, self.options)
+        return layer._runner_for(None if graph is layer.graph else graph)
+
+    def _graph_of_tensors(self, x: Tensor, graph_tensors: list[Tensor]) -> HeteroGraph:
+        """The graph of a compiled call's tensors (a module that compiles as one op defines it)."""
+        raise NotImplementedError(f"{type(self).__name__} does not compile as one op")
+
     def _kept(self, key: tuple[Any, ...], holds: Any, build: Callable[[], HeteroGraph]) -> HeteroGraph:
         """The graph of ``key`` built once while the same tensors (``holds``, compared by identity) come back."""
         kept = self._graphs.pop(key, None)
@@ -77,4 +91,8 @@ class DropIn(torch.nn.Module):
         state = dict(self.__dict__)
         state["_layer"], state["_layers"], state["_graphs"] = None, {}, OrderedDict()
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self.handle = ops.register(self)  # a copy is another module: its own number
 

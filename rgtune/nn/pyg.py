@@ -39,6 +39,7 @@ from rgtune.data.graph import HeteroGraph
 from rgtune.data.interop import from_pyg_homogeneous
 from rgtune.ir.registry import model_spec
 from rgtune.nn._dropin import DropIn
+from rgtune.runtime import ops
 from rgtune.runtime.module import init_param
 
 __all__ = ["RGCNConv", "HGTConv", "FiLMConv", "RGATConv"]
@@ -66,7 +67,13 @@ class _EdgeTypeConv(DropIn):
                              "(a SparseTensor adjacency is not supported)")
         if edge_type is None and self.num_relations > 1:
             raise ValueError(f"{name}: edge_type is needed with num_relations={self.num_relations}")
+        if torch.compiler.is_compiling():  # one op: the graph of the tensors is found when it runs
+            tensors = [edge_index] if edge_type is None else [edge_index, edge_type]
+            return ops.module_forward(self, x, tensors, self._rgtune_params(None))
         return self._run(self._graph(edge_index, edge_type, x.size(0)), x, x.device)
+
+    def _graph_of_tensors(self, x: Tensor, graph_tensors: list[Tensor]) -> HeteroGraph:
+        return self._graph(graph_tensors[0], graph_tensors[1] if len(graph_tensors) > 1 else None, x.size(0))
 
     def _graph(self, edge_index: Tensor, edge_type: Tensor | None, num_nodes: int) -> HeteroGraph:
         """The graph of these tensors, built once while they come back unchanged (same objects, versions)."""

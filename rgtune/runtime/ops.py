@@ -51,7 +51,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from rgtune.codegen.base import Saved
 
-__all__ = ["register", "forward"]
+__all__ = ["register", "forward", "module_forward"]
 
 _RUNNERS: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
 
@@ -238,3 +238,93 @@ def forward(runner: Any, x: Tensor, params: Sequence[Tensor]) -> Tensor:
         return _forward_for_backward(runner.handle, x.requires_grad, x, list(params))[0]
     return _forward(runner.handle, x, list(params))
 
+
+# ---------------------------------------------------------------------------------------------- drop-in modules
+# A drop-in module (rgtune.nn) finds the graph of its call's edge tensors by their identity, which a trace
+# cannot do, and the shapes of what its forward saves depend on that graph's values (its pairs), which a fake
+# implementation cannot know. So a drop-in's whole call is one op whose implementation finds the graph at run
+# time, and what its forward saves waits in a table under a ticket (a one-element tensor the backward takes);
+# the entry goes when the ticket is freed (after the backward, or with an autograd graph never run back).
+_SAVED: dict[int, tuple[Any, Any]] = {}
+
+
+def _drop_ticket(key: int) -> None:
+    _SAVED.pop(key, None)
+
+
+@torch.library.custom_op("rgtune::module_forward", mutates_args=())
+def _module_forward(handle: int, train: bool, x: Tensor, graph_tensors: list[Tensor], names: str,
+                    params: list[Tensor]) -> tuple[Tensor, Tensor]:
+    runner = _runner(handle).compiled_call_runner(x, graph_tensors)
+    named = dict(zip(names.split(","), params))
+    ordered = [named[n] for n in runner.names]
+    ticket = torch.zeros(1, dtype=torch.int64)
+    if not train:
+        return runner.forward(x, ordered), ticket
+    out, saved = runner.forward_for_backward(x, ordered, input_grad=x.requires_grad)
+    key = secrets.randbits(62)
+    _SAVED[key] = (runner, saved)
+    ticket[0] = key
+    weakref.finalize(ticket, _drop_ticket, key)
+    return out, ticket
+
+
+@_module_forward.register_fake
+def _(handle: int, train: bool, x: Tensor, graph_tensors: list[Tensor], names: str,
+      params: list[Tensor]) -> tuple[Tensor, Tensor]:
+    return x.new_empty(x.size(0), _runner(handle).out_features), torch.empty(1, dtype=torch.int64)
+
+
+@torch.library.custom_op("rgtune::module_backward", mutates_args=())
+def _module_backward(ticket: Tensor, needs: list[bool], x: Tensor, names: str, params: list[Tensor],
+                     grad_out: Tensor) -> list[Tensor]:
+    key = int(ticket[0])
+    if key not in _SAVED:
+        raise RuntimeError("rgtune: this backward's forward state is gone (a second backward through the same "
+                           "graph needs retain_graph, which a drop-in module under torch.compile does not support)")
+    runner, saved = _SAVED.pop(key)
+    names_ = names.split(",")
+    named = dict(zip(names_, params))
+    position = {n: i for i, n in enumerate(names_)}
+    ordered = [named[n] for n in runner.names]
+    wanted = [needs[0], *(needs[1 + position[n]] for n in runner.names)]
+    dx, *grads = runner.backward(x, ordered, saved, grad_out.contiguous(), wanted)
+    by_name = dict(zip(runner.names, grads))
+    # one tensor per input: a wanted gradient the program does not give is zero (the fake cannot know which)
+    out = [dx if needs[0] and dx is not None else (torch.zeros_like(x) if needs[0] else x.new_empty(0))]
+    for n, p, need in zip(names_, params, needs[1:]):
+        g = by_name.get(n)
+        out.append((g if g is not None else torch.zeros_like(p)) if need else p.new_empty(0))
+    return out
+
+
+@_module_backward.register_fake
+def _(ticket: Tensor, needs: list[bool], x: Tensor, names: str, params: list[Tensor],
+      grad_out: Tensor) -> list[Tensor]:
+    return [torch.empty_like(t) if n else t.new_empty(0) for t, n in zip((x, *params), needs)]
+
+
+def _module_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
+    handle, train, x, graph_tensors, names, params = inputs
+    ctx.names, ctx.num_params, ctx.num_graph_tensors = names, len(params), len(graph_tensors)
+    ctx.needs = [x.requires_grad, *(p.requires_grad for p in params)]
+    ctx.save_for_backward(output[1], x, *params)
+
+
+def _module_backward_formula(ctx: Any, grad_out: Tensor, _grad_ticket: Tensor) -> tuple[Any, ...]:
+    ticket, x, *params = ctx.saved_tensors
+    grads = _module_backward(ticket, ctx.needs, x, ctx.names, list(params), grad_out)
+    dx, *dparams = [g if n else None for g, n in zip(grads, ctx.needs)]
+    return None, None, dx, [None] * ctx.num_graph_tensors, None, dparams
+
+
+_module_forward.register_autograd(_module_backward_formula, setup_context=_module_setup)
+
+
+def module_forward(module: Any, x: Tensor, graph_tensors: Sequence[Tensor], params: dict[str, Tensor]) -> Tensor:
+    """A drop-in module's call as one op (see above): ``graph_tensors`` define the graph (found at run time by
+    ``module.compiled_call_runner``), ``params`` are rgtune's weights derived from the module's (traced)."""
+    names = list(params)  # rgtune's param names (no commas): one string, since an op takes no list of them
+    values = [params[n] for n in names]
+    train = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in values))
+    return _module_forward(module.handle, train, x, list(graph_tensors), ",".join(names), values)[0]
