@@ -225,3 +225,69 @@ def test_hgtconv_refuses_a_relation_the_first_graph_did_not_have():
     nt[0], nt[1] = 2, 0  # edge type 0 from node type 2 to 0: not a relation of the first graph
     with pytest.raises(ValueError, match="relations are fixed by the first graph"):
         _quiet(conv, other, x, nt, torch.tensor([0]))
+
+
+def _heterograph(seed: int = 0):
+    """A DGL heterograph of two node types and three relations (one keyed by its canonical type below), one
+    'paper' without in-edges of 'cites' (a zero in-degree), and its features."""
+    import dgl
+
+    gen = torch.Generator().manual_seed(seed)
+    n = {"author": 15, "paper": 25}
+    data = {("author", "writes", "paper"): (torch.randint(0, 15, (60,), generator=gen), torch.randint(0, 25, (60,), generator=gen)),
+            ("paper", "cites", "paper"): (torch.randint(0, 25, (50,), generator=gen), torch.randint(1, 25, (50,), generator=gen)),
+            ("paper", "written_by", "author"): (torch.randint(0, 25, (60,), generator=gen), torch.randint(0, 15, (60,), generator=gen))}
+    g = dgl.heterograph(data, num_nodes_dict=n)
+    return g, {t: torch.randn(k, 8, generator=gen) for t, k in n.items()}
+
+
+def test_heterographconv_of_gatconvs_equals_dgl_both_ways():
+    import dgl.nn.pytorch as dglnn
+
+    from rgtune.nn.dgl import GATConv, HeteroGraphConv
+
+    g, x = _heterograph()
+    keys = ["writes", ("paper", "cites", "paper"), "written_by"]  # as users key them: names and a canonical type
+    torch.manual_seed(0)
+    theirs = dglnn.HeteroGraphConv({k: dglnn.GATConv(8, 4, 2) for k in keys}, aggregate="sum")
+    ours = HeteroGraphConv({k: GATConv(8, 4, 2) for k in keys}, aggregate="sum", db=None)
+    assert {k: v.shape for k, v in ours.state_dict().items()} == {k: v.shape for k, v in theirs.state_dict().items()}
+    with torch.no_grad():  # DGL starts the bias at zero: other values check it is added per relation
+        for mod in theirs.mods.values():
+            mod.bias.uniform_(-0.5, 0.5)
+    ours.load_state_dict(theirs.state_dict())
+    xa = {t: v.clone().requires_grad_() for t, v in x.items()}
+    xb = {t: v.clone().requires_grad_() for t, v in x.items()}
+    want, got = theirs(g, xa), _quiet(ours, g, xb)
+    assert set(got) == set(want) == {"author", "paper"}
+    grads = {t: torch.randn_like(v) for t, v in want.items()}
+    sum((want[t] * grads[t]).sum() for t in want).backward()
+    sum((got[t] * grads[t]).sum() for t in got).backward()
+    for t in want:
+        assert got[t].shape == want[t].shape == (g.num_nodes(t), 2, 4)
+        assert torch.allclose(got[t], want[t], rtol=1e-4, atol=1e-5), t
+        assert torch.allclose(xb[t].grad, xa[t].grad, rtol=1e-4, atol=1e-5), t
+    mine = dict(ours.named_parameters())
+    for name, p in theirs.named_parameters():
+        assert torch.allclose(mine[name].grad, p.grad, rtol=1e-4, atol=1e-5), name
+    back = dglnn.HeteroGraphConv({k: dglnn.GATConv(8, 4, 2) for k in keys})
+    back.load_state_dict(ours.state_dict())  # rgtune -> DGL
+    out = back(g, x)
+    assert all(torch.allclose(out[t], _quiet(ours, g, x)[t], rtol=1e-4, atol=1e-5) for t in out)
+
+
+def test_heterographconv_refuses_what_rgat_does_not_compute():
+    from rgtune.nn.dgl import GATConv, HeteroGraphConv
+
+    with pytest.raises(ValueError, match="activation=.*apply the activation to HeteroGraphConv's sum"):
+        GATConv(8, 4, 2, activation=torch.relu)
+    with pytest.raises(ValueError, match="attn_drop=0.5 is not supported"):
+        GATConv(8, 4, 2, attn_drop=0.5)
+    with pytest.raises(ValueError, match="aggregate='mean' is not supported"):
+        HeteroGraphConv({"a": GATConv(8, 4, 2)}, aggregate="mean", db=None)
+    with pytest.raises(ValueError, match="differ in"):
+        HeteroGraphConv({"a": GATConv(8, 4, 2), "b": GATConv(8, 4, 1)}, db=None)
+    g, x = _heterograph()
+    conv = HeteroGraphConv({"writes": GATConv(8, 4, 2), "cites": GATConv(8, 4, 2)}, db=None)
+    with pytest.raises(KeyError, match="no module for edge type"):
+        _quiet(conv, g, x)

@@ -1,6 +1,7 @@
-"""DGL's conv modules on rgtune's generated kernels: change ``from dgl.nn import RelGraphConv`` (or ``HGTConv``)
-to ``from rgtune.nn.dgl import RelGraphConv`` and the script runs as it did, faster. :class:`HGTConv` is
-described in its own docstring; the rest of this one is :class:`RelGraphConv`'s.
+"""DGL's conv modules on rgtune's generated kernels: change ``from dgl.nn import RelGraphConv`` (or ``HGTConv``,
+or ``HeteroGraphConv, GATConv`` for a GAT per relation) to ``from rgtune.nn.dgl import ...`` and the script runs
+as it did, faster. :class:`HGTConv` and :class:`HeteroGraphConv` are described in their own docstrings; the
+rest of this one is :class:`RelGraphConv`'s.
 
 :class:`RelGraphConv` takes DGL's constructor arguments and call (``conv(g, feat, etypes, norm=None)``), and
 its parameters are DGL's own (made by DGL's constructor: ``linear_r.W``, ``linear_r.coeff`` with the basis
@@ -37,10 +38,10 @@ from torch import Tensor
 
 from rgtune.data.batch import Batch
 from rgtune.data.graph import HeteroGraph
-from rgtune.data.interop import batch_from_homogeneous, from_pyg_homogeneous, from_typed_homogeneous
+from rgtune.data.interop import batch_from_homogeneous, from_dgl, from_pyg_homogeneous, from_typed_homogeneous
 from rgtune.nn._dropin import DropIn
 
-__all__ = ["RelGraphConv", "HGTConv"]
+__all__ = ["RelGraphConv", "HGTConv", "HeteroGraphConv", "GATConv"]
 #: how far a given ``norm`` may be from the mean per relation's ``1 / |N_r(i)|`` (float32 rounding)
 _NORM_TOLERANCE = 1e-5
 
@@ -244,6 +245,122 @@ class HGTConv(DropIn):
     def extra_repr(self) -> str:
         return (f"{self.in_size}, head_size={self.head_size}, num_heads={self.num_heads}, "
                 f"num_ntypes={self.num_ntypes}, num_etypes={self.num_etypes}")
+
+
+class GATConv(torch.nn.Module):
+    """DGL's ``GATConv`` as a relation's module of :class:`HeteroGraphConv`: DGL's constructor and parameters
+    (``fc.weight``, ``attn_l``, ``attn_r``, ``bias``; made by DGL's own constructor, so state dicts load both
+    ways). It does not run alone: :class:`HeteroGraphConv` runs every relation's GAT as one RGAT program.
+    What rgtune's RGAT does not compute is an error when made: ``feat_drop``, ``attn_drop`` (dropout inside
+    the kernels), ``negative_slope`` other than 0.2, ``residual``, and ``activation`` (HeteroGraphConv would
+    sum the relations' activated outputs; apply it to the sum)."""
+
+    def __init__(self, in_feats: int, out_feats: int, num_heads: int, feat_drop: float = 0.0, attn_drop: float = 0.0,
+                 negative_slope: float = 0.2, residual: bool = False, activation: Callable[[Tensor], Tensor] | None = None,
+                 allow_zero_in_degree: bool = False, bias: bool = True) -> None:
+        super().__init__()
+        name = type(self).__name__
+        if not isinstance(in_feats, int) or isinstance(in_feats, bool):
+            raise ValueError(f"{name}: in_feats={in_feats!r}: one input size (an int); separate source and "
+                             "destination sizes are not supported")
+        for what, value, want in (("feat_drop", feat_drop, 0.0), ("attn_drop", attn_drop, 0.0),
+                                  ("negative_slope", negative_slope, 0.2), ("residual", residual, False),
+                                  ("activation", activation, None)):
+            if value != want:
+                raise ValueError(f"{name}: {what}={value!r} is not supported; rgtune's RGAT computes {what}={want!r}"
+                                 + (" (apply the activation to HeteroGraphConv's sum)" if what == "activation" else ""))
+        from dgl.nn.pytorch import GATConv as DGLGATConv  # DGL's parameters, by DGL's own constructor
+
+        dgl_conv = DGLGATConv(in_feats, out_feats, num_heads, allow_zero_in_degree=allow_zero_in_degree, bias=bias)
+        for child, module in dgl_conv.named_children():
+            self.add_module(child, module)
+        for pname, param in dgl_conv.named_parameters(recurse=False):
+            self.register_parameter(pname, param)
+        self.in_feats, self.out_feats, self.num_heads = in_feats, out_feats, num_heads
+        self.allow_zero_in_degree = allow_zero_in_degree
+
+    def set_allow_zero_in_degree(self, value: bool) -> None:
+        self.allow_zero_in_degree = value
+
+    def forward(self, *args: Any, **kwargs: Any) -> Tensor:
+        raise RuntimeError("rgtune.nn.dgl.GATConv runs inside rgtune.nn.dgl.HeteroGraphConv (every relation's GAT "
+                           "as one kernel program); on its own, use dgl.nn.GATConv")
+
+    def extra_repr(self) -> str:
+        return f"{self.in_feats}, {self.out_feats}, num_heads={self.num_heads}"
+
+
+class HeteroGraphConv(DropIn):
+    r"""DGL's ``HeteroGraphConv`` of one :class:`GATConv` per relation, summed: per relation ``r`` and head,
+    :math:`e_{ij} = \mathrm{LeakyReLU}(a_l \cdot W_r h_j + a_r \cdot W_r h_i)`, softmax over ``i``'s in-edges of
+    ``r``, :math:`h'_i = \sum_r (\sum_{j \in N_r(i)} \alpha_{ij} W_r h_j + b_r)`. The kernels run rgtune's
+    RGAT with ``softmax="relation"`` over every relation at once; the biases are added after them.
+
+    Args (DGL's): mods (edge type or canonical edge type -> :class:`GATConv`, all of one size and heads),
+    aggregate (``"sum"``). Keyword-only (rgtune's): backend, db, mode, as :class:`RelGraphConv`. Call:
+    ``conv(g, {ntype: features})`` on a DGL heterograph -> ``{ntype: (n, heads, out)}`` for the node types
+    that relations reach, as DGL's. Relations are matched to modules by name, as DGL matches them.
+    """
+
+    model = "rgat"
+
+    def __init__(self, mods: dict[Any, GATConv], aggregate: str = "sum", *, backend: str = "auto",
+                 db: Any = "results.db", mode: str = "training") -> None:
+        super().__init__()
+        name = type(self).__name__
+        if aggregate != "sum":
+            raise ValueError(f"{name}: aggregate={aggregate!r} is not supported; rgtune's RGAT sums the relations "
+                             "(aggregate='sum')")
+        for key, mod in mods.items():
+            if not isinstance(mod, GATConv):
+                raise TypeError(f"{name}: the module of {key!r} is a {type(mod).__name__}; rgtune runs "
+                                "rgtune.nn.dgl.GATConv modules (DGL's GATConv by rgtune's import)")
+        sizes = {(m.in_feats, m.out_feats, m.num_heads) for m in mods.values()}
+        if len(sizes) != 1:
+            raise ValueError(f"{name}: the GATConv modules differ in (in_feats, out_feats, num_heads): {sorted(sizes)}; "
+                             "rgtune's RGAT has one size for every relation")
+        (in_feats, out_feats, heads), = sizes
+        self.mod_dict = dict(mods)
+        self.mods = torch.nn.ModuleDict({str(k): v for k, v in mods.items()})
+        for mod in self.mods.values():
+            mod.set_allow_zero_in_degree(True)  # as DGL's HeteroGraphConv does
+        self.out_feats, self.num_heads = out_feats, heads
+        self._setup(in_feats, heads * out_feats, heads, {"softmax": "relation"}, backend, db, mode)
+
+    def _mod(self, cet: tuple[str, str, str]) -> GATConv:
+        """The module of a relation: by its canonical edge type, else by its edge type (DGL's lookup)."""
+        mod = self.mod_dict.get(cet, self.mod_dict.get(cet[1]))
+        if mod is None:
+            raise KeyError(f"{type(self).__name__}: no module for edge type {cet}; mods has {list(self.mod_dict)}")
+        return mod
+
+    def forward(self, g: Any, inputs: dict[str, Tensor], mod_args: Any = None, mod_kwargs: Any = None) -> dict[str, Tensor]:
+        name = type(self).__name__
+        if mod_args or mod_kwargs:
+            raise ValueError(f"{name}: mod_args and mod_kwargs are not supported (the GATConv modules take none)")
+        if getattr(g, "is_block", False) or isinstance(inputs, tuple):
+            raise ValueError(f"{name}: DGL blocks are not supported yet; give the heterograph")
+        graph = self._kept((id(g), g.num_edges()), (g,), lambda: from_dgl(g, name="dgl"))
+        missing = [t for t in graph.ntypes if t not in inputs and graph.num_nodes(t)]
+        if missing:
+            raise ValueError(f"{name}: inputs lack node types {missing}; rgtune's RGAT reads every type's features")
+        x = {t: inputs[t] for t in graph.ntypes if t in inputs}
+        out = self._run(graph, x, next(iter(inputs.values())).device)
+        result = {}
+        for t in dict.fromkeys(c[2] for c in graph.canonical_etypes):  # the types that relations reach
+            biases = [m.bias for c in graph.canonical_etypes if c[2] == t if (m := self._mod(c)).bias is not None]
+            h = out[t] + sum(biases) if biases else out[t]  # each relation's GATConv adds its bias
+            result[t] = h.view(h.size(0), self.num_heads, self.out_feats)
+        return result
+
+    def _rgtune_params(self, graph: HeteroGraph | Batch) -> dict[str, Tensor]:
+        """Per relation its module's ``fc.weight`` (transposed), ``attn_l`` (the source's attention vector)
+        and ``attn_r`` (the destination's), per head."""
+        mods = [self._mod(c) for c in graph.canonical_etypes]
+        heads, d = self.num_heads, self.out_feats
+        return {"weight": torch.stack([m.fc.weight.T for m in mods]),
+                "attn_src": torch.stack([m.attn_l.view(heads, d) for m in mods]),
+                "attn_dst": torch.stack([m.attn_r.view(heads, d) for m in mods])}
 
 def _check_block(block: Any, num_dst: int) -> None:
     """A block's destinations are its first source nodes (DGL's ``to_block`` makes them so; a block made
