@@ -16,7 +16,7 @@ from rgtune.search_spaces import SearchSpace
 
 from _matrix import sampled
 from test_cpu_training import program_workload, runnable, verify
-from test_rgcn_decomposition import _edge_cases
+from test_rgcn_decomposition import _edge_cases, cpu_backend  # noqa: F401  (a module fixture)
 
 #: (model, options): the forms the drop-ins run
 FORMS = [("hgt", {"bias": False, "activation": "none", "skip": "none"}), ("rgat", {"attention": "mixed"}),
@@ -26,16 +26,6 @@ FORM_IDS = ["hgt-dgl", "rgat-mixed", "rgat-mixed-relation"]
 
 def _program(model: str, options: dict[str, Any], in_dim: int, out_dim: int) -> Program:
     return model_spec(model).build(in_dim, out_dim, 2, options)
-
-
-@pytest.fixture(scope="module")
-def cpu_backend():
-    from rgtune.codegen.cpu import CpuBackend
-
-    ok, why = CpuBackend.available()
-    if not ok:
-        pytest.skip(f"cpu backend: {why}")
-    return CpuBackend()
 
 
 @pytest.mark.parametrize("model, options, dims", [(*FORMS[0], (12, 8)), (*FORMS[0], (8, 8)), (*FORMS[1], (12, 8)),

@@ -40,8 +40,11 @@ kernels for the copy (compiled code itself is not copied; the compile cache make
 
 Dtypes: the generated kernels (``cpu``, ``cuda``) compute in float32, so a layer on those
 backends creates its parameters in float32 even under ``torch.set_default_dtype(torch.float64)``,
-and its output is float32. Parameters or an input of another dtype are an error naming the
-tensor and its dtype, before any kernel runs; nothing is cast behind the caller's back. The
+and its output is float32; a ``dtype`` they do not compute in is refused when the layer is made.
+Parameters or an input of another dtype are an error naming the tensor and its dtype, before any
+kernel runs; nothing is cast behind the caller's back, except under ``torch.autocast``: there a
+float16 or bfloat16 input (what autocast's earlier ops return) is cast to float32, as autocast
+casts the inputs of the ops it runs in float32, and the layer computes and returns float32. The
 ``reference`` backend computes in the dtype of the layer (any float dtype; float64 for
 :func:`torch.autograd.gradcheck`), and its parameters follow torch's default dtype.
 
@@ -290,6 +293,11 @@ class _KernelFunction(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        with torch.autocast(grad_out.device.type, enabled=False):  # a backward called under autocast: fp32 folds
+            return _KernelFunction._backward(ctx, grad_out)
+
+    @staticmethod
+    def _backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
         x, *rest = ctx.saved_tensors
         params, handed = rest[:ctx.num_params], rest[ctx.num_params:]
         saved = None
@@ -299,6 +307,9 @@ class _KernelFunction(torch.autograd.Function):
         grads = ctx.runner.backward(x, params, saved, grad_out.contiguous(), ctx.needs_input_grad[1:])
         return (None, *grads)
 
+
+#: the dtypes ``torch.autocast`` computes in: an input in one is cast to the layer's dtype under autocast
+_AUTOCAST_DTYPES = (torch.float16, torch.bfloat16)
 
 #: how a layer's backward runs, by how its backend runs training programs (:attr:`Backend.training`)
 _BACKWARD_KINDS = {"phases": "generated", "step": "recompute", "none": "torch"}
@@ -414,6 +425,10 @@ class Layer(GraphLayer):
         be = create(backend) if isinstance(backend, str) else backend
         if dtype is None:
             dtype = _default_param_dtype(be)
+        elif dtype not in be.dtypes:  # refused now, not at the first call
+            raise TypeError(f"{type(self).__name__}: dtype={dtype} is not one the {be.name} backend computes in "
+                            f"({', '.join(map(str, be.dtypes))}); under torch.autocast a float32 layer takes "
+                            "half-precision inputs")
         counts = {"rel": graph.num_rels, "ntype": graph.num_ntypes, "none": None}
         for pname, p in program.state_params().items():
             self.register_parameter(pname, init_param(p, counts[p.by], dtype=dtype, device=device))
@@ -624,6 +639,10 @@ class Layer(GraphLayer):
         global order, and the output is its destinations': ``{ntype: (num_dst[t], out_dim)}`` or
         ``(num_dst_nodes, out_dim)``."""
         self._check_runnable()
+        if torch.is_autocast_enabled(self._device().type):
+            # the kernels compute in the layer's dtype: what runs around them (weight folds) must too
+            with torch.autocast(self._device().type, enabled=False):
+                return self.forward(self._autocast_input(x), graph)
         runner = self._runner_for(graph)
         if not isinstance(runner.graph, Batch):
             flat, as_dict = self._to_flat(x, runner.graph)
@@ -642,6 +661,17 @@ class Layer(GraphLayer):
 
     def _forward_flat(self, x: Tensor) -> Tensor:
         return self._run(self._runner, x)
+
+    def _autocast_input(self, x: NodeInput) -> NodeInput:
+        """Under ``torch.autocast`` (on the layer's device type), a half-precision input (what autocast's
+        earlier ops return) is cast to the layer's dtype, as autocast casts the inputs of the ops it runs in
+        float32, and the output is in the layer's dtype; outside autocast a dtype mismatch is an error."""
+        dtype = self._param_dtype()
+
+        def cast(t: Any) -> Any:
+            return t.to(dtype) if isinstance(t, Tensor) and t.dtype in _AUTOCAST_DTYPES and t.dtype != dtype else t
+
+        return {k: cast(v) for k, v in x.items()} if isinstance(x, Mapping) else cast(x)
 
     def _run(self, runner: _Runner, x: Tensor) -> Tensor:
         params = [self._parameters[n] for n in self._param_names]
