@@ -241,13 +241,14 @@ def _heterograph(seed: int = 0):
     return g, {t: torch.randn(k, 8, generator=gen) for t, k in n.items()}
 
 
-def test_heterographconv_of_gatconvs_equals_dgl_both_ways():
+@pytest.mark.parametrize("order", [1, -1], ids=["as-built", "reversed"])
+def test_heterographconv_of_gatconvs_equals_dgl_both_ways(order):
     import dgl.nn.pytorch as dglnn
 
     from rgtune.nn.dgl import GATConv, HeteroGraphConv
 
     g, x = _heterograph()
-    keys = ["writes", ("paper", "cites", "paper"), "written_by"]  # as users key them: names and a canonical type
+    keys = ["writes", ("paper", "cites", "paper"), "written_by"][::order]  # names and a canonical type, any order
     torch.manual_seed(0)
     theirs = dglnn.HeteroGraphConv({k: dglnn.GATConv(8, 4, 2) for k in keys}, aggregate="sum")
     ours = HeteroGraphConv({k: GATConv(8, 4, 2) for k in keys}, aggregate="sum", db=None)
