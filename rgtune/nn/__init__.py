@@ -5,7 +5,8 @@ a graph with generated kernels and trains through the generated backward; see
 :mod:`rgtune.runtime.module`. :func:`rgtune.runtime.load_tuned` returns one with the best
 recorded schedule. :mod:`rgtune.nn.pyg` has PyG's conv modules on the same kernels (``RGCNConv``,
 ``HGTConv``, ``FiLMConv``, ``RGATConv``: PyG's constructors, calls and state dicts) and
-:mod:`rgtune.nn.dgl` DGL's (``RelGraphConv``), so a PyG or DGL script changes its import line only.
+:mod:`rgtune.nn.dgl` DGL's (``RelGraphConv``, ``HGTConv``, ``HeteroGraphConv`` of ``GATConv``), so a PyG or
+DGL script changes its import line only.
 
 Example:
     >>> import torch
