@@ -166,24 +166,18 @@ def select_schedule(model: str, graph: HeteroGraph | str, in_dim: int, out_dim: 
         found = find(mode, "")
         if found is not None:  # what a user without batches gets: the schedule tuned on the whole graph
             assert database is not None
-            sel.config, sel.provenance = dict(found.trial.knobs), found.provenance(database)
-            sel.missing = f"no {kind}schedule tuned for {where} in {database.name}. To record one, {hint}"
-            sel.warnings.append(f"no {kind}schedule tuned for {where}; using the best one tuned on the whole graph "
-                                f"(trial {found.trial.id}). To record one, {hint}")
-            _warn_fit(sel, found, g)
-            return sel
+            return _adopt(sel, found, database, g, (
+                f"no {kind}schedule tuned for {where} in {database.name}. To record one, {hint}",
+                f"no {kind}schedule tuned for {where}; using the best one tuned on the whole graph "
+                f"(trial {found.trial.id}). To record one, {hint}"))
     if found is None and mode == "training" and find is not None:
         found = find("inference")
         if found is not None:  # the tuned forward, the backward's knobs at their defaults
             assert database is not None
-            sel.config, sel.provenance = dict(found.trial.knobs), {**found.provenance(database),
-                                                                    "backward": "default knobs"}
-            sel.missing = f"no tuned training schedule for {where} in {database.name}. To record one, {hint}"
-            sel.warnings.append(f"no tuned training schedule for {where}; using the best inference schedule "
-                                f"(trial {found.trial.id}) with the backward's knobs at their defaults. "
-                                f"To record one, {hint}")
-            _warn_fit(sel, found, g)
-            return sel
+            return _adopt(sel, found, database, g, (
+                f"no tuned training schedule for {where} in {database.name}. To record one, {hint}",
+                f"no tuned training schedule for {where}; using the best inference schedule (trial {found.trial.id}) "
+                f"with the backward's knobs at their defaults. To record one, {hint}"), backward="default knobs")
     if found is None:
         why = f"no database at {db_text}" if database is None and db is not None else \
             "no database given" if database is None else f"{database.name} has no verified trial"
@@ -192,7 +186,17 @@ def select_schedule(model: str, graph: HeteroGraph | str, in_dim: int, out_dim: 
                             f"To record one, {hint}")
         return sel
     assert database is not None
-    sel.config, sel.provenance = dict(found.trial.knobs), found.provenance(database)
+    return _adopt(sel, found, database, g)
+
+
+def _adopt(sel: Selection, found: Found, database: "TrialDatabase", g: HeteroGraph,
+           stand_in: tuple[str, str] | None = None, **provenance: str) -> Selection:
+    """``sel`` with ``found``'s schedule; ``stand_in``: it stands in for the missing record (what is missing,
+    the warning); ``provenance``: added to the record's."""
+    sel.config, sel.provenance = dict(found.trial.knobs), {**found.provenance(database), **provenance}
+    if stand_in is not None:
+        sel.missing = stand_in[0]
+        sel.warnings.append(stand_in[1])
     _warn_fit(sel, found, g)
     return sel
 
