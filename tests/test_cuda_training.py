@@ -136,7 +136,7 @@ def graph():
 
 #: the default run's stride through a model's IR configurations (prime, so that no knob's period hides a
 #: value: every value of every knob is among them); HGT's training matrix is the big one
-IR_STRIDE = {"rgat": 5, "hgt": 17}
+IR_STRIDE = {"rgat": 7, "hgt": 29}
 
 
 @pytest.mark.slow
