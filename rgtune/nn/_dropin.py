@@ -60,8 +60,11 @@ class DropIn(torch.nn.Module):
         key = (backend, repr(sorted(options.items())))
         layer = self._layers.get(key)
         if layer is None:
-            layer = self._layers[key] = load_tuned(self.model, graph(), *self._sizes, db=self.db, backend=backend,
-                                                   options=options, mode=self.mode)
+            # the layer's own parameters are never used (the module's are): making them must not move the
+            # caller's random numbers (a script's dropout masks stay the library's)
+            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+                layer = self._layers[key] = load_tuned(self.model, graph(), *self._sizes, db=self.db,
+                                                       backend=backend, options=options, mode=self.mode)
         self.__dict__["_layer"] = layer  # not a submodule: the state dict is this module's parameters
         return layer
 
