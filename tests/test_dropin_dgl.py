@@ -293,3 +293,30 @@ def test_heterographconv_refuses_what_rgat_does_not_compute():
     conv = HeteroGraphConv({"writes": GATConv(8, 4, 2), "cites": GATConv(8, 4, 2)}, db=None)
     with pytest.raises(KeyError, match="no module for edge type"):
         _quiet(conv, g, x)
+
+
+def test_heterographconv_on_a_block_computes_the_destinations_as_dgl_does():
+    import dgl
+    import dgl.nn.pytorch as dglnn
+
+    from rgtune.nn.dgl import GATConv, HeteroGraphConv
+
+    g, x = _heterograph()
+    keys = ["writes", "cites", "written_by"]
+    torch.manual_seed(0)
+    theirs = dglnn.HeteroGraphConv({k: dglnn.GATConv(8, 4, 2) for k in keys})
+    ours = HeteroGraphConv({k: GATConv(8, 4, 2) for k in keys}, db=None)
+    ours.load_state_dict(theirs.state_dict())
+    seeds = {"paper": torch.arange(0, 25, 3), "author": torch.arange(0, 15, 4)}
+    torch.manual_seed(1)
+    block = dgl.to_block(dgl.sampling.sample_neighbors(g, seeds, 3), seeds)
+    src = {t: x[t][block.srcnodes[t].data[dgl.NID]] for t in block.srctypes}
+    want, got = theirs(block, src), _quiet(ours, block, src)
+    assert set(got) == set(want)
+    for t in want:
+        assert got[t].shape == want[t].shape == (seeds[t].numel(), 2, 4)
+        assert torch.allclose(got[t], want[t], rtol=1e-4, atol=1e-5), t
+    assert ours._layer._last_batch is not None  # ran the mini-batch program
+    pair = {t: v[:block.num_dst_nodes(t)] for t, v in src.items()}  # DGL's (source, destination) form
+    got = _quiet(ours, block, (src, pair))
+    assert all(torch.allclose(got[t], want[t], rtol=1e-4, atol=1e-5) for t in want)

@@ -38,7 +38,7 @@ from torch import Tensor
 
 from rgtune.data.batch import Batch
 from rgtune.data.graph import HeteroGraph
-from rgtune.data.interop import batch_from_homogeneous, from_dgl, from_pyg_homogeneous, from_typed_homogeneous
+from rgtune.data.interop import batch_from_dgl, batch_from_homogeneous, from_dgl, from_pyg_homogeneous, from_typed_homogeneous
 from rgtune.nn._dropin import DropIn
 
 __all__ = ["RelGraphConv", "HGTConv", "HeteroGraphConv", "GATConv"]
@@ -294,12 +294,14 @@ class HeteroGraphConv(DropIn):
     r"""DGL's ``HeteroGraphConv`` of one :class:`GATConv` per relation, summed: per relation ``r`` and head,
     :math:`e_{ij} = \mathrm{LeakyReLU}(a_l \cdot W_r h_j + a_r \cdot W_r h_i)`, softmax over ``i``'s in-edges of
     ``r``, :math:`h'_i = \sum_r (\sum_{j \in N_r(i)} \alpha_{ij} W_r h_j + b_r)`. The kernels run rgtune's
-    RGAT with ``softmax="relation"`` over every relation at once; the biases are added after them.
+    RGAT with ``softmax="relation"`` over every relation at once; the biases are added after them. On a block
+    (``dgl.to_block``, a sampler's) only the destinations' rows are computed.
 
     Args (DGL's): mods (edge type or canonical edge type -> :class:`GATConv`, all of one size and heads),
     aggregate (``"sum"``). Keyword-only (rgtune's): backend, db, mode, as :class:`RelGraphConv`. Call:
-    ``conv(g, {ntype: features})`` on a DGL heterograph -> ``{ntype: (n, heads, out)}`` for the node types
-    that relations reach, as DGL's. Relations are matched to modules by name, as DGL matches them.
+    ``conv(g, {ntype: features})`` on a DGL heterograph or block (the source nodes' features, or DGL's
+    ``(source, destination)`` pair) -> ``{ntype: (n, heads, out)}`` for the node types that relations reach,
+    as DGL's. Relations are matched to modules by name, as DGL matches them.
     """
 
     model = "rgat"
@@ -338,14 +340,20 @@ class HeteroGraphConv(DropIn):
         name = type(self).__name__
         if mod_args or mod_kwargs:
             raise ValueError(f"{name}: mod_args and mod_kwargs are not supported (the GATConv modules take none)")
-        if getattr(g, "is_block", False) or isinstance(inputs, tuple):
-            raise ValueError(f"{name}: DGL blocks are not supported yet; give the heterograph")
-        graph = self._kept((id(g), g.num_edges()), (g,), lambda: from_dgl(g, name="dgl"))
-        missing = [t for t in graph.ntypes if t not in inputs and graph.num_nodes(t)]
+        block = bool(getattr(g, "is_block", False))
+        if isinstance(inputs, tuple):  # DGL's (source, destination) form: the destinations are the sources' first rows
+            inputs = inputs[0]
+        graph: HeteroGraph | Batch = self._kept((id(g), g.num_edges()), (g,), lambda: batch_from_dgl(g) if block
+                                                else from_dgl(g, name="dgl"))
+        sizes = graph.num_src if isinstance(graph, Batch) else {t: graph.num_nodes(t) for t in graph.ntypes}
+        missing = [t for t in graph.ntypes if t not in inputs and sizes[t]]
         if missing:
             raise ValueError(f"{name}: inputs lack node types {missing}; rgtune's RGAT reads every type's features")
         x = {t: inputs[t] for t in graph.ntypes if t in inputs}
-        out = self._run(graph, x, next(iter(inputs.values())).device)
+        # a block's first call makes the layer (and looks its schedule up) for the block seen as a graph
+        types_graph = (lambda: HeteroGraph(dict(sizes), {c: g.edges(etype=c, order="eid") for c in
+                                                         graph.canonical_etypes}, name="dgl block")) if block else None
+        out = self._run(graph, x, next(iter(inputs.values())).device, types_graph=types_graph)
         result = {}
         for t in dict.fromkeys(c[2] for c in graph.canonical_etypes):  # the types that relations reach
             biases = [m.bias for c in graph.canonical_etypes if c[2] == t if (m := self._mod(c)).bias is not None]
