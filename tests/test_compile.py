@@ -178,3 +178,45 @@ def test_a_pyg_model_of_drop_ins_compiles_with_no_break_and_gives_the_eager_numb
     assert not ops._SAVED  # every forward's state went with its backward
     compiled(x, edge_index, edge_type)  # a forward whose output is dropped without a backward
     assert not ops._SAVED  # its state went with its autograd graph
+
+
+@pytest.mark.filterwarnings("ignore::rgtune.runtime._lookup.TunedScheduleWarning")
+def test_a_pyg_hgt_model_compiles_with_no_break_and_gives_the_eager_numbers() -> None:
+    from rgtune.nn.pyg import HGTConv
+    from rgtune.runtime import ops
+
+    metadata = (["paper", "author"], [("author", "writes", "paper"), ("paper", "cites", "paper"),
+                                      ("paper", "rev_writes", "author")])  # PyG's order, not sorted
+    gen = torch.Generator().manual_seed(2)
+    x = {"paper": torch.randn(20, 8, generator=gen), "author": torch.randn(12, 8, generator=gen)}
+    edges = {("author", "writes", "paper"): torch.stack([torch.randint(0, 12, (40,), generator=gen),
+                                                         torch.randint(0, 20, (40,), generator=gen)]),
+             ("paper", "cites", "paper"): torch.randint(0, 20, (2, 30), generator=gen)}  # one relation without edges
+
+    class TwoHGT(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.first, self.second = HGTConv(8, 8, metadata, heads=2, db=None), HGTConv(8, 4, metadata, db=None)
+
+        def forward(self, x_dict: dict, edge_index_dict: dict) -> dict:
+            h = {t: torch.relu(v) for t, v in self.first(x_dict, edge_index_dict).items()}
+            return self.second(h, edge_index_dict)
+
+    torch.manual_seed(0)
+    m = TwoHGT()
+    explained = torch._dynamo.explain(m)(x, edges)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+    compiled = torch.compile(m, fullgraph=True, backend="aot_eager")
+    out = compiled(x, edges)
+    sum(v.square().sum() for v in out.values()).backward()
+    got = _grads(m)
+    m.zero_grad(set_to_none=True)
+    want = m(x, edges)
+    sum(v.square().sum() for v in want.values()).backward()
+    assert set(out) == set(want)
+    for t in want:
+        torch.testing.assert_close(out[t], want[t])
+    for name, g in _grads(m).items():
+        if g is not None:
+            torch.testing.assert_close(got[name], g, msg=lambda msg: f"{name}: {msg}")
+    assert not ops._SAVED

@@ -30,7 +30,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -46,6 +46,13 @@ __all__ = ["RGCNConv", "HGTConv", "FiLMConv", "RGATConv"]
 
 #: PyG's ``aggr`` of ``RGCNConv`` -> rgtune's RGCN option ``aggr``
 _AGGRS = {"mean": "mean", "add": "sum", "sum": "sum"}
+
+
+class _Types(NamedTuple):
+    """What rgtune's weights are derived for: a graph's node and edge types, without the graph."""
+
+    ntypes: list[str]
+    canonical_etypes: list[tuple[str, str, str]]
 
 
 class _EdgeTypeConv(DropIn):
@@ -204,18 +211,41 @@ class HGTConv(DropIn):
         unknown = [t for t in x_dict if t not in self.node_types]
         if unknown:
             raise ValueError(f"{name}: x_dict has node types {unknown} that metadata does not have: {self.node_types}")
-        graph = self._graph(x_dict, edge_index_dict)
-        x = {t: x_dict[t] for t in graph.ntypes if t in x_dict}
-        return dict(self._run(graph, x, next(iter(x_dict.values())).device))
-
-    def _graph(self, x_dict: dict[str, Tensor], edge_index_dict: dict[Any, Tensor]) -> HeteroGraph:
-        """The graph of these node counts and edge tensors (kept while the same tensors come back); every
-        relation of ``metadata`` is in it, with or without edges in this call."""
-        name = type(self).__name__
         unknown = [tuple(c) for c in edge_index_dict if tuple(c) not in self._pyg_relation]
         if unknown:
             raise ValueError(f"{name}: edge type {unknown[0]} is not in metadata: {self.edge_types}")
         counts = {t: (x_dict[t].size(0) if t in x_dict else 0) for t in self.node_types}
+        if torch.compiler.is_compiling():  # one op: the graph of the tensors is found when it runs
+            return self._traced(x_dict, edge_index_dict, counts)
+        graph = self._graph(counts, edge_index_dict)
+        x = {t: x_dict[t] for t in graph.ntypes if t in x_dict}
+        return dict(self._run(graph, x, next(iter(x_dict.values())).device))
+
+    def _traced(self, x_dict: dict[str, Tensor], edge_index_dict: dict[Any, Tensor],
+                counts: dict[str, int]) -> dict[str, Tensor]:
+        """The call under torch.compile (:func:`rgtune.runtime.ops.module_forward`): the graph's node types
+        (sorted, every one of ``metadata``) and relations (every one of ``metadata``) are known without the
+        graph, so rgtune's weights are derived in the trace; the counts and which relations came travel to
+        the op as tensors (constants of the compiled graph)."""
+        types = sorted(self.node_types)
+        relations = [c for c in self.edge_types if c in edge_index_dict]
+        given = [(tuple(k), v) for k, v in edge_index_dict.items()]
+        tensors = [torch.tensor([counts[t] for t in self.node_types]),
+                   torch.tensor([self.edge_types.index(c) for c in relations]),
+                   *(dict(given)[c] for c in relations)]
+        shape = _Types(types, sorted(self.edge_types))
+        x = torch.cat([x_dict[t] for t in types if t in x_dict])
+        out = ops.module_forward(self, x, tensors, self._rgtune_params(shape))  # type: ignore[arg-type]
+        return dict(zip(types, out.split([counts[t] for t in types])))
+
+    def _graph_of_tensors(self, x: Tensor, graph_tensors: list[Tensor]) -> HeteroGraph:
+        counts = dict(zip(self.node_types, graph_tensors[0].tolist()))
+        relations = [self.edge_types[i] for i in graph_tensors[1].tolist()]
+        return self._graph(counts, dict(zip(relations, graph_tensors[2:])))
+
+    def _graph(self, counts: dict[str, int], edge_index_dict: dict[Any, Tensor]) -> HeteroGraph:
+        """The graph of these node counts and edge tensors (kept while the same tensors come back); every
+        relation of ``metadata`` is in it, with or without edges in this call."""
         key = (tuple(counts.items()), tuple((tuple(k), id(v), v._version) for k, v in edge_index_dict.items()))
 
         def build() -> HeteroGraph:
