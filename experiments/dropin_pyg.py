@@ -4,8 +4,9 @@ Runs ``docs/examples/pyg_rgcn_aifb.py`` (``--example rgcn``: AIFB entity classif
 layers, Adam, full-graph epochs) or ``docs/examples/pyg_hgt_aifb.py`` (``--example hgt``: two ``HGTConv``
 layers on AIFB's ``HeteroData``) with PyG's conv and with ``rgtune.nn.pyg``'s, or
 ``docs/examples/dgl_rgcn_aifb.py`` (``--example dgl-rgcn``: DGL's ``RelGraphConv``, with ``rgtune.nn.dgl``'s) or
-``docs/examples/dgl_hgt_aifb.py`` (``--example dgl-hgt``: DGL's ``HGTConv`` on AIFB made homogeneous), each in a
-process of its own, from the same initial weights, ``--rounds`` times alternating; reports the median epoch time after
+``docs/examples/dgl_hgt_aifb.py`` (``--example dgl-hgt``: DGL's ``HGTConv`` on AIFB made homogeneous) or
+``docs/examples/dgl_gat_aifb.py`` (``--example dgl-gat``: DGL's ``HeteroGraphConv`` of a ``GATConv`` per relation),
+each in a process of its own, from the same initial weights, ``--rounds`` times alternating; reports the median epoch time after
 ``--warmup`` epochs (rgtune's first epoch compiles its kernels), the peak memory, and how far apart the
 two loss curves are (largest relative difference of any epoch's loss).
 
@@ -15,6 +16,8 @@ two loss curves are (largest relative difference of any epoch's loss).
     python experiments/dropin_pyg.py --example dgl-rgcn --epochs 50 --threads 2 --rounds 3 \
         --json experiments/results/dropin_pyg.jsonl
     python experiments/dropin_pyg.py --example dgl-hgt --epochs 50 --threads 2 --rounds 3 \
+        --json experiments/results/dropin_pyg.jsonl
+    python experiments/dropin_pyg.py --example dgl-gat --epochs 50 --threads 2 --rounds 3 \
         --json experiments/results/dropin_pyg.jsonl
 """
 
@@ -32,9 +35,10 @@ from _common import append_jsonl, parser  # noqa: E402 - experiments/ is not a p
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
 SCRIPTS = {"rgcn": EXAMPLES / "pyg_rgcn_aifb.py", "hgt": EXAMPLES / "pyg_hgt_aifb.py",
-           "dgl-rgcn": EXAMPLES / "dgl_rgcn_aifb.py", "dgl-hgt": EXAMPLES / "dgl_hgt_aifb.py"}
+           "dgl-rgcn": EXAMPLES / "dgl_rgcn_aifb.py", "dgl-hgt": EXAMPLES / "dgl_hgt_aifb.py",
+           "dgl-gat": EXAMPLES / "dgl_gat_aifb.py"}
 #: the library each example's other import is
-LIBRARY = {"rgcn": "pyg", "hgt": "pyg", "dgl-rgcn": "dgl", "dgl-hgt": "dgl"}
+LIBRARY = {"rgcn": "pyg", "hgt": "pyg", "dgl-rgcn": "dgl", "dgl-hgt": "dgl", "dgl-gat": "dgl"}
 
 
 def main() -> int:

@@ -120,11 +120,11 @@ def test_a_block_whose_destinations_are_not_its_first_sources_is_refused():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("script", ["dgl_rgcn_aifb.py", "dgl_hgt_aifb.py"])
+@pytest.mark.parametrize("script", ["dgl_rgcn_aifb.py", "dgl_hgt_aifb.py", "dgl_gat_aifb.py"])
 def test_dgls_aifb_script_trains_the_same_with_rgtunes_import(tmp_path, script):
     """docs/examples/dgl_rgcn_aifb.py, DGL's entity classification (basis regularizer, right normalization per
-    relation), and dgl_hgt_aifb.py (HGTConv with DGL's dropout), with the import line as the only change: the
-    same losses from the same initial weights (and dropout masks)."""
+    relation), dgl_hgt_aifb.py (HGTConv with DGL's dropout) and dgl_gat_aifb.py (HeteroGraphConv of GATConv),
+    with the import line as the only change: the same losses from the same initial weights (and dropout masks)."""
     import json
     import subprocess
     import sys
