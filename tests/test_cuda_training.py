@@ -389,21 +389,28 @@ def _compare(result, ref, where: str, tol: float) -> dict[str, float]:
     return errs
 
 
-def _emulate(model: str, g: Any, cfg: dict[str, Any], errors: _Errors, dims: tuple[int, int] = (12, 12),
-             arch: str = "sm_90") -> dict[str, float]:
-    """``cfg``'s training program on the emulator against the reference; the errors."""
+def emulated_training_step(space: Any, g: Any, cfg: dict[str, Any], dims: tuple[int, int], where: str,
+                           arch: str = "sm_90") -> tuple[dict[str, float], float]:
+    """``cfg`` (over the space's defaults): its training program on the emulator, forward phase then backward
+    phase with buffers poisoned with NaN, against the float64 reference; the relative errors (each asserted
+    under the graph's tolerance) and that tolerance."""
     from rgtune.codegen.cuda.emulate import EmulatedProgram
 
-    space = _space(model, g, dims)
     point = space.compile({**space.default(), **cfg})
     assert point.valid, point.problems
     kp = point.kernels
     x, params, dout = _inputs(kp, g, dims[0], dims[1])
     ref = ReferenceExecutor(kp, g).run_training(x, params, dout)
     program = EmulatedProgram(kp, generate(kp, point.config).units, g, arch)
-    result = _phased(program, x, params, dout)
     tol = tolerance(g)
-    errs = _compare(result, ref, f"{model} heads={MODELS[model]} dims={dims} on {g.name} with {cfg}", tol)
+    return _compare(_phased(program, x, params, dout), ref, where, tol), tol
+
+
+def _emulate(model: str, g: Any, cfg: dict[str, Any], errors: _Errors, dims: tuple[int, int] = (12, 12),
+             arch: str = "sm_90") -> dict[str, float]:
+    """``cfg``'s training program on the emulator against the reference; the errors."""
+    errs, tol = emulated_training_step(_space(model, g, dims), g, cfg, dims,
+                                       f"{model} heads={MODELS[model]} dims={dims} on {g.name} with {cfg}", arch)
     errors.add(model, errs, tol)
     return errs
 

@@ -77,19 +77,9 @@ def test_cuda_training_programs_compile_with_nvrtc(form: str, stride: int) -> No
     ids=["hgt-dgl", "hgt-dgl-composed", "rgat-mixed", "rgat-mixed-relation-pairs"])
 def test_cuda_emulated_training_step(model: str, options: dict[str, Any], cfg: dict[str, Any]) -> None:
     """The generated CUDA on the CPU emulator (forward, then backward) against the float64 reference."""
-    from test_cuda_training import _compare, _edge_case_graph, _inputs, _needs_cxx, _phased, tolerance
-
-    from rgtune.codegen.cuda.emulate import EmulatedProgram
-    from rgtune.codegen.cuda.generate import generate
-    from rgtune.codegen.reference import ReferenceExecutor
+    from test_cuda_training import _edge_case_graph, _needs_cxx, emulated_training_step
 
     _needs_cxx()
     g = _edge_case_graph()
     space = SearchSpace(_program(model, options, 12, 8), g, "cuda", mode="training")
-    point = space.compile({**space.default(), **cfg})
-    assert point.valid, point.problems
-    kp = point.kernels
-    x, params, dout = _inputs(kp, g, 12, 8)
-    ref = ReferenceExecutor(kp, g).run_training(x, params, dout)
-    program = EmulatedProgram(kp, generate(kp, point.config).units, g, "sm_90")
-    _compare(_phased(program, x, params, dout), ref, f"{model} {options} {cfg}", tolerance(g))
+    emulated_training_step(space, g, cfg, (12, 8), f"{model} {options} {cfg}")

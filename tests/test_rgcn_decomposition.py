@@ -405,18 +405,8 @@ EMULATED = [({"num_bases": 3}, {}), ({"num_bases": 3}, {"reorder.bases": "transf
 def test_cuda_emulated_training_step(option: dict[str, int], cfg: dict[str, Any]) -> None:
     """The generated CUDA run on the CPU emulator (forward phase, then backward phase, buffers poisoned with
     NaN) against the float64 reference: output, input gradient, every gradient."""
-    from test_cuda_training import _compare, _edge_case_graph, _inputs, _needs_cxx, _phased, tolerance
-
-    from rgtune.codegen.cuda.emulate import EmulatedProgram
-    from rgtune.codegen.cuda.generate import generate
+    from test_cuda_training import _edge_case_graph, _needs_cxx, emulated_training_step
 
     _needs_cxx()
     g = _edge_case_graph()
-    space = _cuda_space(option, g, (12, 12))
-    point = space.compile({**space.default(), **cfg})
-    assert point.valid, point.problems
-    kp = point.kernels
-    x, params, dout = _inputs(kp, g, 12, 12)
-    ref = ReferenceExecutor(kp, g).run_training(x, params, dout)
-    program = EmulatedProgram(kp, generate(kp, point.config).units, g, "sm_90")
-    _compare(_phased(program, x, params, dout), ref, f"rgcn {option} {cfg}", tolerance(g))
+    emulated_training_step(_cuda_space(option, g, (12, 12)), g, cfg, (12, 12), f"rgcn {option} {cfg}")

@@ -13,7 +13,17 @@ def add_query_parser(sub: argparse._SubParsersAction, name: str, about: str,
                      run: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
     """A query command's parser: filters of the workload, ``--db``, ``--json``/``--csv``."""
     p = sub.add_parser(name, help=about, description=about[0].upper() + about[1:] + ".")
-    add_model_args(p, required=False, what="filter by model")
+    add_workload_filters(p, model_required=False)
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="print JSON")
+    fmt.add_argument("--csv", action="store_true", help="print CSV")
+    p.set_defaults(func=run)
+    return p
+
+
+def add_workload_filters(p: argparse.ArgumentParser, model_required: bool) -> None:
+    """The options that select workloads (what :func:`filters` reads) and ``--db``."""
+    add_model_args(p, required=model_required, what="filter by model")
     p.add_argument("--dataset", help="filter by dataset (the graph's name)")
     p.add_argument("--backend", help="filter by backend")
     p.add_argument("--hidden", type=positive_int, help="filter by feature size")
@@ -24,11 +34,6 @@ def add_query_parser(sub: argparse._SubParsersAction, name: str, about: str,
                    help="filter by the sampler a workload was tuned for (tune --batches; 'none': the whole graph, "
                         "what --model selects unless this is given)")
     add_db_arg(p)
-    fmt = p.add_mutually_exclusive_group()
-    fmt.add_argument("--json", action="store_true", help="print JSON")
-    fmt.add_argument("--csv", action="store_true", help="print CSV")
-    p.set_defaults(func=run)
-    return p
 
 
 def filters(args: argparse.Namespace) -> dict[str, Any]:

@@ -14,8 +14,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from rgtune.cli._common import CLIError, add_db_arg, add_model_args, open_query_db, positive_int
-from rgtune.cli._query import filters
+from rgtune.cli._common import CLIError, open_query_db
+from rgtune.cli._query import add_workload_filters, filters
 
 #: knobs shown in the importance panel (the most important first)
 _TOP_KNOBS = 12
@@ -23,15 +23,9 @@ _TOP_KNOBS = 12
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     about = "plot a workload's tuning: times and the best so far per trial and over time, and the knobs' importances"
-    p = sub.add_parser("plot", help=about, description=about[0].upper() + about[1:] + " (PNG; needs matplotlib).")
-    add_model_args(p, required=True, what="the workload's model")
-    p.add_argument("--dataset", help="the workload's dataset (the graph's name)")
-    p.add_argument("--backend", help="the workload's backend")
-    p.add_argument("--hidden", type=positive_int, help="the workload's feature size")
-    p.add_argument("--heads", type=positive_int, help="the workload's heads")
-    p.add_argument("--mode", choices=("inference", "training"), help="the workload's mode")
-    p.add_argument("--batches", metavar="SAMPLER", help="the sampler a workload was tuned for (tune --batches)")
-    add_db_arg(p)
+    p = sub.add_parser("plot", help=about, description=about[0].upper() + about[1:] + " (PNG; needs matplotlib). "
+                       "The filters must select one workload.")
+    add_workload_filters(p, model_required=True)
     p.add_argument("-o", "--output", type=Path, default=None,
                    help="the PNG to write (default: tuning-MODEL-DATASET.png in the current folder)")
     p.set_defaults(func=run)

@@ -67,7 +67,8 @@ def learnable_grads(kp: KernelProgram, graph: HeteroGraph, params: Mapping[str, 
     if not derived:
         return own
     arrays = graph_arrays(graph, kp.layout, kp.index_bits).to(next(iter(params.values())).device)
-    names = [k for k in params if k in gradient_receivers(kp)]  # the params that a derived weight's gradient reaches
+    receivers = gradient_receivers(kp)
+    names = [k for k in params if k in receivers]  # the params that a derived weight's gradient reaches
 
     def folds(*learnable: torch.Tensor) -> list[torch.Tensor]:
         folded: dict[str, torch.Tensor] = {**params, **dict(zip(names, learnable))}

@@ -42,7 +42,7 @@ from typing import Iterator, Mapping, Sequence
 
 import torch
 
-from rgtune.data.graph import CanonicalEType
+from rgtune.data.graph import CanonicalEType, HeteroGraph
 
 __all__ = ["Batch", "BatchTypeError"]
 
@@ -212,6 +212,28 @@ class Batch:
     def split_dst(self, out: torch.Tensor) -> dict[str, torch.Tensor]:
         """The ``(num_dst_nodes, F)`` output rows as ``{ntype: (num_dst[t], F)}``."""
         return {t: out[b:b + self.num_dst[t]] for t, b in zip(self.ntypes, self._dst_base)}
+
+    def as_graph(self) -> HeteroGraph:
+        """The block as a graph over its source nodes (per type the caller's numbering: destinations first),
+        its edges relation by relation: what a layer is made for (and its schedule looked up by) when the
+        first thing it sees is a batch. Built on request, not kept.
+
+        Example:
+            >>> b = Batch(["a"], [("a", "r", "a")], num_src={"a": 3}, num_dst={"a": 1},
+            ...           edges={("a", "r", "a"): ([2], [0])})
+            >>> g = b.as_graph()
+            >>> g.num_nodes("a"), [e.tolist() for e in g.edges(("a", "r", "a"))]
+            (3, [[2], [0]])
+        """
+        ids = torch.arange(self._num_nodes, device=self.device)
+        t = self.node_type
+        dst_base, src_base, n_dst = (torch.tensor(v, device=self.device)
+                                     for v in (self._dst_base, self._src_base, self._n_dst))
+        local = torch.where(ids < self.num_dst_nodes, ids - dst_base[t], ids - src_base[t] + n_dst[t])
+        bounds = self.rel_offsets.tolist()
+        edges = {c: (local[self.src[a:b]], local[self.dst[a:b]])
+                 for c, a, b in zip(self.canonical_etypes, bounds[:-1], bounds[1:])}
+        return HeteroGraph(dict(self.num_src), edges, name=self.name)
 
     def src_positions(self, ntype: str) -> torch.Tensor:
         """The global rows of ``ntype``'s source nodes, in their per-type order (a gather of the flat input)."""

@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # only for annotations; both are optional dependencies
     import dgl
     from torch_geometric.data import HeteroData
 
-__all__ = ["as_hetero_graph", "batch_from_dgl", "batch_from_homogeneous", "from_dgl", "from_pyg", "from_pyg_homogeneous",
+__all__ = ["as_hetero_graph", "batch_from_dgl", "batch_from_homogeneous", "check_dgl_block", "from_dgl", "from_pyg", "from_pyg_homogeneous",
            "from_typed_homogeneous", "relation_names", "to_dgl", "to_pyg", "to_pyg_homogeneous"]
 
 _DGL_FEATURE, _PYG_FEATURE = "feat", "x"
@@ -234,6 +234,18 @@ def from_pyg_homogeneous(edge_index: torch.Tensor, edge_type: torch.Tensor | Non
     return HeteroGraph({HOMOGENEOUS_NTYPE: num_nodes}, _by_relation(ei[0], ei[1], edge_type, num_relations), name=name)
 
 
+def check_dgl_block(block: "dgl.DGLGraph", name: str = "dgl block") -> None:
+    """Per node type, a DGL block's destinations are its first source nodes, in order (``dgl.to_block`` makes
+    them so): checked where DGL records node ids, since a destination reads its own row of the input."""
+    dgl = _require("dgl", "dgl", "check_dgl_block")
+    for t in block.dsttypes:
+        src_ids, dst_ids = block.srcnodes[t].data.get(dgl.NID), block.dstnodes[t].data.get(dgl.NID)
+        if isinstance(src_ids, torch.Tensor) and isinstance(dst_ids, torch.Tensor) and \
+                not torch.equal(src_ids[:block.num_dst_nodes(t)], dst_ids):
+            raise ValueError(f"block {name!r}: node type {t!r}'s destinations are not its first source nodes (in "
+                             "order), as dgl.to_block makes them")
+
+
 def batch_from_dgl(block: "dgl.DGLGraph", name: str = "dgl block") -> Batch:
     """A :class:`~rgtune.data.batch.Batch` from a DGL heterogeneous block (``dgl.to_block``: per node type, its
     destinations are its first source nodes), node and edge types by name in a :class:`HeteroGraph`'s order
@@ -248,18 +260,10 @@ def batch_from_dgl(block: "dgl.DGLGraph", name: str = "dgl block") -> Batch:
         >>> b.num_dst, b.num_src, b.num_edges()
         ({'a': 0, 'b': 1}, {'a': 1, 'b': 1}, 1)
     """
-    _require("dgl", "dgl", "batch_from_dgl")
+    check_dgl_block(block, name)
     ntypes = sorted(set(block.srctypes) | set(block.dsttypes))
     num_src = {t: int(block.num_src_nodes(t)) if t in block.srctypes else 0 for t in ntypes}
     num_dst = {t: int(block.num_dst_nodes(t)) if t in block.dsttypes else 0 for t in ntypes}
-    import dgl
-
-    for t in block.dsttypes:  # a destination reads its own row of the input: it must be its source row
-        src_ids, dst_ids = block.srcnodes[t].data.get(dgl.NID), block.dstnodes[t].data.get(dgl.NID)
-        if isinstance(src_ids, torch.Tensor) and isinstance(dst_ids, torch.Tensor) and \
-                not torch.equal(src_ids[:num_dst[t]], dst_ids):
-            raise ValueError(f"block {name!r}: node type {t!r}'s destinations are not its first source nodes (in "
-                             "order), as dgl.to_block makes them")
     cets = sorted(tuple(c) for c in block.canonical_etypes)
     edges = {c: tuple(e.to("cpu", torch.int64) for e in block.edges(etype=c, order="eid")) for c in cets}
     return Batch(ntypes, cets, num_src=num_src, num_dst=num_dst, edges=edges, name=name)

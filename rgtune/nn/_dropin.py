@@ -41,14 +41,12 @@ class DropIn(torch.nn.Module):
         """rgtune's weights of the model's program, computed from this module's parameters (differentiably)."""
         raise NotImplementedError
 
-    def _run(self, graph: HeteroGraph | Batch, x: Any, device: torch.device, options: dict[str, Any] | None = None,
-             types_graph: Callable[[], HeteroGraph] | None = None) -> Any:
+    def _run(self, graph: HeteroGraph | Batch, x: Any, device: torch.device, options: dict[str, Any] | None = None) -> Any:
         """The layer's output for ``x`` on ``graph`` (a graph, or a block's :class:`Batch`: the destinations'
         rows), with the weights of this module's parameters (``options``: the model's for this call, default
-        :attr:`options`). ``types_graph``: the graph to make the layer for when none is made yet (a batch's
-        is not a graph; default ``graph``)."""
+        :attr:`options`). A layer made by a batch is made for the batch seen as a graph (:meth:`Batch.as_graph`)."""
         options = self.options if options is None else options
-        layer = self._layer_for(types_graph or (lambda: graph), device, options)  # type: ignore[arg-type, return-value]
+        layer = self._layer_for(graph.as_graph if isinstance(graph, Batch) else lambda: graph, device, options)
         for pname, value in self._rgtune_params(graph).items():
             layer._parameters[pname] = value  # type: ignore[assignment]  # a view of the module's parameters
         return layer(x, graph=None if graph is layer.graph else graph)

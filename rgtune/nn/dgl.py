@@ -38,7 +38,8 @@ from torch import Tensor
 
 from rgtune.data.batch import Batch
 from rgtune.data.graph import HeteroGraph
-from rgtune.data.interop import batch_from_dgl, batch_from_homogeneous, from_dgl, from_pyg_homogeneous, from_typed_homogeneous
+from rgtune.data.interop import (batch_from_dgl, batch_from_homogeneous, check_dgl_block, from_dgl, from_pyg_homogeneous,
+                                 from_typed_homogeneous)
 from rgtune.nn._dropin import DropIn
 
 __all__ = ["RelGraphConv", "HGTConv", "HeteroGraphConv", "GATConv"]
@@ -108,8 +109,7 @@ class RelGraphConv(DropIn):
                                      "rgtune's RGCN computes those two")
                 graph.__dict__["_rgtune_dgl_norm_checked"] = checked
             aggr = "mean"
-        types_graph = graph.__dict__.get("_rgtune_dgl_types_graph")
-        h = self._run(graph, feat, feat.device, self._options(aggr), types_graph)
+        h = self._run(graph, feat, feat.device, self._options(aggr))
         if self.activation is not None:
             h = self.activation(h)
         return self.dropout(h)
@@ -140,11 +140,8 @@ class RelGraphConv(DropIn):
         et = etypes.to("cpu", torch.int64).reshape(-1)
         built: HeteroGraph | Batch
         if getattr(g, "is_block", False):
-            _check_block(g, num_dst)
+            check_dgl_block(g)
             built = batch_from_homogeneous(src, dst, et, num_src, num_dst, self.num_rels, name="dgl block")
-            # a module's first call on a block makes the layer (and looks its schedule up) for the block as a graph
-            built.__dict__["_rgtune_dgl_types_graph"] = lambda: from_pyg_homogeneous(
-                torch.stack([src, dst]), et, num_src, self.num_rels, name="dgl block")
         else:
             built = from_pyg_homogeneous(torch.stack([src, dst]), et, num_src, self.num_rels, name="dgl")
         key = et * num_dst + dst
@@ -155,7 +152,6 @@ class RelGraphConv(DropIn):
     def extra_repr(self) -> str:
         reg = f", regularizer={self.regularizer!r}, num_bases={self.num_bases}" if self.regularizer else ""
         return f"{self.in_feat}, {self.out_feat}, num_rels={self.num_rels}{reg}"
-
 
 
 class HGTConv(DropIn):
@@ -199,9 +195,7 @@ class HGTConv(DropIn):
     def forward(self, g: Any, x: Tensor, ntype: Tensor, etype: Tensor, *, presorted: bool = False) -> Tensor:
         graph, src_nodes, dst_nodes = self._graph(g, ntype, etype)
         xs = {t: x[p.to(x.device)] for t, p in zip(graph.ntypes, src_nodes)}
-        out = self._run(graph, xs, x.device, types_graph=lambda: graph if isinstance(graph, HeteroGraph) else
-                        from_typed_homogeneous(*g.edges(), ntype, etype, self.num_ntypes, self.num_etypes,
-                                               self._relations)[0])
+        out = self._run(graph, xs, x.device)
         positions = torch.cat(dst_nodes).to(x.device)
         h = torch.cat([out[t] for t in graph.ntypes])[torch.argsort(positions)]  # the caller's order of destinations
         num_dst = h.size(0)
@@ -219,7 +213,7 @@ class HGTConv(DropIn):
             src, dst = g.edges()
             block = bool(getattr(g, "is_block", False))
             if block:
-                _check_block(g, g.num_dst_nodes())
+                check_dgl_block(g)
             built, src_nodes, dst_nodes = from_typed_homogeneous(
                 src, dst, ntype, etype, self.num_ntypes, self.num_etypes, self._relations,
                 num_dst=g.num_dst_nodes() if block else None, name="dgl block" if block else "dgl")
@@ -350,10 +344,7 @@ class HeteroGraphConv(DropIn):
         if missing:
             raise ValueError(f"{name}: inputs lack node types {missing}; rgtune's RGAT reads every type's features")
         x = {t: inputs[t] for t in graph.ntypes if t in inputs}
-        # a block's first call makes the layer (and looks its schedule up) for the block seen as a graph
-        types_graph = (lambda: HeteroGraph(dict(sizes), {c: g.edges(etype=c, order="eid") for c in
-                                                         graph.canonical_etypes}, name="dgl block")) if block else None
-        out = self._run(graph, x, next(iter(inputs.values())).device, types_graph=types_graph)
+        out = self._run(graph, x, next(iter(inputs.values())).device)
         result = {}
         for t in dict.fromkeys(c[2] for c in graph.canonical_etypes):  # the types that relations reach
             biases = [m.bias for c in graph.canonical_etypes if c[2] == t if (m := self._mod(c)).bias is not None]
@@ -369,13 +360,3 @@ class HeteroGraphConv(DropIn):
         return {"weight": torch.stack([m.fc.weight.T for m in mods]),
                 "attn_src": torch.stack([m.attn_l.view(heads, d) for m in mods]),
                 "attn_dst": torch.stack([m.attn_r.view(heads, d) for m in mods])}
-
-def _check_block(block: Any, num_dst: int) -> None:
-    """A block's destinations are its first source nodes (DGL's ``to_block`` makes them so; a block made
-    otherwise would read other nodes' rows as the destinations' own): checked where DGL records node ids."""
-    import dgl
-
-    src_ids, dst_ids = block.srcdata.get(dgl.NID), block.dstdata.get(dgl.NID)
-    if isinstance(src_ids, Tensor) and isinstance(dst_ids, Tensor) and not torch.equal(src_ids[:num_dst], dst_ids):
-        raise ValueError("RelGraphConv: the block's destination nodes are not its first source nodes (in order), "
-                         "as dgl.to_block makes them; rgtune computes a destination from its own row of the input")

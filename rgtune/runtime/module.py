@@ -233,8 +233,6 @@ class _Runner:
     def gradients_produced(self, input_grad: bool) -> tuple[bool, ...]:
         """Which of ``(x, *params)`` the backward gives a gradient (with the input's when ``input_grad``)."""
         kp = self.program(self.runs("training"), input_grad)[0]
-        if self.backward_kind() == "torch":  # the torch lowering's autograd: every input it reads
-            return (input_grad, *(True for _ in self.names))
         receivers = gradient_receivers(kp)
         return (input_grad and kp.input_grad is not None, *(n in receivers for n in self.names))
 
@@ -638,11 +636,11 @@ class Layer(GraphLayer):
         ``{ntype: (num_src[t], in_dim)}`` (each type's destinations first) or one tensor in the batch's
         global order, and the output is its destinations': ``{ntype: (num_dst[t], out_dim)}`` or
         ``(num_dst_nodes, out_dim)``."""
-        self._check_runnable()
         if torch.is_autocast_enabled(self._device().type):
             # the kernels compute in the layer's dtype: what runs around them (weight folds) must too
             with torch.autocast(self._device().type, enabled=False):
                 return self.forward(self._autocast_input(x), graph)
+        self._check_runnable()
         runner = self._runner_for(graph)
         if not isinstance(runner.graph, Batch):
             flat, as_dict = self._to_flat(x, runner.graph)
@@ -677,7 +675,7 @@ class Layer(GraphLayer):
         params = [self._parameters[n] for n in self._param_names]
         if torch.compiler.is_compiling():  # traced: the kernels as custom ops, one graph with no break
             return ops.forward(runner, x, params)
-        if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params)):
+        if ops.wants_grad(x, params):
             return _KernelFunction.apply(runner, x, *params)
         return runner.forward(x, params)  # no gradient: the inference program, nothing saved
 

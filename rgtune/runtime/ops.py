@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import secrets
 import weakref
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import torch
@@ -51,7 +51,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from rgtune.codegen.base import Saved
 
-__all__ = ["register", "forward", "module_forward"]
+__all__ = ["register", "forward", "module_forward", "wants_grad"]
 
 _RUNNERS: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
 
@@ -98,9 +98,6 @@ class _Layout:
     refs: tuple[_Ref, ...] | None = None
     buffers: tuple[str, ...] = ()
     params: tuple[str, ...] = ()
-    #: which of ``(x, *params)`` the backward gives a gradient (a param the program does not read gets
-    #: None, as autograd gives it)
-    produced: tuple[bool, ...] = ()
 
     @property
     def reads_out(self) -> bool:
@@ -158,7 +155,6 @@ def _layout(handle: int, training: bool, input_grad: bool, x: Tensor, params: Se
             p0 = [torch.zeros([int(s) for s in p.shape], dtype=p.dtype, device=p.device) for p in params]
             if training:
                 _forward_for_backward(handle, input_grad, x0, p0)  # records the layout
-                runner.layouts[key] = replace(runner.layouts[key], produced=runner.gradients_produced(input_grad))
             else:
                 runner.layouts[key] = _Layout(tuple(runner.forward(x0, p0).shape))
     return runner.layouts[key]
@@ -181,9 +177,7 @@ def _forward_for_backward(handle: int, input_grad: bool, x: Tensor, params: list
         raise NotImplementedError(f"rgtune: the {runner.backend.name} backend builds no training programs; its layers "
                                   f"train through torch autograd, which torch.compile cannot trace inside an op")
     out, saved = runner.forward_for_backward(x, params, input_grad)
-    layout, handed = _hand_over(out, saved, x, params)
-    known = runner.layouts.get((True, input_grad))
-    runner.layouts[(True, input_grad)] = replace(layout, produced=known.produced) if known is not None else layout
+    runner.layouts[(True, input_grad)], handed = _hand_over(out, saved, x, params)
     return out, handed
 
 
@@ -206,7 +200,8 @@ def _backward(handle: int, input_grad: bool, needs: list[bool], x: Tensor, param
 @_backward.register_fake
 def _(handle: int, input_grad: bool, needs: list[bool], x: Tensor, params: list[Tensor], out: Optional[Tensor],
       handed: list[Tensor], grad_out: Tensor) -> list[Tensor]:
-    produced = _runner(handle).layouts[(True, input_grad)].produced
+    # a param the program does not read gets None, as autograd gives it: an empty tensor here
+    produced = _runner(handle).gradients_produced(input_grad)
     return [torch.empty_like(t) if n and p else t.new_empty(0) for t, n, p in zip((x, *params), needs, produced)]
 
 
@@ -231,10 +226,15 @@ def _backward_formula(ctx: Any, grad_out: Tensor, grad_handed: list[Tensor]) -> 
 _forward_for_backward.register_autograd(_backward_formula, setup_context=_setup_context)
 
 
+def wants_grad(x: Tensor, params: Sequence[Tensor]) -> bool:
+    """Whether a call records for a backward: the training program runs, else the inference program."""
+    return torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params))
+
+
 def forward(runner: Any, x: Tensor, params: Sequence[Tensor]) -> Tensor:
     """The layer's output through the ops: the inference program, or the training program where a
     gradient is wanted (what :meth:`Layer._run` does eagerly)."""
-    if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params)):
+    if wants_grad(x, params):
         return _forward_for_backward(runner.handle, x.requires_grad, x, list(params))[0]
     return _forward(runner.handle, x, list(params))
 
@@ -326,5 +326,4 @@ def module_forward(module: Any, x: Tensor, graph_tensors: Sequence[Tensor], para
     ``module.compiled_call_runner``), ``params`` are rgtune's weights derived from the module's (traced)."""
     names = list(params)  # rgtune's param names (no commas): one string, since an op takes no list of them
     values = [params[n] for n in names]
-    train = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in values))
-    return _module_forward(module.handle, train, x, list(graph_tensors), ",".join(names), values)[0]
+    return _module_forward(module.handle, wants_grad(x, values), x, list(graph_tensors), ",".join(names), values)[0]
