@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 __all__ = ["WorkloadContext", "FeatureEncoder", "COUNT_KEYS", "graph_features"]
 
 #: the scalar entries of :func:`rgtune.ir.counts.count` that become features (the others were
-#: tried and ranked held-out graphs no better: BENCHMARKS.md, "What did not work")
+#: tried and ranked held-out graphs no better: ``git show b6d635a:BENCHMARKS.md``, "What did not work")
 COUNT_KEYS = ("flops", "bytes_min", "bytes_gathered", "kernels", "atomics", "gemm_rows_total", "weight_flops")
 #: the counts only a training program has (its rows only: an inference row's features stay as they were)
 TRAINING_COUNT_KEYS = ("saved_bytes", "backward_kernels")
