@@ -1,11 +1,13 @@
-"""Entity classification on AIFB, trained through rgtune's generated backward, beside the torch layers, PyG and DGL.
+"""Entity classification on AIFB (or MUTAG), trained through rgtune's generated backward, beside the torch layers, PyG and DGL.
 
 Makes BENCHMARKS.md's table "Training a model". The R-GCN paper's model (Schlichtkrull et al., 2018): a free
 embedding per node (Xavier-uniform per node type), two relational layers (hidden -> hidden, ReLU, hidden ->
 classes), full-batch Adam (lr 0.01), 50 epochs, 16 hidden units; cross-entropy on AIFB's 140 training
 `Personen`, accuracy on the 36 of the test split. Each implementation (--impls) starts from the same weights
 per seed: `rgtune`, the layers of `load_tuned(mode="training")` (--db's best training schedule, else the
-default one; the backward runs generated kernels); `torch`, the reference layers of rgtune.torch_layers; `pyg` /
+default one; the backward runs generated kernels); `rgtune_bf16` / `rgtune_fp16`, the same schedules with the
+per-edge intermediates stored in bfloat16 / float16 (``precision.edges``; BENCHMARKS.md, "Mixed precision");
+`torch`, the reference layers of rgtune.torch_layers; `pyg` /
 `dgl`, the libraries' layers with the weights copied (rgtune.bench.baselines; a node type a library leaves
 out gets zeros). Reported: test accuracy over the seeds and the median epoch time (the first two epochs of
 each run left out).
@@ -14,6 +16,7 @@ Examples::
 
     python experiments/train_aifb.py --seeds 5 --threads 2 --backend cpu --impls rgtune,torch,dgl
     python experiments/train_aifb.py --model hgt --seeds 5 --threads 2 --db sqlite:///bench.db
+    python experiments/train_aifb.py --model rgat --dataset mutag --impls rgtune,rgtune_bf16,rgtune_fp16
 """
 
 from __future__ import annotations
@@ -35,7 +38,9 @@ from rgtune.torch_layers import HGT, RGAT, RGCN
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, append_jsonl, parser  # noqa: E402 - experiments/ is not a package
 
-IMPLS = ("rgtune", "torch", "pyg", "dgl")
+IMPLS = ("rgtune", "rgtune_bf16", "rgtune_fp16", "torch", "pyg", "dgl")
+#: rgtune's variants: the storage type of the per-edge intermediates (``precision.edges``)
+STORAGE = {"rgtune": "float32", "rgtune_bf16": "bfloat16", "rgtune_fp16": "float16"}
 LAYERS = {"rgcn": RGCN, "rgat": RGAT, "hgt": HGT}
 
 
@@ -75,9 +80,10 @@ def initial_embedding(graph: HeteroGraph, dim: int) -> Tensor:
     return out
 
 
-def rgtune_layers(args: Any, graph: HeteroGraph, sizes: list[tuple[int, int, int]]) -> list[nn.Module]:
-    """The tuned layers (training schedules), built once; each seed loads its weights into them."""
-    from rgtune.runtime import load_tuned
+def rgtune_layers(args: Any, graph: HeteroGraph, sizes: list[tuple[int, int, int]], storage: str) -> list[nn.Module]:
+    """The tuned layers (training schedules) with the per-edge intermediates stored as ``storage``, built once;
+    each seed loads its weights into them."""
+    from rgtune.runtime import Layer, load_tuned
 
     out = []
     for i, o, h in sizes:
@@ -86,6 +92,9 @@ def rgtune_layers(args: Any, graph: HeteroGraph, sizes: list[tuple[int, int, int
             layer = load_tuned(args.model, graph, i, o, h, db=args.db, backend=args.backend, mode="training")
         for w in caught:
             print(f"warning: {w.message}", file=sys.stderr)
+        if storage != "float32" and "precision.edges" in layer.training_config:
+            layer = Layer(args.model, graph, i, o, h, backend=args.backend, mode="training",
+                          config={**layer.training_config, "precision.edges": storage})
         where = layer.provenance.get("trial_id") or layer.provenance.get("source")
         print(f"rgtune layer {i}->{o} heads={h}: backend {layer.backend}, training schedule {where} (autodiff.save="
               f"{layer.training_config.get('autodiff.save')}), backward {layer.backward_kind}", file=sys.stderr)
@@ -99,7 +108,7 @@ def network(impl: str, refs: list[nn.Module], embed: Tensor, graph: HeteroGraph,
     from rgtune.bench.baselines import BUILDERS
     from rgtune.runtime import Layer
 
-    if impl in ("torch", "rgtune"):
+    if impl == "torch" or impl in STORAGE:
         for layer, ref in zip(tuned or [], refs):
             layer.load_state_dict(ref.state_dict())
         return EntityClassifier(embed, refs if impl == "torch" else tuned or [])
@@ -131,6 +140,7 @@ def train(net: EntityClassifier, graph: HeteroGraph, args: Any) -> tuple[float, 
 def main(argv: Sequence[str] | None = None) -> int:
     p = parser(__doc__, "data-dir", "hidden", hidden=16)
     p.add_argument("--model", default="rgcn", choices=tuple(LAYERS), help="the layers (default rgcn)")
+    p.add_argument("--dataset", default="aifb", choices=("aifb", "mutag"), help="the task (default aifb)")
     p.add_argument("--impls", default=",".join(IMPLS), help=f"comma-separated subset of {','.join(IMPLS)} (default all)")
     p.add_argument("--seeds", type=int, default=5, help="runs with seeds 0..N-1 (default 5)")
     p.add_argument("--backend", default="cpu", help="rgtune's backend: cpu (default), cuda, reference")
@@ -147,12 +157,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        graph = load_dataset("aifb", root=args.data_dir)
+        graph = load_dataset(args.dataset, root=args.data_dir)
     except DatasetError as e:  # says where it looked and how to provide the files
         p.exit(1, f"train_aifb: error: {e}\n")
     classes, heads = graph.task.num_classes, args.heads if args.model != "rgcn" else 1  # type: ignore[union-attr]
     sizes = [(args.hidden, args.hidden, heads), (args.hidden, classes, 1)]
-    tuned = rgtune_layers(args, graph, sizes) if "rgtune" in impls else None
+    tuned = {i: rgtune_layers(args, graph, sizes, STORAGE[i]) for i in impls if i in STORAGE}
     accuracies: dict[str, list[float]] = {i: [] for i in impls}
     epoch_s: dict[str, list[float]] = {i: [] for i in impls}
     problems: dict[str, str] = {}
@@ -169,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for r, s in zip(refs, state):  # the torch network trains refs in place: every impl starts from the seed's
                 r.load_state_dict(s)
             try:
-                acc, times = train(network(impl, refs, embed, graph, args.model, tuned), graph, args)
+                acc, times = train(network(impl, refs, embed, graph, args.model, tuned.get(impl)), graph, args)
             except Exception as e:  # noqa: BLE001 - a broken library is a line of the table, not a crash
                 problems[impl] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:120]}"
                 continue
@@ -177,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             epoch_s[impl] += times[2:]
             print(f"seed {seed} {impl}: test_accuracy={acc:.4f}, epoch {statistics.median(times[2:]) * 1e3:.1f} ms",
                   flush=True)
-    print(f"\n{args.model} on aifb, hidden {args.hidden}, {args.epochs} epochs, {args.seeds} seeds, "
+    print(f"\n{args.model} on {args.dataset}, hidden {args.hidden}, {args.epochs} epochs, {args.seeds} seeds, "
           f"{torch.get_num_threads()} threads\n| implementation | test accuracy (mean ± std) | epoch ms (median) | "
           "x rgtune |\n|---|---|---|---|")
     mine = statistics.median(epoch_s["rgtune"]) if epoch_s.get("rgtune") else None
@@ -189,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         std = statistics.stdev(acc) if len(acc) > 1 else 0.0
         print(f"| {impl} | {statistics.mean(acc):.4f} ± {std:.4f} | {ms:.1f} | "
               f"{f'{ms / (mine * 1e3):.2f}' if mine else '–'} |")
-    append_jsonl(args.json, {"model": args.model, "hidden": args.hidden, "epochs": args.epochs, "seeds": args.seeds,
+    append_jsonl(args.json, {"model": args.model, "dataset": args.dataset, "hidden": args.hidden, "epochs": args.epochs, "seeds": args.seeds,
                              "threads": torch.get_num_threads(), "backend": args.backend, "problems": problems,
                              "impls": {i: {"accuracies": accuracies[i], "epoch_ms_median": statistics.median(
                                  epoch_s[i]) * 1e3} for i in impls if i not in problems and accuracies[i]}})

@@ -92,7 +92,7 @@ def footprint_bytes(kp: "KernelProgram", graph: "HeteroGraph", share_slots: bool
     from rgtune.ir.bind import graph_arrays
 
     a = graph_arrays(graph, kp.layout, kp.index_bits)
-    size = {n: a.rows(b.domain) * b.width * 4 for n, b in kp.buffers.items()}
+    size = {n: a.rows(b.domain) * b.width * (4 if b.dtype == "float32" else 2) for n, b in kp.buffers.items()}
     own = {kp.input, kp.dout, kp.output, kp.input_grad, *kp.saved} - {None}
     names = [n for n in kp.buffers if n not in own]
     if share_slots:

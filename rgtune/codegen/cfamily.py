@@ -76,6 +76,43 @@ _RATIONAL_ERF = """{q} float rg_erf(float x) {{
 }}"""
 
 
+#: the C element type of each buffer storage type (:mod:`rgtune.ir.passes.precision`); the 16-bit ones are
+#: defined by each generator (:data:`LOW_PRECISION_C` for C/OpenMP), with ``rg_from_<t>``/``rg_to_<t>``
+C_TYPES = {"float32": "float", "bfloat16": "rg_bf16", "float16": "rg_f16"}
+_SHORT = {"bfloat16": "bf16", "float16": "f16"}
+
+#: C/OpenMP definitions of the 16-bit storage types: bfloat16 is a float32's upper half (rounded to nearest
+#: even; a NaN stays a NaN), float16 is GCC's ``_Float16`` (converted by F16C instructions)
+LOW_PRECISION_C = """typedef unsigned short rg_bf16;  /* bfloat16 bits */
+typedef _Float16 rg_f16;
+static inline float rg_from_bf16(rg_bf16 v) { uint32_t u = (uint32_t)v << 16; float f; memcpy(&f, &u, sizeof f); return f; }
+static inline rg_bf16 rg_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return (rg_bf16)(f != f ? 0x7fc0u : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static inline float rg_from_f16(rg_f16 v) { return (float)v; }
+static inline rg_f16 rg_to_f16(float f) { return (rg_f16)f; }"""
+
+
+def c_load(storage: str, element: str) -> str:
+    """The float value of ``element`` (a C lvalue of a buffer stored as ``storage``).
+
+    >>> c_load("float32", "b0[i]"), c_load("bfloat16", "b0[i]")
+    ('b0[i]', 'rg_from_bf16(b0[i])')
+    """
+    return element if storage == "float32" else f"rg_from_{_SHORT[storage]}({element})"
+
+
+def c_store(storage: str, value: str) -> str:
+    """``value`` (a float C expression) as an element of a buffer stored as ``storage`` (rounded once).
+
+    >>> c_store("float16", "acc[j]")
+    'rg_to_f16(acc[j])'
+    """
+    return value if storage == "float32" else f"rg_to_{_SHORT[storage]}({value})"
+
+
 def c_float(v: float) -> str:
     """A float literal C and CUDA parse to the same value."""
     if math.isinf(v):
@@ -95,12 +132,14 @@ class CEmitter:
         simd_reductions: put ``#pragma omp simd reduction(+:t)`` before each inner-product
             loop, so a C compiler vectorizes the float reduction without fast-math (OpenMP
             C only; CUDA generators leave it off).
+        storage: buffer name -> its storage type, where not float32 (a load converts it to float).
     """
 
     def __init__(self, buffers: Mapping[str, tuple[int, int]], params: Mapping[str, Shape],
                  index: Callable[[str], str], acc_shape: tuple[int, int] | None = None,
-                 simd_reductions: bool = False) -> None:
+                 simd_reductions: bool = False, storage: Mapping[str, str] | None = None) -> None:
         self.buffers = buffers
+        self.storage = storage or {}
         self.params = params
         self.index = index
         self.acc_shape = acc_shape
@@ -126,7 +165,8 @@ class CEmitter:
         if isinstance(e, Load):
             heads, dim = self.buffers[e.buffer]  # the row's width; the load's own heads x dim index within it
             row = self.index(e.via)
-            load = f"{e.buffer}[{self._offset(row, heads * dim, e.heads, e.dim, hh, dd)}]"
+            load = c_load(self.storage.get(e.buffer, "float32"),
+                          f"{e.buffer}[{self._offset(row, heads * dim, e.heads, e.dim, hh, dd)}]")
             # a destinations' buffer read at any node: zero past them (the kernel has num_dst_nodes)
             return f"(({row}) < {DST_ROWS} ? {load} : 0.0f)" if e.guard else load
         if isinstance(e, Acc):

@@ -69,9 +69,11 @@ class TemplateSchedule:
 class TargetSchedule:
     """The schedule knobs of one target (``"cpu"``, ``"cuda"``), template by template."""
 
-    def __init__(self, name: str, templates: Sequence[TemplateSchedule]) -> None:
+    def __init__(self, name: str, templates: Sequence[TemplateSchedule], storage: Sequence[str] = ("float32",)) -> None:
         self.name = name
         self.templates = tuple(templates)
+        #: the buffer storage types the target's kernels read and write (:mod:`rgtune.ir.passes.precision`)
+        self.storage = tuple(storage)
         self._by_template = {t.template: t for t in self.templates}
 
     def __repr__(self) -> str:
@@ -93,8 +95,10 @@ class TargetSchedule:
         return {p.name: schedule.get(f"{declared.name}.{p.name}", p.default) for p in declared.params}
 
     def check(self, kp: KernelProgram, schedule: Mapping[str, Any]) -> list[str]:
-        """Every violated constraint of ``kp``'s kernels under ``schedule``, as ``"<kernel>: <reason>"``."""
-        problems = []
+        """Every violated constraint of ``kp``'s kernels under ``schedule``, as ``"<kernel>: <reason>"`` (and a
+        buffer stored in a type the target's kernels do not handle, as ``"<buffer>: <reason>"``)."""
+        problems = [f"{n}: stored as {t}; the {self.name} target's kernels store {' and '.join(self.storage)} only"
+                    for n, t in kp.storage.items() if t not in self.storage]
         for k in kp.kernels:
             declared = self.of(k)
             if declared is None:

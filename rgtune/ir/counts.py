@@ -77,7 +77,8 @@ def count(kp: KernelProgram, graph: "HeteroGraph", schedule: Mapping[str, Any] |
     idx_bytes = kp.index_bits // 8
     rows = g.rows
     num_types = g.num_types
-    width = {name: b.width for name, b in kp.buffers.items()}
+    # a row's size in float32 words: a buffer stored in 16 bits (precision.edges) moves half the bytes
+    width = {name: b.width * (1 if b.dtype == "float32" else 0.5) for name, b in kp.buffers.items()}
     schedule = schedule or {}
     flops = bytes_min = bytes_gathered = atomics = launches = weight_flops = folds = probes = 0
     tiles = rows_computed = tile_weight_bytes = 0
@@ -102,11 +103,11 @@ def count(kp: KernelProgram, graph: "HeteroGraph", schedule: Mapping[str, Any] |
             gemm_rows[k.name] = n
             flops += n * k.flops_per_row()
             weight_bytes = num_types[k.by] * _param_elems(kp, k.weight) * FLOAT_BYTES
-            in_row = k.in_heads * k.in_dim * FLOAT_BYTES
+            in_row = width[k.x] * FLOAT_BYTES
             src_rows = n if k.x_via == "row" else rows[kp.buffers[k.x].domain]
             out_bytes = sum(n * width[o] for o, _ in k.epilogue) * FLOAT_BYTES
             if k.out is not None:
-                out_bytes += (rows[kp.buffers[k.out].domain] if k.accumulate else n) * k.out_heads * k.out_dim * FLOAT_BYTES
+                out_bytes += (rows[kp.buffers[k.out].domain] if k.accumulate else n) * width[k.out] * FLOAT_BYTES
             index = 0 if k.x_via == "row" else n * idx_bytes
             bytes_min += min(src_rows, n) * in_row + weight_bytes + out_bytes + index
             bytes_gathered += n * in_row + weight_bytes + out_bytes + index
@@ -136,7 +137,7 @@ def count(kp: KernelProgram, graph: "HeteroGraph", schedule: Mapping[str, Any] |
             bytes_gathered += out + index
             probes += lookups(vias)
             if isinstance(st, (AggregateStage, SoftmaxAggregate)) and mapping == "edge_parallel":
-                atomics += e * width[st.out]
+                atomics += e * kp.buffers[st.out].width  # type: ignore[attr-defined]
         elif isinstance(k, ScatterKernel):
             n = rows[k.rows]
             flops += n * k.flops_per_edge()
@@ -146,7 +147,7 @@ def count(kp: KernelProgram, graph: "HeteroGraph", schedule: Mapping[str, Any] |
             bytes_min += sum(rows[kp.buffers[b].domain] * width[b] for b, _ in loads) * FLOAT_BYTES + out + index
             bytes_gathered += sum(n * width[b] for b, _ in loads) * FLOAT_BYTES + out + index
             if schedule.get("scatter.mapping", "atomic") == "atomic":
-                atomics += n * width[k.out]
+                atomics += n * kp.buffers[k.out].width
             if k.rows == "edge":
                 probes += lookups([k.out_via, *(via for _, via in loads)])
         elif isinstance(k, WeightGradKernel):
@@ -154,7 +155,7 @@ def count(kp: KernelProgram, graph: "HeteroGraph", schedule: Mapping[str, Any] |
             flops += n * k.flops_per_row()
             grad_bytes = num_types[k.by] * _param_elems(kp, k.param) * FLOAT_BYTES
             dy_bytes = n * width[k.dy] * FLOAT_BYTES
-            in_row = k.in_heads * k.in_dim * FLOAT_BYTES if k.x is not None else 0
+            in_row = width[k.x] * FLOAT_BYTES if k.x is not None else 0
             src_rows = n if k.x_via == "row" else rows[kp.buffers[k.x].domain] if k.x is not None else 0
             index = 0 if k.x is None or k.x_via == "row" else n * idx_bytes
             bytes_min += min(src_rows, n) * in_row + dy_bytes + grad_bytes + index

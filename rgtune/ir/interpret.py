@@ -78,9 +78,12 @@ class Interpreter:
         self.a = graph_arrays(graph, layout, 64)
         self._edge_to_pair = {SRC_PAIR: self.a.e_sp.long(), DST_PAIR: self.a.e_dp.long()}
 
-    def run(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], dout: torch.Tensor | None = None) -> Run:
+    def run(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], dout: torch.Tensor | None = None,
+            round_to: torch.dtype | None = None) -> Run:
         """``x`` ``(num_nodes, in_features)``; ``dout`` ``(num_nodes, out_features)``: the output's gradient,
-        which a training program reads."""
+        which a training program reads. ``round_to``: every op's result is rounded to this dtype (and back
+        to ``x``'s): the program as if each value were stored in it, what a 16-bit program's tolerance is
+        derived from (:mod:`rgtune.tuner.verification`); under autograd the gradients are rounded too."""
         p, a = self.p, self.a
         values = {p.x.name: x.reshape(a.num_nodes, p.x.heads, p.x.dim)}
         if p.inputs:
@@ -91,6 +94,8 @@ class Interpreter:
         ctx = RunContext(self, values, dict(params))
         for op in p.ops:
             out = rules_of(op).interpret(op, ctx)
+            if round_to is not None and not isinstance(op, PARAM_OPS):
+                out = out.to(round_to).to(out.dtype)
             if isinstance(op, PARAM_OPS):
                 ctx.params[op.out_param] = out
             else:

@@ -54,12 +54,14 @@ NODE_ROWS = (NODE, DST_NODE)
 
 @dataclass(frozen=True)
 class Buffer:
-    """A materialized tensor ``rows(domain) x heads x dim``."""
+    """A materialized tensor ``rows(domain) x heads x dim``, stored as ``dtype`` (``float32``, or a 16-bit
+    type a precision knob chose: :mod:`rgtune.ir.passes.precision`; every sum still accumulates in float32)."""
 
     name: str
     domain: str
     heads: int
     dim: int
+    dtype: str = "float32"
 
     @property
     def width(self) -> int:
@@ -573,6 +575,11 @@ class KernelProgram:
         return tuple(sorted((written & read) - {self.input}))
 
     @property
+    def storage(self) -> dict[str, str]:
+        """Buffer name -> its storage type, for the buffers not stored as float32."""
+        return {n: b.dtype for n, b in self.buffers.items() if b.dtype != "float32"}
+
+    @property
     def saved_params(self) -> tuple[str, ...]:
         """A training program's derived params folded by its forward (the backward reads them too:
         they are handed over rather than folded twice)."""
@@ -583,7 +590,9 @@ class KernelProgram:
     def describe(self) -> str:
         lines = [f"kernels {self.name}: layout={self.layout} index_bits={self.index_bits} pair_index={self.pair_index}"]
         for b in self.buffers.values():
-            lines.append(f"  buffer {b.name}: {b.domain}[{b.heads}x{b.dim}]{' (zeroed)' if b.name in self.zero_init else ''}")
+            stored = "" if b.dtype == "float32" else f" {b.dtype}"
+            lines.append(f"  buffer {b.name}: {b.domain}[{b.heads}x{b.dim}]{stored}"
+                         f"{' (zeroed)' if b.name in self.zero_init else ''}")
         for i, k in enumerate(self.kernels):
             if i == self.forward_kernels:
                 lines.append("  # backward")

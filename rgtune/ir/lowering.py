@@ -35,6 +35,7 @@ from rgtune.ir.kernels import (DST_NODE, NODE_ROWS, Acc, AggregateStage, BinaryE
                                SoftmaxAggregate, TraversalKernel, WeightGradKernel, WeightKernel)
 from rgtune.ir.op_rules import rules_of, sums_features, sums_heads
 from rgtune.ir.passes.fusion import softmax_aggregations
+from rgtune.ir.passes.precision import store_in
 from rgtune.ir.plan import LoweringPlan
 from rgtune.ir.program import (DST_PAIR, EDGE, NODE, SRC_PAIR, Aggregate, Binary, EdgeSoftmax, Expand, FoldWeights,
                                Gather, GatherPair, IRError, ParamRead, Program, TypedLinear, Value, View, WeightGrad)
@@ -47,8 +48,10 @@ class LoweringError(IRError):
 def lower(program: Program, plan: LoweringPlan | None = None) -> KernelProgram:
     """Lower a program (after the passes) to kernels as ``plan`` says (the passes' decisions: the
     layout, fusion; default: every knob at its default), then fold a final sum into an accumulating
-    GEMM where it can (:mod:`rgtune.ir.addend`)."""
-    return accumulate_into_addends(_Lowering(program, plan or LoweringPlan()).run())
+    GEMM where it can (:mod:`rgtune.ir.addend`), and store the buffers ``plan.edge_storage`` chooses in its
+    type (:mod:`rgtune.ir.passes.precision`)."""
+    plan = plan or LoweringPlan()
+    return store_in(accumulate_into_addends(_Lowering(program, plan).run()), plan.edge_storage)
 
 
 def shared_reductions(program: Program, materialized: set[str]) -> set[str]:

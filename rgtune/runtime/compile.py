@@ -63,7 +63,7 @@ def compile(program_or_model_name: Program | str, graph: "HeteroGraph", schedule
     program = (build_model(program_or_model_name, in_dim, out_dim, heads, options)
                if isinstance(program_or_model_name, str) else program_or_model_name)
     be = resolve_backend(backend)
-    point = SearchSpace(program, graph, be.target).compile(dict(schedule or {}))
+    point = SearchSpace(program, graph, be.target, precision="any").compile(dict(schedule or {}))
     if not point.valid:
         raise BackendError("invalid schedule: " + "; ".join(point.problems))
     return CompiledLayer(point.kernels, graph, point.config, be.build(point.kernels, graph, point.config))

@@ -354,7 +354,8 @@ def load_exported(
     be = _backend_for(s["backend"], backend)
     config, mode = dict(s["config"]), s.get("mode", "inference")  # exports before training had no mode
     if be.target != s["target"]:
-        space = SearchSpace(spec.build(s["in_dim"], s["out_dim"], s["heads"], options), g, be.target, mode=mode)
+        space = SearchSpace(spec.build(s["in_dim"], s["out_dim"], s["heads"], options), g, be.target, mode=mode,
+                            precision="any")
         ir = {k.name for k in space.ir_knobs}
         config = {k: v for k, v in config.items() if k in ir}
         warn(f"{folder}: tuned for the {s['target']} target ({s['backend']} backend), loading on {be.name} "

@@ -465,7 +465,8 @@ class Layer(GraphLayer):
         self._start_runner()
 
     def _spaces(self, graph: HeteroGraph) -> dict[str, SearchSpace]:
-        return {m: SearchSpace(self.program, graph, self._backend.target, mode=m) for m in MODES}
+        # a schedule given to a layer may store intermediates in 16 bits (precision.edges): it is the user's choice
+        return {m: SearchSpace(self.program, graph, self._backend.target, mode=m, precision="any") for m in MODES}
 
     def _start_runner(self) -> None:
         """Compile both programs (a bad schedule fails here), build the one of the layer's mode now and
@@ -482,7 +483,7 @@ class Layer(GraphLayer):
         self._param_names = self._kernel_param_names(points["inference"].kernels)  # the learnable ones
 
         def variant_point(mode: str, destinations: bool, input_grad: bool) -> Point:
-            space = SearchSpace(self.program, graph, self._backend.target, mode, destinations, input_grad)
+            space = SearchSpace(self.program, graph, self._backend.target, mode, destinations, input_grad, "any")
             if not input_grad:  # may be invalid: the layer then runs the program with the input's gradient
                 return space.compile(configs[mode])
             return _compiled(space, configs[mode], f"{name} (on mini-batches)")

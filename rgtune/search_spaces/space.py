@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from rgtune.ir.pipeline import (Compiled, apply_passes, check_constraints, disco
 from rgtune.ir.autodiff import adjoint, training_knobs
 from rgtune.ir.kernels import ScatterKernel, WeightGradKernel, template_name
 from rgtune.ir.lowering import lower
+from rgtune.ir.passes.precision import EDGE_STORAGE, POLICIES
 from rgtune.ir.plan import plan_lowering
 from rgtune.ir.program import IRError, Program
 
@@ -73,9 +75,14 @@ class SearchSpace:
     """Knobs, defaults, sampling, constraint checks and Optuna suggestions for one workload."""
 
     def __init__(self, program: Program, graph: "HeteroGraph | None", target: str = "cpu",
-                 mode: str = "inference", destinations: bool = False, input_grad: bool = True) -> None:
+                 mode: str = "inference", destinations: bool = False, input_grad: bool = True,
+                 precision: str = "fp32") -> None:
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; choose one of {list(MODES)}")
+        if precision not in POLICIES:
+            raise ValueError(f"unknown precision {precision!r}; choose one of {list(POLICIES)}")
+        #: which storage types the programs may keep intermediates in (``precision.edges``'s choices)
+        self.precision = precision
         self.mode = mode
         #: the programs are for mini-batches (:attr:`~rgtune.ir.plan.LoweringPlan.destinations`)
         self.destinations = destinations
@@ -89,13 +96,23 @@ class SearchSpace:
         self.program = program
         self.graph = graph
         self.target = target
-        self.ir_knobs: list[Knob] = discover_knobs(program, graph) + (training_knobs(program) if mode == "training"
-                                                                      else [])
+        self.ir_knobs: list[Knob] = [self._storage_knob(k) if k.name == EDGE_STORAGE.name else k
+                                     for k in discover_knobs(program, graph)]
+        self.ir_knobs += training_knobs(program) if mode == "training" else []
         self.constraints = discover_constraints(program, graph)
         self.schedule_knobs: list[Knob] = [Knob(name, p.choices, p.default, p.doc)
                                             for name, p in self.schedule.knobs().items()
                                             if mode == "training" or name.split(".")[0] not in TRAINING_TEMPLATES]
         self._inference: SearchSpace | None = None  # a training space's inference twin (its programs' checks)
+
+    def _storage_knob(self, knob: Knob) -> Knob:
+        """``precision.edges`` with the storage types that both the precision policy and the target allow."""
+        allowed = tuple(t for t in knob.choices if t in POLICIES[self.precision] and t in self.schedule.storage)
+        if not allowed:
+            raise KnobError(f"precision {self.precision!r} stores intermediates as {' or '.join(POLICIES[self.precision])}"
+                            f"; the {self.target} target's kernels store {' and '.join(self.schedule.storage)} only "
+                            f"(choose precision fp32, or the cpu target)")
+        return dataclasses.replace(knob, choices=allowed, default=allowed[0])
 
     # ----------------------------------------------------------------- knobs
     @property
@@ -145,7 +162,8 @@ class SearchSpace:
         also runs its forward without gradients (evaluation, ``torch.no_grad()``), so a training schedule is
         valid only when that program is too."""
         if self._inference is None:
-            self._inference = SearchSpace(self.program, self.graph, self.target, "inference", self.destinations)
+            self._inference = SearchSpace(self.program, self.graph, self.target, "inference", self.destinations,
+                                          precision=self.precision)
         names = {k.name for k in self._inference.knobs}
         point = self._inference.compile({k: v for k, v in config.items() if k in names})
         return [f"the inference program of this schedule (what a layer runs without gradients): {p}"
@@ -176,7 +194,8 @@ class SearchSpace:
     def sample(self, rng: random.Random, max_tries: int = 200) -> dict[str, Any]:
         """A uniformly drawn valid configuration (rejection sampling)."""
         for _ in range(max_tries):
-            cfg = {k.name: rng.choice(k.choices) for k in self.knobs}
+            # a knob with one choice draws nothing: the draws of a space stay as they were when one is added
+            cfg = {k.name: k.choices[0] if len(k.choices) == 1 else rng.choice(k.choices) for k in self.knobs}
             for k in self.ir_knobs:
                 if not k.is_active(cfg):
                     cfg[k.name] = k.default

@@ -198,6 +198,13 @@ class SampledBatches:
                 both.tolerances.update(case.tolerances)
                 both.tolerances.update({n + _PARAMS_ONLY: t for n, t in case.tolerances.items()})
             both.float32_reference = raised
+        if case.rounded_reference is not None:
+            derive = case.rounded_reference
+
+            def aliased(storage: str) -> dict[str, float]:  # a 16-bit program's tolerances, for the aliases too
+                tols = derive(storage)
+                return {**tols, **{n + _PARAMS_ONLY: t for n, t in tols.items() if n != "input gradient"}}
+            both.rounded_reference, both.low_precision = aliased, {}
         return both
 
     def run_case(self, built: BatchesBuild, dev: Case) -> dict[str, Any]:

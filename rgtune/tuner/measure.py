@@ -101,6 +101,7 @@ from rgtune.db.trial_result import MemoryUse, PairedTiming, TrialDetails, TrialR
 from rgtune.tuner.device_lock import device_lock, lock_timeout
 from rgtune.tuner.memory import MemoryBudget, is_out_of_memory
 from rgtune.tuner.options import OptionError, check_at_least, check_choice, check_positive
+from rgtune.ir.passes.precision import lowest_storage
 from rgtune.tuner.batches import SampledBatches
 from rgtune.tuner.verification import VERIFY_MODES, Case, Verifier, shown
 
@@ -269,8 +270,9 @@ class _Session:
             got = self._run_case(built, point.kernels, dev)
             self.backend.synchronize()
             t3 = time.perf_counter()
+            storage = lowest_storage(point.kernels)
             err, which, tol = self.verifier.error(got, case if self.batches is None else
-                                                  self.batches.case_of_variants(case))
+                                                  self.batches.case_of_variants(case), storage)
             del got
             reference_s += time.perf_counter() - t3
             verified = err < tol  # also False for NaN
@@ -288,7 +290,7 @@ class _Session:
         measured = dict(compile_seconds=compile_s, max_error=err, source_hash=built.source_hash, details=details)
         if not verified:
             why = which if err == float("inf") else \
-                f"relative error {err:.3g} of the {which} exceeds the tolerance {shown(tol, self.o.tolerance)}"
+                f"relative error {err:.3g} of the {which} exceeds the tolerance {shown(tol, self.o.tolerance, storage)}"
             return TrialResult("wrong_result", error=why, **measured)
         if median is None:
             assert first is not None and stop_after is not None
@@ -321,12 +323,13 @@ class _Session:
                 for run in range(runs):
                     got = self._run_case(built, point.kernels, dev)
                     self.backend.synchronize()
-                    err, which, tol = self.verifier.error(got, case)
+                    err, which, tol = self.verifier.error(got, case, lowest_storage(point.kernels))
                     if not err < tol:
                         details = TrialDetails(verified=case.coverage(), fresh_inputs=list(seeds), runs_per_input=runs)
                         return TrialResult("wrong_result", max_error=err, source_hash=built.source_hash,
                                            error=f"relative error {err:.3g} of the {which} exceeds the tolerance "
-                                                 f"{shown(tol, self.o.tolerance)} on fresh input {seed} "
+                                                 f"{shown(tol, self.o.tolerance, lowest_storage(point.kernels))} "
+                                                 f"on fresh input {seed} "
                                                  f"(run {run + 1} of {runs})", details=details)
                     worst = max(worst, err)
         return TrialResult("ok", max_error=worst, source_hash=built.source_hash,

@@ -74,7 +74,7 @@ class _Body:
         self.rows = RowIndex(domain, row, kp.pair_index, known)
         buffers = {b.name: (b.heads, b.dim) for b in kp.buffers.values()}
         params = {p: tuple(sh) for p, sh in kp.param_shapes.items()}
-        self.em = CEmitter(buffers, params, self.rows.var, simd_reductions=True)
+        self.em = CEmitter(buffers, params, self.rows.var, simd_reductions=True, storage=kp.storage)
         self.lines = Lines(0)
 
     def flush(self, into: Lines, exprs: list[Expr], prefetch: bool = False) -> None:
@@ -128,7 +128,7 @@ def generate_map(k: MapKernel, s: Mapping[str, Any], kp: KernelProgram) -> CFunc
     f.body.line(f"#pragma omp parallel for schedule(static, {int(s['chunk'])}) num_threads(c->num_threads)")
     with f.body.block(f"for (int64_t row = 0; row < {n}; ++row)"):
         b = _Body(f, kp, k.rows, "row")
-        emit_assign(b.lines, b.em, k.value, ob.heads, ob.dim, _row_of(out, ob.heads, ob.dim, "row"))
+        emit_assign(b.lines, b.em, k.value, ob.heads, ob.dim, _row_of(out, ob.heads, ob.dim, "row"), storage=ob.dtype)
         b.flush(f.body, [k.value])
     return f
 
@@ -200,7 +200,7 @@ def _edge_store(f: CFunction, st: EdgeStore, kp: KernelProgram, chunk: int) -> N
     f.body.line(f"#pragma omp parallel for schedule(dynamic, {chunk}) num_threads(c->num_threads)")
     with f.body.block(f"for (int64_t e = 0; e < {ne}; ++e)"):
         b = _Body(f, kp, "edge", "e")
-        emit_assign(b.lines, b.em, st.value, ob.heads, ob.dim, _row_of(out, ob.heads, ob.dim, "e"))
+        emit_assign(b.lines, b.em, st.value, ob.heads, ob.dim, _row_of(out, ob.heads, ob.dim, "e"), storage=ob.dtype)
         b.flush(f.body, [st.value], prefetch=True)
 
 

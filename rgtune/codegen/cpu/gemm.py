@@ -37,7 +37,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from rgtune.codegen.cfamily import CEmitter
+from rgtune.codegen.cfamily import C_TYPES, CEmitter, c_load, c_store
 from rgtune.codegen.cpu.cwriter import CFunction, Lines
 from rgtune.codegen.cpu.rows import RowIndex, expr_names
 from rgtune.ir.kernels import GemmKernel, KernelProgram
@@ -116,29 +116,31 @@ def accumulate_tile(L: Lines, b: str, row: str, xs: list[str], nv: int, ns: int)
         L.line(f"{{ const float xv = {x}; {' '.join(ops)} }}")
 
 
-def micro_kernel(name: str, shape: GemmShape, rows: int, nv: int, ns: int) -> str:
-    """``rows x (nv vectors + ns scalars)`` outputs over the full reduction, accumulators in registers."""
+def micro_kernel(name: str, shape: GemmShape, rows: int, nv: int, ns: int, x_storage: str = "float32") -> str:
+    """``rows x (nv vectors + ns scalars)`` outputs over the full reduction, accumulators in registers; the
+    input rows stored as ``x_storage`` (each element converted to float as it is broadcast)."""
     L = Lines(1)
+    xt = C_TYPES[x_storage]
     for r in range(rows):
-        L.line(f"const float* restrict x{r} = xr[{r}] + xoff;")
+        L.line(f"const {xt}* restrict x{r} = xr[{r}] + xoff;")
     declare_tile(L, rows, nv, ns)
     with L.block(f"for (int k = 0; k < {shape.k}; ++k)"):
         L.line(f"const float* restrict wk = w + (int64_t)k * {shape.n};")
-        accumulate_tile(L, "w", "wk", [f"x{r}[k]" for r in range(rows)], nv, ns)
+        accumulate_tile(L, "w", "wk", [c_load(x_storage, f"x{r}[k]") for r in range(rows)], nv, ns)
     for r in range(rows):
         st = [f"rg_storeu(o[{r}] + ooff + {j * VEC}, a{r}_{j});" for j in range(nv)]
         st += [f"o[{r}][ooff + {nv * VEC + j}] = s{r}_{j};" for j in range(ns)]
         L.line(" ".join(st))
     # not inlined: one copy per shape serves every call site (compile time), and a call per
     # rows x K x columns block of FMAs costs nothing measurable
-    head = (f"static __attribute__((noinline)) void {name}(const float* const* xr, int64_t xoff, "
+    head = (f"static __attribute__((noinline)) void {name}(const {xt}* const* xr, int64_t xoff, "
             f"const float* restrict w, float* const* o, int64_t ooff)")
     return (f"/* micro-kernel: {rows} rows x {nv * VEC + ns} columns over K = {shape.k} (weight row stride {shape.n}) */"
             f"\n{head}\n{{\n{L.text()}\n}}")
 
 
-def micro_kernel_name(shape: GemmShape, rows: int, nv: int, ns: int) -> str:
-    return f"rg_mk_k{shape.k}_n{shape.n}_{rows}x{nv}v{ns}s"
+def micro_kernel_name(shape: GemmShape, rows: int, nv: int, ns: int, x_storage: str = "float32") -> str:
+    return f"rg_mk_k{shape.k}_n{shape.n}_{rows}x{nv}v{ns}s" + ("" if x_storage == "float32" else f"_{x_storage}")
 
 
 def generate_gemm(k: GemmKernel, s: Mapping[str, Any], kp: KernelProgram, acc_regs: int) -> CFunction:
@@ -151,9 +153,12 @@ def generate_gemm(k: GemmKernel, s: Mapping[str, Any], kp: KernelProgram, acc_re
     panels = sub_blocks(shape.n, int(s["tile_cols"]), rv)
     f = CFunction(f"rg_{k.name}", f"{k.name} (gemm.impl=generated, tile {tr} rows x {min(int(s['tile_cols']), shape.n)} "
                                   f"columns, register block {rb} x {rv * VEC}):\n{k.describe()}")
+    xs = kp.buffers[k.x].dtype
     for nv, ns in sorted({(nv, ns) for p in panels for _, nv, ns in p}):
-        f.statics.append(micro_kernel(micro_kernel_name(shape, rb, nv, ns), shape, rb, nv, ns))
-    direct = not k.accumulate and k.out is not None
+        f.statics.append(micro_kernel(micro_kernel_name(shape, rb, nv, ns, xs), shape, rb, nv, ns, xs))
+    # the micro-kernel stores float rows: an output stored in another type is finished from scratch rows
+    converted = k.out is not None and not k.accumulate and kp.buffers[k.out].dtype != "float32"
+    direct = not k.accumulate and k.out is not None and not converted
     B, nout = f.body, shape.nout
     order, tiles, groups = (f.use(f"{k.name}_{a}") for a in ("order", "tiles", "groups"))
     ngroups = f.use(f"{k.name}_ngroups")
@@ -162,7 +167,7 @@ def generate_gemm(k: GemmKernel, s: Mapping[str, Any], kp: KernelProgram, acc_re
     B.line(f"/* per thread: {'a scratch row for the padding rows of a short tile' if direct else f'{tr} tile rows + a scratch row'} */")
     with B.block("#pragma omp parallel num_threads(c->num_threads)\n"):
         B.line(f"float* scratch = rg_alloc({(1 if direct else tr + 1) * nout});")
-        B.line(f"const float* xr[{tr}];")
+        B.line(f"const {C_TYPES[xs]}* xr[{tr}];")
         B.line(f"float* orow[{tr}];")
         B.line("#pragma omp for schedule(dynamic, 1)")
         with B.block(f"for (int64_t g = 0; g < {ngroups}; ++g)"):
@@ -172,12 +177,13 @@ def generate_gemm(k: GemmKernel, s: Mapping[str, Any], kp: KernelProgram, acc_re
                     B.line(f"const int64_t ty = {tiles}[3 * t + 2];  /* the tile's type: its weight and bias slice */")
                 B.line(f"const float* restrict wt = {w + ' + ty * ' + str(shape.wsize) if k.by != 'none' else w};")
                 _gather(f, k, shape, kp, tr, out if direct else None)
-                _panels(f, k, shape, tr, rb, panels)
-                if k.bias or k.epilogue or k.accumulate:
+                _panels(f, k, shape, tr, rb, panels, xs)
+                if k.bias or k.epilogue or k.accumulate or converted:
                     B.line("/* finish each row: bias, epilogue, store */")
                     with B.block("for (int r = 0; r < nr; ++r)"):
                         B.line("float* restrict acc = orow[r];")
-                        _finish_row(f, k, shape, kp, "ty", "accumulate" if k.accumulate else "none",
+                        _finish_row(f, k, shape, kp, "ty",
+                                    "accumulate" if k.accumulate else "copy" if converted else "none",
                                     row=f"{order}[start + r]")
         B.line("free(scratch);")
     return f
@@ -204,7 +210,7 @@ def _gather(f: CFunction, k: GemmKernel, shape: GemmShape, kp: KernelProgram, tr
 
 
 def _panels(f: CFunction, k: GemmKernel, shape: GemmShape, tr: int, rb: int,
-            panels: list[list[tuple[int, int, int]]]) -> None:
+            panels: list[list[tuple[int, int, int]]], x_storage: str) -> None:
     """The tile's multiply: per head, per column panel, micro-kernel calls over the tile's rows."""
     B = f.body
     multi = shape.heads > 1
@@ -218,7 +224,8 @@ def _panels(f: CFunction, k: GemmKernel, shape: GemmShape, tr: int, rb: int,
         B.line(f"/* panel {pi}: columns {c0}..{c1 - 1}; the weight panel stays in L1 across the tile */")
         with B.block(f"for (int r0 = 0; r0 < {tr}; r0 += {rb})"):
             for col, nv, ns in panel:
-                B.line(f"{micro_kernel_name(shape, rb, nv, ns)}(xr + r0, {hx}, wt + {hw}{col}, orow + r0, {ho}{col});")
+                B.line(f"{micro_kernel_name(shape, rb, nv, ns, x_storage)}(xr + r0, {hx}, wt + {hw}{col}, orow + r0, "
+                       f"{ho}{col});")
     if multi:
         B.indent -= 1
         B.line("}")
@@ -258,7 +265,8 @@ def _finish_row(f: CFunction, k: GemmKernel, shape: GemmShape, kp: KernelProgram
     rows = RowIndex(k.rows, "row", kp.pair_index)
     buffers = {b.name: (b.heads, b.dim) for b in kp.buffers.values()}
     params = {p: tuple(sh) for p, sh in kp.param_shapes.items()}
-    em = CEmitter(buffers, params, rows.var, acc_shape=(k.out_heads, k.out_dim), simd_reductions=True)
+    em = CEmitter(buffers, params, rows.var, acc_shape=(k.out_heads, k.out_dim), simd_reductions=True,
+                  storage=kp.storage)
     body = Lines(0)
     if k.bias:
         b = f.use(f"P_{k.bias}")
@@ -272,11 +280,19 @@ def _finish_row(f: CFunction, k: GemmKernel, shape: GemmShape, kp: KernelProgram
         ob = kp.buffers[o]
         f.use(o, writes=True)
         body.line(f"/* epilogue: {o} = {_short(e)} */")
-        emit_assign(body, em, e, ob.heads, ob.dim, lambda h, d: f"{o}[row * {ob.width} + {_flat(ob.heads, ob.dim, h, d)}]")
+        emit_assign(body, em, e, ob.heads, ob.dim, lambda h, d: f"{o}[row * {ob.width} + {_flat(ob.heads, ob.dim, h, d)}]",
+                    storage=ob.dtype)
     if store == "copy":
         out = f.use(k.out, writes=True)  # type: ignore[arg-type]
         guard = f"if ({copy_guard}) " if copy_guard else ""
-        body.line(f"{guard}memcpy({out} + row * {nout}, acc, {nout} * sizeof(float));")
+        storage = kp.buffers[out].dtype
+        if storage == "float32":
+            body.line(f"{guard}memcpy({out} + row * {nout}, acc, {nout} * sizeof(float));")
+        else:  # rounded once, as it is stored
+            body.line(f"{guard}{{")
+            body.line("    #pragma omp simd")
+            body.line(f"    for (int j = 0; j < {nout}; ++j) {out}[row * {nout} + j] = {c_store(storage, 'acc[j]')};")
+            body.line("}")
     if store == "accumulate":
         out = f.use(k.out, writes=True)  # type: ignore[arg-type]
         target = rows.var(k.out_via)
@@ -293,10 +309,14 @@ def _finish_row(f: CFunction, k: GemmKernel, shape: GemmShape, kp: KernelProgram
     B.extend(body.lines)
 
 
-def emit_assign(L: Lines, em: CEmitter, e: Any, heads: int, dim: int, target: Any, op: str = "=") -> None:
-    """``target(h, d) op e(h, d)`` for every element, the ``d`` loop vectorized."""
+def emit_assign(L: Lines, em: CEmitter, e: Any, heads: int, dim: int, target: Any, op: str = "=",
+                storage: str = "float32") -> None:
+    """``target(h, d) op e(h, d)`` for every element, the ``d`` loop vectorized; ``storage``: the target's
+    storage type (the value is rounded to it as it is stored)."""
+    if storage != "float32" and op != "=":
+        raise ValueError(f"a {storage} buffer is stored, never accumulated into ({op!r}): sums stay float32")
     with L.block(f"for (int h = 0; h < {heads}; ++h)"):
-        value = em.element(e, "h", "d" if dim > 1 else "0")
+        value = c_store(storage, em.element(e, "h", "d" if dim > 1 else "0"))
         L.extend(em.take_statements())
         if dim > 1:
             L.line("#pragma omp simd")

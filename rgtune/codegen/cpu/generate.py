@@ -35,14 +35,14 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from rgtune.codegen.cfamily import DST_ROWS, helper_functions
+from rgtune.codegen.cfamily import C_TYPES, DST_ROWS, LOW_PRECISION_C, helper_functions
 from rgtune.codegen.cpu.cwriter import CFunction
 from rgtune.codegen.cpu.edges import generate_map, generate_scatter, generate_traversal
 from rgtune.codegen.cpu.gemm import VEC, generate_gemm
 from rgtune.codegen.cpu.rows import GRAPH_CONSTANTS, INDEX_ARRAYS
 from rgtune.codegen.cpu.schedule import CPU_SCHEDULE
 from rgtune.codegen.cpu.weightgrad import generate_weightgrad
-from rgtune.ir.kernels import (Buffer, Expr, GemmKernel, Kernel, KernelProgram, Load, MapKernel, ParamLoad, reads_guarded,
+from rgtune.ir.kernels import (Expr, GemmKernel, Kernel, KernelProgram, Load, MapKernel, ParamLoad, reads_guarded,
                                ScatterKernel, TraversalKernel, WeightGradKernel, WeightKernel)
 
 SIZES = ("num_nodes", "num_dst_nodes", "num_edges", "num_src_pairs", "num_dst_pairs", "num_threads")
@@ -132,7 +132,7 @@ def field_types(kp: KernelProgram) -> dict[str, str]:
     t: dict[str, str] = {s: "int64_t" for s in SIZES}
     t.update({a: "idx_t*" for a in INDEX_ARRAYS})
     t.update({f"G_{g}": "float*" for g in GRAPH_CONSTANTS})
-    t.update({b: "float*" for b in kp.buffers})
+    t.update({n: C_TYPES[b.dtype] + "*" for n, b in kp.buffers.items()})
     t.update({f"P_{p}": "float*" for p in kp.param_shapes})
     for k in kp.kernels:
         if isinstance(k, GemmKernel):
@@ -215,7 +215,7 @@ def canonical(k: Kernel, kp: KernelProgram) -> tuple[Kernel, KernelProgram, dict
         assert isinstance(k, WeightGradKernel), type(k)
         ck = dataclasses.replace(k, name=name, x=bmap[k.x] if k.x else None, dy=bmap[k.dy], grad=pmap[k.grad],
                                  param=pmap[k.param])
-    buffers = {bmap[b]: Buffer(bmap[b], kp.buffers[b].domain, kp.buffers[b].heads, kp.buffers[b].dim) for b in buf_order}
+    buffers = {bmap[b]: dataclasses.replace(kp.buffers[b], name=bmap[b]) for b in buf_order}
     ckp = KernelProgram(
         name=name, buffers=buffers, kernels=[ck], input="", output="",
         param_shapes={pmap[p]: kp.param_shapes[p] for p in par_order},
@@ -247,12 +247,15 @@ def _assemble(k: Kernel, kp: KernelProgram, s: Mapping[str, Any], fn: CFunction,
              f" * {k.template} kernel; schedule {json.dumps(sched)}",
              f" * graph side: layout={kp.layout} index_bits={kp.index_bits} pair_index={kp.pair_index}",
              " * buffers and params have canonical names (the program's manifest maps them):"]
-    lines += [f" *   buffer {b.name}: {b.domain}[{b.heads}x{b.dim}]" for b in kp.buffers.values()]
+    lines += [f" *   buffer {b.name}: {b.domain}[{b.heads}x{b.dim}]{'' if b.dtype == 'float32' else ' ' + b.dtype}"
+              for b in kp.buffers.values()]
     lines += [f" *   param {p}: per {kp.param_by[p]}, slice {list(sh)}" for p, sh in kp.param_shapes.items()]
     lines += [" *", *[f" * {ln}" for ln in k.describe().replace("*/", "* /").splitlines()], " */"]
     idx = "int32_t" if kp.index_bits == 32 else "int64_t"
     struct = "\n".join(["typedef struct {", *[f"    {t} {n};" for n, t in fields], "} rg_ctx;"])
-    parts = ["\n".join(lines), _PRELUDE.format(idx=idx, vec_bytes=VEC * 4, bits=kp.index_bits),
+    # the 16-bit types only where a buffer has one: every other source stays as it was (and cached)
+    low = [LOW_PRECISION_C] if kp.storage else []
+    parts = ["\n".join(lines), _PRELUDE.format(idx=idx, vec_bytes=VEC * 4, bits=kp.index_bits), *low,
              helper_functions("static inline", vector_math=True), struct, *dict.fromkeys(fn.statics),
              fn.render(dict(fields)),
              f"int64_t rg_ctx_size(void) {{ return (int64_t)sizeof(rg_ctx); }}\n"

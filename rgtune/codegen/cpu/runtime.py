@@ -76,6 +76,7 @@ from rgtune.codegen.reference import param_full_shape
 from rgtune.codegen.weights import fold_weights
 from rgtune.data.graph import HeteroGraph
 from rgtune.ir.bind import GraphArrays, graph_arrays, row_types
+from rgtune.ir.passes.precision import torch_dtype
 from rgtune.ir.kernels import (GemmKernel, KernelProgram, ScatterKernel, TraversalKernel, WeightGradKernel,
                                WeightKernel)
 
@@ -186,7 +187,9 @@ class CpuRuntime:
         intervals.update({n: (index[k], index[k]) for n, k in self._scratch_of.items()})
         for j, n in enumerate(n for n in names if n not in intervals):  # touched by no kernel: a slot each
             intervals[n] = (len(kp.kernels) + j, len(kp.kernels) + j)
-        sizes = {n: int(np.prod(self._shapes[n])) for n in intervals}
+        self._dtypes = {n: torch_dtype(kp.buffers[n].dtype) if n in kp.buffers else KERNEL_DTYPE for n in intervals}
+        # in float32 words: a slot is float32 memory, a 16-bit buffer views it as its own type
+        sizes = {n: -(-int(np.prod(self._shapes[n])) * self._dtypes[n].itemsize // 4) for n in intervals}
         self._slot_of, self._slot_sizes = plan_slots(intervals, sizes)
         self._zero_at: dict[int, list[str]] = {}
         for n in sorted(kp.zero_init & set(names)):
@@ -201,8 +204,7 @@ class CpuRuntime:
         if self.workspace or not self._slot_of:
             return
         slots = [_kernel_buffer((size,)) for size in self._slot_sizes]
-        self.workspace = {n: slots[s][:int(np.prod(self._shapes[n]))].view(self._shapes[n])
-                          for n, s in self._slot_of.items()}
+        self.workspace = {n: _typed_view(slots[s], self._dtypes[n], self._shapes[n]) for n, s in self._slot_of.items()}
 
     def _run_steps(self, lo: int, hi: int, bufs: dict[str, torch.Tensor], params: dict[str, torch.Tensor]) -> None:
         """Kernels ``lo:hi`` in order, zeroing each planned zeroed buffer at its first kernel."""
@@ -270,7 +272,8 @@ class CpuRuntime:
         order, sorted_types, segments, gather, scatter, identity = self._cached(
             ("blas", k.rows, k.by, k.weight_end, k.x_via, k.out_via if k.accumulate else None), lambda: self._segments(k))
         n = order.numel()
-        inplace = identity and not k.accumulate and k.out is not None
+        # torch multiplies into float32: a row stored in another type is converted by the finish step
+        inplace = identity and not k.accumulate and k.out is not None and self.kp.buffers[k.out].dtype == "float32"
         copy = not k.accumulate and k.out is not None and not inplace
         nout = k.out_heads * k.out_dim
         self.blas[k.name] = _BlasGemm(k, segments, gather, scatter, inplace, bool(k.bias or k.epilogue or copy), n, nout)
@@ -427,7 +430,7 @@ class CpuRuntime:
 
         def step(bufs: dict[str, torch.Tensor], params: dict[str, torch.Tensor]) -> None:
             x = bufs[k.x].view(-1, self.kp.buffers[k.x].width)
-            xg = x if g.gather is None else x.index_select(0, g.gather)
+            xg = _as_float(x if g.gather is None else x.index_select(0, g.gather))
             staged = bufs[k.out].view(-1, g.width) if g.inplace else self.workspace[f"{k.name}_staged"]
             w = params[k.weight]
             for t, s, e in g.segments:
@@ -450,7 +453,7 @@ class CpuRuntime:
         shape = self.kp.param_shapes[k.grad]
 
         def step(bufs: dict[str, torch.Tensor], params: dict[str, torch.Tensor]) -> None:
-            dy = bufs[k.dy].view(-1, self.kp.buffers[k.dy].width)
+            dy = _as_float(bufs[k.dy].view(-1, self.kp.buffers[k.dy].width))
             grad = params[k.grad].view(g.num_types, -1)
             if not k.accumulate:
                 grad.zero_()  # a type without rows has a zero gradient
@@ -461,7 +464,7 @@ class CpuRuntime:
                     grad.index_add_(0, g.types, dy)
                 return
             x = bufs[k.x].view(-1, self.kp.buffers[k.x].width)
-            xg = x if g.gather is None else x.index_select(0, g.gather)
+            xg = _as_float(x if g.gather is None else x.index_select(0, g.gather))
             dyo = dy if g.order is None else dy.index_select(0, g.order)
             for t, s, e in g.segments:
                 gt = grad[t].view(shape)
@@ -543,7 +546,7 @@ class CpuRuntime:
         for name in kp.saved:
             b = kp.buffers[name]
             t = saved.buffers[name]
-            _check_tensor(f"saved buffer {name!r}", t, (a.rows(b.domain), b.width))
+            _check_tensor(f"saved buffer {name!r}", t, (a.rows(b.domain), b.width), torch_dtype(b.dtype))
             out[name] = t.contiguous()
         for name in kp.saved_params:
             _check_tensor(f"saved param {name!r}", saved.params[name], tuple(saved.params[name].shape))
@@ -588,7 +591,7 @@ class CpuRuntime:
                 bufs[name] = self.workspace[name]
                 continue
             # the caller's (output, input gradient, saved ones): never a workspace alias
-            bufs[name] = _kernel_buffer((a.rows(b.domain), b.width), name in kp.zero_init)
+            bufs[name] = _kernel_buffer((a.rows(b.domain), b.width), name in kp.zero_init, torch_dtype(b.dtype))
         return bufs
 
 
@@ -600,23 +603,39 @@ def _first_write_accumulates(kp: KernelProgram, grad: str) -> bool:
     return True  # written by no kernel: its gradient is zero
 
 
-def _kernel_buffer(shape: tuple[int, ...], zero: bool = False) -> torch.Tensor:
-    """A buffer the kernels write: :data:`KERNEL_DTYPE` whatever torch's default dtype is; a big one on the
-    pool's already mapped memory (:mod:`.memory`: no page faults for each batch's new buffers)."""
-    return POOL.tensor(shape, KERNEL_DTYPE, zero)
+def _kernel_buffer(shape: tuple[int, ...], zero: bool = False, dtype: torch.dtype = KERNEL_DTYPE) -> torch.Tensor:
+    """A buffer the kernels write: :data:`KERNEL_DTYPE` whatever torch's default dtype is (or the 16-bit type
+    a precision knob chose for it); a big one on the pool's already mapped memory (:mod:`.memory`: no page
+    faults for each batch's new buffers)."""
+    if dtype == KERNEL_DTYPE:
+        return POOL.tensor(shape, KERNEL_DTYPE, zero)
+    words = -(-int(np.prod(shape)) * dtype.itemsize // 4)
+    return _typed_view(POOL.tensor((words,), KERNEL_DTYPE, zero), dtype, shape)
+
+
+def _as_float(t: torch.Tensor) -> torch.Tensor:
+    """``t`` for torch's float32 matmuls: a 16-bit buffer's rows converted (a copy), a float32 one as it is."""
+    return t if t.dtype == KERNEL_DTYPE else t.float()
+
+
+def _typed_view(words: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    """The first ``prod(shape)`` elements of ``dtype`` in the float32 memory ``words`` (1-d), as ``shape``."""
+    n = int(np.prod(shape))
+    flat = words if dtype == KERNEL_DTYPE else words.view(dtype)
+    return flat[:n].view(shape)
 
 
 def _ptr(t: torch.Tensor) -> int:
     return t.data_ptr() if t.numel() else 0
 
 
-def _check_tensor(what: str, t: torch.Tensor, shape: tuple[int, ...]) -> None:
+def _check_tensor(what: str, t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype = KERNEL_DTYPE) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
     if t.device.type != "cpu":
         raise ValueError(f"{what} is on {t.device}; the cpu backend needs CPU tensors (call .cpu())")
-    if t.dtype != KERNEL_DTYPE:
-        raise TypeError(f"{what} has dtype {t.dtype}; the cpu backend computes in {KERNEL_DTYPE} (call .float())")
+    if t.dtype != dtype:
+        raise TypeError(f"{what} has dtype {t.dtype}; the cpu backend computes it in {dtype} (call .to({dtype}))")
     if tuple(t.shape) != tuple(shape):
         raise ValueError(f"{what} must have shape {tuple(shape)}, got {tuple(t.shape)}")
 

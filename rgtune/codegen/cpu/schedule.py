@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from rgtune.codegen.schedule import (MAPPING_CONSTRAINT, TRAVERSAL_MAPPING, ScheduleParam, TargetSchedule,
                                      TemplateSchedule)
+from rgtune.ir.passes.precision import STORAGE_TYPES
 from rgtune.ir.kernels import GemmKernel, MapKernel, ScatterKernel, TraversalKernel, WeightGradKernel
 
 CPU_SCHEDULE = TargetSchedule("cpu", [
@@ -55,4 +56,4 @@ CPU_SCHEDULE = TargetSchedule("cpu", [
         ScheduleParam("chunk_rows", (64, 256, 1024), 256,
                       "rows packed per pass of the register-blocked outer products (generated): one type's rows"),
     )),
-])
+], storage=STORAGE_TYPES)  # the C kernels load and store bfloat16 and float16 buffers (sums in float32)

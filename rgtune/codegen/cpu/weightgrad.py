@@ -44,6 +44,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from rgtune.codegen.cfamily import C_TYPES, c_load
 from rgtune.codegen.cpu.cwriter import CFunction, Lines
 from rgtune.codegen.cpu.gemm import VEC, accumulate_tile, declare_tile, sub_blocks
 from rgtune.codegen.cpu.rows import RowIndex
@@ -174,9 +175,10 @@ def _group(f: CFunction, k: WeightGradKernel, shape: WeightGradShape, kp: Kernel
         if k.x is None:
             B.line("/* a bias-like gradient: the dy rows summed */")
             with B.block("for (int64_t r = 0; r < nr; ++r)"):
-                B.line(f"const float* restrict d = {dy} + (int64_t){order}[start + r] * {shape.dw};")
+                dt = kp.buffers[k.dy].dtype
+                B.line(f"const {C_TYPES[dt]}* restrict d = {dy} + (int64_t){order}[start + r] * {shape.dw};")
                 B.line("#pragma omp simd")
-                B.line(f"for (int j = 0; j < {shape.dw}; ++j) sum[j] += d[j];")
+                B.line(f"for (int j = 0; j < {shape.dw}; ++j) sum[j] += {c_load(dt, 'd[j]')};")
         else:
             _pack(f, k, shape, kp, ch, order, dy)
             _products(f, shape, ch, rk, rv)
@@ -202,8 +204,18 @@ def _pack(f: CFunction, k: WeightGradKernel, shape: WeightGradShape, kp: KernelP
         B.extend(rows.declarations())
         for a in rows.arrays:
             f.use(a)
-        B.line(f"memcpy(pack + r * {shape.xw}, {x} + {xi} * {shape.xw}, {shape.xw} * sizeof(float));")
-        B.line(f"memcpy(pack + {ch * shape.xw} + r * {shape.dw}, {dy} + row * {shape.dw}, {shape.dw} * sizeof(float));")
+        _copy_row(B, f"pack + r * {shape.xw}", f"{x} + {xi} * {shape.xw}", shape.xw, kp.buffers[x].dtype)
+        _copy_row(B, f"pack + {ch * shape.xw} + r * {shape.dw}", f"{dy} + row * {shape.dw}", shape.dw, kp.buffers[dy].dtype)
+
+
+def _copy_row(B: Any, to: str, row: str, n: int, storage: str) -> None:
+    """``n`` floats from ``row`` (a buffer stored as ``storage``: converted) to ``to``."""
+    if storage == "float32":
+        B.line(f"memcpy({to}, {row}, {n} * sizeof(float));")
+        return
+    B.line(f"{{ float* restrict t = {to}; const {C_TYPES[storage]}* restrict s = {row};")
+    B.line("  #pragma omp simd")
+    B.line(f"  for (int j = 0; j < {n}; ++j) t[j] = {c_load(storage, 's[j]')}; }}")
 
 
 def _products(f: CFunction, shape: WeightGradShape, ch: int, rk: int, rv: int) -> None:
