@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from rgtune.codegen.cpu import CpuBackend
+from rgtune.codegen.cpu.gemm import native_bf16_dot
 from rgtune.codegen.cpu.generate import generate
 from rgtune.codegen.buffer_plan import footprint_bytes
 from rgtune.codegen.training import train_step
@@ -122,6 +123,29 @@ def test_random_schedules_in_16_bits_match_the_reference(model: str, count: int,
         space = SearchSpace(_program(model), g, "cpu", mode="training", precision=precision)
         configs = [space.sample(rng) for _ in range(count)]
         _check(backend, model, g, precision, configs, Verifier(_program(model), g, training=True))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not native_bf16_dot(), reason="this CPU has no AVX-512 BF16 (vdpbf16ps)")
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_bfloat16_dot_products_match_the_reference(model: str, backend: CpuBackend, graphs: list[HeteroGraph]) -> None:
+    """At 16 -> 32 features (even reductions, whole vectors of columns) the GEMMs and weight gradients that touch a
+    bfloat16 buffer multiply in bfloat16 pairs (``vdpbf16ps``), float32 sums: the default schedule and random
+    ones (BLAS GEMMs, split and atomic reductions, every traversal mapping) on the three graphs."""
+    program = build_model(model, 16, 32, MODELS[model])
+    rng = random.Random(7)
+    for g in graphs:
+        space = SearchSpace(program, g, "cpu", mode="training", precision="bf16")
+        configs = [space.default()] + [space.sample(rng) for _ in range(2)]
+        sources = "\n".join(t.text for t in generate(space.compile(space.default()).kernels, space.default()).kernels)
+        assert "__builtin_ia32_dpbf16ps_v8sf" in sources and "_dot(" in sources
+        verifier = Verifier(program, g, training=True)
+        case = verifier.case(seed=2)
+        for cfg in configs:
+            point = space.compile(cfg)
+            got = _train(backend.build(point.kernels, g, cfg), point.kernels, g, case)
+            err, which, tol = verifier.error(got, case, "bfloat16")
+            assert err < tol, f"{model} on {g.name}, {cfg}: {which} off by {err:.3g} (tolerance {tol:.3g})"
 
 
 def test_a_kernel_bug_fails_the_16_bit_tolerance(backend: CpuBackend, graphs: list[HeteroGraph]) -> None:

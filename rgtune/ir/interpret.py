@@ -81,10 +81,14 @@ class Interpreter:
     def run(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], dout: torch.Tensor | None = None,
             round_to: torch.dtype | None = None) -> Run:
         """``x`` ``(num_nodes, in_features)``; ``dout`` ``(num_nodes, out_features)``: the output's gradient,
-        which a training program reads. ``round_to``: every op's result is rounded to this dtype (and back
-        to ``x``'s): the program as if each value were stored in it, what a 16-bit program's tolerance is
-        derived from (:mod:`rgtune.tuner.verification`); under autograd the gradients are rounded too."""
+        which a training program reads. ``round_to``: the input, the params and every op's result are rounded
+        to this dtype (and back to ``x``'s): the program as if each value were stored in it (a GEMM's operands
+        included), what a 16-bit program's tolerance is derived from (:mod:`rgtune.tuner.verification`); under
+        autograd the gradients are rounded too."""
         p, a = self.p, self.a
+        if round_to is not None:
+            x = x.to(round_to).to(x.dtype)
+            params = {k: v.to(round_to).to(v.dtype) for k, v in params.items()}
         values = {p.x.name: x.reshape(a.num_nodes, p.x.heads, p.x.dim)}
         if p.inputs:
             if dout is None:

@@ -44,6 +44,29 @@ from rgtune.ir.kernels import GemmKernel, KernelProgram
 
 VEC = 8  # floats per vector (256 bit): fine on AVX2 and AVX-512 alike
 
+#: the vector types of the bfloat16 dot products (AVX-512 BF16 ``vdpbf16ps`` on 256-bit vectors: 8 float sums,
+#: each adding the products of a pair of bfloat16 inputs with a pair of bfloat16 weights)
+_BF16_DOT_TYPES = """typedef short rg_vbf __attribute__((vector_size(32), aligned(4), may_alias));  /* 16 bfloat16 */
+typedef uint32_t rg_vu __attribute__((vector_size(32)));"""
+
+
+def native_bf16_dot() -> bool:
+    """Whether this CPU has AVX-512 BF16 (the ``vdpbf16ps`` dot products a bfloat16 GEMM uses)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and " avx512_bf16" in line for line in f)
+    except OSError:
+        return False
+
+
+def bf16_dot(k: GemmKernel, shape: "GemmShape", kp: KernelProgram, native: bool | None = None) -> bool:
+    """Whether ``k`` multiplies in bfloat16 pairs: it reads or writes a bfloat16 buffer (the precision knob
+    stores its rows so: its products may round their operands too, as a bfloat16 matmul does), the CPU has
+    AVX-512 BF16, the reduction length is even (pairs) and the columns fill whole vectors."""
+    touches = kp.buffers[k.x].dtype == "bfloat16" or (k.out is not None and kp.buffers[k.out].dtype == "bfloat16")
+    native = native_bf16_dot() if native is None else native
+    return touches and native and shape.k % 2 == 0 and shape.n % VEC == 0
+
 
 @dataclass(frozen=True)
 class GemmShape:
@@ -139,6 +162,30 @@ def micro_kernel(name: str, shape: GemmShape, rows: int, nv: int, ns: int, x_sto
             f"\n{head}\n{{\n{L.text()}\n}}")
 
 
+def bf16_micro_kernel(name: str, shape: GemmShape, rows: int, nv: int) -> str:
+    """``rows x nv`` vectors of outputs over the full reduction by bfloat16 pair dot products: input rows of
+    bfloat16 (a pair of consecutive inputs is one 32-bit word, broadcast), weights packed as ``[k / 2][n][2]``
+    (the pair of weights of one column side by side), float32 accumulators in registers."""
+    L = Lines(1)
+    for r in range(rows):
+        L.line(f"const uint32_t* restrict x{r} = (const uint32_t*)(xr[{r}] + xoff);")
+    declare_tile(L, rows, nv, 0)
+    with L.block(f"for (int k = 0; k < {shape.k // 2}; ++k)"):
+        L.line(f"const rg_bf16* restrict wk = w + (int64_t)k * {2 * shape.n};")
+        for j in range(nv):
+            L.line(f"const rg_vbf w{j} = *(const rg_vbf*)(wk + {2 * VEC * j});")
+        for r in range(rows):
+            dots = " ".join(f"a{r}_{j} = __builtin_ia32_dpbf16ps_v8sf(a{r}_{j}, xv, w{j});" for j in range(nv))
+            L.line(f"{{ const uint32_t p = x{r}[k]; const rg_vbf xv = (rg_vbf)(rg_vu){{{', '.join(['p'] * VEC)}}}; "
+                   f"{dots} }}")
+    for r in range(rows):
+        L.line(" ".join(f"rg_storeu(o[{r}] + ooff + {j * VEC}, a{r}_{j});" for j in range(nv)))
+    head = (f"static __attribute__((noinline)) void {name}(const rg_bf16* const* xr, int64_t xoff, "
+            f"const rg_bf16* restrict w, float* const* o, int64_t ooff)")
+    return (f"/* micro-kernel: {rows} rows x {nv * VEC} columns over K = {shape.k} in bfloat16 pairs (packed weight "
+            f"row stride {2 * shape.n}) */\n{head}\n{{\n{L.text()}\n}}")
+
+
 def micro_kernel_name(shape: GemmShape, rows: int, nv: int, ns: int, x_storage: str = "float32") -> str:
     return f"rg_mk_k{shape.k}_n{shape.n}_{rows}x{nv}v{ns}s" + ("" if x_storage == "float32" else f"_{x_storage}")
 
@@ -153,20 +200,29 @@ def generate_gemm(k: GemmKernel, s: Mapping[str, Any], kp: KernelProgram, acc_re
     panels = sub_blocks(shape.n, int(s["tile_cols"]), rv)
     f = CFunction(f"rg_{k.name}", f"{k.name} (gemm.impl=generated, tile {tr} rows x {min(int(s['tile_cols']), shape.n)} "
                                   f"columns, register block {rb} x {rv * VEC}):\n{k.describe()}")
-    xs = kp.buffers[k.x].dtype
+    dot = bf16_dot(k, shape, kp)
+    # a bfloat16 GEMM reads bfloat16 rows: a float32 input is converted as its tile gathers it
+    xs = "bfloat16" if dot else kp.buffers[k.x].dtype
+    if dot:
+        f.statics.append(_BF16_DOT_TYPES)
     for nv, ns in sorted({(nv, ns) for p in panels for _, nv, ns in p}):
-        f.statics.append(micro_kernel(micro_kernel_name(shape, rb, nv, ns, xs), shape, rb, nv, ns, xs))
+        name = micro_kernel_name(shape, rb, nv, ns, xs) + ("_dot" if dot else "")
+        f.statics.append(bf16_micro_kernel(name, shape, rb, nv) if dot else
+                         micro_kernel(name, shape, rb, nv, ns, xs))
     # the micro-kernel stores float rows: an output stored in another type is finished from scratch rows
     converted = k.out is not None and not k.accumulate and kp.buffers[k.out].dtype != "float32"
     direct = not k.accumulate and k.out is not None and not converted
     B, nout = f.body, shape.nout
     order, tiles, groups = (f.use(f"{k.name}_{a}") for a in ("order", "tiles", "groups"))
     ngroups = f.use(f"{k.name}_ngroups")
-    x, w = f.use(k.x), f.use(f"P_{k.weight}")
+    x, w = f.use(k.x), f.use(f"{k.name}_wpk" if dot else f"P_{k.weight}")
+    convert = dot and kp.buffers[k.x].dtype != "bfloat16"
     out = f.use(k.out, writes=True) if k.out else None
     B.line(f"/* per thread: {'a scratch row for the padding rows of a short tile' if direct else f'{tr} tile rows + a scratch row'} */")
     with B.block("#pragma omp parallel num_threads(c->num_threads)\n"):
         B.line(f"float* scratch = rg_alloc({(1 if direct else tr + 1) * nout});")
+        if convert:
+            B.line(f"rg_bf16* xcvt = (rg_bf16*)rg_alloc({(tr * shape.xw + 1) // 2});  /* the tile's rows in bfloat16 */")
         B.line(f"const {C_TYPES[xs]}* xr[{tr}];")
         B.line(f"float* orow[{tr}];")
         B.line("#pragma omp for schedule(dynamic, 1)")
@@ -175,9 +231,10 @@ def generate_gemm(k: GemmKernel, s: Mapping[str, Any], kp: KernelProgram, acc_re
                 B.line(f"const int64_t start = {tiles}[3 * t], nr = {tiles}[3 * t + 1] - start;")
                 if k.by != "none":
                     B.line(f"const int64_t ty = {tiles}[3 * t + 2];  /* the tile's type: its weight and bias slice */")
-                B.line(f"const float* restrict wt = {w + ' + ty * ' + str(shape.wsize) if k.by != 'none' else w};")
-                _gather(f, k, shape, kp, tr, out if direct else None)
-                _panels(f, k, shape, tr, rb, panels, xs)
+                B.line(f"const {'rg_bf16' if dot else 'float'}* restrict wt = "
+                       f"{w + ' + ty * ' + str(shape.wsize) if k.by != 'none' else w};")
+                _gather(f, k, shape, kp, tr, out if direct else None, convert)
+                _panels(f, k, shape, tr, rb, panels, xs, dot)
                 if k.bias or k.epilogue or k.accumulate or converted:
                     B.line("/* finish each row: bias, epilogue, store */")
                     with B.block("for (int r = 0; r < nr; ++r)"):
@@ -186,12 +243,15 @@ def generate_gemm(k: GemmKernel, s: Mapping[str, Any], kp: KernelProgram, acc_re
                                     "accumulate" if k.accumulate else "copy" if converted else "none",
                                     row=f"{order}[start + r]")
         B.line("free(scratch);")
+        if convert:
+            B.line("free(xcvt);")
     return f
 
 
-def _gather(f: CFunction, k: GemmKernel, shape: GemmShape, kp: KernelProgram, tr: int, out: str | None) -> None:
-    """Point ``xr[r]`` at each tile row's input row and ``orow[r]`` at where its output goes: the
-    output row itself (``out``) or a scratch tile row."""
+def _gather(f: CFunction, k: GemmKernel, shape: GemmShape, kp: KernelProgram, tr: int, out: str | None,
+            convert: bool = False) -> None:
+    """Point ``xr[r]`` at each tile row's input row (``convert``: its bfloat16 copy in ``xcvt``) and ``orow[r]``
+    at where its output goes: the output row itself (``out``) or a scratch tile row."""
     B = f.body
     B.line("/* gather: one input row pointer per tile row (a short tile repeats its last row) */")
     B.line("#pragma GCC unroll 1")  # unrolling this loop only costs compile time
@@ -202,7 +262,13 @@ def _gather(f: CFunction, k: GemmKernel, shape: GemmShape, kp: KernelProgram, tr
         B.extend(rows.declarations())
         for a in rows.arrays:
             f.use(a)
-        B.line(f"xr[r] = {k.x} + {xi} * {shape.xw};")
+        if convert:
+            B.line(f"const float* restrict src = {k.x} + {xi} * {shape.xw};")
+            B.line("#pragma omp simd")
+            B.line(f"for (int j = 0; j < {shape.xw}; ++j) xcvt[r * {shape.xw} + j] = rg_to_bf16(src[j]);")
+            B.line(f"xr[r] = xcvt + r * {shape.xw};")
+        else:
+            B.line(f"xr[r] = {k.x} + {xi} * {shape.xw};")
         if out is not None:
             B.line(f"orow[r] = r < nr ? {out} + row * {shape.nout} : scratch;")
         else:
@@ -210,7 +276,7 @@ def _gather(f: CFunction, k: GemmKernel, shape: GemmShape, kp: KernelProgram, tr
 
 
 def _panels(f: CFunction, k: GemmKernel, shape: GemmShape, tr: int, rb: int,
-            panels: list[list[tuple[int, int, int]]], x_storage: str) -> None:
+            panels: list[list[tuple[int, int, int]]], x_storage: str, dot: bool = False) -> None:
     """The tile's multiply: per head, per column panel, micro-kernel calls over the tile's rows."""
     B = f.body
     multi = shape.heads > 1
@@ -224,8 +290,9 @@ def _panels(f: CFunction, k: GemmKernel, shape: GemmShape, tr: int, rb: int,
         B.line(f"/* panel {pi}: columns {c0}..{c1 - 1}; the weight panel stays in L1 across the tile */")
         with B.block(f"for (int r0 = 0; r0 < {tr}; r0 += {rb})"):
             for col, nv, ns in panel:
-                B.line(f"{micro_kernel_name(shape, rb, nv, ns, x_storage)}(xr + r0, {hx}, wt + {hw}{col}, orow + r0, "
-                       f"{ho}{col});")
+                name = micro_kernel_name(shape, rb, nv, ns, x_storage) + ("_dot" if dot else "")
+                # a packed weight holds each column's pair of rows side by side: a column starts at 2 * col
+                B.line(f"{name}(xr + r0, {hx}, wt + {hw}{2 * col if dot else col}, orow + r0, {ho}{col});")
     if multi:
         B.indent -= 1
         B.line("}")

@@ -138,7 +138,8 @@ def field_types(kp: KernelProgram) -> dict[str, str]:
         if isinstance(k, GemmKernel):
             t.update({f"{k.name}_order": "idx_t*", f"{k.name}_tiles": "int64_t*", f"{k.name}_groups": "int64_t*",
                       f"{k.name}_ngroups": "int64_t", f"{k.name}_staged": "float*", f"{k.name}_types": "int64_t*",
-                      f"{k.name}_rows": "int64_t", f"{k.name}_inplace": "int64_t"})
+                      f"{k.name}_rows": "int64_t", f"{k.name}_inplace": "int64_t",
+                      f"{k.name}_wpk": "rg_bf16*"})  # the weight packed in bfloat16 pairs (gemm.bf16_dot)
         elif isinstance(k, TraversalKernel):
             t.update({f"{k.name}_max": "float*", f"{k.name}_sum": "float*"})
         elif isinstance(k, ScatterKernel):

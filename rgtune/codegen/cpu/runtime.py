@@ -66,6 +66,7 @@ import torch
 from rgtune.codegen.base import Saved, TrainingResult
 from rgtune.codegen.buffer_plan import live_intervals, plan_slots
 from rgtune.codegen.cpu.edges import ROW_COUNTS
+from rgtune.codegen.cpu.gemm import GemmShape
 from rgtune.codegen.cpu.generate import GeneratedProgram, KernelSource
 from rgtune.codegen.cpu.memory import POOL
 from rgtune.codegen.cpu.rows import GRAPH_CONSTANTS, INDEX_ARRAYS
@@ -405,10 +406,27 @@ class CpuRuntime:
         return steps
 
     def _c_step(self, b: _Bound) -> Callable[..., None]:
+        pack = self._bf16_pairs(b) if "gemm_wpk" in b.names else None
+
         def step(bufs: dict[str, torch.Tensor], params: dict[str, torch.Tensor]) -> None:
             self._point(b, bufs, params)
+            if pack is not None:  # the weights change every optimizer step: packed every call (they are small)
+                packed = pack(params)
+                b.set("gemm_wpk", _ptr(packed))
             b.call()
         return step
+
+    def _bf16_pairs(self, b: _Bound) -> Callable[[Mapping[str, torch.Tensor]], torch.Tensor]:
+        """How a bfloat16 GEMM's weight is packed for its dot products: per type and head, ``[k / 2][n][2]``
+        (the two weights of a column for a pair of inputs side by side; :func:`~.gemm.bf16_micro_kernel`)."""
+        k = next(k for k in self.kp.kernels if k.name == b.source.kernel)
+        assert isinstance(k, GemmKernel)
+        shape = GemmShape.of(k, self.kp)
+
+        def pack(params: Mapping[str, torch.Tensor]) -> torch.Tensor:
+            w = params[k.weight].reshape(-1, shape.heads, shape.k // 2, 2, shape.n)
+            return w.transpose(3, 4).to(torch.bfloat16).contiguous()
+        return pack
 
     def _point(self, b: _Bound, bufs: dict[str, torch.Tensor], params: dict[str, torch.Tensor]) -> None:
         """This call's tensors into ``b``'s context (pointers only; nothing is copied)."""

@@ -44,9 +44,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from rgtune.codegen.cfamily import C_TYPES, c_load
+from rgtune.codegen.cfamily import C_TYPES, c_load, c_store
 from rgtune.codegen.cpu.cwriter import CFunction, Lines
-from rgtune.codegen.cpu.gemm import VEC, accumulate_tile, declare_tile, sub_blocks
+from rgtune.codegen.cpu.gemm import _BF16_DOT_TYPES, VEC, accumulate_tile, declare_tile, native_bf16_dot, sub_blocks
 from rgtune.codegen.cpu.rows import RowIndex
 from rgtune.ir.kernels import KernelProgram, WeightGradKernel
 
@@ -134,8 +134,11 @@ def generate_weightgrad(k: WeightGradKernel, s: Mapping[str, Any], kp: KernelPro
     ng = f.use(f"{k.name}_ngroups")
     ws = shape.wsize
     partial = f.use(f"{k.name}_partial", writes=True) if reduce == "split" else None
+    dot = wg_bf16_dot(k, shape, kp)
+    if dot:
+        f.statics.append(_BF16_DOT_TYPES)
     if k.x is not None:
-        for name, text in _micro_kernels(shape, rk, rv):
+        for name, text in _micro_kernels(shape, rk, rv, dot):
             f.statics.append(text)
     with B.block("#pragma omp parallel num_threads(c->num_threads)\n"):
         if reduce == "atomic":
@@ -150,7 +153,7 @@ def generate_weightgrad(k: WeightGradKernel, s: Mapping[str, Any], kp: KernelPro
             B.line(f"float* pack = rg_alloc({ch * (shape.xw + shape.dw)});")
         B.line("#pragma omp for schedule(dynamic, 1)")
         with B.block(f"for (int64_t g = 0; g < {ng}; ++g)"):
-            _group(f, k, shape, kp, ch, rk, rv, partial)
+            _group(f, k, shape, kp, ch, rk, rv, partial, dot)
         if k.x is not None:
             B.line("free(pack);")
         if reduce == "atomic":
@@ -161,7 +164,7 @@ def generate_weightgrad(k: WeightGradKernel, s: Mapping[str, Any], kp: KernelPro
 
 
 def _group(f: CFunction, k: WeightGradKernel, shape: WeightGradShape, kp: KernelProgram, ch: int, rk: int, rv: int,
-           partial: str | None) -> None:
+           partial: str | None, dot: bool = False) -> None:
     """One group: zero its sum, add each chunk's products into it, then (atomic) add it into the gradient."""
     B, ws = f.body, shape.wsize
     groups, chunks, order = (f.use(f"{k.name}_{a}") for a in ("groups", "chunks", "order"))
@@ -180,8 +183,11 @@ def _group(f: CFunction, k: WeightGradKernel, shape: WeightGradShape, kp: Kernel
                 B.line("#pragma omp simd")
                 B.line(f"for (int j = 0; j < {shape.dw}; ++j) sum[j] += {c_load(dt, 'd[j]')};")
         else:
-            _pack(f, k, shape, kp, ch, order, dy)
-            _products(f, shape, ch, rk, rv)
+            if dot:
+                _pack_pairs(f, k, shape, kp, ch, order, dy)
+            else:
+                _pack(f, k, shape, kp, ch, order, dy)
+            _products(f, shape, ch, rk, rv, dot)
     if partial is None:
         B.line(f"float* restrict out = P_{k.grad} + {chunks}[3 * c0 + 2] * {ws};  /* the group's type's slice */")
         with B.block(f"for (int j = 0; j < {ws}; ++j)"):
@@ -218,13 +224,58 @@ def _copy_row(B: Any, to: str, row: str, n: int, storage: str) -> None:
     B.line(f"  for (int j = 0; j < {n}; ++j) t[j] = {c_load(storage, 's[j]')}; }}")
 
 
-def _products(f: CFunction, shape: WeightGradShape, ch: int, rk: int, rv: int) -> None:
+def wg_bf16_dot(k: WeightGradKernel, shape: WeightGradShape, kp: KernelProgram, native: bool | None = None) -> bool:
+    """Whether ``k`` sums its products over pairs of rows by bfloat16 dot products: it reads a bfloat16 buffer
+    (see :func:`~rgtune.codegen.cpu.gemm.bf16_dot`), has an input, the CPU has AVX-512 BF16 and the output
+    columns fill whole vectors."""
+    if k.x is None or not (kp.buffers[k.x].dtype == "bfloat16" or kp.buffers[k.dy].dtype == "bfloat16"):
+        return False
+    return (native_bf16_dot() if native is None else native) and shape.n % VEC == 0
+
+
+def _pack_pairs(f: CFunction, k: WeightGradKernel, shape: WeightGradShape, kp: KernelProgram, ch: int, order: str,
+                dy: str) -> None:
+    """The chunk's rows into the pack in bfloat16, two rows interleaved: each column holds its values of rows
+    ``2i`` and ``2i + 1`` side by side (input rows, then dy rows), a missing last partner row zero."""
+    B = f.body
+    x = f.use(k.x)  # type: ignore[arg-type]
+    half = (ch + 1) // 2
+    B.line(f"/* pack: the chunk's rows in bfloat16 pairs (input rows: {half} x {shape.xw} pairs, then dy rows) */")
+    B.line("rg_bf16* restrict px = (rg_bf16*)pack;")
+    B.line(f"rg_bf16* restrict pd = px + {2 * half * shape.xw};")
+    B.line("#pragma GCC unroll 1")
+    with B.block("for (int64_t r = 0; r < nr; r += 2)"):
+        B.line("const int64_t row0 = " + order + "[start + r], row1 = " + order + "[start + (r + 1 < nr ? r + 1 : r)];")
+        B.line("const int pair = r + 1 < nr;  /* 0: the last row's partner is zeros */")
+        xt = C_TYPES[kp.buffers[x].dtype]
+        B.line(f"const {xt}* x0; const {xt}* x1;")
+        for end in ("0", "1"):  # each row's input row, found in a scope of its own (the index locals repeat)
+            rows = RowIndex(k.rows, f"row{end}", kp.pair_index)
+            xi = rows.var(k.x_via)
+            with B.block(""):
+                B.extend(rows.declarations())
+                B.line(f"x{end} = {x} + {xi} * {shape.xw};")
+            for a in rows.arrays:
+                f.use(a)
+        for name, srcs, width, dt in (("px", ["x0", "x1"], shape.xw, kp.buffers[x].dtype),
+                                      ("pd", [f"{dy} + row{e} * {shape.dw}" for e in "01"], shape.dw,
+                                       kp.buffers[dy].dtype)):
+            B.line(f"{{ const {C_TYPES[dt]}* restrict s0 = {srcs[0]}; const {C_TYPES[dt]}* restrict s1 = {srcs[1]};")
+            B.line(f"  rg_bf16* restrict t = {name} + (r >> 1) * {2 * width};")
+            B.line("  #pragma omp simd")
+            B.line(f"  for (int j = 0; j < {width}; ++j) {{ t[2 * j] = {c_store('bfloat16', c_load(dt, 's0[j]'))}; "
+                   f"t[2 * j + 1] = pair ? {c_store('bfloat16', c_load(dt, 's1[j]'))} : 0; }} }}")
+
+
+def _products(f: CFunction, shape: WeightGradShape, ch: int, rk: int, rv: int, dot: bool = False) -> None:
     """The chunk's outer products, added into ``sum``: per head, per block of ``rk`` input columns, one
     micro-kernel call per column block."""
     B = f.body
     blocks = sub_blocks(shape.n, shape.n, rv)[0]
     full, rest = shape.k - shape.k % rk, shape.k % rk
     dp = f"pack + {ch * shape.xw}"
+    if dot:  # bfloat16 pairs: a column's pair at twice its index
+        dp = "pd"
     multi = shape.heads > 1
     if multi:
         B.line(f"/* per head h: input columns h*{shape.k}.., dy columns h*{shape.n}.., gradient slice h */")
@@ -234,8 +285,12 @@ def _products(f: CFunction, shape: WeightGradShape, ch: int, rk: int, rv: int) -
 
     def calls(rows: int, kb: str) -> None:
         for col, nv, ns in blocks:
-            B.line(f"{_mk_name(shape, rows, nv, ns)}(pack + {hx}{kb}, {dp} + {hd}{col}, nr, "
-                   f"sum + {ho}({kb}) * {shape.n} + {col});")
+            if dot:
+                B.line(f"{_mk_name(shape, rows, nv, ns, dot)}(px + 2 * ({hx}{kb}), pd + 2 * ({hd}{col}), nr, "
+                       f"sum + {ho}({kb}) * {shape.n} + {col});")
+            else:
+                B.line(f"{_mk_name(shape, rows, nv, ns)}(pack + {hx}{kb}, {dp} + {hd}{col}, nr, "
+                       f"sum + {ho}({kb}) * {shape.n} + {col});")
 
     B.line(f"/* outer products: {rk} input columns x the column blocks, summed over the chunk's rows */")
     if full:
@@ -248,16 +303,42 @@ def _products(f: CFunction, shape: WeightGradShape, ch: int, rk: int, rv: int) -
         B.line("}")
 
 
-def _micro_kernels(shape: WeightGradShape, rk: int, rv: int) -> list[tuple[str, str]]:
+def _micro_kernels(shape: WeightGradShape, rk: int, rv: int, dot: bool = False) -> list[tuple[str, str]]:
     """The micro-kernels this shape calls: ``(name, C text)``."""
     blocks = sub_blocks(shape.n, shape.n, rv)[0]
     heights = sorted({rk, shape.k % rk} - {0})  # full blocks, and the last one's rows
-    return [(_mk_name(shape, r, nv, ns), _micro_kernel(shape, r, nv, ns))
+    make = _dot_micro_kernel if dot else _micro_kernel
+    return [(_mk_name(shape, r, nv, ns, dot), make(shape, r, nv, ns))
             for r in heights for nv, ns in sorted({(nv, ns) for _, nv, ns in blocks})]
 
 
-def _mk_name(shape: WeightGradShape, rows: int, nv: int, ns: int) -> str:
-    return f"rg_wg_x{shape.xw}_d{shape.dw}_n{shape.n}_{rows}x{nv}v{ns}s"
+def _mk_name(shape: WeightGradShape, rows: int, nv: int, ns: int, dot: bool = False) -> str:
+    return f"rg_wg_x{shape.xw}_d{shape.dw}_n{shape.n}_{rows}x{nv}v{ns}s" + ("_dot" if dot else "")
+
+
+def _dot_micro_kernel(shape: WeightGradShape, rows: int, nv: int, ns: int) -> str:
+    """:func:`_micro_kernel` over bfloat16 row pairs (:func:`_pack_pairs`): per pair of rows, a broadcast pair of
+    inputs times the vectors of dy pairs, one ``vdpbf16ps`` each (float32 sums)."""
+    assert ns == 0, "a bfloat16 weight gradient's columns fill whole vectors"
+    L = Lines(1)
+    declare_tile(L, rows, nv, 0)
+    with L.block("for (int64_t r = 0; r < (nr + 1) >> 1; ++r)"):
+        L.line(f"const uint32_t* restrict xr = (const uint32_t*)(xp + r * {2 * shape.xw});")
+        L.line(f"const rg_bf16* restrict dr = dp + r * {2 * shape.dw};")
+        for j in range(nv):
+            L.line(f"const rg_vbf d{j} = *(const rg_vbf*)(dr + {2 * VEC * j});")
+        for i in range(rows):
+            dots = " ".join(f"a{i}_{j} = __builtin_ia32_dpbf16ps_v8sf(a{i}_{j}, xv, d{j});" for j in range(nv))
+            L.line(f"{{ const uint32_t p = xr[{i}]; const rg_vbf xv = (rg_vbf)(rg_vu){{{', '.join(['p'] * VEC)}}}; "
+                   f"{dots} }}")
+    for i in range(rows):
+        L.line(" ".join(f"rg_storeu(o + {i * shape.n + j * VEC}, rg_loadu(o + {i * shape.n + j * VEC}) + a{i}_{j});"
+                        for j in range(nv)))
+    head = (f"static __attribute__((noinline)) void {_mk_name(shape, rows, nv, ns, True)}(const rg_bf16* restrict xp, "
+            f"const rg_bf16* restrict dp, int64_t nr, float* restrict o)")
+    return (f"/* micro-kernel: {rows} input columns x {nv * VEC} output columns, summed over nr rows in bfloat16 "
+            f"pairs (input pair stride {2 * shape.xw}, dy pair stride {2 * shape.dw}), added into o */"
+            f"\n{head}\n{{\n{L.text()}\n}}")
 
 
 def _micro_kernel(shape: WeightGradShape, rows: int, nv: int, ns: int) -> str:

@@ -6,9 +6,13 @@ Knob:
   rows that a kernel writes row by row are stored. They are what a layer moves most of on a big
   graph (``E x heads x dim`` per message, per per-edge linear, per gradient of one), so halving
   their bytes halves the traffic of the kernels that stream them and the memory a training step
-  holds between its forward and its backward. Only storage changes: every kernel converts a
-  loaded element to float32, computes and sums in float32 (inner products, aggregations, GEMM
-  reductions, softmax statistics), and rounds once when it stores (round to nearest even).
+  holds between its forward and its backward. Every kernel converts a loaded element to float32,
+  computes and sums in float32 (inner products, aggregations, GEMM reductions, softmax
+  statistics), and rounds once when it stores (round to nearest even). On a CPU with AVX-512 BF16
+  a GEMM or weight gradient that reads or writes bfloat16 rows also multiplies in bfloat16 pairs
+  (its other operand and the weight rounded too, as a bfloat16 matmul does; sums in float32):
+  the step's per-edge GEMMs are compute-bound, and ``vdpbf16ps`` does twice the float32 FMA's
+  products (:func:`rgtune.codegen.cpu.gemm.bf16_dot`).
 
 Which buffers qualify (:func:`low_precision_buffers`): written only by row-wise stores (a map,
 an edge store, a GEMM's output row or epilogue), never accumulated into (an aggregation's
