@@ -419,7 +419,7 @@ def test_head_revision_matches_models() -> None:
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
 
-    assert known_revisions() == ["0001", "0002", "0003", "0004", "0005", "0006", "0007"] and known_revisions()[-1] == SCHEMA_VERSION
+    assert known_revisions() == ["0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008"] and known_revisions()[-1] == SCHEMA_VERSION
     db = TrialDatabase("sqlite://")
     with db.engine.connect() as conn:
         ctx = MigrationContext.configure(conn, opts=_COMPARE_OPTS)
@@ -502,6 +502,37 @@ def test_upgrade_from_0006_reads_whole_graph_batches(tmp_path: Path) -> None:
     (w,) = db.workloads()
     assert db.schema_version == SCHEMA_VERSION and w.batches == "" and w.study_name == "old-study"
     assert {t.batches for t in db.history(w)} == {""}
+    db.close()
+
+
+def test_upgrade_from_0007_reads_float32_workloads(tmp_path: Path) -> None:
+    url = _file_url(tmp_path / "r.db")
+    _make_0001_database(url)
+    engine = make_engine(parse_url(url), readonly=False, busy_timeout=5)
+    migrate(engine.execution_options(rgtune_write=True), "0007")
+    with engine.connect() as conn:
+        assert "precision" not in {c["name"] for c in sa.inspect(conn).get_columns("rg_workloads")}
+    engine.dispose()
+    db = TrialDatabase(url)
+    (w,) = db.workloads()
+    assert db.schema_version == SCHEMA_VERSION and w.precision == "fp32" and w.study_name == "old-study"
+    assert {t.precision for t in db.history(w)} == {"fp32"}
+    db.close()
+
+
+def test_the_precision_policy_is_part_of_the_workload_key(tmp_path: Path) -> None:
+    db = TrialDatabase(_file_url(tmp_path / "r.db"))
+    plain, low, again = _workload(db), _workload(db, precision="bf16"), _workload(db, precision="bf16")
+    assert plain.id != low.id == again.id and (plain.precision, low.precision) == ("fp32", "bf16")
+    # the float32 study keeps the name it had before the policy existed: Optuna finds it by name
+    assert plain.study_name == "rgtune:rgcn:stub:cpu:inference:08ef467b993e" != low.study_name
+    _trial(db, plain, {"precision.edges": "float32"}, "ok", 2.0)
+    _trial(db, low, {"precision.edges": "bfloat16"}, "ok", 1.0)
+    assert [w.id for w in db.workloads(precision="bf16")] == [low.id]
+    best = db.best(model="rgcn", precision="fp32")
+    assert best is not None and best.precision == "fp32" and best.knobs == {"precision.edges": "float32"}
+    with pytest.raises(ValueError, match="unknown precision 'half'; choose one of"):
+        _workload(db, precision="half")
     db.close()
 
 

@@ -218,3 +218,37 @@ def test_a_layer_runs_a_16_bit_schedule_given_to_it(graphs: list[HeteroGraph]) -
         assert 1e-5 < rel < 3e-2, rel
     with pytest.raises(KnobError, match="precision.edges"):
         Layer("rgat", g, *DIMS, heads=2, backend="cpu", config={"precision.edges": "float8"})
+
+
+def test_tune_with_a_precision_records_16_bit_schedules_and_load_tuned_finds_them(tmp_path) -> None:
+    """``tune(..., precision="bf16")`` is a workload of its own whose every trial stores bfloat16;
+    ``load_tuned(precision="bf16")`` runs its best, ``load_tuned()`` (float32) does not take it, and a
+    policy without a study falls back to the float32 record with a warning naming the tune call."""
+    import warnings
+
+    import rgtune
+    from rgtune.db import TrialDatabase
+    from rgtune.runtime import load_tuned
+    from rgtune.runtime._lookup import TunedScheduleWarning
+    from rgtune.tuner.measure import MeasureOptions
+
+    graph = random_graph((40, 70), num_relations=3, num_edges=500, seed=4)
+    db = f"sqlite:///{tmp_path / 'r.db'}"
+    fast = dict(hidden=16, heads=2, db=db, trials=3, seed=0, progress=False, confirm_top=0, cost_model=False,
+                backend="cpu", measure=MeasureOptions(warmup=1, repeats=2, min_seconds=0.0, timeout=120.0))
+    low = rgtune.tune("rgat", graph, precision="bf16", **fast)
+    assert low.measured == 3 and low.best_trial_id is not None
+    (w,) = TrialDatabase(db).workloads()
+    assert w.precision == "bf16"
+    assert {t.knobs["precision.edges"] for t in TrialDatabase(db).history(w)} == {"bfloat16"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TunedScheduleWarning)
+        layer = load_tuned("rgat", graph, 16, 16, 2, db=db, backend="cpu", precision="bf16")
+    assert layer.provenance["trial_id"] == low.best_trial_id and layer.inference_config["precision.edges"] == "bfloat16"
+    with pytest.warns(TunedScheduleWarning, match="no tuned schedule"):  # float32 asked: the bf16 study is not it
+        plain = load_tuned("rgat", graph, 16, 16, 2, db=db, backend="cpu")
+    assert plain.provenance["source"] == "default" and plain.inference_config["precision.edges"] == "float32"
+    rgtune.tune("rgat", graph, **fast)
+    with pytest.warns(TunedScheduleWarning, match="precision='fp16'"):
+        half = load_tuned("rgat", graph, 16, 16, 2, db=db, backend="cpu", precision="fp16")
+    assert half.inference_config["precision.edges"] == "float32"

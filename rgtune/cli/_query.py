@@ -33,13 +33,16 @@ def add_workload_filters(p: argparse.ArgumentParser, model_required: bool) -> No
     p.add_argument("--batches", metavar="SAMPLER",
                    help="filter by the sampler a workload was tuned for (tune --batches; 'none': the whole graph, "
                         "what --model selects unless this is given)")
+    p.add_argument("--precision", choices=("fp32", "bf16", "fp16", "any"),
+                   help="filter by the storage types a workload's study allowed (tune --precision; fp32 is what "
+                        "--model selects unless this is given)")
     add_db_arg(p)
 
 
 def filters(args: argparse.Namespace) -> dict[str, Any]:
     """The workload filters given on the command line, as :meth:`TrialDatabase.history` takes them."""
     f = {}
-    for key in ("model", "dataset", "backend", "heads", "mode"):
+    for key in ("model", "dataset", "backend", "heads", "mode", "precision"):
         if getattr(args, key, None) is not None:
             f[key] = getattr(args, key)
     if getattr(args, "hidden", None) is not None:
@@ -48,6 +51,8 @@ def filters(args: argparse.Namespace) -> dict[str, Any]:
         f["options"] = model_options(args)
     if f.get("backend") == "auto":
         f.pop("backend")
+    if "options" in f and "precision" not in f:  # like options: a model's float32 workloads unless --precision says
+        f["precision"] = "fp32"
     batches = getattr(args, "batches", None)
     if batches is None and "options" in f:  # like options: a model's whole-graph workloads unless --batches says
         f["batches"] = ""
@@ -79,6 +84,7 @@ def emit(records: list, args: argparse.Namespace) -> None:
             role = "search" if r.confirmation_id is None else f"confirm {r.confirmation_id}"
             model = f"{r.model}({r.options})" if r.options else r.model
             dataset = f"{r.dataset} [{r.batches}]" if r.batches else r.dataset
+            dataset += f" [{r.precision}]" if r.precision != "fp32" else ""
             number = "-" if r.optuna_trial is None else str(r.optuna_trial)
             print(f"{number:>5} #{r.id:<6} {model:<5} {dataset:<12} {r.backend:<9} {role:<10} {r.status:<13} {t:>12}{err}")
 

@@ -58,6 +58,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="print the summary as one JSON object on stdout (the readable summary goes to stderr)")
     add_db_arg(p)
     p.add_argument("--sampler", default="tpe", help="tpe (default), random, gp, cmaes")
+    p.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16", "any"),
+                   help="storage of the per-edge intermediates (sums stay float32): fp32 (default), bf16 or fp16 "
+                        "(16-bit storage; on a CPU with AVX-512 BF16 the GEMMs touching bf16 rows multiply in "
+                        "bfloat16), any (searched); the study records it, load_tuned(precision=...) finds it")
     p.add_argument("--seed", type=int, default=None, help="seed of the sampler and of the test inputs")
     p.add_argument("--trial-timeout", type=positive_seconds, default=None, metavar="SECONDS",
                    help="a trial taking longer is killed and recorded as timeout (default: adaptive, 5 x the slowest "
@@ -164,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
     db = open_db(args.db)
     in_dim, out_dim = layer_sizes(args)
     workload = Workload(args.model, args.dataset, in_dim, out_dim, args.heads, backend,
-                        args.data_dir, args.mode, model_options(args), batches=batches)
+                        args.data_dir, args.mode, model_options(args), batches=batches, precision=args.precision)
     named = f"{workload.model}({workload.options})" if workload.options else workload.model
     on = f"batches of {batches} (seeds of type {batches.seed_type(graph)!r}) from {graph.name}" \
         if batches is not None else graph.name

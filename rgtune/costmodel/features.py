@@ -151,8 +151,9 @@ class WorkloadContext:
             from rgtune.search_spaces import SearchSpace
 
             spec = recorded_model(self.model, origin="the trial database", trust_code=self.trust_code)
+            # a history's schedules may store intermediates in 16 bits: every storage type the target has
             self._space = SearchSpace(spec.build(self.in_dim, self.out_dim, self.heads, self.options),
-                                      self.graph, self.target, mode=self.mode)
+                                      self.graph, self.target, mode=self.mode, precision="any")
         return self._space
 
     def _compiled(self, config: Mapping[str, Any], kernels: "KernelProgram | None") -> "KernelProgram | None":

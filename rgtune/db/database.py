@@ -217,7 +217,7 @@ class TrialDatabase:
     Example:
         >>> with TrialDatabase("sqlite://") as db:
         ...     db.schema_version, db.count_trials()
-        ('0007', 0)
+        ('0008', 0)
         >>> TrialDatabase("postgres://")
         Traceback (most recent call last):
         ...
@@ -478,6 +478,7 @@ class TrialDatabase:
         mode: str = "inference",
         options: str = "",
         batches: str = "",
+        precision: str = "fp32",
     ) -> WorkloadRecord:
         """The workload (one model with its options at given sizes on one graph, device, backend, mode,
         timed on the whole graph or on one sampler's batches); get or create.
@@ -485,8 +486,9 @@ class TrialDatabase:
         ``backend`` defaults to the device's; ``options`` is the model's options as canonical text
         (``ModelSpec.key``; ``""``: none); ``batches`` is the sampler's canonical text
         (``"neighbor:fanout=15x10,batch_size=1024"``; ``""``: the whole graph), since the best
-        schedule for sampled subgraphs need not be the whole graph's. The record's ``study_name``
-        names its Optuna study.
+        schedule for sampled subgraphs need not be the whole graph's; ``precision`` the storage types its
+        schedules may use (``fp32``, ``bf16``, ``fp16``, ``any``: ``tune --precision``). The record's
+        ``study_name`` names its Optuna study.
         """
         model = model_key(checked_name(model, "model", limit=255))
         mode = checked_name(mode, "mode")
@@ -509,10 +511,15 @@ class TrialDatabase:
                              f"got {options!r}")
         if not isinstance(batches, str) or len(batches) > 255:
             raise ValueError(f"batches must be the canonical text of a sampler (at most 255 characters), got {batches!r}")
+        from rgtune.ir.passes.precision import POLICIES  # here: the database's other users need no torch
+
+        if precision not in POLICIES:
+            raise ValueError(f"unknown precision {precision!r}; choose one of {list(POLICIES)}")
         key = {"model": model, **dims, "graph_id": graph_id, "device_id": device_id, "backend": backend, "mode": mode,
-               "options": options, "batches": batches}
-        # no options or batches: the name it had before they existed (Optuna studies are found by name)
-        named = {k: v for k, v in key.items() if k not in ("options", "batches") or v}
+               "options": options, "batches": batches, "precision": precision}
+        # no options or batches, float32: the name it had before they existed (Optuna studies are found by name)
+        named = {k: v for k, v in key.items()
+                 if k not in ("options", "batches", "precision") or (v and v != "fp32")}
         digest = sha256_hex(canonical_json({**named, "graph_id": g.content_hash, "device_id": d.fingerprint}))
         study = f"rgtune:{model[-64:]}:{g.name[:64]}:{backend}:{mode}:{digest[:12]}"  # fits study_name's 255
         wid = self._get_or_create(Workload, key, lambda: {"study_name": study, "created_at": _utcnow()})
@@ -954,6 +961,7 @@ class TrialDatabase:
                 mode=w.mode,
                 options=w.options,
                 batches=w.batches,
+                precision=w.precision,
                 in_dim=w.in_dim,
                 out_dim=w.out_dim,
                 heads=w.heads,

@@ -164,6 +164,7 @@ class WorkloadRecord(_Exportable):
     created_at: datetime
     options: str = ""  # the model's options, canonical text ("" for none)
     batches: str = ""  # the sampler the workload's trials were timed on, canonical text ("": the whole graph)
+    precision: str = "fp32"  # the storage types its schedules may use (tune --precision)
     num_trials: int = 0
     num_ok: int = 0
     best_ms: float | None = None  # the fastest single ok measurement (best() may confirm another)
@@ -203,6 +204,7 @@ class TrialRecord(_Exportable):
     heartbeat_at: datetime | None
     options: str = ""  # the workload's model options, canonical text
     batches: str = ""  # the sampler the workload's trials were timed on, canonical text ("": the whole graph)
+    precision: str = "fp32"  # the storage types the workload's schedules may use (tune --precision)
     confirmation_id: int | None = None  # a round of this confirmation (None: a trial of the search)
     #: fresh inputs its schedule passed re-verification on (set by ``TrialDatabase.best``; None elsewhere)
     verified_inputs: int | None = None

@@ -23,7 +23,7 @@ __all__ = ["SCHEMA_VERSION", "VERSION_TABLE", "TABLE_PREFIX", "Base", "Device", 
            "Confirmation", "Verification", "Trial"]
 
 #: the Alembic revision these classes describe; a test checks it is the migrations' head
-SCHEMA_VERSION = "0007"
+SCHEMA_VERSION = "0008"
 VERSION_TABLE = "rg_alembic_version"
 TABLE_PREFIX = "rg_"
 
@@ -80,7 +80,7 @@ class Workload(Base):
     __tablename__ = "rg_workloads"
     __table_args__ = (
         UniqueConstraint("model", "in_dim", "out_dim", "heads", "graph_id", "device_id", "backend", "mode", "options",
-                         "batches", name="uq_rg_workloads_key"),
+                         "batches", "precision", name="uq_rg_workloads_key"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -100,6 +100,10 @@ class Workload(Base):
     #: the sampler the workload's trials were timed on, canonical text ("neighbor:fanout=15x10,batch_size=1024");
     #: "" for the whole graph
     batches: Mapped[str] = mapped_column(String(255), default="", server_default="")
+    # --- added by revision 0008
+    #: the storage types the trials' schedules may keep intermediates in (``tune --precision``: fp32, bf16,
+    #: fp16, any; :data:`rgtune.ir.passes.precision.POLICIES`); "fp32" for rows from before
+    precision: Mapped[str] = mapped_column(String(16), default="fp32", server_default="fp32")
 
     graph: Mapped[Graph] = relationship(lazy="joined")
     device: Mapped[Device] = relationship(lazy="joined")

@@ -90,7 +90,7 @@ def is_dataset_name(name: str) -> bool:
 
 
 def tune_call(model: str, in_dim: int, out_dim: int, heads: int, backend: str, db: str | None,
-              mode: str = "inference", options: str = "", batches: str = "") -> str:
+              mode: str = "inference", options: str = "", batches: str = "", precision: str = "fp32") -> str:
     """The Python call that tunes a graph that is not a dataset (``graph``: the caller's own object).
 
     Example:
@@ -101,12 +101,13 @@ def tune_call(model: str, in_dim: int, out_dim: int, heads: int, backend: str, d
     args += [f"hidden={in_dim}"] if in_dim == out_dim else [f"in_dim={in_dim}", f"out_dim={out_dim}"]
     args += [f"heads={heads}"] * (heads != 1) + [f"backend={backend!r}"] + [f"mode={mode!r}"] * (mode != "inference")
     args += [f"options={options!r}"] * bool(options) + [f"batches={batches!r}"] * bool(batches)
-    args += [f"db={db!r}"] * bool(db)
+    args += [f"precision={precision!r}"] * (precision != "fp32") + [f"db={db!r}"] * bool(db)
     return f"rgtune.tune({', '.join(args)})"
 
 
 def tune_command(model: str, dataset: str, in_dim: int, out_dim: int, heads: int, backend: str,
-                 db: str | None, mode: str = "inference", options: str = "", batches: str = "") -> str:
+                 db: str | None, mode: str = "inference", options: str = "", batches: str = "",
+                 precision: str = "fp32") -> str:
     """The command that records a schedule for this workload (``options``: the model's, canonical text;
     ``batches``: the sampler's, ``""`` for the whole graph).
 
@@ -123,7 +124,8 @@ def tune_command(model: str, dataset: str, in_dim: int, out_dim: int, heads: int
     if heads != 1:
         parts += ["--heads", str(heads)]
     parts += ["--backend", backend] + (["--mode", mode] if mode != "inference" else [])
-    parts += (["--batches", batches] if batches else []) + (["--db", db] if db else [])
+    parts += (["--batches", batches] if batches else []) + (["--precision", precision] if precision != "fp32" else [])
+    parts += ["--db", db] if db else []
     return shlex.join(parts)
 
 
@@ -169,7 +171,7 @@ class Found:
     def provenance(self, db: "TrialDatabase") -> dict[str, Any]:
         t, w = self.trial, self.workload
         return {"source": "database", "db": db.name, "trial_id": t.id, "mode": w.mode, "options": w.options,
-                "batches": w.batches,
+                "batches": w.batches, "precision": w.precision,
                 "median_ms": t.median_ms,
                 "device": t.device, "device_fingerprint": w.device_fingerprint, "backend": t.backend,
                 "dataset": w.dataset, "graph_hash": w.graph_hash, "rgtune_version": t.rgtune_version,
@@ -178,13 +180,15 @@ class Found:
 
 
 def find_best(db: "TrialDatabase", model: str, graph: HeteroGraph, in_dim: int, out_dim: int, heads: int,
-              backend: Backend, mode: str = "inference", options: str = "", batches: str = "") -> Found | None:
+              backend: Backend, mode: str = "inference", options: str = "", batches: str = "",
+              precision: str = "fp32") -> Found | None:
     """The best ``ok`` trial of this workload (``mode``: ``"inference"`` or ``"training"``; ``options``:
-    the model's, canonical text; ``batches``: the sampler it was timed on, ``""``: the whole graph): this
+    the model's, canonical text; ``batches``: the sampler it was timed on, ``""``: the whole graph;
+    ``precision``: the storage types its study allowed, ``tune --precision``): this
     graph (by content hash) on this device first; else this graph on another device; else a graph of the
     same name (other content)."""
     sizes = {"model": model, "in_dim": in_dim, "out_dim": out_dim, "heads": heads, "backend": backend.name,
-             "mode": mode, "options": options, "batches": batches}
+             "mode": mode, "options": options, "batches": batches, "precision": precision}
     mine = fingerprint(backend)
     for same_graph, key in ((True, {"graph_hash": graph.content_hash}), (False, {"dataset": graph.name})):
         candidates = [w for w in db.workloads(**sizes, **key) if w.num_ok and w.best_ms is not None]  # type: ignore[arg-type]

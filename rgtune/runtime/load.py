@@ -24,6 +24,7 @@ from rgtune.codegen.base import Backend
 from rgtune.data import HeteroGraph
 from rgtune.data.sampler_spec import SamplerSpec
 from rgtune.ir.passes import KnobError
+from rgtune.ir.passes.precision import POLICIES
 from rgtune.ir.program import IRError
 from rgtune.runtime._lookup import (Found, check_model, find_best, is_dataset_name, open_db, resolve_backend, resolve_graph,
                                     shown_db, tune_call, tune_command, warn)
@@ -50,6 +51,7 @@ def load_tuned(
     mode: str = "inference",
     data_dir: str | Path | None = None,
     batches: "str | SamplerSpec | None" = None,
+    precision: str = "fp32",
 ) -> Layer:
     """A :class:`~rgtune.runtime.module.Layer` running the best recorded schedule.
 
@@ -80,13 +82,17 @@ def load_tuned(
             :class:`~rgtune.data.sampler_spec.SamplerSpec`): the schedule tuned for its batches (``tune
             --batches``); without one, the best whole-graph schedule, with a warning. ``None``: the
             schedule tuned on the whole graph.
+        precision: the storage types the schedule may keep per-edge intermediates in, as ``tune
+            --precision`` recorded them (``"fp32"``; ``"bf16"``, ``"fp16"``, ``"any"``: 16-bit storage, sums in
+            float32; :mod:`rgtune.ir.passes.precision`); without such a study, the best float32 schedule, with
+            a warning.
 
     Returns:
         A module with the model's parameters (those of its torch layer and of PyG's), ``state_dict`` and call; its
         ``provenance`` says where the schedule came from.
     """
     sel = select_schedule(model, graph, in_dim, out_dim, heads, db, backend, mode=mode, data_dir=data_dir,
-                          options=options, batches=batches)
+                          options=options, batches=batches, precision=precision)
     for message in sel.warnings:
         warn(message)
     return sel.build()
@@ -135,7 +141,7 @@ class Selection:
 def select_schedule(model: str, graph: HeteroGraph | str, in_dim: int, out_dim: int, heads: int,
                     db: "str | TrialDatabase | None", backend: str | Backend, *, mode: str = "inference",
                     data_dir: str | Path | None = None, options: Mapping[str, Any] | str | None = None,
-                    batches: "str | SamplerSpec | None" = None) -> Selection:
+                    batches: "str | SamplerSpec | None" = None, precision: str = "fp32") -> Selection:
     """Look the workload up (see :func:`load_tuned`) without building anything or warning."""
     try:
         model, opts = check_model(model, options)
@@ -143,23 +149,39 @@ def select_schedule(model: str, graph: HeteroGraph | str, in_dim: int, out_dim: 
         raise ValueError(str(e)) from None
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {list(MODES)}")
+    if precision not in POLICIES:
+        raise ValueError(f"unknown precision {precision!r}; choose one of {list(POLICIES)}")
     sampler = "" if batches is None else SamplerSpec.parse(batches).key  # a bad spec: a ValueError naming it
     g = resolve_graph(graph, data_dir)
     be = resolve_backend(backend)
     database = open_db(db)
     db_text = shown_db(db)
     if is_dataset_name(g.name):
-        hint = f"run `{tune_command(model, g.name, in_dim, out_dim, heads, be.name, db_text, mode, opts, sampler)}`"
+        command = tune_command(model, g.name, in_dim, out_dim, heads, be.name, db_text, mode, opts, sampler, precision)
+        hint = f"run `{command}`"
     else:  # the user's own graph: tuned from Python, where the graph is (or saved, with tune --graph)
-        hint = (f"run `{tune_call(model, in_dim, out_dim, heads, be.name, db_text, mode, opts, sampler)}` with this "
+        hint = (f"run `{tune_call(model, in_dim, out_dim, heads, be.name, db_text, mode, opts, sampler, precision)}` "
+                f"with this "
                 f"graph ({g.name!r} is not a dataset; or save it with rgtune.data.save_graph_file and run tune --graph)")
     kind = "" if mode == "inference" else "training "
     named = f"{model}({opts})" if opts else model
     on = f"batches of {sampler} from {g.name!r}" if sampler else repr(g.name)
-    where = f"{named} on {on} (in_dim={in_dim}, out_dim={out_dim}, heads={heads}, backend={be.name})"
-    find = (lambda m, b=sampler: find_best(database, model, g, in_dim, out_dim, heads, be, m, opts, b)) \
+    where = (f"{named} on {on} (in_dim={in_dim}, out_dim={out_dim}, heads={heads}, backend={be.name}"
+             f"{'' if precision == 'fp32' else ', precision=' + precision})")
+    find = (lambda m, b=sampler, p=precision: find_best(database, model, g, in_dim, out_dim, heads, be, m, opts, b, p)) \
         if database is not None else None
     found = find(mode) if find is not None else None
+    if found is None and precision != "fp32" and find is not None:
+        found = find(mode, sampler, "fp32")
+        if found is not None:  # a float32 schedule runs wherever a 16-bit one would
+            assert database is not None
+            sel = Selection(model, g, (in_dim, out_dim, heads), be, None, {"source": "default"}, [], None, hint, where,
+                            mode, opts, sampler)
+            return _adopt(sel, found, database, g, (
+                f"no {precision} {'' if mode == 'inference' else 'training '}schedule tuned for {where} in "
+                f"{database.name}. To record one, {hint}",
+                f"no schedule tuned with precision {precision} for {where}; using the best float32 one "
+                f"(trial {found.trial.id}). To record one, {hint}"))
     sel = Selection(model, g, (in_dim, out_dim, heads), be, None, {"source": "default"}, [], None, hint, where, mode,
                     opts, sampler)
     if found is None and sampler and find is not None:

@@ -96,7 +96,7 @@ class SearchSpace:
         self.program = program
         self.graph = graph
         self.target = target
-        self.ir_knobs: list[Knob] = [self._storage_knob(k) if k.name == EDGE_STORAGE.name else k
+        self.ir_knobs: list[Knob] = [self._policy_storage_knob(k) if k.name == EDGE_STORAGE.name else k
                                      for k in discover_knobs(program, graph)]
         self.ir_knobs += training_knobs(program) if mode == "training" else []
         self.constraints = discover_constraints(program, graph)
@@ -105,7 +105,7 @@ class SearchSpace:
                                             if mode == "training" or name.split(".")[0] not in TRAINING_TEMPLATES]
         self._inference: SearchSpace | None = None  # a training space's inference twin (its programs' checks)
 
-    def _storage_knob(self, knob: Knob) -> Knob:
+    def _policy_storage_knob(self, knob: Knob) -> Knob:
         """``precision.edges`` with the storage types that both the precision policy and the target allow."""
         allowed = tuple(t for t in knob.choices if t in POLICIES[self.precision] and t in self.schedule.storage)
         if not allowed:

@@ -40,7 +40,7 @@ def tune(model: str, dataset: Any, *, options: Mapping[str, Any] | None = None, 
          trials: int | None = 50, db: str = DEFAULT_URL, backend: str = "auto", data_dir: str | None = None,
          seed: int | None = None, mode: str = "inference", cost_model: bool | None = None, progress: bool = True,
          batches: str | None = None, in_dim: int | None = None, out_dim: int | None = None,
-         **tune_options: Any) -> TuneSummary:
+         precision: str = "fp32", **tune_options: Any) -> TuneSummary:
     """Tune ``model`` on ``dataset`` as ``tune --model ... --dataset ...`` does, and return the summary.
 
     ``model``: a registered model (:func:`rgtune.register_model`) or ``"package.module:builder"``;
@@ -52,7 +52,9 @@ def tune(model: str, dataset: Any, *, options: Mapping[str, Any] | None = None, 
     ``backend="auto"`` is cuda where a GPU is usable, else cpu. ``mode="training"`` tunes one training step
     (forward, then the gradients of the input and every param) instead of the forward. ``batches``: a sampler
     (``"neighbor:fanout=15x10,batch_size=1024"``, :class:`~rgtune.data.sampler_spec.SamplerSpec`): each trial
-    is timed on its fixed batches instead of the whole graph (:mod:`.batches`). ``cost_model``: the learned
+    is timed on its fixed batches instead of the whole graph (:mod:`.batches`). ``precision``: the storage
+    types the schedules may keep per-edge intermediates in (``fp32``, ``bf16``, ``fp16``, ``any``: searched;
+    :mod:`rgtune.ir.passes.precision`), part of the workload's identity. ``cost_model``: the learned
     cost model steers the search with its default policy (it stays idle until the device's history is large
     enough); default on, except for a sampler workload, which it cannot rank (its features describe the
     whole graph). ``tune_options`` are further :class:`TuneOptions` fields (``time_budget``, ``confirm_top``,
@@ -76,7 +78,7 @@ def tune(model: str, dataset: Any, *, options: Mapping[str, Any] | None = None, 
         graph = as_hetero_graph(dataset)
         dataset = store_graph(graph)
     workload = Workload(model, dataset, in_dim or hidden, out_dim or hidden, heads, name, data_dir, mode, options or {},
-                        batches=batches)
+                        batches=batches, precision=precision)
     from rgtune.db import TrialDatabase
 
     with TrialDatabase(db) as database:

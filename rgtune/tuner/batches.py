@@ -130,7 +130,7 @@ class SampledBatches:
     """
 
     def __init__(self, spec: SamplerSpec, graph: HeteroGraph, program: Any, backend: Backend, mode: str,
-                 device: str = "cpu", base_tolerance: float = 1e-4) -> None:
+                 device: str = "cpu", base_tolerance: float = 1e-4, precision: str = "fp32") -> None:
         self.spec, self.graph, self.backend, self.mode = spec, graph, backend, mode
         self.training = mode == "training"
         minibatches = spec.sample(graph)
@@ -146,7 +146,8 @@ class SampledBatches:
         self.largest = max((b for _, b in self.blocks), key=lambda b: (b.num_edges(), b.num_nodes()))
         variants = (True, False) if self.training else (True,)
         target = backend.target
-        self._spaces = {g: SearchSpace(program, graph, target, mode, destinations=True, input_grad=g) for g in variants}
+        self._spaces = {g: SearchSpace(program, graph, target, mode, destinations=True, input_grad=g, precision=precision)
+                        for g in variants}
         self.verifier = Verifier(program, self.checked, training=self.training, base_tolerance=base_tolerance,
                                  mode="full")
         gen = torch.Generator().manual_seed(spec.seed * 7919 + 3)

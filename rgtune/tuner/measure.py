@@ -169,7 +169,8 @@ class _Session:
         self.graph = load_dataset(workload.dataset, root=workload.data_dir)
         self.backend = create(workload.backend)
         self.program = workload.program()
-        self.space = SearchSpace(self.program, self.graph, self.backend.target, mode=workload.mode)
+        self.space = SearchSpace(self.program, self.graph, self.backend.target, mode=workload.mode,
+                                 precision=workload.precision)
         self.training = workload.mode == "training"
         if (self.training or workload.batches is not None) and options.timing == "paired":
             raise ValueError("paired timing alternates with the default schedule's forward on the whole graph; a "
@@ -178,7 +179,7 @@ class _Session:
         #: a sampler workload: its fixed batches, and how a trial builds, verifies and times on them
         self.batches = None if workload.batches is None else \
             SampledBatches(workload.batches, self.graph, self.program, self.backend, workload.mode, self.device,
-                           options.tolerance)
+                           options.tolerance, workload.precision)
         # the oracle: the unoptimized program, op by op in torch (float64; float32 for its own rounding), on
         # sampled rows of a big graph (a sampler workload: every row of one of its blocks)
         self.verifier = self.batches.verifier if self.batches is not None else \

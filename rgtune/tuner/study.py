@@ -294,10 +294,11 @@ class Tuner:
         # while a trial runs, its row in the database shows that this process is alive
         self.worker = MeasureWorker(w, self.options.measure, on_wait=self.db.heartbeat_worker)
         device = self.worker.start()
-        self.space = SearchSpace(program, self.graph, backend_target(w.backend, trust_code=True), mode=w.mode)
+        self.space = SearchSpace(program, self.graph, backend_target(w.backend, trust_code=True), mode=w.mode,
+                                 precision=w.precision)
         self.record = self.db.ensure_workload(w.model, self.graph, device, in_dim=w.in_dim, out_dim=w.out_dim,
                                               heads=w.heads, backend=w.backend, mode=w.mode, options=w.options,
-                                              batches=w.batches_key)
+                                              batches=w.batches_key, precision=w.precision)
         self.db.mark_stale_running(self.record)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         storage = self.db.optuna_storage()

@@ -49,6 +49,9 @@ class Workload:
     model_source: str | None = None
     #: the sampler whose batches the trials are timed on (:mod:`.batches`); None: the whole graph
     batches: Any = None
+    #: the storage types the schedules may keep intermediates in (``fp32``, ``bf16``, ``fp16``, ``any``:
+    #: :data:`rgtune.ir.passes.precision.POLICIES`)
+    precision: str = "fp32"
 
     def __post_init__(self) -> None:
         from rgtune.data.sampler_spec import SamplerSpec
@@ -58,6 +61,10 @@ class Workload:
         object.__setattr__(self, "options", spec.key(self.options))
         if self.model_source is None:
             object.__setattr__(self, "model_source", spec.source)
+        from rgtune.ir.passes.precision import POLICIES
+
+        if self.precision not in POLICIES:
+            raise ValueError(f"unknown precision {self.precision!r}; choose one of {list(POLICIES)}")
         if self.batches is not None and self.batches != "":
             object.__setattr__(self, "batches", SamplerSpec.parse(self.batches))
         else:
