@@ -1,7 +1,8 @@
-"""A training step with the per-edge intermediates in float32, bfloat16 and float16 (BENCHMARKS.md, "Mixed precision").
+"""A training step with the intermediates in float32, bfloat16 and float16 (BENCHMARKS.md, "Mixed precision").
 
 Per model and dataset, one schedule (the default, or --config's knobs on top of it) is run as a layer in
-training mode with ``precision.edges`` set to each storage type, everything else equal: the step a user
+training mode with ``precision.edges`` and ``precision.nodes`` (--classes) set to each storage type,
+everything else equal: the step a user
 calls, ``y = layer(x)`` then ``(y * g).sum().backward()`` (the optimizer apart), median of --repeats after
 --warmup, each type in a process of its own so that its peak memory is its own: the resident-set growth
 over the process's state once the graph, the input and the layer exist (the saved buffers, the workspace,
@@ -40,7 +41,7 @@ def _one(args: Any, model: str, dataset: str, storage: str, out: Path) -> None:
         torch.set_num_threads(args.threads)
     graph = load_dataset(dataset, root=args.data_dir)
     heads = 1 if model == "rgcn" else args.heads
-    config = {**json.loads(args.config or "{}"), "precision.edges": storage}
+    config = {**json.loads(args.config or "{}"), **{f"precision.{c}": storage for c in split_names(args.classes)}}
     torch.manual_seed(0)
     layer = Layer(model, graph, args.hidden, args.hidden, heads, backend="cpu", mode="training", config=config)
     gen = torch.Generator().manual_seed(1)
@@ -74,6 +75,8 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps first (default 1)")
     ap.add_argument("--types", default=",".join(TYPES), help="storage types (default all three)")
     ap.add_argument("--config", default=None, help="knobs as JSON on top of the default schedule")
+    ap.add_argument("--classes", default="edges,nodes",
+                    help="the buffer classes stored in the type: precision.edges, precision.nodes (default both)")
     ap.add_argument("--json", type=Path, default=None, help="append one JSON row per model and dataset")
     ap.add_argument("--one", nargs=4, metavar=("MODEL", "DATASET", "TYPE", "OUT"), help=argparse_hidden())
     args = ap.parse_args()
@@ -86,14 +89,15 @@ def main() -> int:
     for dataset in split_names(args.datasets):
         for model in split_names(args.models):
             row: dict[str, Any] = {"model": model, "dataset": dataset, "hidden": args.hidden, "threads": args.threads,
-                                   "config": args.config, "date": time.strftime("%Y-%m-%d"), "types": {}}
+                                   "config": args.config, "classes": args.classes, "date": time.strftime("%Y-%m-%d"),
+                                   "types": {}}
             results = {}
             for storage in split_names(args.types):
                 out = Path(f"/tmp/rgtune_precision_{model}_{storage}.pt")
                 cmd = [sys.executable, __file__, "--one", model, dataset, storage, str(out), "--hidden",
                        str(args.hidden), "--heads", str(args.heads), "--repeats", str(args.repeats), "--warmup",
                        str(args.warmup), *(["--threads", str(args.threads)] if args.threads else []),
-                       *(["--config", args.config] if args.config else []),
+                       *(["--config", args.config] if args.config else []), "--classes", args.classes,
                        *(["--data-dir", args.data_dir] if args.data_dir else [])]
                 r = subprocess.run(cmd, capture_output=True, text=True)
                 if r.returncode:

@@ -1,4 +1,4 @@
-"""16-bit storage of the per-edge intermediates (``precision.edges``) on the CPU backend, against float64.
+"""16-bit storage of the intermediates (``precision.edges``, ``precision.nodes``) on the CPU backend, against float64.
 
 The oracle is the verifier the tuner uses (:class:`rgtune.tuner.verification.Verifier`: the float64
 interpreter, its gradients by autograd) with the documented tolerance of a 16-bit program: 2 x the error
@@ -182,13 +182,16 @@ def test_the_policy_and_the_target_decide_the_storage_choices(graphs: list[Heter
                for p in SearchSpace(_program("rgat"), g, "cuda").schedule.check(kp, {}))
 
 
-def test_16_bit_storage_halves_the_edge_buffers_and_leaves_float32_sources_alone(graphs: list[HeteroGraph]) -> None:
+def test_16_bit_storage_halves_the_intermediates_and_leaves_float32_sources_alone(graphs: list[HeteroGraph]) -> None:
     g = graphs[2]
     kps = {p: SearchSpace(_program("hgt"), g, "cpu", mode="training", precision=p).compile({}).kernels
            for p in ("fp32", "bf16")}
-    low = kps["bf16"].storage
-    assert low and all(kps["bf16"].buffers[n].domain != "node" for n in low)
-    assert footprint_bytes(kps["bf16"], g) < 0.8 * footprint_bytes(kps["fp32"], g)
+    kp = kps["bf16"]
+    low = kp.storage
+    assert {kp.buffers[n].domain for n in low} == {"edge", "node"}  # precision.edges and precision.nodes
+    assert not low.keys() & {kp.input, kp.output, kp.dout, kp.input_grad}  # the caller's stay float32
+    assert all(kp.buffers[n].dim > 1 for n in low)  # logits and softmax values stay float32
+    assert footprint_bytes(kp, g) < 0.7 * footprint_bytes(kps["fp32"], g)
     sources = {p: "\n".join(s.text for s in generate(kp, {}).kernels) for p, kp in kps.items()}
     assert "rg_bf16" not in sources["fp32"] and "rg_to_bf16(" in sources["bf16"] and "rg_from_bf16(" in sources["bf16"]
     # the sum of a 16-bit message is a float32 buffer, zeroed and accumulated

@@ -48,10 +48,10 @@ class LoweringError(IRError):
 def lower(program: Program, plan: LoweringPlan | None = None) -> KernelProgram:
     """Lower a program (after the passes) to kernels as ``plan`` says (the passes' decisions: the
     layout, fusion; default: every knob at its default), then fold a final sum into an accumulating
-    GEMM where it can (:mod:`rgtune.ir.addend`), and store the buffers ``plan.edge_storage`` chooses in its
-    type (:mod:`rgtune.ir.passes.precision`)."""
+    GEMM where it can (:mod:`rgtune.ir.addend`), and store the buffers ``plan.edge_storage`` and
+    ``plan.node_storage`` choose in their types (:mod:`rgtune.ir.passes.precision`)."""
     plan = plan or LoweringPlan()
-    return store_in(accumulate_into_addends(_Lowering(program, plan).run()), plan.edge_storage)
+    return store_in(accumulate_into_addends(_Lowering(program, plan).run()), plan.edge_storage, plan.node_storage)
 
 
 def shared_reductions(program: Program, materialized: set[str]) -> set[str]:

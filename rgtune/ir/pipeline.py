@@ -5,7 +5,7 @@ Example:
     >>> prog = build_model("rgcn", 8, 8)
     >>> sorted(k.name for k in discover_knobs(prog))  # doctest: +NORMALIZE_WHITESPACE
     ['compact.pair_index', 'compact.src', 'layout.edges', 'layout.index_bits', 'precision.edges',
-     'reorder.aggregate_first']
+     'precision.nodes', 'reorder.aggregate_first']
     >>> kp = compile_program(prog, {"reorder.aggregate_first": "on"}).kernels
     >>> print(kp.describe().splitlines()[0])
     kernels rgcn: layout=csr_dst index_bits=32 pair_index=direct

@@ -25,7 +25,7 @@ from rgtune.ir.passes.base import Knob, registered_passes
 from rgtune.ir.passes.compact import PAIR_INDEX
 from rgtune.ir.passes.fusion import EPILOGUE, SOFTMAX
 from rgtune.ir.passes.layout import EDGE_ORDER, INDEX_BITS
-from rgtune.ir.passes.precision import EDGE_STORAGE
+from rgtune.ir.passes.precision import EDGE_STORAGE, NODE_STORAGE
 
 __all__ = ["LoweringPlan", "plan_lowering"]
 
@@ -46,6 +46,7 @@ class LoweringPlan:
     epilogue: str = _knob(EPILOGUE)  #: inner products in their GEMM's epilogue
     reuse: str = _knob(REUSE)  #: a backward's shared reductions: inlined in each reader, or stored once
     edge_storage: str = _knob(EDGE_STORAGE)  #: storage type of the per-edge and per-pair intermediates
+    node_storage: str = _knob(NODE_STORAGE)  #: storage type of the per-node intermediates
     #: not a knob but the workload's shape: the program runs on mini-batches (:class:`~rgtune.data.batch.Batch`),
     #: where only the first ``num_dst_nodes`` nodes' outputs are wanted, and the node values only they need
     #: are computed for those rows alone (:data:`~rgtune.ir.kernels.DST_NODE`). Such a program is right on

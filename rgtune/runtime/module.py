@@ -40,11 +40,15 @@ kernels for the copy (compiled code itself is not copied; the compile cache make
 
 Dtypes: the generated kernels (``cpu``, ``cuda``) compute in float32, so a layer on those
 backends creates its parameters in float32 even under ``torch.set_default_dtype(torch.float64)``,
-and its output is float32; a ``dtype`` they do not compute in is refused when the layer is made.
-Parameters or an input of another dtype are an error naming the tensor and its dtype, before any
-kernel runs; nothing is cast behind the caller's back, except under ``torch.autocast``: there a
-float16 or bfloat16 input (what autocast's earlier ops return) is cast to float32, as autocast
-casts the inputs of the ops it runs in float32, and the layer computes and returns float32. The
+and its output is float32. A layer made or converted (``layer.to(torch.bfloat16)``) in bfloat16 or
+float16 takes and returns that dtype: its kernels read float32 copies of its parameters and input
+(casts autograd records: the gradients arrive in the layer's dtype); which intermediates are stored in
+16 bits is its schedule's ``precision.*`` knobs (``load_tuned(..., precision="bf16")``). Any other
+``dtype`` is refused when the layer is made. Parameters or an input of another dtype than the layer's
+are an error naming the tensor and its dtype, before any kernel runs; nothing is cast behind the
+caller's back, except under ``torch.autocast``: there a float16 or bfloat16 input (what autocast's
+earlier ops return) is cast to the layer's dtype, as autocast casts the inputs of the ops it runs in
+float32, and a float32 layer computes and returns float32. The
 ``reference`` backend computes in the dtype of the layer (any float dtype; float64 for
 :func:`torch.autograd.gradcheck`), and its parameters follow torch's default dtype.
 
@@ -309,6 +313,12 @@ class _KernelFunction(torch.autograd.Function):
 #: the dtypes ``torch.autocast`` computes in: an input in one is cast to the layer's dtype under autocast
 _AUTOCAST_DTYPES = (torch.float16, torch.bfloat16)
 
+
+def _layer_dtypes(backend: Backend) -> tuple[torch.dtype, ...]:
+    """The dtypes a layer on ``backend`` may have: the backend's, and on a float32 backend bfloat16 and float16
+    (parameters and input converted to float32 copies for the kernels, the output converted back)."""
+    return tuple(backend.dtypes) + (_AUTOCAST_DTYPES if torch.float32 in backend.dtypes else ())
+
 #: how a layer's backward runs, by how its backend runs training programs (:attr:`Backend.training`)
 _BACKWARD_KINDS = {"phases": "generated", "step": "recompute", "none": "torch"}
 
@@ -423,9 +433,9 @@ class Layer(GraphLayer):
         be = create(backend) if isinstance(backend, str) else backend
         if dtype is None:
             dtype = _default_param_dtype(be)
-        elif dtype not in be.dtypes:  # refused now, not at the first call
-            raise TypeError(f"{type(self).__name__}: dtype={dtype} is not one the {be.name} backend computes in "
-                            f"({', '.join(map(str, be.dtypes))}); under torch.autocast a float32 layer takes "
+        elif dtype not in _layer_dtypes(be):  # refused now, not at the first call
+            raise TypeError(f"{type(self).__name__}: dtype={dtype} is not one the {be.name} backend runs "
+                            f"({', '.join(map(str, _layer_dtypes(be)))}); under torch.autocast a float32 layer takes "
                             "half-precision inputs")
         counts = {"rel": graph.num_rels, "ntype": graph.num_ntypes, "none": None}
         for pname, p in program.state_params().items():
@@ -603,8 +613,8 @@ class Layer(GraphLayer):
                              f"runs on {want} tensors; move the layer with .to({want!r})")
 
     def _check_param_dtypes(self) -> None:
-        """Every parameter in one dtype, one the backend computes in (else a TypeError naming it)."""
-        name, allowed = type(self).__name__, self._backend.dtypes
+        """Every parameter in one dtype, one the backend runs (else a TypeError naming it)."""
+        name, allowed = type(self).__name__, _layer_dtypes(self._backend)
         first, dtype = next(iter(self.named_parameters()))[0], self._param_dtype()
         for pname, p in self.named_parameters():
             if p.dtype not in allowed:
@@ -616,7 +626,7 @@ class Layer(GraphLayer):
                                 f"parameters share one dtype (convert the layer with .to({dtype}))")
 
     def _check_tensor(self, x: Tensor, rows: int, what: str) -> None:
-        allowed = self._backend.dtypes
+        allowed = _layer_dtypes(self._backend)
         if isinstance(x, Tensor) and x.is_floating_point() and x.dtype not in allowed:
             # the reference layer's advice (convert the layer to the input's dtype) cannot work here
             raise ValueError(f"{type(self).__name__}: {what} has dtype {x.dtype}, expected {self._param_dtype()} "
@@ -674,6 +684,16 @@ class Layer(GraphLayer):
 
     def _run(self, runner: _Runner, x: Tensor) -> Tensor:
         params = [self._parameters[n] for n in self._param_names]
+        half = x.dtype if x.dtype in _AUTOCAST_DTYPES and x.dtype not in self._backend.dtypes else None
+        if half is not None:
+            # a layer in bfloat16 or float16 on a float32 backend: the kernels read float32 copies (casts autograd
+            # records, so the gradients come back in the layer's dtype) and the output is the layer's dtype
+            out = self._run_float32(runner, x.float(), [p.float() for p in params])
+            return out.to(half)
+        return self._run_float32(runner, x, params)
+
+    @staticmethod
+    def _run_float32(runner: _Runner, x: Tensor, params: list[Tensor]) -> Tensor:
         if torch.compiler.is_compiling():  # traced: the kernels as custom ops, one graph with no break
             return ops.forward(runner, x, params)
         if ops.wants_grad(x, params):

@@ -38,7 +38,7 @@ from rgtune.ir.pipeline import (Compiled, apply_passes, check_constraints, disco
 from rgtune.ir.autodiff import adjoint, training_knobs
 from rgtune.ir.kernels import ScatterKernel, WeightGradKernel, template_name
 from rgtune.ir.lowering import lower
-from rgtune.ir.passes.precision import EDGE_STORAGE, POLICIES
+from rgtune.ir.passes.precision import POLICIES, STORAGE_KNOBS
 from rgtune.ir.plan import plan_lowering
 from rgtune.ir.program import IRError, Program
 
@@ -96,7 +96,8 @@ class SearchSpace:
         self.program = program
         self.graph = graph
         self.target = target
-        self.ir_knobs: list[Knob] = [self._policy_storage_knob(k) if k.name == EDGE_STORAGE.name else k
+        storage = {k.name for k in STORAGE_KNOBS}
+        self.ir_knobs: list[Knob] = [self._policy_storage_knob(k) if k.name in storage else k
                                      for k in discover_knobs(program, graph)]
         self.ir_knobs += training_knobs(program) if mode == "training" else []
         self.constraints = discover_constraints(program, graph)
@@ -106,7 +107,7 @@ class SearchSpace:
         self._inference: SearchSpace | None = None  # a training space's inference twin (its programs' checks)
 
     def _policy_storage_knob(self, knob: Knob) -> Knob:
-        """``precision.edges`` with the storage types that both the precision policy and the target allow."""
+        """A ``precision.*`` knob with the storage types that both the precision policy and the target allow."""
         allowed = tuple(t for t in knob.choices if t in POLICIES[self.precision] and t in self.schedule.storage)
         if not allowed:
             raise KnobError(f"precision {self.precision!r} stores intermediates as {' or '.join(POLICIES[self.precision])}"

@@ -1,6 +1,6 @@
-"""Precision: the storage type of the per-edge (and per-pair) intermediates, sums kept in float32.
+"""Precision: the storage type of the per-edge (and per-pair) and per-node intermediates, sums kept in float32.
 
-Knob:
+Knobs:
 
 * ``precision.edges`` (``float32`` | ``bfloat16`` | ``float16``): how the buffers of edge and pair
   rows that a kernel writes row by row are stored. They are what a layer moves most of on a big
@@ -13,8 +13,11 @@ Knob:
   (its other operand and the weight rounded too, as a bfloat16 matmul does; sums in float32):
   the step's per-edge GEMMs are compute-bound, and ``vdpbf16ps`` does twice the float32 FMA's
   products (:func:`rgtune.codegen.cpu.gemm.bf16_dot`).
+* ``precision.nodes`` (the same choices): the same for the per-node intermediates (HGT's keys,
+  queries and values, a GEMM's input computed by an earlier kernel, their gradients), never the
+  layer's input, output or gradients, which are the caller's float32 tensors.
 
-Which buffers qualify (:func:`low_precision_buffers`): written only by row-wise stores (a map,
+Which buffers qualify (:func:`low_precision_buffers`, per domain class): written only by row-wise stores (a map,
 an edge store, a GEMM's output row or epilogue), never accumulated into (an aggregation's
 target, a scatter's, an accumulating GEMM's, a zeroed buffer), not the caller's (input,
 output, gradients in and out), and holding rows of features rather than one scalar per head:
@@ -45,7 +48,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 
-from rgtune.ir.kernels import (EdgeStore, GemmKernel, KernelProgram, MapKernel, TraversalKernel)
+from rgtune.ir.kernels import NODE_ROWS, EdgeStore, GemmKernel, KernelProgram, MapKernel, TraversalKernel
 from rgtune.ir.passes.base import Knob, Pass
 from rgtune.ir.program import NODE, Program
 
@@ -56,6 +59,11 @@ if TYPE_CHECKING:
 STORAGE_TYPES = ("float32", "bfloat16", "float16")
 EDGE_STORAGE = Knob("precision.edges", STORAGE_TYPES, "float32",
                     "storage type of per-edge and per-pair intermediates (sums stay float32)")
+NODE_STORAGE = Knob("precision.nodes", STORAGE_TYPES, "float32",
+                    "storage type of per-node intermediates, not the layer's input, output or gradients "
+                    "(sums stay float32)")
+#: the knobs of this pass: the storage of one class of buffers each
+STORAGE_KNOBS = (EDGE_STORAGE, NODE_STORAGE)
 #: the storage type's unit roundoff (half the distance from 1 to the next number): what one rounding costs
 UNIT_ROUNDOFF = {"float32": 2.0 ** -24, "bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
 #: a policy's name (``tune --precision``, what a layer's dtype asks for) -> the storage types it allows
@@ -78,18 +86,21 @@ class PrecisionPass(Pass):
     name = "precision"
 
     def knobs(self, program: Program, graph: Any) -> list[Knob]:
-        # a program whose every value is per node has nothing the knob would store differently
-        return [EDGE_STORAGE] if any(op.out.domain != NODE for op in program.ops if hasattr(op, "out")) else []
+        # a program whose every value is per node has no per-edge intermediates (its node values have a knob)
+        per_edge = any(op.out.domain != NODE for op in program.ops if hasattr(op, "out"))
+        return [EDGE_STORAGE, NODE_STORAGE] if per_edge else [NODE_STORAGE]
 
     def apply(self, program: Program, config: Mapping[str, Any], graph: Any) -> Program:
         return program  # the program computes the same; lowering stores some buffers differently (plan)
 
     def plan(self, plan: "LoweringPlan", config: Mapping[str, Any]) -> "LoweringPlan":
-        return dataclasses.replace(plan, edge_storage=config.get(EDGE_STORAGE.name, EDGE_STORAGE.default))
+        return dataclasses.replace(plan, edge_storage=config.get(EDGE_STORAGE.name, EDGE_STORAGE.default),
+                                   node_storage=config.get(NODE_STORAGE.name, NODE_STORAGE.default))
 
 
-def low_precision_buffers(kp: KernelProgram) -> list[str]:
-    """The buffers of ``kp`` that ``precision.edges`` stores in its type (see the module docstring)."""
+def low_precision_buffers(kp: KernelProgram, nodes: bool = False) -> list[str]:
+    """The buffers of ``kp`` that ``precision.edges`` (``nodes``: ``precision.nodes``) stores in its type (see
+    the module docstring)."""
     caller = {kp.input, kp.output, kp.dout, kp.input_grad}
     plain: set[str] = set()  # written by a row-wise store somewhere
     other: set[str] = set()  # written any other way (accumulated, normalized in place)
@@ -103,15 +114,19 @@ def low_precision_buffers(kp: KernelProgram) -> list[str]:
         else:
             other |= k.writes()
     return [name for name, b in kp.buffers.items()
-            if b.domain != NODE and b.dim > 1 and name in plain and name not in other and name not in caller
+            if (b.domain in NODE_ROWS) == nodes and b.dim > 1 and name in plain and name not in other and name not in caller
             and name not in kp.zero_init]
 
 
-def store_in(kp: KernelProgram, storage: str) -> KernelProgram:
-    """``kp`` with its :func:`low_precision_buffers` stored as ``storage`` (``kp`` itself for float32)."""
-    if storage == "float32":
+def store_in(kp: KernelProgram, edges: str, nodes: str = "float32") -> KernelProgram:
+    """``kp`` with its :func:`low_precision_buffers` stored as ``edges`` (per edge and pair) and ``nodes`` (per
+    node); ``kp`` itself when both are float32."""
+    chosen = {}
+    for storage, per_node in ((edges, False), (nodes, True)):
+        torch_dtype(storage)  # an unknown name is an error here, not in a code generator
+        if storage != "float32":
+            chosen.update(dict.fromkeys(low_precision_buffers(kp, per_node), storage))
+    if not chosen:
         return kp
-    torch_dtype(storage)  # an unknown name is an error here, not in a code generator
-    chosen = set(low_precision_buffers(kp))
-    buffers = {n: dataclasses.replace(b, dtype=storage) if n in chosen else b for n, b in kp.buffers.items()}
+    buffers = {n: dataclasses.replace(b, dtype=chosen[n]) if n in chosen else b for n, b in kp.buffers.items()}
     return dataclasses.replace(kp, buffers=buffers)
