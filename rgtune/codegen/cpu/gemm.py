@@ -46,7 +46,7 @@ VEC = 8  # floats per vector (256 bit): fine on AVX2 and AVX-512 alike
 
 #: the vector types of the bfloat16 dot products (AVX-512 BF16 ``vdpbf16ps`` on 256-bit vectors: 8 float sums,
 #: each adding the products of a pair of bfloat16 inputs with a pair of bfloat16 weights)
-_BF16_DOT_TYPES = """typedef short rg_vbf __attribute__((vector_size(32), aligned(4), may_alias));  /* 16 bfloat16 */
+BF16_DOT_TYPES = """typedef short rg_vbf __attribute__((vector_size(32), aligned(4), may_alias));  /* 16 bfloat16 */
 typedef uint32_t rg_vu __attribute__((vector_size(32)));"""
 
 
@@ -162,6 +162,17 @@ def micro_kernel(name: str, shape: GemmShape, rows: int, nv: int, ns: int, x_sto
             f"\n{head}\n{{\n{L.text()}\n}}")
 
 
+def accumulate_pairs_tile(L: Lines, b: str, row: str, pairs: list[str], nv: int) -> None:
+    """One rank-2 update of the tile in bfloat16 pairs: load the ``b`` row at ``row`` (``nv`` vectors of 8 column
+    pairs, ``{b}{j}``), then per tile row ``r`` broadcast its input pair ``pairs[r]`` (a 32-bit word) and add its
+    dot products with them (``vdpbf16ps``: float32 sums)."""
+    for j in range(nv):
+        L.line(f"const rg_vbf {b}{j} = *(const rg_vbf*)({row} + {2 * VEC * j});")
+    for r, p in enumerate(pairs):
+        dots = " ".join(f"a{r}_{j} = __builtin_ia32_dpbf16ps_v8sf(a{r}_{j}, xv, {b}{j});" for j in range(nv))
+        L.line(f"{{ const uint32_t p = {p}; const rg_vbf xv = (rg_vbf)(rg_vu){{{', '.join(['p'] * VEC)}}}; {dots} }}")
+
+
 def bf16_micro_kernel(name: str, shape: GemmShape, rows: int, nv: int) -> str:
     """``rows x nv`` vectors of outputs over the full reduction by bfloat16 pair dot products: input rows of
     bfloat16 (a pair of consecutive inputs is one 32-bit word, broadcast), weights packed as ``[k / 2][n][2]``
@@ -172,12 +183,7 @@ def bf16_micro_kernel(name: str, shape: GemmShape, rows: int, nv: int) -> str:
     declare_tile(L, rows, nv, 0)
     with L.block(f"for (int k = 0; k < {shape.k // 2}; ++k)"):
         L.line(f"const rg_bf16* restrict wk = w + (int64_t)k * {2 * shape.n};")
-        for j in range(nv):
-            L.line(f"const rg_vbf w{j} = *(const rg_vbf*)(wk + {2 * VEC * j});")
-        for r in range(rows):
-            dots = " ".join(f"a{r}_{j} = __builtin_ia32_dpbf16ps_v8sf(a{r}_{j}, xv, w{j});" for j in range(nv))
-            L.line(f"{{ const uint32_t p = x{r}[k]; const rg_vbf xv = (rg_vbf)(rg_vu){{{', '.join(['p'] * VEC)}}}; "
-                   f"{dots} }}")
+        accumulate_pairs_tile(L, "w", "wk", [f"x{r}[k]" for r in range(rows)], nv)
     for r in range(rows):
         L.line(" ".join(f"rg_storeu(o[{r}] + ooff + {j * VEC}, a{r}_{j});" for j in range(nv)))
     head = (f"static __attribute__((noinline)) void {name}(const rg_bf16* const* xr, int64_t xoff, "
@@ -204,7 +210,7 @@ def generate_gemm(k: GemmKernel, s: Mapping[str, Any], kp: KernelProgram, acc_re
     # a bfloat16 GEMM reads bfloat16 rows: a float32 input is converted as its tile gathers it
     xs = "bfloat16" if dot else kp.buffers[k.x].dtype
     if dot:
-        f.statics.append(_BF16_DOT_TYPES)
+        f.statics.append(BF16_DOT_TYPES)
     for nv, ns in sorted({(nv, ns) for p in panels for _, nv, ns in p}):
         name = micro_kernel_name(shape, rb, nv, ns, xs) + ("_dot" if dot else "")
         f.statics.append(bf16_micro_kernel(name, shape, rb, nv) if dot else

@@ -46,7 +46,8 @@ import numpy as np
 
 from rgtune.codegen.cfamily import C_TYPES, c_load, c_store
 from rgtune.codegen.cpu.cwriter import CFunction, Lines
-from rgtune.codegen.cpu.gemm import _BF16_DOT_TYPES, VEC, accumulate_tile, declare_tile, native_bf16_dot, sub_blocks
+from rgtune.codegen.cpu.gemm import (BF16_DOT_TYPES, VEC, accumulate_pairs_tile, accumulate_tile, declare_tile,
+                                     native_bf16_dot, sub_blocks)
 from rgtune.codegen.cpu.rows import RowIndex
 from rgtune.ir.kernels import KernelProgram, WeightGradKernel
 
@@ -136,7 +137,7 @@ def generate_weightgrad(k: WeightGradKernel, s: Mapping[str, Any], kp: KernelPro
     partial = f.use(f"{k.name}_partial", writes=True) if reduce == "split" else None
     dot = wg_bf16_dot(k, shape, kp)
     if dot:
-        f.statics.append(_BF16_DOT_TYPES)
+        f.statics.append(BF16_DOT_TYPES)
     if k.x is not None:
         for name, text in _micro_kernels(shape, rk, rv, dot):
             f.statics.append(text)
@@ -325,12 +326,7 @@ def _dot_micro_kernel(shape: WeightGradShape, rows: int, nv: int, ns: int) -> st
     with L.block("for (int64_t r = 0; r < (nr + 1) >> 1; ++r)"):
         L.line(f"const uint32_t* restrict xr = (const uint32_t*)(xp + r * {2 * shape.xw});")
         L.line(f"const rg_bf16* restrict dr = dp + r * {2 * shape.dw};")
-        for j in range(nv):
-            L.line(f"const rg_vbf d{j} = *(const rg_vbf*)(dr + {2 * VEC * j});")
-        for i in range(rows):
-            dots = " ".join(f"a{i}_{j} = __builtin_ia32_dpbf16ps_v8sf(a{i}_{j}, xv, d{j});" for j in range(nv))
-            L.line(f"{{ const uint32_t p = xr[{i}]; const rg_vbf xv = (rg_vbf)(rg_vu){{{', '.join(['p'] * VEC)}}}; "
-                   f"{dots} }}")
+        accumulate_pairs_tile(L, "d", "dr", [f"xr[{i}]" for i in range(rows)], nv)
     for i in range(rows):
         L.line(" ".join(f"rg_storeu(o + {i * shape.n + j * VEC}, rg_loadu(o + {i * shape.n + j * VEC}) + a{i}_{j});"
                         for j in range(nv)))
