@@ -59,7 +59,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_db_arg(p)
     p.add_argument("--sampler", default="tpe", help="tpe (default), random, gp, cmaes")
     p.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16", "any"),
-                   help="storage of the per-edge intermediates (sums stay float32): fp32 (default), bf16 or fp16 "
+                   help="storage of the per-edge and per-node intermediates (sums stay float32; the layer's input, "
+                        "output and gradients are the caller's): fp32 (default), bf16 or fp16 "
                         "(16-bit storage; on a CPU with AVX-512 BF16 the GEMMs touching bf16 rows multiply in "
                         "bfloat16), any (searched); the study records it, load_tuned(precision=...) finds it")
     p.add_argument("--seed", type=int, default=None, help="seed of the sampler and of the test inputs")
