@@ -130,13 +130,13 @@ def test_random_schedules_in_16_bits_match_the_reference(model: str, count: int,
 @pytest.mark.parametrize("model", sorted(MODELS))
 def test_bfloat16_dot_products_match_the_reference(model: str, backend: CpuBackend, graphs: list[HeteroGraph]) -> None:
     """At 16 -> 32 features (even reductions, whole vectors of columns) the GEMMs and weight gradients that touch a
-    bfloat16 buffer multiply in bfloat16 pairs (``vdpbf16ps``), float32 sums: the default schedule and random
-    ones (BLAS GEMMs, split and atomic reductions, every traversal mapping) on the three graphs."""
+    bfloat16 buffer multiply in bfloat16 pairs (``vdpbf16ps``), float32 sums: the default schedule on AIFB and
+    the edge-case graph, a random one (BLAS GEMMs, split and atomic reductions, traversal mappings) on each."""
     program = build_model(model, 16, 32, MODELS[model])
     rng = random.Random(7)
-    for g in graphs:
+    for g in (graphs[0], graphs[2]):
         space = SearchSpace(program, g, "cpu", mode="training", precision="bf16")
-        configs = [space.default()] + [space.sample(rng) for _ in range(2)]
+        configs = [space.default(), space.sample(rng)]
         sources = "\n".join(t.text for t in generate(space.compile(space.default()).kernels, space.default()).kernels)
         assert "__builtin_ia32_dpbf16ps_v8sf" in sources and "_dot(" in sources
         verifier = Verifier(program, g, training=True)

@@ -619,8 +619,11 @@ class Layer(GraphLayer):
         for pname, p in self.named_parameters():
             if p.dtype not in allowed:
                 hint = " (use backend='reference' for float64, e.g. for gradcheck)" if p.dtype == torch.float64 else ""
+                half = [str(d) for d in allowed if d not in self._backend.dtypes]
+                also = f" (or to {' or '.join(half)}: run through float32 copies)" if half else ""
                 raise TypeError(f"{name}: parameter {pname!r} is {p.dtype}, but the {self.backend} backend computes "
-                                f"in {', '.join(map(str, allowed))}; convert the layer with .float(){hint}")
+                                f"in {', '.join(map(str, self._backend.dtypes))}; convert the layer with .float()"
+                                f"{also}{hint}")
             if p.dtype != dtype:
                 raise TypeError(f"{name}: parameter {pname!r} is {p.dtype}, but {first!r} is {dtype}; a layer's "
                                 f"parameters share one dtype (convert the layer with .to({dtype}))")

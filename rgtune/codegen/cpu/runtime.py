@@ -653,7 +653,9 @@ def _check_tensor(what: str, t: torch.Tensor, shape: tuple[int, ...], dtype: tor
     if t.device.type != "cpu":
         raise ValueError(f"{what} is on {t.device}; the cpu backend needs CPU tensors (call .cpu())")
     if t.dtype != dtype:
-        raise TypeError(f"{what} has dtype {t.dtype}; the cpu backend computes it in {dtype} (call .to({dtype}))")
+        if dtype == KERNEL_DTYPE:
+            raise TypeError(f"{what} has dtype {t.dtype}; the cpu backend computes in {KERNEL_DTYPE} (call .float())")
+        raise TypeError(f"{what} has dtype {t.dtype}; this program stores it as {dtype} (call .to({dtype}))")
     if tuple(t.shape) != tuple(shape):
         raise ValueError(f"{what} must have shape {tuple(shape)}, got {tuple(t.shape)}")
 
