@@ -175,7 +175,9 @@ def run(args: argparse.Namespace) -> int:
         if batches is not None else graph.name
     print(f"tuning {named} on {on} ({graph.num_nodes():,} nodes, {graph.num_edges():,} edges, "
           f"{graph.num_rels} relations), {_sizes(in_dim, out_dim)}, heads={args.heads}, backend={backend}, "
-          f"{'' if args.mode == 'inference' else 'mode=training (forward + backward), '}db={db.name}", file=sys.stderr)
+          f"{'' if args.mode == 'inference' else 'mode=training (forward + backward), '}"
+          f"{'' if args.precision == 'fp32' else f'precision={args.precision} (16-bit intermediates allowed), '}"
+          f"db={db.name}", file=sys.stderr)
     tuner = Tuner(workload, db, options, graph=graph)
     summary = tuner.run()
     if args.json:

@@ -291,11 +291,12 @@ class Tuner:
         w = self.workload
         self.graph = self._graph if self._graph is not None else load_dataset(w.dataset, root=w.data_dir)
         program = w.program()
+        # before the worker starts: a precision the target cannot store is the caller's error, said here
+        self.space = SearchSpace(program, self.graph, backend_target(w.backend, trust_code=True), mode=w.mode,
+                                 precision=w.precision)
         # while a trial runs, its row in the database shows that this process is alive
         self.worker = MeasureWorker(w, self.options.measure, on_wait=self.db.heartbeat_worker)
         device = self.worker.start()
-        self.space = SearchSpace(program, self.graph, backend_target(w.backend, trust_code=True), mode=w.mode,
-                                 precision=w.precision)
         self.record = self.db.ensure_workload(w.model, self.graph, device, in_dim=w.in_dim, out_dim=w.out_dim,
                                               heads=w.heads, backend=w.backend, mode=w.mode, options=w.options,
                                               batches=w.batches_key, precision=w.precision)
