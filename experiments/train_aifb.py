@@ -6,7 +6,8 @@ classes), full-batch Adam (lr 0.01), 50 epochs, 16 hidden units; cross-entropy o
 `Personen`, accuracy on the 36 of the test split. Each implementation (--impls) starts from the same weights
 per seed: `rgtune`, the layers of `load_tuned(mode="training")` (--db's best training schedule, else the
 default one; the backward runs generated kernels); `rgtune_bf16` / `rgtune_fp16`, the same schedules with the
-per-edge intermediates stored in bfloat16 / float16 (``precision.edges``; BENCHMARKS.md, "Mixed precision");
+intermediates stored in bfloat16 / float16 (``precision.edges``, ``precision.nodes``; BENCHMARKS.md, "Mixed
+precision");
 `torch`, the reference layers of rgtune.torch_layers; `pyg` /
 `dgl`, the libraries' layers with the weights copied (rgtune.bench.baselines; a node type a library leaves
 out gets zeros). Reported: test accuracy over the seeds and the median epoch time (the first two epochs of
@@ -92,9 +93,10 @@ def rgtune_layers(args: Any, graph: HeteroGraph, sizes: list[tuple[int, int, int
             layer = load_tuned(args.model, graph, i, o, h, db=args.db, backend=args.backend, mode="training")
         for w in caught:
             print(f"warning: {w.message}", file=sys.stderr)
-        if storage != "float32" and "precision.edges" in layer.training_config:
+        low = {k: storage for k in ("precision.edges", "precision.nodes") if k in layer.training_config}
+        if storage != "float32" and low:
             layer = Layer(args.model, graph, i, o, h, backend=args.backend, mode="training",
-                          config={**layer.training_config, "precision.edges": storage})
+                          config={**layer.training_config, **low})
         where = layer.provenance.get("trial_id") or layer.provenance.get("source")
         print(f"rgtune layer {i}->{o} heads={h}: backend {layer.backend}, training schedule {where} (autodiff.save="
               f"{layer.training_config.get('autodiff.save')}), backward {layer.backward_kind}", file=sys.stderr)
