@@ -90,9 +90,10 @@ def footprint_bytes(kp: "KernelProgram", graph: "HeteroGraph", share_slots: bool
     """
     from rgtune.codegen.reference import param_full_shape
     from rgtune.ir.bind import graph_arrays
+    from rgtune.ir.passes.precision import element_bytes
 
     a = graph_arrays(graph, kp.layout, kp.index_bits)
-    size = {n: a.rows(b.domain) * b.width * (4 if b.dtype == "float32" else 2) for n, b in kp.buffers.items()}
+    size = {n: a.rows(b.domain) * b.width * element_bytes(b.dtype) for n, b in kp.buffers.items()}
     own = {kp.input, kp.dout, kp.output, kp.input_grad, *kp.saved} - {None}
     names = [n for n in kp.buffers if n not in own]
     if share_slots:

@@ -511,10 +511,9 @@ class TrialDatabase:
                              f"got {options!r}")
         if not isinstance(batches, str) or len(batches) > 255:
             raise ValueError(f"batches must be the canonical text of a sampler (at most 255 characters), got {batches!r}")
-        from rgtune.ir.passes.precision import POLICIES  # here: the database's other users need no torch
+        from rgtune.ir.passes.precision import check_policy  # here: the database's other users need no torch
 
-        if precision not in POLICIES:
-            raise ValueError(f"unknown precision {precision!r}; choose one of {list(POLICIES)}")
+        check_policy(precision)
         key = {"model": model, **dims, "graph_id": graph_id, "device_id": device_id, "backend": backend, "mode": mode,
                "options": options, "batches": batches, "precision": precision}
         # no options or batches, float32: the name it had before they existed (Optuna studies are found by name)

@@ -57,6 +57,7 @@ import numpy as np
 
 from rgtune.ir.bind import any_graph_arrays, row_types
 from rgtune.ir.op_rules import rules_of
+from rgtune.ir.passes.precision import element_bytes
 from rgtune.ir.kernels import (AggregateStage, EdgeStore, GemmKernel, KernelProgram, MapKernel, ScatterKernel,
                                SoftmaxAggregate, TraversalKernel, WeightGradKernel, WeightKernel, expr_loads)
 
@@ -77,8 +78,8 @@ def count(kp: KernelProgram, graph: "HeteroGraph", schedule: Mapping[str, Any] |
     idx_bytes = kp.index_bits // 8
     rows = g.rows
     num_types = g.num_types
-    # a row's size in float32 words: a buffer stored in 16 bits (precision.edges) moves half the bytes
-    width = {name: b.width * (1 if b.dtype == "float32" else 0.5) for name, b in kp.buffers.items()}
+    # a row's size in float32 words: a buffer stored in 16 bits (precision.*) moves half the bytes
+    width = {name: b.width * element_bytes(b.dtype) / FLOAT_BYTES for name, b in kp.buffers.items()}
     schedule = schedule or {}
     flops = bytes_min = bytes_gathered = atomics = launches = weight_flops = folds = probes = 0
     tiles = rows_computed = tile_weight_bytes = 0

@@ -24,7 +24,7 @@ from rgtune.codegen.base import Backend
 from rgtune.data import HeteroGraph
 from rgtune.data.sampler_spec import SamplerSpec
 from rgtune.ir.passes import KnobError
-from rgtune.ir.passes.precision import POLICIES
+from rgtune.ir.passes.precision import check_policy
 from rgtune.ir.program import IRError
 from rgtune.runtime._lookup import (Found, check_model, find_best, is_dataset_name, open_db, resolve_backend, resolve_graph,
                                     shown_db, tune_call, tune_command, warn)
@@ -149,8 +149,7 @@ def select_schedule(model: str, graph: HeteroGraph | str, in_dim: int, out_dim: 
         raise ValueError(str(e)) from None
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {list(MODES)}")
-    if precision not in POLICIES:
-        raise ValueError(f"unknown precision {precision!r}; choose one of {list(POLICIES)}")
+    check_policy(precision)
     sampler = "" if batches is None else SamplerSpec.parse(batches).key  # a bad spec: a ValueError naming it
     g = resolve_graph(graph, data_dir)
     be = resolve_backend(backend)
@@ -160,9 +159,9 @@ def select_schedule(model: str, graph: HeteroGraph | str, in_dim: int, out_dim: 
         command = tune_command(model, g.name, in_dim, out_dim, heads, be.name, db_text, mode, opts, sampler, precision)
         hint = f"run `{command}`"
     else:  # the user's own graph: tuned from Python, where the graph is (or saved, with tune --graph)
-        hint = (f"run `{tune_call(model, in_dim, out_dim, heads, be.name, db_text, mode, opts, sampler, precision)}` "
-                f"with this "
-                f"graph ({g.name!r} is not a dataset; or save it with rgtune.data.save_graph_file and run tune --graph)")
+        call = tune_call(model, in_dim, out_dim, heads, be.name, db_text, mode, opts, sampler, precision)
+        hint = (f"run `{call}` with this graph ({g.name!r} is not a dataset; or save it with "
+                "rgtune.data.save_graph_file and run tune --graph)")
     kind = "" if mode == "inference" else "training "
     named = f"{model}({opts})" if opts else model
     on = f"batches of {sampler} from {g.name!r}" if sampler else repr(g.name)
@@ -171,19 +170,16 @@ def select_schedule(model: str, graph: HeteroGraph | str, in_dim: int, out_dim: 
     find = (lambda m, b=sampler, p=precision: find_best(database, model, g, in_dim, out_dim, heads, be, m, opts, b, p)) \
         if database is not None else None
     found = find(mode) if find is not None else None
+    sel = Selection(model, g, (in_dim, out_dim, heads), be, None, {"source": "default"}, [], None, hint, where, mode,
+                    opts, sampler)
     if found is None and precision != "fp32" and find is not None:
         found = find(mode, sampler, "fp32")
         if found is not None:  # a float32 schedule runs wherever a 16-bit one would
             assert database is not None
-            sel = Selection(model, g, (in_dim, out_dim, heads), be, None, {"source": "default"}, [], None, hint, where,
-                            mode, opts, sampler)
             return _adopt(sel, found, database, g, (
-                f"no {precision} {'' if mode == 'inference' else 'training '}schedule tuned for {where} in "
-                f"{database.name}. To record one, {hint}",
+                f"no {precision} {kind}schedule tuned for {where} in {database.name}. To record one, {hint}",
                 f"no schedule tuned with precision {precision} for {where}; using the best float32 one "
                 f"(trial {found.trial.id}). To record one, {hint}"))
-    sel = Selection(model, g, (in_dim, out_dim, heads), be, None, {"source": "default"}, [], None, hint, where, mode,
-                    opts, sampler)
     if found is None and sampler and find is not None:
         found = find(mode, "")
         if found is not None:  # what a user without batches gets: the schedule tuned on the whole graph

@@ -38,7 +38,7 @@ from rgtune.ir.pipeline import (Compiled, apply_passes, check_constraints, disco
 from rgtune.ir.autodiff import adjoint, training_knobs
 from rgtune.ir.kernels import ScatterKernel, WeightGradKernel, template_name
 from rgtune.ir.lowering import lower
-from rgtune.ir.passes.precision import POLICIES, STORAGE_KNOBS
+from rgtune.ir.passes.precision import POLICIES, STORAGE_KNOBS, check_policy
 from rgtune.ir.plan import plan_lowering
 from rgtune.ir.program import IRError, Program
 
@@ -79,10 +79,8 @@ class SearchSpace:
                  precision: str = "fp32") -> None:
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; choose one of {list(MODES)}")
-        if precision not in POLICIES:
-            raise ValueError(f"unknown precision {precision!r}; choose one of {list(POLICIES)}")
-        #: which storage types the programs may keep intermediates in (``precision.edges``'s choices)
-        self.precision = precision
+        #: which storage types the programs may keep intermediates in (the ``precision.*`` knobs' choices)
+        self.precision = check_policy(precision)
         self.mode = mode
         #: the programs are for mini-batches (:attr:`~rgtune.ir.plan.LoweringPlan.destinations`)
         self.destinations = destinations

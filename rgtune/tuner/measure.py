@@ -315,6 +315,7 @@ class _Session:
         if not point.valid:
             return TrialResult("invalid", error="; ".join(point.problems))
         built = self._build(point)
+        storage = lowest_storage(point.kernels)
         worst = 0.0
         for seed in seeds:
             case = self.verifier.case(seed)
@@ -324,12 +325,12 @@ class _Session:
                 for run in range(runs):
                     got = self._run_case(built, point.kernels, dev)
                     self.backend.synchronize()
-                    err, which, tol = self.verifier.error(got, case, lowest_storage(point.kernels))
+                    err, which, tol = self.verifier.error(got, case, storage)
                     if not err < tol:
                         details = TrialDetails(verified=case.coverage(), fresh_inputs=list(seeds), runs_per_input=runs)
                         return TrialResult("wrong_result", max_error=err, source_hash=built.source_hash,
                                            error=f"relative error {err:.3g} of the {which} exceeds the tolerance "
-                                                 f"{shown(tol, self.o.tolerance, lowest_storage(point.kernels))} "
+                                                 f"{shown(tol, self.o.tolerance, storage)} "
                                                  f"on fresh input {seed} "
                                                  f"(run {run + 1} of {runs})", details=details)
                     worst = max(worst, err)

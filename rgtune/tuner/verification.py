@@ -28,14 +28,14 @@ terms is typically sqrt(L) units of rounding off, so a 150,000-in-edge hub is al
 float32 reference costs a second run of the reference, so it is computed only for a case where a
 result is over its tolerance without it (:attr:`Case.float32_reference`).
 
-**16-bit storage** (``precision.edges``: :mod:`rgtune.ir.passes.precision`). A program that stores some
+**16-bit storage** (``precision.edges``, ``precision.nodes``: :mod:`rgtune.ir.passes.precision`). A program that stores some
 intermediates in bfloat16 or float16 (summing in float32) is allowed, besides the above,
 :data:`LOW_PRECISION_MARGIN` times the error of the same reference with its input, its params and every op's
 result rounded to that type (:meth:`Interpreter.run <rgtune.ir.interpret.Interpreter.run>`'s ``round_to``;
 its gradients rounded too): a program that rounds only what it stores (and, multiplying in bfloat16 pairs,
 a GEMM's operands) rounds less than that, so this bounds its honest error on these very inputs,
-conditioning included, while a kernel bug (an error of order 1, or of a wrong element) still fails. Computed once per case and type, when a trial of that type is checked
-(:meth:`Case.low_precision_tolerances`).
+conditioning included, while a kernel bug (an error of order 1, or of a wrong element) still fails.
+Computed once per case and type, when a trial of that type is checked (:meth:`Case.low_precision_tolerances`).
 
 Example:
     >>> from rgtune.data.synthetic import random_graph

@@ -61,10 +61,9 @@ class Workload:
         object.__setattr__(self, "options", spec.key(self.options))
         if self.model_source is None:
             object.__setattr__(self, "model_source", spec.source)
-        from rgtune.ir.passes.precision import POLICIES
+        from rgtune.ir.passes.precision import check_policy
 
-        if self.precision not in POLICIES:
-            raise ValueError(f"unknown precision {self.precision!r}; choose one of {list(POLICIES)}")
+        check_policy(self.precision)
         if self.batches is not None and self.batches != "":
             object.__setattr__(self, "batches", SamplerSpec.parse(self.batches))
         else:

@@ -32,6 +32,7 @@ Example: 40 output columns in panels of 32, register blocks of 2 vectors (16 col
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -50,22 +51,31 @@ BF16_DOT_TYPES = """typedef short rg_vbf __attribute__((vector_size(32), aligned
 typedef uint32_t rg_vu __attribute__((vector_size(32)));"""
 
 
-def native_bf16_dot() -> bool:
-    """Whether this CPU has AVX-512 BF16 (the ``vdpbf16ps`` dot products a bfloat16 GEMM uses)."""
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """This CPU's ISA flags (``/proc/cpuinfo``; empty where unreadable), read once per process: every
+    generated kernel asks."""
     try:
         with open("/proc/cpuinfo") as f:
-            return any(line.startswith("flags") and " avx512_bf16" in line for line in f)
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
     except OSError:
-        return False
+        pass
+    return frozenset()
 
 
-def bf16_dot(k: GemmKernel, shape: "GemmShape", kp: KernelProgram, native: bool | None = None) -> bool:
+def native_bf16_dot() -> bool:
+    """Whether this CPU has AVX-512 BF16 (the ``vdpbf16ps`` dot products a bfloat16 GEMM uses)."""
+    return "avx512_bf16" in cpu_flags()
+
+
+def bf16_dot(k: GemmKernel, shape: "GemmShape", kp: KernelProgram) -> bool:
     """Whether ``k`` multiplies in bfloat16 pairs: it reads or writes a bfloat16 buffer (the precision knob
     stores its rows so: its products may round their operands too, as a bfloat16 matmul does), the CPU has
     AVX-512 BF16, the reduction length is even (pairs) and the columns fill whole vectors."""
     touches = kp.buffers[k.x].dtype == "bfloat16" or (k.out is not None and kp.buffers[k.out].dtype == "bfloat16")
-    native = native_bf16_dot() if native is None else native
-    return touches and native and shape.k % 2 == 0 and shape.n % VEC == 0
+    return touches and native_bf16_dot() and shape.k % 2 == 0 and shape.n % VEC == 0
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from typing import Any, Mapping
 from rgtune.codegen.cfamily import C_TYPES, DST_ROWS, LOW_PRECISION_C, helper_functions
 from rgtune.codegen.cpu.cwriter import CFunction
 from rgtune.codegen.cpu.edges import generate_map, generate_scatter, generate_traversal
-from rgtune.codegen.cpu.gemm import VEC, generate_gemm
+from rgtune.codegen.cpu.gemm import VEC, cpu_flags, generate_gemm
 from rgtune.codegen.cpu.rows import GRAPH_CONSTANTS, INDEX_ARRAYS
 from rgtune.codegen.cpu.schedule import CPU_SCHEDULE
 from rgtune.codegen.cpu.weightgrad import generate_weightgrad
@@ -77,14 +77,7 @@ class GeneratedProgram:
 
 def native_acc_regs() -> int:
     """Vector accumulators a GEMM micro-kernel may keep in registers on this CPU (16 with AVX-512)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return 16 if " avx512f" in line else 8
-    except OSError:
-        pass
-    return 8
+    return 16 if "avx512f" in cpu_flags() else 8
 
 
 def generate(kp: KernelProgram, schedule: Mapping[str, Any], acc_regs: int | None = None) -> GeneratedProgram:

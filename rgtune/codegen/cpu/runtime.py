@@ -190,7 +190,7 @@ class CpuRuntime:
             intervals[n] = (len(kp.kernels) + j, len(kp.kernels) + j)
         self._dtypes = {n: torch_dtype(kp.buffers[n].dtype) if n in kp.buffers else KERNEL_DTYPE for n in intervals}
         # in float32 words: a slot is float32 memory, a 16-bit buffer views it as its own type
-        sizes = {n: -(-int(np.prod(self._shapes[n])) * self._dtypes[n].itemsize // 4) for n in intervals}
+        sizes = {n: _words(self._shapes[n], self._dtypes[n]) for n in intervals}
         self._slot_of, self._slot_sizes = plan_slots(intervals, sizes)
         self._zero_at: dict[int, list[str]] = {}
         for n in sorted(kp.zero_init & set(names)):
@@ -627,8 +627,12 @@ def _kernel_buffer(shape: tuple[int, ...], zero: bool = False, dtype: torch.dtyp
     faults for each batch's new buffers)."""
     if dtype == KERNEL_DTYPE:
         return POOL.tensor(shape, KERNEL_DTYPE, zero)
-    words = -(-int(np.prod(shape)) * dtype.itemsize // 4)
-    return _typed_view(POOL.tensor((words,), KERNEL_DTYPE, zero), dtype, shape)
+    return _typed_view(POOL.tensor((_words(shape, dtype),), KERNEL_DTYPE, zero), dtype, shape)
+
+
+def _words(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    """The float32 words that hold ``shape`` elements of ``dtype`` (rounded up)."""
+    return -(-int(np.prod(shape)) * dtype.itemsize // KERNEL_DTYPE.itemsize)
 
 
 def _as_float(t: torch.Tensor) -> torch.Tensor:

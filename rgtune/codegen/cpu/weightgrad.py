@@ -225,13 +225,13 @@ def _copy_row(B: Any, to: str, row: str, n: int, storage: str) -> None:
     B.line(f"  for (int j = 0; j < {n}; ++j) t[j] = {c_load(storage, 's[j]')}; }}")
 
 
-def wg_bf16_dot(k: WeightGradKernel, shape: WeightGradShape, kp: KernelProgram, native: bool | None = None) -> bool:
+def wg_bf16_dot(k: WeightGradKernel, shape: WeightGradShape, kp: KernelProgram) -> bool:
     """Whether ``k`` sums its products over pairs of rows by bfloat16 dot products: it reads a bfloat16 buffer
     (see :func:`~rgtune.codegen.cpu.gemm.bf16_dot`), has an input, the CPU has AVX-512 BF16 and the output
     columns fill whole vectors."""
     if k.x is None or not (kp.buffers[k.x].dtype == "bfloat16" or kp.buffers[k.dy].dtype == "bfloat16"):
         return False
-    return (native_bf16_dot() if native is None else native) and shape.n % VEC == 0
+    return native_bf16_dot() and shape.n % VEC == 0
 
 
 def _pack_pairs(f: CFunction, k: WeightGradKernel, shape: WeightGradShape, kp: KernelProgram, ch: int, order: str,

@@ -70,11 +70,27 @@ UNIT_ROUNDOFF = {"float32": 2.0 ** -24, "bfloat16": 2.0 ** -8, "float16": 2.0 **
 POLICIES = {"fp32": ("float32",), "bf16": ("bfloat16",), "fp16": ("float16",), "any": STORAGE_TYPES}
 
 
+def check_policy(precision: str) -> str:
+    """``precision`` if it is a policy's name (:data:`POLICIES`), else a ValueError naming the valid ones.
+
+    >>> check_policy("bf16")
+    'bf16'
+    """
+    if precision not in POLICIES:
+        raise ValueError(f"unknown precision {precision!r}; choose one of {list(POLICIES)}")
+    return precision
+
+
 def torch_dtype(storage: str) -> torch.dtype:
     """The torch dtype of a storage type name (``"bfloat16"`` -> ``torch.bfloat16``)."""
     if storage not in STORAGE_TYPES:
         raise ValueError(f"unknown storage type {storage!r}; choose one of {list(STORAGE_TYPES)}")
     return getattr(torch, storage)
+
+
+def element_bytes(storage: str) -> int:
+    """Bytes of one element stored as ``storage`` (4, or 2 for the 16-bit types)."""
+    return torch_dtype(storage).itemsize
 
 
 def lowest_storage(kp: KernelProgram) -> str:
