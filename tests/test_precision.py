@@ -252,7 +252,23 @@ def test_tune_with_a_precision_records_16_bit_schedules_and_load_tuned_finds_the
     with pytest.warns(TunedScheduleWarning, match="no tuned schedule"):  # float32 asked: the bf16 study is not it
         plain = load_tuned("rgat", graph, 16, 16, 2, db=db, backend="cpu")
     assert plain.provenance["source"] == "default" and plain.inference_config["precision.edges"] == "float32"
-    rgtune.tune("rgat", graph, **fast)
+    high = rgtune.tune("rgat", graph, **fast)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TunedScheduleWarning)
+        plain = load_tuned("rgat", graph, 16, 16, 2, db=db, backend="cpu")  # float32, and bf16's for autocast
+    assert plain.provenance["trial_id"] == high.best_trial_id
+    assert plain.provenance["autocast_trials"] == {"bfloat16": low.best_trial_id}
+    assert plain.autocast_schedule(torch.bfloat16)["inference"] == layer.inference_config
+    assert plain.autocast_schedule(torch.float16)["inference"]["precision.edges"] == "float16"  # no study: derived
     with pytest.warns(TunedScheduleWarning, match="precision='fp16'"):
         half = load_tuned("rgat", graph, 16, 16, 2, db=db, backend="cpu", precision="fp16")
     assert half.inference_config["precision.edges"] == "float32"
+    # an export keeps both: the float32 schedule with bf16's for autocast, or (precision="bf16") bf16's itself
+    from rgtune.runtime import export, load_exported
+
+    folder = export(tmp_path / "fp32", "rgat", graph, 16, 16, 2, db=db, backend="cpu")
+    back = load_exported(folder, graph)
+    assert back.inference_config == plain.inference_config
+    assert back.autocast_schedule(torch.bfloat16)["inference"] == layer.inference_config
+    low_folder = export(tmp_path / "bf16", "rgat", graph, 16, 16, 2, db=db, backend="cpu", precision="bf16")
+    assert load_exported(low_folder, graph).inference_config == layer.inference_config

@@ -21,6 +21,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_mode_arg(p, "which schedule to export")
     add_db_arg(p)
     p.add_argument("-o", "--output", required=True, help="the folder to write (must not exist, or be empty)")
+    p.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16", "any"),
+                   help="the study's precision policy, as `tune --precision` recorded it (default fp32; with fp32 "
+                        "the best bf16/fp16 schedules, where tuned, go along as the layer's schedules under "
+                        "torch.autocast)")
     p.add_argument("--allow-default", action="store_true", help="export the default schedule when none is recorded")
     p.add_argument("--force", action="store_true", help="replace an earlier export in --output")
     p.set_defaults(func=run)
@@ -40,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
             out = export(args.output, args.model, args.dataset, in_dim, out_dim, args.heads,
                          db=database if database is not None else args.db, backend=args.backend,
                          data_dir=args.data_dir, mode=args.mode, options=parse_key(model_options(args)),
-                         allow_default=args.allow_default, overwrite=args.force)
+                         allow_default=args.allow_default, overwrite=args.force, precision=args.precision)
         except (NoTunedScheduleError, OSError) as e:  # nothing to export, or a folder in the way
             raise CommandFailed(str(e)) from e
         finally:

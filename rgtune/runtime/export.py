@@ -102,17 +102,20 @@ def export(
     options: Mapping[str, Any] | None = None,
     allow_default: bool = False,
     overwrite: bool = False,
+    precision: str = "fp32",
 ) -> Path:
     """Write the best recorded schedule of a workload (as :func:`load_tuned` finds it) to ``out_dir``.
 
     Without a record this is :class:`NoTunedScheduleError` (naming the ``tune`` command), unless
     ``allow_default``, which exports the default schedule. ``out_dir`` must not exist, be empty,
     or (with ``overwrite``) be an earlier export. ``mode="training"`` exports the best training
-    schedule (the layer then builds its training program at once); ``options`` are the model's.
+    schedule (the layer then builds its training program at once); ``options`` are the model's;
+    ``precision``: the study's policy, as :func:`load_tuned` takes it (with ``"fp32"``, the best
+    16-bit schedules, where tuned, go along as the layer's schedules under ``torch.autocast``).
     Returns the folder.
     """
     sel = select_schedule(model, graph, in_dim, out_dim, heads, db, backend, mode=mode, data_dir=data_dir,
-                          options=options)
+                          options=options, precision=precision)
     if sel.missing is not None and not allow_default:
         raise NoTunedScheduleError(f"{sel.missing}; or pass allow_default=True (--allow-default) to export "
                                    f"the default schedule")
@@ -141,6 +144,8 @@ def export_layer(layer: Layer, out_dir: str | Path, *, overwrite: bool = False, 
         "format": EXPORT_FORMAT, "format_version": FORMAT_VERSION,
         "model": spec.name, "options": spec.key(layer.options), "model_source": spec.source, "in_dim": layer.in_dim, "out_dim": layer.out_dim, "heads": layer.heads,
         "backend": be.name, "target": be.target, "mode": layer.mode, "config": layer.config,
+        # the schedules of calls under torch.autocast, by storage type (where given: tuned ones)
+        "autocast": {st: configs[layer.mode] for st, configs in sorted(layer.autocast_configs.items())},
         "source_hash": layer.source_hash,
         "sources": {name: {"path": f"{_SOURCES}/{name}", "sha256": _sha256(text)} for name, text in sources.items()},
         "graph": graph_signature(layer.graph),
@@ -353,11 +358,13 @@ def load_exported(
     _check_graph(folder, s["graph"], g)
     be = _backend_for(s["backend"], backend)
     config, mode = dict(s["config"]), s.get("mode", "inference")  # exports before training had no mode
+    autocast = {str(k): dict(v) for k, v in (s.get("autocast") or {}).items()}  # exports before it had none
     if be.target != s["target"]:
         space = SearchSpace(spec.build(s["in_dim"], s["out_dim"], s["heads"], options), g, be.target, mode=mode,
                             precision="any")
         ir = {k.name for k in space.ir_knobs}
         config = {k: v for k, v in config.items() if k in ir}
+        autocast = {}  # tuned for the other target's kernels: its calls under autocast derive their own
         warn(f"{folder}: tuned for the {s['target']} target ({s['backend']} backend), loading on {be.name} "
              f"({be.target}); keeping the tuned IR knobs, default {be.target} kernel schedule")
     tuned_fp = (p.get("tuned_on") or {}).get("device_fingerprint") or p["exported_on"]["device_fingerprint"]
@@ -367,7 +374,7 @@ def load_exported(
              f"hardware, compiler or threads); it computes the same numbers, but may not be the fastest here")
     provenance = {**p, "source": "export", "path": str(folder)}
     layer = Layer(spec.name, g, s["in_dim"], s["out_dim"], s["heads"], options=parse_key(options), config=config,
-                  backend=be, provenance=provenance, mode=mode, device=be.device_type)
+                  backend=be, provenance=provenance, mode=mode, device=be.device_type, autocast_config=autocast)
     if be.name == s["backend"] and layer.source_hash != s["source_hash"]:
         warn(f"{folder}: the regenerated kernel sources differ from the exported ones (hash {layer.source_hash}, "
              f"exported {s['source_hash']}; exported by rgtune {p.get('rgtune_version')}, this is "

@@ -15,9 +15,9 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import rgtune
 from rgtune.codegen.base import Backend
@@ -85,7 +85,9 @@ def load_tuned(
         precision: the storage types the schedule may keep per-edge intermediates in, as ``tune
             --precision`` recorded them (``"fp32"``; ``"bf16"``, ``"fp16"``, ``"any"``: 16-bit storage, sums in
             float32; :mod:`rgtune.ir.passes.precision`); without such a study, the best float32 schedule, with
-            a warning.
+            a warning. With ``"fp32"``, the best schedules of this graph's ``bf16`` and ``fp16`` studies, where
+            there are some, become the layer's schedules under ``torch.autocast`` in that type
+            (:meth:`Layer.autocast_schedule`; ``provenance["autocast_trials"]`` names them).
 
     Returns:
         A module with the model's parameters (those of its torch layer and of PyG's), ``state_dict`` and call; its
@@ -115,6 +117,8 @@ class Selection:
     mode: str = "inference"
     options: str = ""  # the model's options, canonical text
     batches: str = ""  # the sampler asked for, canonical text ("": the whole graph)
+    #: storage type -> the best schedule tuned with that precision: what a call under torch.autocast runs
+    autocast: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def build(self) -> Layer:
         """The layer; a recorded schedule that no longer compiles falls back to the default, with a warning."""
@@ -123,7 +127,7 @@ class Selection:
         opts = parse_key(self.options)
         try:
             return Layer(m, g, i, o, h, options=opts, config=self.config, backend=be, provenance=self.provenance,
-                         mode=self.mode, device=device)
+                         mode=self.mode, device=device, autocast_config=self.autocast)
         except (KnobError, ValueError) as e:
             if self.config is None:
                 raise
@@ -143,6 +147,17 @@ def select_schedule(model: str, graph: HeteroGraph | str, in_dim: int, out_dim: 
                     data_dir: str | Path | None = None, options: Mapping[str, Any] | str | None = None,
                     batches: "str | SamplerSpec | None" = None, precision: str = "fp32") -> Selection:
     """Look the workload up (see :func:`load_tuned`) without building anything or warning."""
+    sel, find = _select(model, graph, in_dim, out_dim, heads, db, backend, mode, data_dir, options, batches, precision)
+    if precision == "fp32" and find is not None:
+        _find_autocast(sel, find)
+    return sel
+
+
+def _select(model: str, graph: HeteroGraph | str, in_dim: int, out_dim: int, heads: int,
+            db: "str | TrialDatabase | None", backend: str | Backend, mode: str, data_dir: str | Path | None,
+            options: Mapping[str, Any] | str | None, batches: "str | SamplerSpec | None", precision: str
+            ) -> tuple[Selection, Callable[..., "Found | None"] | None]:
+    """The selection, and how records of this workload are found (``find(mode, batches, precision)``)."""
     try:
         model, opts = check_model(model, options)
     except IRError as e:  # an unknown model or option: the caller's value
@@ -179,7 +194,7 @@ def select_schedule(model: str, graph: HeteroGraph | str, in_dim: int, out_dim: 
             return _adopt(sel, found, database, g, (
                 f"no {precision} {kind}schedule tuned for {where} in {database.name}. To record one, {hint}",
                 f"no schedule tuned with precision {precision} for {where}; using the best float32 one "
-                f"(trial {found.trial.id}). To record one, {hint}"))
+                f"(trial {found.trial.id}). To record one, {hint}")), find
     if found is None and sampler and find is not None:
         found = find(mode, "")
         if found is not None:  # what a user without batches gets: the schedule tuned on the whole graph
@@ -187,7 +202,7 @@ def select_schedule(model: str, graph: HeteroGraph | str, in_dim: int, out_dim: 
             return _adopt(sel, found, database, g, (
                 f"no {kind}schedule tuned for {where} in {database.name}. To record one, {hint}",
                 f"no {kind}schedule tuned for {where}; using the best one tuned on the whole graph "
-                f"(trial {found.trial.id}). To record one, {hint}"))
+                f"(trial {found.trial.id}). To record one, {hint}")), find
     if found is None and mode == "training" and find is not None:
         found = find("inference")
         if found is not None:  # the tuned forward, the backward's knobs at their defaults
@@ -195,16 +210,26 @@ def select_schedule(model: str, graph: HeteroGraph | str, in_dim: int, out_dim: 
             return _adopt(sel, found, database, g, (
                 f"no tuned training schedule for {where} in {database.name}. To record one, {hint}",
                 f"no tuned training schedule for {where}; using the best inference schedule (trial {found.trial.id}) "
-                f"with the backward's knobs at their defaults. To record one, {hint}"), backward="default knobs")
+                f"with the backward's knobs at their defaults. To record one, {hint}"), backward="default knobs"), find
     if found is None:
         why = f"no database at {db_text}" if database is None and db is not None else \
             "no database given" if database is None else f"{database.name} has no verified trial"
         sel.missing = f"no tuned {kind}schedule for {where}: {why}. To record one, {hint}"
         sel.warnings.append(f"no tuned {kind}schedule for {where}: {why}; using the default schedule. "
                             f"To record one, {hint}")
-        return sel
+        return sel, find
     assert database is not None
-    return _adopt(sel, found, database, g)
+    return _adopt(sel, found, database, g), find
+
+
+def _find_autocast(sel: Selection, find: Callable[..., "Found | None"]) -> None:
+    """The best schedules tuned in 16 bits (``tune --precision bf16|fp16``), for the layer's calls under
+    torch.autocast in that type (without one, such a call runs the float32 schedule's 16-bit variant)."""
+    for policy, storage in (("bf16", "bfloat16"), ("fp16", "float16")):
+        found = find(sel.mode, sel.batches, policy)
+        if found is not None and found.same_graph:
+            sel.autocast[storage] = dict(found.trial.knobs)
+            sel.provenance.setdefault("autocast_trials", {})[storage] = found.trial.id
 
 
 def _adopt(sel: Selection, found: Found, database: "TrialDatabase", g: HeteroGraph,

@@ -46,9 +46,12 @@ float16 takes and returns that dtype: its kernels read float32 copies of its par
 16 bits is its schedule's ``precision.*`` knobs (``load_tuned(..., precision="bf16")``). Any other
 ``dtype`` is refused when the layer is made. Parameters or an input of another dtype than the layer's
 are an error naming the tensor and its dtype, before any kernel runs; nothing is cast behind the
-caller's back, except under ``torch.autocast``: there a float16 or bfloat16 input (what autocast's
-earlier ops return) is cast to the layer's dtype, as autocast casts the inputs of the ops it runs in
-float32, and a float32 layer computes and returns float32. The
+caller's back, except under ``torch.autocast``: there a float32 layer runs like an op autocast
+computes in its lower type: its input is taken in float32 (a float16 or bfloat16 one, what autocast's
+earlier ops return, cast up), it runs the schedule of that type (:meth:`Layer.autocast_schedule`: the one
+``load_tuned`` found tuned with that precision, else its own with its intermediates stored in that type)
+and returns that type; its parameters and their gradients stay float32. Where the backend's target stores
+no such type (``cuda`` today) it runs its own schedule and returns float32. The
 ``reference`` backend computes in the dtype of the layer (any float dtype; float64 for
 :func:`torch.autograd.gradcheck`), and its parameters follow torch's default dtype.
 
@@ -312,6 +315,8 @@ class _KernelFunction(torch.autograd.Function):
 
 #: the dtypes ``torch.autocast`` computes in: an input in one is cast to the layer's dtype under autocast
 _AUTOCAST_DTYPES = (torch.float16, torch.bfloat16)
+#: the storage type (``precision.*`` knobs) of the schedule a float32 layer runs under autocast in each dtype
+_AUTOCAST_STORAGE = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 def _layer_dtypes(backend: Backend) -> tuple[torch.dtype, ...]:
@@ -426,6 +431,7 @@ class Layer(GraphLayer):
         mode: str = "inference",
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        autocast_config: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         program, name, resolved = _program(model, in_dim, out_dim, heads, options)
         super().__init__(graph, program.in_dim, program.out_dim, heads=program.heads)
@@ -446,6 +452,13 @@ class Layer(GraphLayer):
             raise ValueError(f"{type(self).__name__}: unknown mode {mode!r}; choose one of {list(MODES)}")
         self.mode = mode
         self.inference_config, self.training_config = _configs(self._spaces(graph), dict(config or {}))
+        self.autocast_configs: dict[str, dict[str, dict[str, Any]]] = {}
+        for storage, given in (autocast_config or {}).items():
+            if storage not in _AUTOCAST_STORAGE.values():
+                raise ValueError(f"{type(self).__name__}: autocast_config has a schedule for {storage!r}; its keys are "
+                                 f"the 16-bit storage types, {sorted(_AUTOCAST_STORAGE.values())}")
+            inference, training = _configs(self._spaces(graph), dict(given))
+            self.autocast_configs[storage] = {"inference": inference, "training": training}
         self.provenance: dict[str, Any] = dict(provenance or {"source": "explicit" if config else "default"})
         self._start_runner()
 
@@ -467,6 +480,7 @@ class Layer(GraphLayer):
         state["_backend"] = None
         state["_other_graphs"] = None
         state["_last_batch"] = None
+        state["_autocast_runners"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -482,13 +496,17 @@ class Layer(GraphLayer):
         """Compile both programs (a bad schedule fails here), build the one of the layer's mode now and
         the other when first needed."""
         self._runner = self._new_runner(self.graph, eager=self.mode)
-        self._other_graphs: OrderedDict[int, tuple[HeteroGraph, _Runner]] | None = OrderedDict()
-        self._last_batch: tuple[Batch, _Runner] | None = None  # the batch just bound (bind, then the call)
+        # keyed by (graph, the storage of an autocast call's schedule; None: the layer's own)
+        self._other_graphs: OrderedDict[tuple[int, str | None], tuple[HeteroGraph, _Runner]] | None = OrderedDict()
+        self._last_batch: tuple[Batch, str | None, _Runner] | None = None  # the batch just bound (bind, then the call)
+        self._autocast_runners: dict[str, _Runner | None] | None = {}
 
-    def _new_runner(self, graph: HeteroGraph, eager: str) -> _Runner:
-        """The runner of the layer's own graph: both programs compiled (the schedule checked on it)."""
+    def _new_runner(self, graph: HeteroGraph, eager: str, configs: Mapping[str, Mapping[str, Any]] | None = None
+                    ) -> _Runner:
+        """The runner of the layer's own graph: both programs compiled (the schedule checked on it);
+        ``configs``: other schedules than the layer's (by mode)."""
         spaces, name = self._spaces(graph), type(self).__name__
-        configs = {"inference": self.inference_config, "training": self.training_config}
+        configs = configs or {"inference": self.inference_config, "training": self.training_config}
         points = {m: _compiled(spaces[m], configs[m], name) for m in MODES}
         self._param_names = self._kernel_param_names(points["inference"].kernels)  # the learnable ones
 
@@ -500,27 +518,74 @@ class Layer(GraphLayer):
 
         return _Runner(_Programs(self._backend, points, variant_point), graph, self._param_names, eager=eager)
 
-    def _runner_for(self, graph: "HeteroGraph | Batch | None") -> _Runner:
+    def autocast_schedule(self, dtype: torch.dtype) -> dict[str, dict[str, Any]] | None:
+        """The schedules (by mode) a call under ``torch.autocast(dtype=dtype)`` runs, None where it runs the
+        layer's own in float32 (a layer not in float32, a dtype autocast does not compute in, or a target
+        that stores no such type). They are the ones given for that type (``autocast_config``;
+        :func:`~rgtune.runtime.load.load_tuned` finds those tuned with ``--precision bf16`` or ``fp16``),
+        else the layer's own with every ``precision.*`` knob at that type: the same program, its
+        intermediates stored in 16 bits, its sums still float32.
+
+        Example:
+            >>> from rgtune.data.synthetic import random_graph
+            >>> layer = Layer("rgcn", random_graph((10, 20), 3, 100, seed=0), 4, 8, backend="reference")
+            >>> layer.autocast_schedule(torch.bfloat16)["training"]["precision.edges"]
+            'bfloat16'
+            >>> layer.autocast_schedule(torch.float64) is None
+            True
+        """
+        storage = _AUTOCAST_STORAGE.get(dtype)
+        if storage is None or self._param_dtype() != torch.float32:
+            return None
+        if storage in self.autocast_configs:
+            return {m: dict(c) for m, c in self.autocast_configs[storage].items()}
+        spaces = self._spaces(self.graph)
+        out = {"inference": dict(self.inference_config), "training": dict(self.training_config)}
+        for mode, config in out.items():
+            for knob in (k for k in spaces[mode].knobs if k.name in config and k.name.startswith("precision.")):
+                if storage not in knob.choices:
+                    return None  # this target stores no such type
+                config[knob.name] = storage
+        return out
+
+    def _autocast_runner(self, dtype: torch.dtype) -> "tuple[str, _Runner] | None":
+        """(storage, runner) of the schedules :meth:`autocast_schedule` names, built on first use; None: none."""
+        storage = _AUTOCAST_STORAGE.get(dtype)
+        runners = self._autocast_runners
+        if runners is None:
+            runners = self._autocast_runners = {}
+        if storage is None:
+            return None
+        if storage not in runners:
+            configs = self.autocast_schedule(dtype)
+            runners[storage] = None if configs is None else self._new_runner(self.graph, self.mode, configs)
+        runner = runners[storage]
+        return None if runner is None else (storage, runner)
+
+    def _runner_for(self, graph: "HeteroGraph | Batch | None", autocast: "tuple[str, _Runner] | None" = None
+                    ) -> _Runner:
         """The runner of ``graph`` (None or the bound graph: the layer's own): the same schedule's compiled
         programs bound to that graph; a graph's binding is kept for the last few graphs, a batch's is not
-        (a batch is used once: its forward and its backward share the runner the call made)."""
+        (a batch is used once: its forward and its backward share the runner the call made). ``autocast``:
+        (storage, runner) of the schedule an autocast call runs instead of the layer's own."""
+        storage, base = autocast if autocast is not None else (None, self._runner)
         if graph is None or graph is self.graph:
-            return self._runner
+            return base
         if not isinstance(graph, (HeteroGraph, Batch)):
             raise TypeError(f"{type(self).__name__}: graph must be a rgtune HeteroGraph or Batch, got "
                             f"{type(graph).__name__}")
         self._check_types(graph)
         if isinstance(graph, Batch):
             last = self._last_batch
-            if last is None or last[0] is not graph:
-                last = self._last_batch = (graph, self._runner.for_graph(graph))
-            return last[1]
+            if last is None or last[0] is not graph or last[1] != storage:
+                last = self._last_batch = (graph, storage, base.for_graph(graph))
+            return last[2]
         cache = self._other_graphs
         if cache is None:
             cache = self._other_graphs = OrderedDict()
-        key = id(graph)
+        key = (id(graph), storage)
         kept = cache.pop(key, None)
-        runner = kept[1] if kept is not None and kept[0] is graph else self._runner.for_graph(graph)
+        runner = kept[1] if kept is not None and kept[0] is graph else base.for_graph(graph)
         cache[key] = (graph, runner)
         while len(cache) > _GRAPHS_KEPT:
             cache.popitem(last=False)
@@ -650,15 +715,25 @@ class Layer(GraphLayer):
         ``{ntype: (num_src[t], in_dim)}`` (each type's destinations first) or one tensor in the batch's
         global order, and the output is its destinations': ``{ntype: (num_dst[t], out_dim)}`` or
         ``(num_dst_nodes, out_dim)``."""
-        if torch.is_autocast_enabled(self._device().type):
+        device = self._device().type
+        if torch.is_autocast_enabled(device):
+            low = torch.get_autocast_dtype(device)
             # the kernels compute in the layer's dtype: what runs around them (weight folds) must too
-            with torch.autocast(self._device().type, enabled=False):
-                return self.forward(self._autocast_input(x), graph)
+            with torch.autocast(device, enabled=False):
+                autocast = self._autocast_runner(low)
+                if autocast is None:  # the layer's own schedule, in its dtype
+                    return self.forward(self._autocast_input(x), graph)
+                # like an op autocast runs in its lower type: the 16-bit schedule, the output in that type
+                return self._forward(self._autocast_input(x), graph, autocast, low)
+        return self._forward(x, graph)
+
+    def _forward(self, x: NodeInput, graph: "HeteroGraph | Batch | None",
+                 autocast: "tuple[str, _Runner] | None" = None, out_dtype: torch.dtype | None = None) -> NodeInput:
         self._check_runnable()
-        runner = self._runner_for(graph)
+        runner = self._runner_for(graph, autocast)
         if not isinstance(runner.graph, Batch):
             flat, as_dict = self._to_flat(x, runner.graph)
-            return self._from_flat(self._run(runner, flat), as_dict, runner.graph)
+            return self._from_flat(self._run(runner, flat, out_dtype), as_dict, runner.graph)
         batch = runner.graph
         if isinstance(x, Mapping):
             for t, v in x.items():
@@ -668,7 +743,7 @@ class Layer(GraphLayer):
         else:
             self._check_tensor(x, batch.num_nodes(), "input")
             flat = x
-        out = self._run(runner, flat)  # a batch's program computes the destinations' rows alone
+        out = self._run(runner, flat, out_dtype)  # a batch's program computes the destinations' rows alone
         return batch.split_dst(out) if isinstance(x, Mapping) else out
 
     def _forward_flat(self, x: Tensor) -> Tensor:
@@ -685,8 +760,10 @@ class Layer(GraphLayer):
 
         return {k: cast(v) for k, v in x.items()} if isinstance(x, Mapping) else cast(x)
 
-    def _run(self, runner: _Runner, x: Tensor) -> Tensor:
+    def _run(self, runner: _Runner, x: Tensor, out_dtype: torch.dtype | None = None) -> Tensor:
         params = [self._parameters[n] for n in self._param_names]
+        if out_dtype is not None:  # an autocast call: float32 in, the autocast type out (gradients back as they came)
+            return self._run_float32(runner, x, params).to(out_dtype)
         half = x.dtype if x.dtype in _AUTOCAST_DTYPES and x.dtype not in self._backend.dtypes else None
         if half is not None:
             # a layer in bfloat16 or float16 on a float32 backend: the kernels read float32 copies (casts autograd
