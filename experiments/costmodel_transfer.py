@@ -48,9 +48,11 @@ def repeat_schedules(db_url: str, w: WorkloadRecord, dataset: str, repeats: int,
             return
         rounds = 1 + repeats - min(counts[h] for h in short)
         t0 = time.time()
-        rounds_ms(Workload(w.model, dataset, w.in_dim, w.out_dim, w.heads, w.backend, data_dir), short, rounds,
+        workload = Workload(w.model, dataset, w.in_dim, w.out_dim, w.heads, w.backend, data_dir, w.mode, w.options,
+                            precision=w.precision)  # a training workload's schedules are timed as training steps
+        rounds_ms(workload, short, rounds,
                   on_result=lambda name, rnd, result: db.record_result(db.start_trial(w, short[name]), result))
-    print(f"repeated {len(short)} schedules of {w.model} on {dataset} in {rounds} interleaved rounds "
+    print(f"repeated {len(short)} schedules of {w.model} ({w.mode}) on {dataset} in {rounds} interleaved rounds "
           f"({time.time() - t0:.0f} s)", flush=True)
 
 

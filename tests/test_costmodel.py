@@ -586,7 +586,9 @@ def test_ranking_metrics_on_a_crafted_example():
     assert topk_error(swapped, true, 5) == 0.0
     assert topk_error([6, 5, 4, 3, 2, 1], true, 5) == pytest.approx(1.0)  # top 5 miss the best (1.0): best of them 2.0
     assert ordered_pair_accuracy([1, 1, 1], [1, 2, 3]) == 0.5  # ties in the prediction: half right
-    assert set(ranking_metrics(true, true)) == {"opa", "kendall_tau", "top1_error", "top5_error"}
+    assert set(ranking_metrics(true, true)) == {"opa", "kendall_tau", "top1_error", "top5_error", "opa_10"}
+    assert ordered_pair_accuracy(swapped, true, margin=0.1) == pytest.approx(14 / 15)  # 1.0 vs 2.0: counted ...
+    assert ordered_pair_accuracy(swapped, [1.0, 1.05, 3, 4, 5, 6], margin=0.1) == 1.0  # ... 1.0 vs 1.05: a near tie
 
 
 def test_costmodel_command_ends_with_the_metrics_line(history):
@@ -595,11 +597,29 @@ def test_costmodel_command_ends_with_the_metrics_line(history):
         rc = cli_main(["costmodel", "--eval", "--db", str(history.url), "--holdout", GRAPHS[0], "--backend", "cpu"])
     lines = buf.getvalue().strip().splitlines()
     assert rc == 0
-    assert re.fullmatch(r"opa=\d\.\d{4} kendall_tau=-?\d\.\d{4} top1_error=\d+\.\d{4} top5_error=\d+\.\d{4}",
+    assert re.fullmatch(r"opa=\d\.\d{4} kendall_tau=-?\d\.\d{4} top1_error=\d+\.\d{4} top5_error=\d+\.\d{4} "
+                        r"opa_10=(\d\.\d{4}|nan)",
                         lines[-1]), lines[-1]
     assert cli_main(["costmodel", "--eval", "--db", str(history.url)]) == 2  # --eval needs --holdout
     with redirect_stdout(io.StringIO()):
         assert cli_main(["costmodel", "--eval", "--db", str(history.url), "--holdout", "no-such-graph"]) == 1
+
+
+def test_costmodel_command_freezes_a_history_and_evaluates_the_frozen_file_alike(history, tmp_path):
+    """``--freeze`` writes the database's ok trials; ``--eval --history`` gives the database's metrics line."""
+    frozen = tmp_path / "h.json.gz"
+    with redirect_stdout(io.StringIO()) as out:
+        assert cli_main(["costmodel", "--db", str(history.url), "--freeze", str(frozen)]) == 0
+    assert out.getvalue().startswith(f"froze {history.count_trials(status='ok', batches='')} ok trials")
+    lines = {}
+    for source in (["--db", str(history.url)], ["--history", str(frozen)]):
+        with redirect_stdout(io.StringIO()) as out:
+            assert cli_main(["costmodel", "--eval", *source, "--holdout", GRAPHS[0], "--backend", "cpu"]) == 0
+        lines[source[0]] = out.getvalue().strip().splitlines()[-1]
+    assert lines["--db"] == lines["--history"]
+    with redirect_stdout(io.StringIO()):
+        assert cli_main(["costmodel", "--history", str(frozen)]) == 2  # a frozen history is evaluated, not trained
+        assert cli_main(["costmodel", "--eval", "--history", str(tmp_path / "none.gz"), "--holdout", "aifb"]) == 2
 
 
 def test_costmodel_command_does_not_create_a_database(tmp_path):

@@ -17,7 +17,7 @@ from rgtune.costmodel.training import fit_on_history
 if TYPE_CHECKING:
     from rgtune.db import TrialDatabase, WorkloadRecord
 
-METRICS = ("opa", "kendall_tau", "top1_error", "top5_error")
+METRICS = ("opa", "kendall_tau", "top1_error", "top5_error", "opa_10")
 
 
 @dataclass
@@ -34,7 +34,7 @@ class HoldoutResult:
     metrics: dict[str, float] = field(default_factory=dict)  # the mean over held-out workloads
 
     def last_line(self) -> str:
-        """``opa=<x> kendall_tau=<x> top1_error=<x> top5_error=<x>``."""
+        """``opa=<x> kendall_tau=<x> top1_error=<x> top5_error=<x> opa_10=<x>``."""
         return " ".join(f"{k}={fmt_metric(self.metrics.get(k, math.nan))}" for k in METRICS)
 
     def as_dict(self) -> dict[str, Any]:
@@ -43,6 +43,13 @@ class HoldoutResult:
 
 def fmt_metric(x: float) -> str:
     return "nan" if x is None or not math.isfinite(x) else f"{x:.4f}"
+
+
+def larger_than(db: "TrialDatabase", max_edges: int) -> Callable[["WorkloadRecord"], bool]:
+    """An ``exclude`` for :func:`evaluate_holdout`: the workloads on graphs of more than ``max_edges`` edges
+    (a model trained on small graphs only, ranking a big one)."""
+    big = {w for w, (_, _, st) in graph_stats(db).items() if int(st.get("num_edges") or 0) > max_edges}
+    return lambda w: w.id in big
 
 
 def _pick_group(hold: list["WorkloadRecord"]) -> tuple[str, str]:
@@ -57,7 +64,8 @@ def evaluate_holdout(db: "TrialDatabase", holdout_dataset: str, *, model: str | 
                      backend: str | None = None, device: str | None = None, cost_model: CostModel | None = None,
                      data_dir: str | None = None, graphs: GraphLoader | None = None,
                      exclude: Callable[["WorkloadRecord"], bool] | None = None,
-                     keep_predictions: bool = False, trust_code: bool = False) -> HoldoutResult:
+                     keep_predictions: bool = False, trust_code: bool = False,
+                     rows: dict[int, dict[str, float]] | None = None) -> HoldoutResult:
     """Train on every other graph's ``ok`` history (same device and backend), rank the held-out one.
 
     The held-out graph is excluded by name and by content (a graph recorded under two names is
@@ -66,7 +74,8 @@ def evaluate_holdout(db: "TrialDatabase", holdout_dataset: str, *, model: str | 
     are the mean over those workloads. ``exclude`` leaves more workloads out of the training
     (ablations); ``keep_predictions`` adds each schedule's ``knobs``, ``pred``, ``true`` (ms) and
     ``first`` (its first measurement, ms). ``trust_code``: import the models the history names that
-    this process has not registered (:mod:`.history`).
+    this process has not registered (:mod:`.history`). ``rows``: a cache of feature rows by trial id of
+    this database, used and filled (evaluations of several held-out graphs compute each row once).
 
     Example:
         >>> from rgtune.db import TrialDatabase
@@ -89,9 +98,11 @@ def evaluate_holdout(db: "TrialDatabase", holdout_dataset: str, *, model: str | 
     hashes = {w.graph_hash for w in hold}
     graphs = graphs or GraphLoader(data_dir)
     template = cost_model or CostModel()
-    fit = fit_on_history(db, template, be, dev, path=None, graphs=graphs, trust_code=trust_code,
+    fit = fit_on_history(db, template, be, dev, path=None, graphs=graphs, trust_code=trust_code, rows=rows,
                          exclude=lambda w: w.dataset == holdout_dataset or w.graph_hash in hashes
                          or (exclude is not None and exclude(w)))
+    if rows is not None:
+        rows.update(fit.rows)
     result = HoldoutResult(holdout_dataset, be, dev, len(fit.samples), len({s.workload for s in fit.samples}),
                            fit.model.status)
     if fit.model.regressor is None:
@@ -110,7 +121,7 @@ def evaluate_holdout(db: "TrialDatabase", holdout_dataset: str, *, model: str | 
         keys = sorted(times)
         true = [float(np.median(times[k])) for k in keys]
         pred = fit.model.predict([ctx.features(knobs[k]) for k in keys])
-        entry = {"workload_id": w.id, "model": w.model, "in_dim": w.in_dim, "out_dim": w.out_dim, "heads": w.heads,
+        entry = {"workload_id": w.id, "model": w.model, "mode": w.mode, "in_dim": w.in_dim, "out_dim": w.out_dim, "heads": w.heads,
                  "schedules": len(keys), "measurements": sum(len(v) for v in times.values()),
                  **ranking_metrics(pred, true)}
         if keep_predictions:

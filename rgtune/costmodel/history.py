@@ -57,6 +57,10 @@ class GraphLoader:
     enabled: bool = True
     _graphs: dict[str, "HeteroGraph | None"] = field(default_factory=dict)
 
+    def missing(self) -> list[str]:
+        """The content hashes asked for that could not be loaded here (their rows have no counts)."""
+        return sorted(h for h, g in self._graphs.items() if g is None)
+
     def add(self, graph: "HeteroGraph") -> None:
         self._graphs[graph.content_hash] = graph
 

@@ -93,8 +93,95 @@ def _et(seed: int) -> Any:
                                         random_state=seed))
 
 
-#: scikit-learn regressors by name: a factory ``seed -> estimator``; any regressor with fit/predict works
-ESTIMATORS: dict[str, Callable[[int], Any]] = {"hgb": _hgb, "gbr": _gbr, "rf": _rf, "et": _et}
+class PairwiseTrees:
+    """Gradient-boosted regression trees on a pairwise ranking loss: what a tuner needs is which of two
+    schedules of one workload is faster, not by how many milliseconds.
+
+    The score ``s`` (lower is faster) is a sum of trees, each fit to the gradient of RankNet's logistic
+    loss ``log(1 + exp(s_fast - s_slow))`` over pairs of one group (a workload) with different targets,
+    at most ``max_pairs`` per group (drawn); a group's pairs weigh, together, what its samples weigh
+    (``sample_weight``: the cost model weighs workloads alike). Times of different workloads are never compared. Trees are scikit-learn's (they route NaN, a row without counts).
+
+    Example:
+        >>> rng = np.random.default_rng(0)
+        >>> x = rng.random((60, 2))
+        >>> y = x[:, 0] * 3 + x[:, 1]                    # the order the trees should learn
+        >>> m = PairwiseTrees(n_estimators=40).fit(x, y, groups=[i % 3 for i in range(60)])
+        >>> s = m.predict(np.array([[0.1, 0.5], [0.9, 0.5]]))
+        >>> bool(s[0] < s[1])
+        True
+    """
+
+    needs_groups = True
+
+    def __init__(self, n_estimators: int = 150, learning_rate: float = 0.1, max_leaf_nodes: int = 15,
+                 min_samples_leaf: int = 5, max_pairs: int = 2000, seed: int = 0) -> None:
+        self.n_estimators, self.learning_rate = n_estimators, learning_rate
+        self.max_leaf_nodes, self.min_samples_leaf = max_leaf_nodes, min_samples_leaf
+        self.max_pairs, self.seed = max_pairs, seed
+        self.trees: list[Any] = []
+
+    def _pairs(self, y: np.ndarray, groups: Sequence[Any], weight: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(faster, slower, weight) of the pairs, weights with mean 1."""
+        rng = np.random.default_rng(self.seed)
+        by_group: dict[Any, list[int]] = defaultdict(list)
+        for i, g in enumerate(groups):
+            by_group[g].append(i)
+        fast, slow, w = [], [], []
+        for g in sorted(by_group, key=str):
+            idx = np.asarray(by_group[g])
+            a, b = np.triu_indices(len(idx), 1)
+            a, b = idx[a], idx[b]
+            a, b = a[y[a] != y[b]], b[y[a] != y[b]]
+            f, sl = np.where(y[a] < y[b], a, b), np.where(y[a] < y[b], b, a)
+            if len(f) > self.max_pairs:
+                pick = rng.choice(len(f), self.max_pairs, replace=False)
+                f, sl = f[pick], sl[pick]
+            if len(f):
+                fast.append(f)
+                slow.append(sl)
+                w.append(np.full(len(f), weight[idx].mean() * len(idx) / len(f)))
+        if not fast:
+            raise ValueError("no pair of samples of one group with different targets: nothing to rank")
+        pw = np.concatenate(w)
+        return np.concatenate(fast), np.concatenate(slow), pw / pw.mean()
+
+    def fit(self, x: np.ndarray, y: np.ndarray, groups: Sequence[Any],
+            sample_weight: np.ndarray | None = None) -> "PairwiseTrees":
+        from sklearn.tree import DecisionTreeRegressor
+
+        y = np.asarray(y, dtype=float)
+        n = len(y)
+        fast, slow, w = self._pairs(y, groups, np.ones(n) if sample_weight is None else np.asarray(sample_weight))
+        mass = np.bincount(fast, w, n) + np.bincount(slow, w, n)  # how much of the loss each sample is in
+        s = np.zeros(n)
+        self.trees = []
+        for m in range(self.n_estimators):
+            p = 1.0 / (1.0 + np.exp(s[slow] - s[fast]))  # the chance the model orders a pair wrong
+            grad = np.bincount(fast, w * p, n) - np.bincount(slow, w * p, n)
+            tree = DecisionTreeRegressor(max_leaf_nodes=self.max_leaf_nodes, min_samples_leaf=self.min_samples_leaf,
+                                         random_state=self.seed + m)
+            # each sample's mean gradient, weighted by its share of the loss (samples in no pair weigh nothing)
+            tree.fit(x, -grad / np.maximum(mass, 1e-12), sample_weight=mass + 1e-12)
+            s += self.learning_rate * tree.predict(x)
+            self.trees.append(tree)
+        return self
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        out = np.zeros(len(x))
+        for tree in self.trees:
+            out += self.learning_rate * tree.predict(x)
+        return out
+
+
+def _pairwise(seed: int) -> PairwiseTrees:
+    return PairwiseTrees(seed=seed)
+
+
+#: scikit-learn regressors by name: a factory ``seed -> estimator``; any regressor with fit/predict works (one
+#: with ``needs_groups`` is given each sample's workload as ``groups``)
+ESTIMATORS: dict[str, Callable[[int], Any]] = {"hgb": _hgb, "gbr": _gbr, "rf": _rf, "et": _et, "pairwise": _pairwise}
 
 
 def normalized_targets(samples: Sequence[Sample], target: str) -> np.ndarray:
@@ -224,10 +311,14 @@ class CostModel:
         x = self.encoder.transform(rows)
         factory = ESTIMATORS[self.estimator] if isinstance(self.estimator, str) else self.estimator
         reg = factory(self.seed)
+        kwargs = self._fit_kwargs(reg, samples, current)
+        if getattr(reg, "needs_groups", False):
+            kwargs["groups"] = [s.workload for s in samples]
         with _one_thread():
-            reg.fit(x, y, **self._fit_kwargs(reg, samples, current))
+            reg.fit(x, y, **kwargs)
         self.regressor = reg
-        self.log_scale = _log_scale(samples, y)
+        # a ranker's scores are not the target's scale: the slope of log time on its own scores, within workloads
+        self.log_scale = _log_scale(samples, reg.predict(x) if getattr(reg, "needs_groups", False) else y)
         log.info("%s", self.status)
         return self
 

@@ -1,0 +1,104 @@
+"""The cost model's frozen history: run the trial studies it is made of into one database.
+
+`collect` runs, one after another, the `rgtune tune` studies of the plan below into --db (cost model off, no
+confirmation; a study that already has its trials is resumed to its count, not repeated, so an interrupted
+collection goes on where it stopped). `rgtune costmodel --freeze` then writes the database's `ok` trials to the
+compact file the test command reads (tests/data/costmodel_history.json.gz, `rgtune.costmodel.frozen`), and
+`rgtune costmodel --eval --history FILE --holdout D` ranks a held-out graph on it, with the same numbers on
+every machine.
+
+The plan: every model in both modes on the real graphs (random schedules: a held-out graph's schedules should
+cover its space, not only the region a search found) and on four small synthetic graphs (TPE); a BGS-sized
+graph (random, inference and training) and an AM-sized one (random, inference): the big graphs are ranked by a
+model trained on small graphs only (`--train-max-edges`), what the transfer goal asks.
+
+Examples::
+
+    python experiments/frozen_history.py collect --db sqlite:///frozen.db --threads 1
+    python experiments/frozen_history.py collect --db sqlite:///frozen.db --threads 1 --only synthetic:bgs
+    rgtune costmodel --db sqlite:///frozen.db --freeze tests/data/costmodel_history.json.gz
+    rgtune costmodel --eval --history tests/data/costmodel_history.json.gz --holdout aifb
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import parser  # noqa: E402
+
+MODELS = ("rgcn", "rgat", "hgt")
+MODES = ("inference", "training")
+SMALL_SYNTHETIC = ("synthetic:bgs,scale=0.1", "synthetic:am,scale=0.01", "synthetic:ogbn-mag,scale=0.003,reverse=1",
+                   "synthetic:custom,nodes=20000,edges=100000,ntypes=4,rels=20,degree_skew=1.5")
+
+
+@dataclass(frozen=True)
+class Study:
+    dataset: str
+    model: str
+    mode: str
+    trials: int
+    sampler: str
+
+    def argv(self, db: str, threads: int, seed: int, hidden: int) -> list[str]:
+        return ["rgtune", "tune", "--model", self.model, "--dataset", self.dataset, "--mode", self.mode,
+                "--in-dim", str(hidden), "--out-dim", str(hidden), "--trials", str(self.trials),
+                "--sampler", self.sampler, "--seed", str(seed), "--threads", str(threads), "--cost-model", "off",
+                "--confirm", "0", "--db", db, "--quiet"]
+
+
+def plan() -> list[Study]:
+    """The studies, the held-out graphs' first (a collection cut short still evaluates)."""
+    out = [Study(d, m, mode, 60, "random") for d in ("aifb", "mutag") for mode in MODES for m in MODELS]
+    out += [Study(d, m, mode, 40, "tpe") for d in SMALL_SYNTHETIC[:2] for mode in MODES for m in MODELS]
+    out += [Study("synthetic:bgs", m, "inference", 20, "random") for m in MODELS]
+    out += [Study(d, m, mode, 40, "tpe") for d in SMALL_SYNTHETIC[2:] for mode in MODES for m in MODELS]
+    out += [Study("synthetic:bgs", m, "training", 12, "random") for m in MODELS]
+    out += [Study("synthetic:am", m, "inference", 10, "random") for m in MODELS]
+    return out
+
+
+def _have(db: str, s: Study, hidden: int) -> int:
+    """How many trials the study already has (0 when it does not exist yet)."""
+    from rgtune.db import TrialDatabase
+
+    with TrialDatabase(db) as tdb:
+        found = [w for w in tdb.workloads(model=s.model, dataset=s.dataset, batches="")
+                 if w.mode == s.mode and w.in_dim == hidden and w.out_dim == hidden]
+        return sum(len(tdb.history(w)) for w in found)
+
+
+def collect(db: str, threads: int, seed: int, hidden: int, only: str | None) -> None:
+    studies = [s for s in plan() if only is None or s.dataset == only]
+    for i, s in enumerate(studies, 1):
+        have = _have(db, s, hidden)
+        left = s.trials - have
+        if left <= 0:
+            print(f"[{i}/{len(studies)}] {s.model} {s.mode} {s.dataset}: has {have} trials", flush=True)
+            continue
+        t0 = time.time()
+        argv = Study(s.dataset, s.model, s.mode, left, s.sampler).argv(db, threads, seed, hidden)
+        rc = subprocess.run(argv, stdout=subprocess.DEVNULL).returncode
+        print(f"[{i}/{len(studies)}] {s.model} {s.mode} {s.dataset}: {left} trials in {time.time() - t0:.0f} s"
+              + ("" if rc == 0 else f" (exit {rc})"), flush=True)
+
+
+def main() -> None:
+    p = parser(__doc__)
+    p.add_argument("action", choices=("collect",))
+    p.add_argument("--db", default="sqlite:///frozen_history.db", help="the trial database")
+    p.add_argument("--threads", type=int, default=1, help="OpenMP threads of the measured kernels (default 1)")
+    p.add_argument("--seed", type=int, default=43)
+    p.add_argument("--hidden", type=int, default=64, help="feature size, in = out (default 64)")
+    p.add_argument("--only", default=None, help="only the studies of this dataset")
+    args = p.parse_args()
+    collect(args.db, args.threads, args.seed, args.hidden, args.only)
+
+
+if __name__ == "__main__":
+    main()
