@@ -165,7 +165,7 @@ def _samples(db: TrialDatabase) -> list[Sample]:
     return fit_on_history(db, CostModel(min_trials=1), "cpu", _device(db), path=None, graphs=LOADED).samples
 
 
-@pytest.mark.parametrize("estimator", ["hgb", "et"])
+@pytest.mark.parametrize("estimator", ["hgb", "et", "pairwise"])
 def test_training_on_other_graphs_ranks_a_new_one(history, estimator):
     fit = fit_on_history(history, CostModel(estimator), "cpu", _device(history), path=None, graphs=LOADED,
                          exclude=lambda w: w.dataset == GRAPHS[2])
@@ -175,6 +175,7 @@ def test_training_on_other_graphs_ranks_a_new_one(history, estimator):
     r = evaluate_holdout(history, GRAPHS[2], cost_model=CostModel(estimator), graphs=LOADED)
     assert r.n_train == 30 and r.per_workload[0]["schedules"] >= 10
     assert r.metrics["opa"] > 0.75, r.metrics  # the made-up device is a function of the counts
+    assert fit.model.log_scale > 0  # scores read as log time the right way round (a ranker's slope is fit)
 
 
 def test_a_compiler_update_keeps_the_history_but_another_device_does_not(history, tmp_path):
