@@ -87,7 +87,7 @@ def _real_graph_cases() -> list:
     for d in ("aifb", "mutag"):
         for c in _REAL_GRAPH_CASES:
             if c[0] != "rgcn" and not (d == "mutag" and c[0] == "hgt"):
-                cases.append((d, *c, 9 if c[0] == "hgt" else 5))  # HGT has the most configurations
+                cases.append((d, *c, 17 if c[0] == "hgt" else 5))  # HGT has the most configurations
             exhaustive = c[0] != "rgcn"
             cases.append(pytest.param(d, *c, 1, marks=pytest.mark.exhaustive) if exhaustive else (d, *c, 1))
     return cases
