@@ -89,23 +89,17 @@ def freeze(db: "TrialDatabase", out: str | Path | IO[bytes], *, backend: str | N
         if not trials:
             continue
         names = sorted({k for t in trials for k in t.knobs})
-        values: dict[str, list[Any]] = {k: [] for k in names}
-        rows = []
-        for t in trials:
-            row = []
-            for k in names:
-                v = t.knobs.get(k)
-                if v not in values[k]:
-                    values[k].append(v)
-                row.append(values[k].index(v))
-            rows.append([round(float(t.median_ms), 6), row])
+        # each knob's distinct values, in order of first use -> their index (JSON values: hashable scalars)
+        values: dict[str, dict[Any, int]] = {k: {} for k in names}
+        rows = [[round(float(t.median_ms), 6), [values[k].setdefault(t.knobs.get(k), len(values[k])) for k in names]]
+                for t in trials]
         name, content_hash, graph_stats_ = stats[w.id]
         workloads.append({
             "model": w.model, "in_dim": w.in_dim, "out_dim": w.out_dim, "heads": w.heads, "options": w.options,
             "mode": w.mode, "backend": w.backend, "precision": w.precision,
             "device": devices[w.device_fingerprint],
             "graph": {"name": name, "content_hash": content_hash, "stats": graph_stats_},
-            "knobs": [[k, values[k]] for k in names], "trials": rows})
+            "knobs": [[k, list(values[k])] for k in names], "trials": rows})
         total += len(rows)
     payload = json.dumps({"format": FORMAT, "format_version": FORMAT_VERSION, "workloads": workloads},
                          sort_keys=True, separators=(",", ":")).encode()

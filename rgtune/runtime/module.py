@@ -103,6 +103,7 @@ from rgtune.data.batch import Batch, BatchTypeError
 from rgtune.data.graph import HeteroGraph
 from rgtune.data.graph_layer import GraphLayer, NodeInput
 from rgtune.ir.kernels import KernelProgram, WeightKernel
+from rgtune.ir.passes.precision import STORAGE_KNOBS
 from rgtune.ir.program import Param, Program
 from rgtune.ir.registry import model_spec
 from rgtune.runtime import ops
@@ -451,13 +452,14 @@ class Layer(GraphLayer):
         if mode not in MODES:
             raise ValueError(f"{type(self).__name__}: unknown mode {mode!r}; choose one of {list(MODES)}")
         self.mode = mode
-        self.inference_config, self.training_config = _configs(self._spaces(graph), dict(config or {}))
+        spaces = self._spaces(graph)
+        self.inference_config, self.training_config = _configs(spaces, dict(config or {}))
         self.autocast_configs: dict[str, dict[str, dict[str, Any]]] = {}
         for storage, given in (autocast_config or {}).items():
             if storage not in _AUTOCAST_STORAGE.values():
                 raise ValueError(f"{type(self).__name__}: autocast_config has a schedule for {storage!r}; its keys are "
                                  f"the 16-bit storage types, {sorted(_AUTOCAST_STORAGE.values())}")
-            inference, training = _configs(self._spaces(graph), dict(given))
+            inference, training = _configs(spaces, dict(given))
             self.autocast_configs[storage] = {"inference": inference, "training": training}
         self.provenance: dict[str, Any] = dict(provenance or {"source": "explicit" if config else "default"})
         self._start_runner()
@@ -499,7 +501,7 @@ class Layer(GraphLayer):
         # keyed by (graph, the storage of an autocast call's schedule; None: the layer's own)
         self._other_graphs: OrderedDict[tuple[int, str | None], tuple[HeteroGraph, _Runner]] | None = OrderedDict()
         self._last_batch: tuple[Batch, str | None, _Runner] | None = None  # the batch just bound (bind, then the call)
-        self._autocast_runners: dict[str, _Runner | None] | None = {}
+        self._autocast_runners: dict[str, _Runner | None] = {}  # by storage type; None: none (built on first use)
 
     def _new_runner(self, graph: HeteroGraph, eager: str, configs: Mapping[str, Mapping[str, Any]] | None = None
                     ) -> _Runner:
@@ -542,7 +544,7 @@ class Layer(GraphLayer):
         spaces = self._spaces(self.graph)
         out = {"inference": dict(self.inference_config), "training": dict(self.training_config)}
         for mode, config in out.items():
-            for knob in (k for k in spaces[mode].knobs if k.name in config and k.name.startswith("precision.")):
+            for knob in (spaces[mode].knob(k.name) for k in STORAGE_KNOBS if k.name in config):
                 if storage not in knob.choices:
                     return None  # this target stores no such type
                 config[knob.name] = storage
@@ -551,11 +553,9 @@ class Layer(GraphLayer):
     def _autocast_runner(self, dtype: torch.dtype) -> "tuple[str, _Runner] | None":
         """(storage, runner) of the schedules :meth:`autocast_schedule` names, built on first use; None: none."""
         storage = _AUTOCAST_STORAGE.get(dtype)
-        runners = self._autocast_runners
-        if runners is None:
-            runners = self._autocast_runners = {}
         if storage is None:
             return None
+        runners = self._autocast_runners
         if storage not in runners:
             configs = self.autocast_schedule(dtype)
             runners[storage] = None if configs is None else self._new_runner(self.graph, self.mode, configs)
