@@ -159,17 +159,20 @@ class CEmitter:
         return name
 
     # ------------------------------------------------------------------ elements
+    def lvalue(self, e: Load, h: str, d: str) -> str:
+        """The C lvalue of element ``(h, d)`` of load ``e``, as stored (a 16-bit element unconverted)."""
+        heads, dim = self.buffers[e.buffer]  # the row's width; the load's own heads x dim index within it
+        h, d = (h if e.heads > 1 else "0"), (d if e.dim > 1 else "0")
+        return f"{e.buffer}[{self._offset(self.index(e.via), heads * dim, e.heads, e.dim, h, d)}]"
+
     def element(self, e: Expr, h: str, d: str) -> str:
         """C expression of element ``(h, d)`` of ``e`` (``h``/``d`` are C expressions)."""
         hh = h if e.heads > 1 else "0"
         dd = d if e.dim > 1 else "0"
         if isinstance(e, Load):
-            heads, dim = self.buffers[e.buffer]  # the row's width; the load's own heads x dim index within it
-            row = self.index(e.via)
-            load = c_load(self.storage.get(e.buffer, "float32"),
-                          f"{e.buffer}[{self._offset(row, heads * dim, e.heads, e.dim, hh, dd)}]")
+            load = c_load(self.storage.get(e.buffer, "float32"), self.lvalue(e, hh, dd))
             # a destinations' buffer read at any node: zero past them (the kernel has num_dst_nodes)
-            return f"(({row}) < {DST_ROWS} ? {load} : 0.0f)" if e.guard else load
+            return f"(({self.index(e.via)}) < {DST_ROWS} ? {load} : 0.0f)" if e.guard else load
         if isinstance(e, Acc):
             assert self.acc_shape is not None, "acc outside a GEMM epilogue"
             heads, dim = self.acc_shape

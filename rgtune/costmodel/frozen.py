@@ -114,7 +114,6 @@ def freeze(db: "TrialDatabase", out: str | Path | IO[bytes], *, backend: str | N
 def thaw(source: str | Path | IO[bytes], db: "TrialDatabase | None" = None) -> "TrialDatabase":
     """The frozen history ``source`` loaded into ``db`` (default a new in-memory SQLite database)."""
     from rgtune.db import DeviceInfo, TrialDatabase
-    from rgtune.db.trial_result import TrialResult
 
     raw = Path(source).read_bytes() if isinstance(source, (str, Path)) else source.read()
     payload = json.loads(gzip.decompress(raw))
@@ -132,7 +131,6 @@ def thaw(source: str | Path | IO[bytes], db: "TrialDatabase | None" = None) -> "
                                  out_dim=w["out_dim"], heads=w["heads"], backend=w["backend"], mode=w["mode"],
                                  options=w["options"], precision=w["precision"])
         knobs = w["knobs"]
-        for ms, row in w["trials"]:
-            config = {name: choices[i] for (name, choices), i in zip(knobs, row)}
-            db.record_result(db.start_trial(rec, config), TrialResult("ok", median=float(ms) / 1e3))
+        db.import_measured(rec, (({name: choices[i] for (name, choices), i in zip(knobs, row)}, float(ms))
+                                 for ms, row in w["trials"]))
     return db

@@ -673,6 +673,49 @@ class TrialDatabase:
             predicted_ms=d.predicted_ms, peak_bytes=d.memory.recorded_bytes, details=d)
 
     @_translated
+    def import_measured(self, workload: WorkloadRef, rows: Iterable[tuple[Mapping[str, Any], float]]) -> int:
+        """Record finished ``ok`` trials of ``workload`` from ``(knobs, median_ms)`` rows, all in one transaction
+        (a history loaded from elsewhere, e.g. :func:`rgtune.costmodel.frozen.thaw`: thousands of trials, where
+        :meth:`start_trial` and :meth:`record_result` commit twice each); how many.
+
+        Example:
+            >>> from rgtune.data.synthetic import random_graph
+            >>> db = TrialDatabase("sqlite://")
+            >>> g = random_graph((10, 20), num_relations=2, num_edges=60, seed=0)
+            >>> w = db.ensure_workload("rgcn", g, DeviceInfo(name="cpu0", backend="cpu"), in_dim=8, out_dim=8)
+            >>> db.import_measured(w, [({"layout": "csr"}, 2.0), ({"layout": "coo"}, 3.0), ({"layout": "csr"}, 2.5)])
+            3
+            >>> sorted(t.median_ms for t in db.history(w))
+            [2.0, 2.5, 3.0]
+        """
+        wid = workload_id_of(workload)
+        measured = []
+        for knobs, ms in rows:
+            median = finite_or_none(float(ms), "median_ms")
+            if median is None or median < 0:
+                raise ValueError(f"an 'ok' trial needs a finite median_ms >= 0, got {ms!r}")
+            measured.append((*canonical_knobs(knobs), median))
+        now, me = _utcnow(), worker_id()
+
+        def fn(s: Session) -> int:
+            if s.get(Workload, wid) is None:
+                raise NotFoundError(f"{self.name} has no workload with id {wid}")
+            ids = {h: int(i) for h, i in s.execute(sa.select(Schedule.hash, Schedule.id).where(
+                Schedule.hash.in_({digest for _, digest, _ in measured})))}
+            for canon, digest, _ in measured:
+                if digest not in ids:
+                    row = Schedule(hash=digest, knobs=canon, created_at=now)
+                    s.add(row)
+                    s.flush()
+                    ids[digest] = int(row.id)
+            s.add_all(Trial(workload_id=wid, schedule_id=ids[digest], status=TrialStatus.OK.value, median_ms=median,
+                            worker=me, rgtune_version=rgtune.__version__, started_at=now, heartbeat_at=now,
+                            finished_at=now) for _, digest, median in measured)
+            return len(measured)
+
+        return self._write(fn)
+
+    @_translated
     def mark_stale_running(
         self,
         workload: WorkloadRef | None = None,

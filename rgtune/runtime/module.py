@@ -50,8 +50,8 @@ caller's back, except under ``torch.autocast``: there a float32 layer runs like 
 computes in its lower type: its input is taken in float32 (a float16 or bfloat16 one, what autocast's
 earlier ops return, cast up), it runs the schedule of that type (:meth:`Layer.autocast_schedule`: the one
 ``load_tuned`` found tuned with that precision, else its own with its intermediates stored in that type)
-and returns that type; its parameters and their gradients stay float32. Where the backend's target stores
-no such type (``cuda`` today) it runs its own schedule and returns float32. The
+and returns that type; its parameters and their gradients stay float32 (the ``cpu`` and ``cuda`` targets
+store both 16-bit types; where a target stored none, the layer would run its own schedule in float32). The
 ``reference`` backend computes in the dtype of the layer (any float dtype; float64 for
 :func:`torch.autograd.gradcheck`), and its parameters follow torch's default dtype.
 

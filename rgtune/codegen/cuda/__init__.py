@@ -9,8 +9,9 @@
 * :mod:`.emulate`: the same kernels run on the CPU (C++ with green-thread CUDA built-ins), so
   their results are checked against the reference where no GPU is present.
 
-Precision is fp32 (``fmaf``, no fast-math); TF32/BF16 tensor-core GEMMs would be a later
-schedule knob and are not implemented.
+Precision: sums and products in float32 (``fmaf``, no fast-math); the buffers that ``precision.*``
+stores in bfloat16 or float16 are loaded (widened) and stored (rounded once) in that type by every
+template (:data:`._expr.LOW_PRECISION_CUDA`). Tensor-core GEMMs (bf16/fp16 MMA) are not implemented.
 
 Example:
     >>> from rgtune.codegen.base import create

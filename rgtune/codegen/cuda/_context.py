@@ -24,7 +24,7 @@ from typing import Iterable, Mapping, Sequence
 from rgtune.codegen.cuda._expr import (GRAPH_ARRAYS, Emitter, RowIndex, constants_in, loads_in, params_in,
                                        rename_buffers)
 from rgtune.codegen.cuda._unit import Arg, Launch, Signature, Temp
-from rgtune.codegen.cfamily import DST_ROWS
+from rgtune.codegen.cfamily import C_TYPES, DST_ROWS, c_load, c_store
 from rgtune.ir.kernels import DST_NODE, Expr, KernelProgram, Load
 
 
@@ -56,6 +56,34 @@ class Context:
             shapes[c] = (b.heads, b.dim)
         return shapes
 
+    def _buffer_of(self, cname: str) -> str | None:
+        """The IR buffer a C name stands for (an output, an input, or one the template added), if any."""
+        for ir, c in {**self.inputs, **self.outputs}.items():
+            if c == cname:
+                return ir
+        return next((a.ref for a in self.extra if a.kind == "buffer" and a.cname == cname), None)
+
+    def storage_of(self, cname: str) -> str:
+        """The storage type of the buffer named ``cname`` in the kernel (``float32`` for anything else)."""
+        ir = self._buffer_of(cname)
+        return "float32" if ir is None else self.kp.buffers[ir].dtype
+
+    def storage(self) -> dict[str, str]:
+        """C name -> storage type of the kernel's buffers not stored as float32 (what a load converts)."""
+        names = [*self.inputs.values(), *self.outputs.values(), *(a.cname for a in self.extra if a.kind == "buffer")]
+        return {c: t for c in names if (t := self.storage_of(c)) != "float32"}
+
+    def load(self, cname: str, element: str) -> str:
+        """The float value of ``element`` of buffer ``cname`` (converted from its storage type)."""
+        return c_load(self.storage_of(cname), element)
+
+    def store(self, cname: str, value: str) -> str:
+        """``value`` as an element of buffer ``cname`` (rounded to its storage type)."""
+        return c_store(self.storage_of(cname), value)
+
+    def _pointer(self, ir: str, const: bool) -> str:
+        return ("const " if const else "") + C_TYPES[self.kp.buffers[ir].dtype] + "*"
+
     def mapping_comment(self) -> str:
         parts = [f"{c} = {ir}" for ir, c in {**self.outputs, **self.inputs}.items()]
         return ", ".join(parts)
@@ -69,9 +97,12 @@ class Context:
     def emitter(self, domain: str, rid: str = "rid", acc_shape: tuple[int, int] | None = None,
                 extra_buffers: Mapping[str, tuple[int, int]] | None = None) -> Emitter:
         shapes = {**self.buffer_shapes(), **(extra_buffers or {})}
-        return Emitter(shapes, dict(self.kp.param_shapes), self.index(domain, rid), acc_shape)
+        return Emitter(shapes, dict(self.kp.param_shapes), self.index(domain, rid), acc_shape, self.storage())
 
-    def add_input(self, kind: str, ref: str, cname: str, ctype: str = "const float*") -> str:
+    def add_input(self, kind: str, ref: str, cname: str, ctype: str | None = None) -> str:
+        """Adds argument ``cname`` (a buffer: of its storage type; else ``const float*`` unless ``ctype``)."""
+        if ctype is None:
+            ctype = self._pointer(ref, True) if kind == "buffer" else "const float*"
         self.extra.append(Arg(kind, ref, cname, ctype))  # type: ignore[arg-type]
         return cname
 
@@ -83,9 +114,9 @@ class Context:
     def args(self, tables: Iterable[str] = (), sizes: Iterable[tuple[str, str]] = ()) -> tuple[Arg, ...]:
         sig = Signature()
         for ir, c in self.outputs.items():
-            sig.add("buffer", ir, c, "float*")
+            sig.add("buffer", ir, c, self._pointer(ir, False))
         for ir, c in self.inputs.items():
-            sig.add("buffer", ir, c, "const float*")
+            sig.add("buffer", ir, c, self._pointer(ir, True))
         for a in self.extra:
             sig.add(a.kind, a.ref, a.cname, a.ctype)
         for p in params_in(self.exprs):

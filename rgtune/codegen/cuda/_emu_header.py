@@ -20,6 +20,7 @@ of the time, which is most of what checking many kernels on the emulator costs.
 """
 
 EMU_HEADER = r"""
+#define RG_EMULATED 1  // the 16-bit conversions without PTX (rgtune.codegen.cuda._expr.LOW_PRECISION_CUDA)
 #undef _FORTIFY_SOURCE  // its longjmp check refuses the switches between the green threads' stacks
 #include <setjmp.h>
 #include <string.h>
@@ -150,6 +151,7 @@ static inline float __shfl_xor_sync(unsigned, float v, int o) {
 static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
 static inline int __float_as_int(float f) { int i; memcpy(&i, &f, 4); return i; }
 static inline unsigned __float_as_uint(float f) { unsigned i; memcpy(&i, &f, 4); return i; }
+static inline float __uint_as_float(unsigned i) { float f; memcpy(&f, &i, 4); return f; }
 static inline float atomicAdd(float* a, float v) { float o = *a; *a = o + v; return o; }
 static inline float2 atomicAdd(float2* a, float2 v) { float2 o = *a; a->x += v.x; a->y += v.y; return o; }
 static inline float4 atomicAdd(float4* a, float4 v) {

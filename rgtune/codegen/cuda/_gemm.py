@@ -224,7 +224,8 @@ def _acc_rows(k: GemmKernel, ctx: Context, strategy: str, out_width: int) -> str
     else a scratch temp (the output is discarded, accumulated or stored elsewhere)."""
     if strategy != "row":
         return None
-    if k.out is not None and not k.accumulate and k.out_via == "row":
+    # a 16-bit output row holds the value rounded: the epilogue reads the float32 one (as the CPU's does)
+    if k.out is not None and not k.accumulate and k.out_via == "row" and ctx.storage_of("out") == "float32":
         return "out"
     return ctx.add_temp(Temp("acc_rows", k.rows, out_width, 0.0))
 
@@ -345,12 +346,13 @@ def _input_slice(plan: _GemmPlan) -> list[str]:
     """``As``: the k-slice of the tile's gathered input rows, zero past the rows and the k extent."""
     in_bounds = "xr >= 0" + (f" && k0 + kk < {plan.reduce_dim}" if plan.partial_k else "")
     head_offset = f"(long)hb * {plan.reduce_dim} + " if plan.kernel.per_head else ""
+    x_element = plan.ctx.load("x", f"x[(long)xr * {plan.x_width} + {head_offset}k0 + kk]")
     return [
         f"      for (int i = tid; i < {plan.tile_rows * plan.tile_k}; i += {plan.threads}) {{"
         "  // gathered input rows, consecutive k per thread",
         f"        const int lr = i / {plan.tile_k}, kk = i % {plan.tile_k};",
         "        const idx_t xr = s_xrow[lr];",
-        f"        As[kk][lr] = ({in_bounds}) ? x[(long)xr * {plan.x_width} + {head_offset}k0 + kk] : 0.0f;",
+        f"        As[kk][lr] = ({in_bounds}) ? {x_element} : 0.0f;",
         "      }",
     ]
 
@@ -436,7 +438,7 @@ def _store_value(plan: _GemmPlan) -> list[str]:
             lines.append(f"        atomicAdd(&out[(long)({plan.out_row}) * {plan.out_width} + col], v);"
                          f"  // accumulate: rows add into {k.out_via}")
         elif k.out_via == "row":
-            lines.append(f"        out[(long)rid * {plan.out_width} + col] = v;")
+            lines.append(f"        out[(long)rid * {plan.out_width} + col] = {plan.ctx.store('out', 'v')};")
         else:  # pragma: no cover - the lowering stores at "row" unless accumulating
             raise UnsupportedKernel(f"{k.name}: store at {k.out_via} without accumulate")
     if plan.acc_rows == "acc_rows":
@@ -532,7 +534,7 @@ def _epilogue_output(plan: _GemmPlan, i: int, name: str, e: Expr) -> list[str]:
         lines.append(f"    const float* acc = {plan.acc_rows} + (long)rid * {plan.out_width};"
                      "  // the finished output row")
     lines += ["    " + st for st in stmts]
-    lines += [f"    ep{i}[(long)rid * {heads * dim} + h * {dim} + d] = {value};", "  }"]
+    lines += [f"    ep{i}[(long)rid * {heads * dim} + h * {dim} + d] = {plan.ctx.store(f'ep{i}', value)};", "  }"]
     return lines
 
 
@@ -556,7 +558,7 @@ def _unit(plan: _GemmPlan, lines: list[str]) -> KernelUnit:
             f"threads {plan.thread_rows}x{plan.thread_cols}",
             f"epilogue strategy: {plan.strategy}" if k.epilogue else "no epilogue",
         ]),
-        prelude(plan.program.index_bits),
+        prelude(plan.program.index_bits, plan.ctx.storage().values()),
         _find_pair_if_needed(plan.ctx),
         body, ""])
     header = comment_block([f"rgtune CUDA kernel for IR kernel {k.name} (program {plan.program.name})"]

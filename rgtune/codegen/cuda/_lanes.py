@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+from rgtune.codegen.cfamily import c_load, c_store
 from rgtune.codegen.cuda._expr import Emitter, warp_reductions
 from rgtune.ir.kernels import ConcatE, Expr, InnerE, KernelProgram, Load, ParamLoad, ReduceE, SliceE, expr_str
 
@@ -64,11 +65,13 @@ def chunk(em: Emitter, exprs: list[Expr], dim: int, vw: int, kp: KernelProgram,
     """
     lines: list[str] = []
     comp = _Component()
-    vt = f"float{vw}"
     for n, leaf in enumerate(vector_leaves(exprs, dim, vw, kp)):
-        addr = em.element(leaf, "h", "d0")
+        storage = em.storage.get(leaf.buffer, "float32") if isinstance(leaf, Load) else "float32"
+        # a 16-bit row: vw elements in one 4- or 8-byte load, each widened as it is used
+        vt = f"float{vw}" if storage == "float32" else f"rg_16x{vw}"
+        addr = em.lvalue(leaf, "h", "d0") if isinstance(leaf, Load) else em.element(leaf, "h", "d0")
         lines.append(f"{indent}const {vt} L{n} = *reinterpret_cast<const {vt}*>(&{addr});")
-        em.leaf_subst[leaf] = (lambda n: lambda h, d: f"L{n}.{_COMP[comp.c]}")(n)
+        em.leaf_subst[leaf] = (lambda n, storage: lambda h, d: c_load(storage, f"L{n}.{_COMP[comp.c]}"))(n, storage)
     values: list[list[str]] = [[] for _ in exprs]
     for c in range(vw):
         comp.c = c
@@ -122,9 +125,17 @@ def _short(e: Expr) -> str:
     return s if len(s) < 70 else s[:67] + "..."
 
 
-def store_vec(target: str, vals: list[str], indent: str, op: str = "=") -> list[str]:
-    """``target[0 .. len(vals))`` (op)= vals, as one vector access when there are 2 or 4."""
+def store_vec(target: str, vals: list[str], indent: str, op: str = "=", storage: str = "float32") -> list[str]:
+    """``target[0 .. len(vals))`` (op)= vals, as one vector access when there are 2 or 4; ``storage``: the
+    target's type (a 16-bit row is stored, rounded once, never added into: its sums stay float32)."""
     vw = len(vals)
+    if storage != "float32":
+        if op != "=":
+            raise ValueError(f"a {storage} buffer is stored, never accumulated into ({op!r}): sums stay float32")
+        vals = [c_store(storage, v) for v in vals]
+        if vw == 1:
+            return [f"{indent}{target} = {vals[0]};"]
+        return [f"{indent}*reinterpret_cast<rg_16x{vw}*>(&{target}) = rg_16x{vw}{{{', '.join(vals)}}};"]
     if vw == 1:
         return [f"{indent}{target} {op} {vals[0]};"]
     vt = f"float{vw}"

@@ -31,7 +31,7 @@ def map_unit(k: MapKernel, s: Mapping[str, Any], kp: KernelProgram) -> KernelUni
         f"  const int f = (int)(i % {F}), h = f / {D}, d = f % {D};",
         "  (void)h; (void)d;",
         *["  " + st for st in stmts],
-        f"  out[i] = {val};",
+        f"  out[i] = {ctx.store('out', val)};",
         "}",
     ]
     args = ctx.args((), [(k.rows, "num_rows")])
@@ -40,7 +40,7 @@ def map_unit(k: MapKernel, s: Mapping[str, Any], kp: KernelProgram) -> KernelUni
     extras = [FIND_PAIR] if kp.pair_index == "bsearch" and {"sp_offsets", "dp_offsets"} & used else []
     code = "\n".join([comment_block([f"template map over {k.rows} rows: out = {expr_str(value)}",
                                      f"schedule: threads={NT}; a thread per (row, feature)"]),
-                      prelude(kp.index_bits), *extras, body, ""])
+                      prelude(kp.index_bits, ctx.storage().values()), *extras, body, ""])
     header = comment_block([f"rgtune CUDA kernel for IR kernel {k.name} (program {kp.name})",
                             "  " + k.describe(), f"  buffers: {ctx.mapping_comment()}"])
     return KernelUnit(k, header, code, (Launch("map", Grid("items", k.rows, F, NT), NT, args),))

@@ -79,7 +79,7 @@ def scatter_unit(k: ScatterKernel, s: Mapping[str, Any], kp: KernelProgram) -> K
     extras = [FIND_PAIR] if kp.pair_index == "bsearch" and {"sp_offsets", "dp_offsets"} & used else []
     sched = f"mapping={mapping} threads={threads} vector_width={vw} coarsening={coarsening}"
     code = "\n".join([comment_block([f"template scatter: {desc}", f"schedule: {sched}"]),
-                      prelude(kp.index_bits), *extras, body, ""])
+                      prelude(kp.index_bits, ctx.storage().values()), *extras, body, ""])
     header = comment_block([f"rgtune CUDA kernel for IR kernel {k.name} (program {kp.name})",
                             "  " + k.describe(), f"  buffers: {ctx.mapping_comment()}"])
     return KernelUnit(k, header, code, (launch,), tuple(ctx.temps))

@@ -99,7 +99,7 @@ def traversal_unit(k: TraversalKernel, s: Mapping[str, Any], kp: KernelProgram) 
     sched = f"mapping={mapping} threads={NT} vector_width={VW} coarsening={C}"
     code = "\n".join([comment_block([f"template traversal: {desc}",
                                      f"schedule: {sched}"]),
-                      prelude(kp.index_bits), *extras, body, ""])
+                      prelude(kp.index_bits, ctx.storage().values()), *extras, body, ""])
     header = comment_block([f"rgtune CUDA kernel for IR kernel {k.name} (program {kp.name})",
                             "  " + k.describe(), f"  buffers: {ctx.mapping_comment()}"])
     return KernelUnit(k, header, code, launches, tuple(ctx.temps))
@@ -380,7 +380,7 @@ def _edge_warp_store(ctx: Context, k: TraversalKernel, value: Expr, _via: None, 
     w(f"{ind}(void)h; (void)d0;")
     lines, values = chunk(em, [value], D, VW, kp, ind)
     L.extend(lines)
-    L.extend(store_vec(f"out[(long)rid * {F} + f0]", values[0], ind))
+    L.extend(store_vec(f"out[(long)rid * {F} + f0]", values[0], ind, storage=ctx.storage_of("out")))
     if guard:
         w("      }")
     w("    }")
@@ -413,7 +413,7 @@ def _edge_items(ctx: Context, k: TraversalKernel, value: Expr, out_via: str | No
     lines, values = chunk(em, [value], D, VW, kp, "    ")
     L.extend(lines)
     if out_via is None:
-        L.extend(store_vec(f"out[(long)rid * {F} + f0]", values[0], "    "))
+        L.extend(store_vec(f"out[(long)rid * {F} + f0]", values[0], "    ", storage=ctx.storage_of("out")))
         desc = f"out[e] = {expr_str(value)}; thread per (edge, {VW} features)"
     else:
         row = ctx.index("edge", "rid")(out_via)

@@ -116,7 +116,7 @@ def weightgrad_unit(k: WeightGradKernel, s: Mapping[str, Any], kp: KernelProgram
         launches.append(Launch("weightgrad_reduce", Grid("items", "types", plan.size, plan.threads), plan.threads,
                                reduce_args))
     code = "\n".join([comment_block([f"template weightgrad: {_canonical(k, plan.reduction)}", f"schedule: {sched}"]),
-                      prelude(kp.index_bits), *_find_pair_if_needed(plan.ctx), text, ""])
+                      prelude(kp.index_bits, plan.ctx.storage().values()), *_find_pair_if_needed(plan.ctx), text, ""])
     header = comment_block([f"rgtune CUDA kernel for IR kernel {k.name} (program {kp.name})", "  " + k.describe(),
                             f"  buffers: dy = {k.dy}" + (f", x = {k.x}" if k.x else "") + f"; gradient grad = {k.grad}",
                             f"  chunk_rows={chunk_rows} (rows per block: the host's chunk table)"])
@@ -205,12 +205,12 @@ def _slices(plan: _Plan) -> list[str]:
         "  // consecutive threads: consecutive features of a row",
         f"      const int rr = i / {plan.tile_m}, m = i % {plan.tile_m};",
         "      const idx_t xr = s_xrow[rr];",
-        f"      Xs[rr][m] = ({x_ok}) ? x[(long)xr * {plan.x_width} + {x_head}m0 + m] : 0.0f;",
+        f"      Xs[rr][m] = ({x_ok}) ? {plan.ctx.load('x', f'x[(long)xr * {plan.x_width} + {x_head}m0 + m]')} : 0.0f;",
         "    }",
         f"    for (int i = tid; i < {plan.tile_r * plan.tile_n}; i += {plan.threads}) {{",
         f"      const int rr = i / {plan.tile_n}, n = i % {plan.tile_n};",
         "      const idx_t rid = s_rid[rr];",
-        f"      Ds[rr][n] = ({d_ok}) ? dy[(long)rid * {plan.dy_width} + {d_head}n0 + n] : 0.0f;",
+        f"      Ds[rr][n] = ({d_ok}) ? {plan.ctx.load('dy', f'dy[(long)rid * {plan.dy_width} + {d_head}n0 + n]')} : 0.0f;",
         "    }",
         "    __syncthreads();",
         *_slice_product(plan),
@@ -296,7 +296,7 @@ def _column_sums(plan: _Plan) -> list[str]:
         f"    if (n < {plan.dy_width})",
         f"      for (idx_t r = row0 + tr; r < row_end; r += {lanes}) {{",
         f"        const idx_t rid = {plan.row_id};",
-        f"        s += dy[(long)rid * {plan.dy_width} + n];",
+        f"        s += {plan.ctx.load('dy', f'dy[(long)rid * {plan.dy_width} + n]')};",
         "      }",
         "    part[tid] = s;",
         "    __syncthreads();",

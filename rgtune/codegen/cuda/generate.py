@@ -19,8 +19,10 @@ never compiled), then turns each kernel into a :class:`~rgtune.codegen.cuda._uni
 Sizes that define the program (heads, feature sizes, tiles) are compile-time constants; graph
 sizes (rows, edges) and the graph's index arrays are kernel arguments, so one compiled
 kernel serves every graph. Indices are ``idx_t`` (``int`` or ``long long`` per
-``layout.index_bits``); flat offsets are computed in 64 bits. Precision is fp32 with
-``fmaf``; TF32/BF16 tensor-core paths would be a further schedule knob (not implemented).
+``layout.index_bits``); flat offsets are computed in 64 bits. Arithmetic is float32 with
+``fmaf``; a buffer that ``precision.*`` stores in 16 bits is widened as it is loaded and rounded
+once as it is stored (vector loads and stores of 2 or 4 elements where the schedule's vector width
+says so). BF16/FP16 tensor-core GEMMs would be a further schedule knob (not implemented).
 
 Example:
     >>> from rgtune.ir.models import build_model

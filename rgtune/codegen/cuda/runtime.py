@@ -25,7 +25,8 @@ phase (and a whole step) is recorded as a CUDA graph of its own.
 
 Dtypes: the kernels read and write float32 (:data:`KERNEL_DTYPE`). A run casts ``x`` and the
 params to float32 on the program's device (a copy only when they are not already), allocates
-every buffer and temp as float32 whatever torch's default dtype is, and returns float32.
+every buffer and temp as float32 whatever torch's default dtype is (a buffer that ``precision.*``
+stores in bfloat16 or float16 in that type), and returns float32.
 
 Threads: a program's runs share state (the recorded graph's input and output buffers, the
 kernel parameter arrays, and in the emulator the kernels' own globals), so
@@ -67,6 +68,7 @@ from rgtune.codegen.weights import fold_weights
 from rgtune.data.graph import HeteroGraph
 from rgtune.ir.bind import GraphArrays, graph_arrays, row_types
 from rgtune.ir.kernels import GemmKernel, KernelProgram, ScatterKernel, WeightGradKernel, WeightKernel
+from rgtune.ir.passes.precision import torch_dtype
 
 STICKY_NOTE = ("a CUDA fault is sticky: this process's CUDA context is unusable now; "
                "measure in a worker process and restart it")
@@ -74,8 +76,10 @@ _MAX_GRID_YZ = 65535
 #: gridDim.x's limit (compute capability 3.0 and later); the kernels index blocks in 64 bits past it
 _MAX_GRID_X = 2**31 - 1
 
-#: the dtype every generated kernel reads and writes: inputs, params, buffers, temps
+#: the dtype every generated kernel reads and writes: inputs, params, buffers, temps (the buffers that
+#: ``precision.*`` stores in 16 bits excepted)
 KERNEL_DTYPE = torch.float32
+_LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
 class LaunchError(BackendError):
@@ -501,7 +505,7 @@ class ProgramRunner:
         """A saved buffer as the backward's kernels read it; a copy where the backward writes it (the
         caller's stays as the forward left it: a second backward on it gets the same)."""
         b = self.kp.buffers[name]
-        t = _aligned(t.to(device=self.device, dtype=KERNEL_DTYPE).reshape(self.rows[b.domain], b.width))
+        t = _aligned(t.to(device=self.device, dtype=torch_dtype(b.dtype)).reshape(self.rows[b.domain], b.width))
         return t.clone() if name in self._backward_writes else t
 
     @property
@@ -514,13 +518,13 @@ class ProgramRunner:
         for name, b in self.kp.buffers.items():
             if name in bufs:
                 continue
-            shape = (self.rows[b.domain], b.width)
+            shape, dtype = (self.rows[b.domain], b.width), torch_dtype(b.dtype)  # precision.*: 16-bit rows
             if name in self.kp.zero_init:
-                bufs[name] = torch.zeros(shape, device=self.device, dtype=KERNEL_DTYPE)
+                bufs[name] = torch.zeros(shape, device=self.device, dtype=dtype)
             elif fill is not None:
-                bufs[name] = torch.full(shape, fill, device=self.device, dtype=KERNEL_DTYPE)
+                bufs[name] = torch.full(shape, fill, device=self.device, dtype=dtype)
             else:
-                bufs[name] = torch.empty(shape, device=self.device, dtype=KERNEL_DTYPE)
+                bufs[name] = torch.empty(shape, device=self.device, dtype=dtype)
 
     def _context(self) -> Any:
         return contextlib.nullcontext()
@@ -720,7 +724,9 @@ class CudaProgram(ProgramRunner):
                  key: tuple[Any, ...]) -> _Captured | None:
         """``run`` recorded on input buffers of its own (copies of ``inputs``, in their shapes: the key has
         them); None when recording fails."""
-        static = tuple(torch.empty(tuple(t.shape), device=self.device, dtype=KERNEL_DTYPE) for t in inputs)
+        # a saved 16-bit buffer (precision.*) keeps its type: the backward's kernels read it so
+        static = tuple(torch.empty(tuple(t.shape), device=self.device,
+                                   dtype=t.dtype if t.dtype in _LOW_PRECISION else KERNEL_DTYPE) for t in inputs)
         for buffer, t in zip(static, inputs):
             buffer.copy_(t.reshape(buffer.shape))
         try:

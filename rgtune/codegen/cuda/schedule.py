@@ -24,6 +24,7 @@ from typing import Any, Mapping
 from rgtune.codegen.schedule import (MAPPING_CONSTRAINT, TRAVERSAL_MAPPING, ScheduleConstraint, ScheduleParam,
                                      TargetSchedule, TemplateSchedule)
 from rgtune.ir.kernels import GemmKernel, Kernel, MapKernel, ScatterKernel, TraversalKernel, WeightGradKernel
+from rgtune.ir.passes.precision import STORAGE_TYPES
 
 #: hardware limits shared by every architecture rgtune compiles for (sm_80, sm_90) that a launch must respect
 MAX_THREADS_PER_BLOCK = 1024
@@ -121,4 +122,4 @@ CUDA_SCHEDULE = TargetSchedule("cuda", [
         ScheduleParam("tile_r", (8, 16, 32), 16, "rows staged in shared memory per step"),
         ScheduleParam("threads", (64, 128, 256), 128, "threads per block"),
     ), (ScheduleConstraint("cuda_resources", weightgrad_resources),)),
-])
+], storage=STORAGE_TYPES)  # 16-bit buffers loaded and stored by every template (_expr.LOW_PRECISION_CUDA)

@@ -12,7 +12,9 @@ Knobs:
   a GEMM or weight gradient that reads or writes bfloat16 rows also multiplies in bfloat16 pairs
   (its other operand and the weight rounded too, as a bfloat16 matmul does; sums in float32):
   the step's per-edge GEMMs are compute-bound, and ``vdpbf16ps`` does twice the float32 FMA's
-  products (:func:`rgtune.codegen.cpu.gemm.bf16_dot`).
+  products (:func:`rgtune.codegen.cpu.gemm.bf16_dot`). The CUDA kernels load and store the same
+  buffers in the same type and round bfloat16 the same way (:data:`rgtune.codegen.cuda._expr.LOW_PRECISION_CUDA`);
+  their GEMMs multiply in float32 (no tensor-core path yet).
 * ``precision.nodes`` (the same choices): the same for the per-node intermediates (HGT's keys,
   queries and values, a GEMM's input computed by an earlier kernel, their gradients), never the
   layer's input, output or gradients, which are the caller's float32 tensors.
