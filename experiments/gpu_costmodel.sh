@@ -5,7 +5,8 @@
 #
 # Steps (in this order; each writes its log and files under $OUT, default ./gpu_out):
 #   setup    install the carried wheels (.whl/, from ../shared/tools/gpu-wheels) under /tmp/site; GPU facts
-#   tests    the GPU tests (CUDA kernels against the float64 reference, the device's lock)
+#   tests    the GPU tests (CUDA kernels against the float64 reference, 16-bit storage, the device's lock)
+#   precision  the training step in float32, bfloat16 and float16 on AM- and ogbn-mag-sized graphs
 #   collect  the GPU history: `tune` studies on the cuda backend side by side, then costmodel_transfer.py --repeat-real
 #   curves   the tuning curves on the cuda backend (settings: CURVES_ARGS), runs side by side, re-timed
 #
@@ -31,7 +32,14 @@ torch.__version__, 'cupy', cupy.__version__, 'optuna', optuna.__version__, 'sqla
 
 step_tests() {
   python3 -m pytest -q -ra -p no:cacheprovider tests/test_cuda_gpu.py tests/test_device_lock.py 2>&1 | tail -30
-  python3 -m pytest -q -ra -p no:cacheprovider tests/test_models.py -m gpu 2>&1 | tail -10
+  python3 -m pytest -q -ra -p no:cacheprovider -m gpu tests/test_models.py tests/test_cuda_training.py \
+    tests/test_cuda_precision.py 2>&1 | tail -15
+}
+
+step_precision() {
+  # issue 42 on a GPU: the training step with the intermediates in float32, bfloat16 and float16 (default schedules)
+  python3 experiments/precision_step.py --backend cuda --models rgcn,rgat,hgt --datasets "synthetic:am;synthetic:ogbn-mag" \
+    --repeats 10 --warmup 3 --json "$OUT/precision_step_gpu.jsonl"
 }
 
 step_collect() {

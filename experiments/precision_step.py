@@ -1,12 +1,12 @@
 """A training step with the intermediates in float32, bfloat16 and float16 (BENCHMARKS.md, "Mixed precision").
 
-Per model and dataset, one schedule (the default, or --config's knobs on top of it) is run as a layer in
-training mode with ``precision.edges`` and ``precision.nodes`` (--classes) set to each storage type,
+Per model and dataset, one schedule (the default, or --config's knobs on top of it) is run as a layer (on
+--backend: cpu, or cuda on a GPU) in training mode with ``precision.edges`` and ``precision.nodes`` (--classes) set to each storage type,
 everything else equal: the step a user
 calls, ``y = layer(x)`` then ``(y * g).sum().backward()`` (the optimizer apart), median of --repeats after
 --warmup, each type in a process of its own so that its peak memory is its own: the resident-set growth
 over the process's state once the graph, the input and the layer exist (the saved buffers, the workspace,
-the gradients). The output and the input's gradient are compared with the float32 run's on the same
+the gradients; on a GPU the allocator's peak over what is allocated before the first step). The output and the input's gradient are compared with the float32 run's on the same
 weights (relative error, max |a - b| / max |b|).
 
     python experiments/precision_step.py --models rgcn,rgat,hgt --datasets "synthetic:am" --threads 2 \\
@@ -43,12 +43,22 @@ def _one(args: Any, model: str, dataset: str, storage: str, out: Path) -> None:
     heads = 1 if model == "rgcn" else args.heads
     config = {**json.loads(args.config or "{}"), **{f"precision.{c}": storage for c in split_names(args.classes)}}
     torch.manual_seed(0)
-    layer = Layer(model, graph, args.hidden, args.hidden, heads, backend="cpu", mode="training", config=config)
+    backend = args.backend or "cpu"
+    dev = "cuda" if backend == "cuda" else "cpu"
+    layer = Layer(model, graph, args.hidden, args.hidden, heads, backend=backend, mode="training", config=config,
+                  device=dev)
     gen = torch.Generator().manual_seed(1)
-    x = torch.randn(graph.num_nodes(), args.hidden, generator=gen).requires_grad_(True)
-    g = torch.randn(graph.num_nodes(), args.hidden, generator=gen)
-    reset_peak()
-    base = status_bytes("VmRSS") or 0
+    x = torch.randn(graph.num_nodes(), args.hidden, generator=gen).to(dev).requires_grad_(True)
+    g = torch.randn(graph.num_nodes(), args.hidden, generator=gen).to(dev)
+    # peak memory: on a GPU torch's allocator's peak over what is allocated now, on the CPU the resident set's
+    if dev == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    else:
+        reset_peak()
+        base = status_bytes("VmRSS") or 0
+    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
     times = []
     for i in range(args.warmup + args.repeats):
         x.grad = None
@@ -56,12 +66,13 @@ def _one(args: Any, model: str, dataset: str, storage: str, out: Path) -> None:
         t0 = time.perf_counter()
         y = layer(x)
         (y * g).sum().backward()
+        sync()
         if i >= args.warmup:
             times.append((time.perf_counter() - t0) * 1e3)
         if i < args.warmup + args.repeats - 1:
             del y
-    peak = (status_bytes("VmHWM") or 0) - base
-    torch.save({"y": y.detach(), "dx": x.grad}, out)
+    peak = (torch.cuda.max_memory_allocated() if dev == "cuda" else status_bytes("VmHWM") or 0) - base
+    torch.save({"y": y.detach().cpu(), "dx": x.grad.cpu()}, out)
     print(json.dumps({"median_ms": statistics.median(times), "times_ms": times, "peak_mb": peak / 2 ** 20,
                       "schedule": {k: v for k, v in layer.training_config.items() if k.split(".")[0] in
                                    ("precision", "autodiff", "compact", "fusion", "reorder", "layout")}}))
@@ -96,6 +107,7 @@ def main() -> int:
                 out = Path(f"/tmp/rgtune_precision_{model}_{storage}.pt")
                 cmd = [sys.executable, __file__, "--one", model, dataset, storage, str(out), "--hidden",
                        str(args.hidden), "--heads", str(args.heads), "--repeats", str(args.repeats), "--warmup",
+                       *(["--backend", args.backend] if args.backend else []),
                        str(args.warmup), *(["--threads", str(args.threads)] if args.threads else []),
                        *(["--config", args.config] if args.config else []), "--classes", args.classes,
                        *(["--data-dir", args.data_dir] if args.data_dir else [])]

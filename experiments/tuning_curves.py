@@ -20,6 +20,11 @@ Examples::
     python experiments/tuning_curves.py --history sqlite:///h.db --models rgat --datasets aifb --seeds 1 --budget 4 \
         --retime-rounds 2 --out /tmp/curves --workdir /tmp/curves_work                          # a smoke run
     python experiments/tuning_curves.py --readout experiments/results/tuning_curves_gpu --after 2,5,10,50,100
+    python -c "from rgtune.costmodel.frozen import thaw; from rgtune.db import TrialDatabase as T; \
+        thaw('tests/data/costmodel_history.json.gz', T('sqlite:///frozen.db'))"     # the committed history
+    python experiments/tuning_curves.py --history sqlite:///frozen.db --models rgcn --datasets synthetic:am \
+        --hidden 64 --threads 1 --seeds 3 --budget 30 --arm-budget tpe+rank=10 --retime-rounds 3 \
+        --after 5,10,20,30 --out experiments/results/costmodel_am_steer   # 10 trials with the model vs 30 without
 """
 
 from __future__ import annotations
@@ -187,13 +192,13 @@ def run_one(model: str, dataset: str, seed: int, arm: str, base: Path, workdir: 
             shutil.copytree(saved, Path(f"{db_path}.costmodel"), dirs_exist_ok=True)
         guide = CostModelGuide(CostModel(), RankPolicy(seed=seed), data_dir=args.data_dir)
     db = TrialDatabase(f"sqlite:///{db_path}")
-    opts = TuneOptions(trials=args.budget, sampler="tpe", seed=seed, progress=False,
+    opts = TuneOptions(trials=args.arm_budget.get(arm, args.budget), sampler="tpe", seed=seed, progress=False,
                        measure=MeasureOptions(timing=args.timing), guide=guide, recheck=args.recheck, confirm_top=0)
     tuner = CurveTuner(Workload(model, dataset, args.hidden, args.hidden, 1, backend, args.data_dir), db, opts)
     t0 = time.time()
     with _own_cache(run_dir):
         summary = tuner.run()
-    out = {"model": model, "dataset": dataset, "seed": seed, "arm": arm, "budget": args.budget,
+    out = {"model": model, "dataset": dataset, "seed": seed, "arm": arm, "budget": opts.trials,
            "timing": args.timing, "recheck": args.recheck,
            "elapsed_s": time.time() - t0 - tuner.device_wait_s, "device_wait_s": tuner.device_wait_s,
            "jobs": args.jobs, "statuses": summary.statuses,
@@ -437,8 +442,9 @@ def quality_after(results: Path, after: Sequence[int], best_estimate: str = "min
     for key, trace, values, best in scored_runs(results, best_estimate):
         per_seed.setdefault(key, []).append({int(t["measured"]): v / best for t, v in zip(trace, values)
                                              if v is not None})
-    return {key: [statistics.median(q.get(n, math.inf) for q in seeds) for n in after]
-            for key, seeds in per_seed.items()}
+    # past a run's own budget (--arm-budget) there is no incumbent to judge: NaN, shown as a dash
+    return {key: [statistics.median(q.get(n, math.inf if n <= max(q, default=0) else math.nan) for q in seeds)
+                  for n in after] for key, seeds in per_seed.items()}
 
 
 def report(results: Path, baseline: str = "tpe", after: Sequence[int] = (2, 5, 10, 20, 30)) -> list[str]:
@@ -478,12 +484,24 @@ def report(results: Path, baseline: str = "tpe", after: Sequence[int] = (2, 5, 1
     for model, dataset in workloads:
         for arm in (baseline, *arms):
             if (q := quality.get((model, dataset, arm))) is not None and (row := rows.get((model, dataset, arm))):
-                lines.append(f"| {model} | {dataset} | {arm} | " + " | ".join(f"{x:.2f}" for x in q)
+                lines.append(f"| {model} | {dataset} | {arm} | " + " | ".join("—" if math.isnan(x) else f"{x:.2f}"
+                                                                                  for x in q)
                              + f" | {row['median_wall_s']:.0f} |")
     return lines
 
 
 # ---------------------------------------------------------------------- command line
+def _arm_budgets(text: str) -> dict[str, int]:
+    """``"tpe+rank=10"`` -> ``{"tpe+rank": 10}``; an unknown arm or a count below 1 is an error naming it."""
+    out = {}
+    for part in filter(None, (x.strip() for x in text.split(","))):
+        arm, _, n = part.partition("=")
+        if arm not in ARMS or not n.isdigit() or int(n) < 1:
+            raise argparse.ArgumentTypeError(f"{part!r}: expected ARM=N with ARM one of {list(ARMS)} and N >= 1")
+        out[arm] = int(n)
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = parser(__doc__, "models", "datasets", "hidden", "backend", "data-dir", "threads", "jobs", "out")
     p.add_argument("--history", default="sqlite:///cm_history.db", help="the history database (default "
@@ -492,6 +510,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--first-seed", type=int, default=0, help="seeds run from this one (default 0)")
     p.add_argument("--budget", type=int, default=100, help="measured trials per run (default 100)")
     p.add_argument("--arms", type=lambda t: t.split(","), default=list(ARMS), help="tpe, tpe+rank or both (default)")
+    p.add_argument("--arm-budget", type=_arm_budgets, default={}, metavar="ARM=N[,ARM=N]",
+                   help="an arm's own budget of measured trials (e.g. tpe+rank=10: a short study with the model "
+                        "against --budget without it; the read-out's time column says what each took)")
     p.add_argument("--best", choices=BEST_ESTIMATES, default="crossfit",
                    help="the best re-timed time: crossfit (default; no winner's curse) or min, the lowest median")
     p.add_argument("--retime-rounds", type=int, default=7, help="rounds of re-timing the incumbents (default 7)")

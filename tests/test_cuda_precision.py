@@ -12,6 +12,8 @@
 * Every such program compiles with NVRTC within ptxas's launch limits (sm_90, and sm_80 where the code
   differs by architecture; :mod:`_nvrtc_ledger`).
 * A float32 program's sources are what they were (no 16-bit definitions: its compiled kernels stay cached).
+* On a GPU (``-m gpu``; skipped without one): the same training steps on real launches, and replayed as
+  recorded CUDA graphs, on the two graphs and AIFB.
 
 A sample by default (every model in bfloat16, RGCN in float16: the types differ in the conversions alone);
 ``RGTUNE_EXHAUSTIVE=1`` takes every model in both, 20 random schedules per graph on the emulator and 60
@@ -21,9 +23,10 @@ through NVRTC.
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, Callable
 
 import pytest
+import torch
 
 from rgtune.codegen.cuda.backend import CudaBackend
 from rgtune.codegen.cuda.generate import generate
@@ -64,23 +67,37 @@ def _space(model: str, g: HeteroGraph, precision: str, dims: tuple[int, int] = D
     return SearchSpace(build_model(model, *dims, MODELS[model]), g, "cuda", mode="training", precision=precision)
 
 
-def _emulated_error(space: SearchSpace, g: HeteroGraph, cfg: dict[str, Any], verifier: Verifier) -> float:
-    """``cfg``'s training program on the emulator (forward, then backward on its saved values, buffers NaN
-    first) checked against the reference under the 16-bit tolerance; its error."""
+def _emulated(kp: Any, config: dict[str, Any], g: HeteroGraph) -> Any:
     from rgtune.codegen.cuda.emulate import EmulatedProgram
 
+    return EmulatedProgram(kp, generate(kp, config).units, g)
+
+
+def _on_the_gpu(kp: Any, config: dict[str, Any], g: HeteroGraph) -> Any:
+    from rgtune.codegen.cuda.runtime import program_of
+
+    return program_of(CudaBackend().build(kp, g, config))
+
+
+def _checked_error(space: SearchSpace, g: HeteroGraph, cfg: dict[str, Any], verifier: Verifier,
+                    make: Callable[..., Any] = _emulated, device: str = "cpu", fill: float | None = float("nan")) -> float:
+    """``cfg``'s training program (``make``: on the emulator, or on a GPU) run as a layer runs it (forward, then
+    backward on its saved values; every buffer ``fill`` first: NaN, or None for a GPU's recorded CUDA graphs)
+    and checked against the reference under the 16-bit tolerance; its error."""
     point = space.compile({**space.default(), **cfg})
     assert point.valid, point.problems
     kp = point.kernels
     storage = lowest_storage(kp)
     assert storage != "float32", cfg  # the program really stores something in 16 bits
     case = verifier.case(seed=1)
-    c = case.on("cpu")
-    program = EmulatedProgram(kp, generate(kp, point.config).units, g)
-    out, saved = program.run_forward(c.x, c.params, fill=float("nan"))
-    dx, grads = program.run_backward(c.x, c.params, saved, c.dout, fill=float("nan"))
-    got = {"output": out, "input gradient": dx,
-           **{f"gradient of {n}": t for n, t in learnable_grads(kp, g, c.params, grads).items()}}
+    c = case.on(device)
+    program = make(kp, point.config, g)
+    out, saved = program.run_forward(c.x, c.params, fill=fill)
+    assert {saved.buffers[n].dtype for n in kp.saved if n in kp.storage} <= {torch.bfloat16, torch.float16}
+    dx, grads = program.run_backward(c.x, c.params, saved, c.dout, fill=fill)
+    program.synchronize()
+    got = {"output": out.cpu(), "input gradient": None if dx is None else dx.cpu(),
+           **{f"gradient of {n}": t.cpu() for n, t in learnable_grads(kp, g, c.params, grads).items()}}
     err, which, tol = verifier.error(got, case, storage)
     assert err < tol, f"{space.program.name} on {g.name} in {storage}, {cfg}: {which} off by {err:.3g} (tolerance {tol:.3g})"
     assert tol < 0.25, f"a tolerance of {tol:.3g} would let a kernel bug through"
@@ -105,7 +122,7 @@ def test_16_bit_training_programs_on_the_emulator_match_the_reference(model: str
         space = _space(model, g, precision)
         verifier = Verifier(build_model(model, *DIMS, MODELS[model]), g, training=True)
         cfgs = ([{}] if i == 0 else []) + [space.sample(rng) for _ in range(count)]
-        worst += [_emulated_error(space, g, cfg, verifier) for cfg in cfgs]
+        worst += [_checked_error(space, g, cfg, verifier) for cfg in cfgs]
     assert max(worst) > 1e-4  # rounded to 16 bits (float32 is within 1e-6 here)
 
 
@@ -127,7 +144,7 @@ def test_16_bit_rows_move_two_and_four_at_a_time(graphs: list[HeteroGraph]) -> N
         code = "\n".join(u.code for u in generate(point.kernels, point.config).units)
         assert "reinterpret_cast<const rg_16x4*>" in code, model  # a vector load of a 16-bit row
         stores += code.count("= rg_16x4{rg_to_bf16(")  # a vector store, each element rounded (RGCN's edge rows)
-        _emulated_error(space, g, cfg, Verifier(build_model(model, 16, 16, MODELS[model]), g, training=True))
+        _checked_error(space, g, cfg, Verifier(build_model(model, 16, 16, MODELS[model]), g, training=True))
     assert stores
 
 
@@ -165,3 +182,23 @@ def test_a_float32_programs_sources_have_no_16_bit_code(graphs: list[HeteroGraph
         for u in units:
             typed = any(a.ctype.replace("const ", "") == "rg_bf16*" for la in u.launches for a in la.args)
             assert typed == (u.name in low), (model, u.name)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CudaBackend.available()[0], reason=f"needs a CUDA GPU with CuPy: {CudaBackend.available()[1]}")
+@pytest.mark.parametrize("precision", sorted(TYPES))
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_16_bit_training_steps_on_a_gpu_match_the_reference(model: str, precision: str,
+                                                             graphs: list[HeteroGraph]) -> None:
+    """On a GPU: the default and 3 random 16-bit training schedules per graph (the two above and AIFB), launch by
+    launch on NaN-poisoned buffers and replayed as recorded CUDA graphs (whose inputs include the saved 16-bit
+    buffers)."""
+    from rgtune.data import load_dataset
+
+    rng = random.Random(f"gpu16-{model}-{precision}")
+    for g in [*graphs, load_dataset("aifb")]:
+        space = _space(model, g, precision)
+        verifier = Verifier(build_model(model, *DIMS, MODELS[model]), g, training=True)
+        for cfg in [{}] + [space.sample(rng) for _ in range(3)]:
+            for fill in (float("nan"), None):
+                _checked_error(space, g, cfg, verifier, _on_the_gpu, "cuda", fill)
