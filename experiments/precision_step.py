@@ -107,8 +107,8 @@ def main() -> int:
                 out = Path(f"/tmp/rgtune_precision_{model}_{storage}.pt")
                 cmd = [sys.executable, __file__, "--one", model, dataset, storage, str(out), "--hidden",
                        str(args.hidden), "--heads", str(args.heads), "--repeats", str(args.repeats), "--warmup",
-                       *(["--backend", args.backend] if args.backend else []),
-                       str(args.warmup), *(["--threads", str(args.threads)] if args.threads else []),
+                       str(args.warmup), *(["--backend", args.backend] if args.backend else []),
+                       *(["--threads", str(args.threads)] if args.threads else []),
                        *(["--config", args.config] if args.config else []), "--classes", args.classes,
                        *(["--data-dir", args.data_dir] if args.data_dir else [])]
                 r = subprocess.run(cmd, capture_output=True, text=True)

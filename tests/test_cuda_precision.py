@@ -39,6 +39,7 @@ from rgtune.search_spaces.space import SearchSpace
 from rgtune.tuner.verification import Verifier
 
 from _nvrtc_ledger import ledger  # noqa: F401  (``ledger``: the module's compile ledger, a fixture)
+from test_cuda_training import _needs_cxx
 
 _OK, _WHY = CudaBackend.compile_available()
 pytestmark = pytest.mark.skipif(not _OK, reason=f"NVRTC unavailable: {_WHY}")
@@ -54,13 +55,6 @@ def graphs() -> list[HeteroGraph]:
     edge_cases = random_graph((40, 30, 20), num_relations=5, num_edges=300, empty_relations=1, isolated_nodes=3,
                               source_only_ntypes=1, hub_in_degree=200, seed=7, name="cuda16_edge_cases")
     return [small, edge_cases]
-
-
-def _needs_cxx() -> None:
-    from rgtune.codegen.cuda.emulate import find_cxx
-
-    if find_cxx() is None:
-        pytest.skip("no C++ compiler for the CUDA emulator (set CXX)")
 
 
 def _space(model: str, g: HeteroGraph, precision: str, dims: tuple[int, int] = DIMS) -> SearchSpace:

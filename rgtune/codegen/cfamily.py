@@ -81,19 +81,23 @@ _RATIONAL_ERF = """{q} float rg_erf(float x) {{
 C_TYPES = {"float32": "float", "bfloat16": "rg_bf16", "float16": "rg_f16"}
 _SHORT = {"bfloat16": "bf16", "float16": "f16"}
 
+#: float32 bits ``u`` rounded to bfloat16's (to nearest even, in integer operations a compiler vectorizes; a NaN
+#: that arithmetic makes, quiet, stays a NaN): both code generators round so, and store the same bits
+BF16_ROUND = "(u + 0x7fffu + ((u >> 16) & 1u)) >> 16"
+
 #: C/OpenMP definitions of the 16-bit storage types: bfloat16 is a float32's upper half (rounded to nearest
 #: even, in integer operations a compiler vectorizes; a NaN that arithmetic makes, quiet, stays a NaN), float16
 #: is GCC's ``_Float16`` (converted by F16C instructions)
-LOW_PRECISION_C = """typedef unsigned short rg_bf16;  /* bfloat16 bits */
+LOW_PRECISION_C = f"""typedef unsigned short rg_bf16;  /* bfloat16 bits */
 typedef _Float16 rg_f16;
-static inline float rg_from_bf16(rg_bf16 v) { uint32_t u = (uint32_t)v << 16; float f; memcpy(&f, &u, sizeof f); return f; }
-static inline rg_bf16 rg_to_bf16(float f) {
+static inline float rg_from_bf16(rg_bf16 v) {{ uint32_t u = (uint32_t)v << 16; float f; memcpy(&f, &u, sizeof f); return f; }}
+static inline rg_bf16 rg_to_bf16(float f) {{
     uint32_t u;
     memcpy(&u, &f, sizeof u);
-    return (rg_bf16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-static inline float rg_from_f16(rg_f16 v) { return (float)v; }
-static inline rg_f16 rg_to_f16(float f) { return (rg_f16)f; }"""
+    return (rg_bf16)({BF16_ROUND});
+}}
+static inline float rg_from_f16(rg_f16 v) {{ return (float)v; }}
+static inline rg_f16 rg_to_f16(float f) {{ return (rg_f16)f; }}"""
 
 
 def c_load(storage: str, element: str) -> str:

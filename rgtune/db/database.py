@@ -197,6 +197,15 @@ def _translated(method: Callable[P, T]) -> Callable[P, T]:
     return wrapper
 
 
+def _ok_median(median_ms: float | None) -> float:
+    """An ``ok`` trial's median: finite and >= 0 (what makes it eligible for :meth:`TrialDatabase.best`), else
+    a ValueError naming it."""
+    median = finite_or_none(median_ms, "median_ms")
+    if median is None or median < 0:
+        raise ValueError(f"an 'ok' trial needs a finite median_ms >= 0, got {median_ms!r}")
+    return median
+
+
 class TrialDatabase:
     """The trial history in one SQL database (any SQLAlchemy URL; see the module docstring).
 
@@ -620,9 +629,7 @@ class TrialDatabase:
         verdict: the worker was alive after all, and its measurement is real.
         """
         st = final_status(status)
-        median = finite_or_none(median_ms, "median_ms")
-        if st is TrialStatus.OK and (median is None or median < 0):
-            raise ValueError(f"an 'ok' trial needs a finite median_ms >= 0, got {median_ms!r}")
+        median = _ok_median(median_ms) if st is TrialStatus.OK else finite_or_none(median_ms, "median_ms")
         times = None if times_ms is None else [finite_or_none(float(x), "times_ms entry") for x in times_ms]
         if max_error is not None and st is not TrialStatus.OK and not math.isfinite(float(max_error)):
             max_error = None  # a kernel that produced NaN/inf; the status and error say what happened
@@ -689,12 +696,7 @@ class TrialDatabase:
             [2.0, 2.5, 3.0]
         """
         wid = workload_id_of(workload)
-        measured = []
-        for knobs, ms in rows:
-            median = finite_or_none(float(ms), "median_ms")
-            if median is None or median < 0:
-                raise ValueError(f"an 'ok' trial needs a finite median_ms >= 0, got {ms!r}")
-            measured.append((*canonical_knobs(knobs), median))
+        measured = [(*canonical_knobs(knobs), _ok_median(ms)) for knobs, ms in rows]
         now, me = _utcnow(), worker_id()
 
         def fn(s: Session) -> int:

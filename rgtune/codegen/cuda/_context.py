@@ -56,22 +56,16 @@ class Context:
             shapes[c] = (b.heads, b.dim)
         return shapes
 
-    def _buffer_of(self, cname: str) -> str | None:
-        """The IR buffer a C name stands for (an output, an input, or one the template added), if any."""
-        for ir, c in {**self.inputs, **self.outputs}.items():
-            if c == cname:
-                return ir
-        return next((a.ref for a in self.extra if a.kind == "buffer" and a.cname == cname), None)
+    def storage(self) -> dict[str, str]:
+        """C name -> storage type of the kernel's buffers (outputs, inputs, those the template added) not stored
+        as float32: what a load converts and a store rounds."""
+        named = {c: ir for ir, c in {**self.inputs, **self.outputs}.items()}
+        named.update((a.cname, a.ref) for a in self.extra if a.kind == "buffer")
+        return {c: t for c, ir in named.items() if (t := self.kp.buffers[ir].dtype) != "float32"}
 
     def storage_of(self, cname: str) -> str:
         """The storage type of the buffer named ``cname`` in the kernel (``float32`` for anything else)."""
-        ir = self._buffer_of(cname)
-        return "float32" if ir is None else self.kp.buffers[ir].dtype
-
-    def storage(self) -> dict[str, str]:
-        """C name -> storage type of the kernel's buffers not stored as float32 (what a load converts)."""
-        names = [*self.inputs.values(), *self.outputs.values(), *(a.cname for a in self.extra if a.kind == "buffer")]
-        return {c: t for c in names if (t := self.storage_of(c)) != "float32"}
+        return self.storage().get(cname, "float32")
 
     def load(self, cname: str, element: str) -> str:
         """The float value of ``element`` of buffer ``cname`` (converted from its storage type)."""

@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Iterable, Mapping
 
-from rgtune.codegen.cfamily import CEmitter, helper_functions
+from rgtune.codegen.cfamily import BF16_ROUND, CEmitter, helper_functions
 from rgtune.ir.kernels import Acc, ConcatE, Expr, GraphLoad, InnerE, Load, ParamLoad, ReduceE, SliceE
 
 #: graph index arrays a kernel may read, in the order they appear in kernel signatures
@@ -211,22 +211,22 @@ def has_acc(e: Expr) -> bool:
 #: C/OpenMP generator's does (both targets store the same bits); float16 converts by PTX ``cvt`` (round to
 #: nearest even), on the emulator (``RG_EMULATED``) by GCC's ``_Float16``. ``rg_16x2``/``rg_16x4`` are the
 #: vector loads and stores of 2 and 4 elements (4- and 8-byte aligned, as ``float2``/``float4`` are 8 and 16).
-LOW_PRECISION_CUDA = """\
+LOW_PRECISION_CUDA = f"""\
 typedef unsigned short rg_bf16;  // bfloat16 bits (precision.*: loads widen to float, stores round once)
 typedef unsigned short rg_f16;   // float16 bits
-struct alignas(4) rg_16x2 { unsigned short x, y; };
-struct alignas(8) rg_16x4 { unsigned short x, y, z, w; };
-__device__ __forceinline__ static float rg_from_bf16(rg_bf16 v) { return __uint_as_float((unsigned)v << 16); }
-__device__ __forceinline__ static rg_bf16 rg_to_bf16(float f) {
+struct alignas(4) rg_16x2 {{ unsigned short x, y; }};
+struct alignas(8) rg_16x4 {{ unsigned short x, y, z, w; }};
+__device__ __forceinline__ static float rg_from_bf16(rg_bf16 v) {{ return __uint_as_float((unsigned)v << 16); }}
+__device__ __forceinline__ static rg_bf16 rg_to_bf16(float f) {{
   const unsigned u = __float_as_uint(f);
-  return (rg_bf16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);  // to nearest even; a NaN stays a NaN
-}
+  return (rg_bf16)({BF16_ROUND});  // to nearest even; a NaN stays a NaN
+}}
 #ifdef RG_EMULATED
-static inline float rg_from_f16(rg_f16 v) { _Float16 h; memcpy(&h, &v, 2); return (float)h; }
-static inline rg_f16 rg_to_f16(float f) { const _Float16 h = (_Float16)f; rg_f16 v; memcpy(&v, &h, 2); return v; }
+static inline float rg_from_f16(rg_f16 v) {{ _Float16 h; memcpy(&h, &v, 2); return (float)h; }}
+static inline rg_f16 rg_to_f16(float f) {{ const _Float16 h = (_Float16)f; rg_f16 v; memcpy(&v, &h, 2); return v; }}
 #else
-__device__ __forceinline__ static float rg_from_f16(rg_f16 v) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v)); return f; }
-__device__ __forceinline__ static rg_f16 rg_to_f16(float f) { rg_f16 v; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(v) : "f"(f)); return v; }
+__device__ __forceinline__ static float rg_from_f16(rg_f16 v) {{ float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v)); return f; }}
+__device__ __forceinline__ static rg_f16 rg_to_f16(float f) {{ rg_f16 v; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(v) : "f"(f)); return v; }}
 #endif"""
 
 

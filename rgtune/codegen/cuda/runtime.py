@@ -68,7 +68,7 @@ from rgtune.codegen.weights import fold_weights
 from rgtune.data.graph import HeteroGraph
 from rgtune.ir.bind import GraphArrays, graph_arrays, row_types
 from rgtune.ir.kernels import GemmKernel, KernelProgram, ScatterKernel, WeightGradKernel, WeightKernel
-from rgtune.ir.passes.precision import torch_dtype
+from rgtune.ir.passes.precision import STORAGE_TYPES, torch_dtype
 
 STICKY_NOTE = ("a CUDA fault is sticky: this process's CUDA context is unusable now; "
                "measure in a worker process and restart it")
@@ -79,7 +79,7 @@ _MAX_GRID_X = 2**31 - 1
 #: the dtype every generated kernel reads and writes: inputs, params, buffers, temps (the buffers that
 #: ``precision.*`` stores in 16 bits excepted)
 KERNEL_DTYPE = torch.float32
-_LOW_PRECISION = (torch.bfloat16, torch.float16)
+_LOW_PRECISION = {torch_dtype(t) for t in STORAGE_TYPES} - {KERNEL_DTYPE}
 
 
 class LaunchError(BackendError):
