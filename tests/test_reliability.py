@@ -184,7 +184,7 @@ def test_the_measurement_worker_dies_with_a_killed_tune(tmp_path):
         deadline = time.time() + 120
         while time.time() < deadline and not workers:
             time.sleep(0.2)
-            workers = [p for p in _children(proc.pid) if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
+            workers = [p for p in _children(proc.pid) if b"spawn_main" in _cmdline(p)]
         assert workers, "the measurement worker did not start"
         time.sleep(3)  # into its first trial
         os.kill(proc.pid, signal.SIGKILL)  # the tune process alone, not its process group
@@ -199,6 +199,13 @@ def test_the_measurement_worker_dies_with_a_killed_tune(tmp_path):
                 os.kill(p, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def _cmdline(pid: int) -> bytes:
+    try:  # a short-lived child (the resource tracker, a compiler) may exit between listing and reading
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def _state(pid: int) -> str:
