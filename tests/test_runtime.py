@@ -412,6 +412,6 @@ def test_bench_keeps_rows_written_before_the_memory_column(tmp_path):
     lines = md.read_text().splitlines()
     assert _md_row(_MAIN_HEADER) in lines and _md_row(_MAIN_HEADER_V1) not in lines
     old = next(ln for ln in lines if ln.startswith("| hgt | aifb |"))
-    assert old == _md_row(old_row[:7] + ["– / – / – / – / –"] + old_row[7:])  # kept, memory not measured
+    assert old == _md_row(old_row[:7] + ["– / – / – / – / –", "– / –"] + old_row[7:])  # kept: no memory, no floor
     new = next(ln for ln in lines if ln.startswith("| rgcn | aifb |"))
     assert "| 20 / – / – / – / – |" in new

@@ -30,8 +30,11 @@ each :class:`Impl`. On a graph with more than ``sample_above`` edges
 graph would cost more than the layers it checks, so the check covers ``check_rows`` sampled
 destination rows exactly (:func:`rgtune.data.neighbourhood.sample_destinations`), the reference
 running on their in-neighbourhood (:func:`rgtune.data.neighbourhood.in_neighbourhood`); ``checked``
-of each :class:`Impl` says which. ``rgtune bench`` (:mod:`rgtune.cli.bench`) prints the table and
-writes a row to BENCHMARKS.md (:mod:`.report`).
+of each :class:`Impl` says which. rgtune's implementation also hands back the counts of the kernel
+programs its modes run (the inference program; the training program, forward and backward kernels),
+so that its row carries their floor on the device and the share of it reached (:meth:`Impl.floor`,
+:mod:`rgtune.ir.roofline`; the peak is :attr:`BenchResult.peak`). ``rgtune bench``
+(:mod:`rgtune.cli.bench`) prints the table and writes a row to BENCHMARKS.md (:mod:`.report`).
 
 Example:
     >>> spec = "synthetic:custom,nodes=200,edges=1500,ntypes=2,rels=3"
@@ -60,6 +63,7 @@ from torch import Tensor
 
 from rgtune.bench.baselines import BUILDERS, Unavailable, oracle, prepare_weights, torch_layer
 from rgtune.db import DEFAULT_URL
+from rgtune.ir.roofline import DevicePeak, floor_ms, fraction_of_floor
 from rgtune.tuner.memory import is_out_of_memory
 
 IMPLS = ("rgtune", "lowering", "torch", "pyg", "dgl")
@@ -84,7 +88,7 @@ class Impl:
     ``train_params`` where a training step runs another module (rgtune's training schedule).
 
     In the parent process (:func:`bench`) only the results are filled in: ``status`` (one of
-    :data:`STATUSES`), ``times``, ``peak_mb``, ``error`` and ``checked``; ``limit_s`` is the time
+    :data:`STATUSES`), ``times``, ``peak_mb``, ``error``, ``checked`` and ``counts``; ``limit_s`` is the time
     limit a ``timeout`` ran into."""
 
     key: str
@@ -107,6 +111,9 @@ class Impl:
     #: ``expectation(layer)``: what this implementation should compute with ``layer``'s weights on
     #: ``layer``'s graph (float64 ``x -> out``) and the global ids of those rows (None: every node)
     expectation: Callable[[Any], tuple[Callable[[Tensor], Tensor], Tensor | None]] | None = None
+    #: mode -> the ``bytes_min`` and ``flops`` of the kernel program that runs in it (rgtune's schedules only:
+    #: the floor of :mod:`rgtune.ir.roofline`); a mode without generated kernels has none
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def step(self, mode: str) -> tuple[Layer, list[Tensor]]:
         """What runs in ``mode``: the module's forward and the parameters it trains."""
@@ -118,6 +125,24 @@ class Impl:
     def median_ms(self, mode: str) -> float | None:
         t = self.times[mode]
         return statistics.median(t) * 1e3 if t else None
+
+    def floor(self, mode: str, peak: DevicePeak | None) -> tuple[float, str, float | None] | None:
+        """``(floor ms, "memory" or "compute", floor / median time)`` of ``mode`` on ``peak``'s device (the
+        fraction None where the mode has no time); None without counts or a peak.
+
+        Example:
+            >>> impl = Impl("rgtune", "rgtune tuned", None, counts={"fwd": {"bytes_min": 10**9, "flops": 10**6}})
+            >>> impl.times["fwd"] = [0.004, 0.005, 0.006]             # seconds: median 5 ms
+            >>> impl.floor("fwd", DevicePeak("a CPU", 1e12, 1e12, "given"))  # 1 GB at 1 TB/s: 1 ms
+            (1.0, 'memory', 0.2)
+            >>> impl.floor("fwd+bwd", DevicePeak("a CPU", 1e12, 1e12, "given")) is None
+            True
+        """
+        counts, measured = self.counts.get(mode), self.median_ms(mode)
+        if counts is None or peak is None:
+            return None
+        ms, bound = floor_ms(counts, peak)
+        return ms, bound, fraction_of_floor(ms, measured) if measured else None
 
 
 @dataclass
@@ -139,6 +164,8 @@ class BenchResult:
     options: str = ""  # the model's options, canonical text
     memory_limit_gb: float | None = None  # each implementation's, None: none
     impl_timeout_s: float | None = None  # each implementation's
+    peak: DevicePeak | None = None  # the device's bandwidth and FLOP rate: rgtune's floor (None: not known)
+    peak_note: str | None = None  # where ``peak`` is not the device's own (no GPU visible, an unknown one)
 
     @property
     def sizes(self) -> str:
@@ -250,6 +277,7 @@ def _rgtune_impl(model: str, graph: Any, in_dim: int, out_dim: int, heads: int, 
     """The tuned layer: the best inference schedule for the forward, the best training schedule for
     the training step (each a :func:`~rgtune.runtime.load_tuned` layer with ``ref``'s weights), or
     ``config`` for both."""
+    from rgtune.ir.counts import count
     from rgtune.ir.registry import parse_key
     from rgtune.runtime import Layer as TunedModule
     from rgtune.runtime import load_tuned
@@ -270,9 +298,13 @@ def _rgtune_impl(model: str, graph: Any, in_dim: int, out_dim: int, heads: int, 
             print(f"bench: warning: {w.message}", file=sys.stderr)
         layers[mode].load_state_dict(ref.state_dict())
     fwd, train = layers["inference"], layers["training"]
-    schedule = f"{_trial(fwd)}; training {_trial(train)}, {_saved_label(train)}"
+    counts = {"fwd": count(fwd.kernels, fwd.graph, fwd.config)}
+    if train.backward_kind != "torch":  # else the step is torch autograd's: no kernel program counts it
+        counts["fwd+bwd"] = count(train.kernels, train.graph, train.config)
+    schedule = f"{_trial(fwd)}; training {_trial(train)}, {_saved_label(train, counts.get('fwd+bwd'))}"
     impl = Impl("rgtune", f"rgtune tuned ({fwd.backend}, {_trial(fwd)})", fwd, list(fwd.parameters()),
-                train=train, train_params=list(train.parameters()))
+                train=train, train_params=list(train.parameters()),
+                counts={m: {k: c[k] for k in ("bytes_min", "flops")} for m, c in counts.items()})
     return impl, schedule
 
 
@@ -281,15 +313,14 @@ def _trial(layer: Any) -> str:
     return f"trial {prov['trial_id']}" if prov.get("trial_id") is not None else str(prov.get("source"))
 
 
-def _saved_label(layer: Any) -> str:
+def _saved_label(layer: Any, counts: Mapping[str, Any] | None) -> str:
     """What the training schedule trades: which forward values it saves (``autodiff.save``) and the
-    bytes its forward hands to its backward, or that the backward is the torch lowering's."""
-    from rgtune.ir.counts import count
-
-    if layer.backward_kind == "torch":
+    bytes its forward hands to its backward (``counts``: its training program's), or that the backward
+    is the torch lowering's."""
+    if layer.backward_kind == "torch" or counts is None:
         return f"backward by the torch lowering ({layer.backend} builds no backward kernels)"
     save = layer.training_config.get("autodiff.save", "all")
-    saved_mb = count(layer.kernels, layer.graph)["saved_bytes"] / 1e6
+    saved_mb = counts["saved_bytes"] / 1e6
     return f"save={save} ({saved_mb:.3g} MB saved), backward {layer.backward_kind}"
 
 
@@ -482,7 +513,7 @@ def bench(model: str, dataset: str, *, in_dim: int = 64, out_dim: int = 64, head
           threads: int | None = None, seed: int = 0, tune_trials: int = 0, data_dir: str | None = None,
           memory: bool = True, command: str = "", options: Mapping[str, Any] | str | None = None,
           impl_timeout: float | None = None, memory_limit_gb: float | None = None,
-          sample_above: int | None = None, check_rows: int = 512) -> BenchResult:
+          sample_above: int | None = None, check_rows: int = 512, peak: str = "auto") -> BenchResult:
     """Time one layer side by side (see the module docstring), each implementation in a watched process of its
     own (:func:`rgtune.bench.isolated.run_impl`); ``tune_trials`` > 0 tunes that many trials first, per mode
     (inference, training), when this device has no record of the workload in that mode (``db=None``: no
@@ -492,8 +523,11 @@ def bench(model: str, dataset: str, *, in_dim: int = 64, out_dim: int = 64, head
     resident set's limit (default :func:`~rgtune.bench.isolated.default_memory_limit_gb`); ``sample_above``:
     check sampled rows on graphs with more edges (default
     :data:`~rgtune.tuner.verification.SAMPLE_ABOVE_EDGES`), ``check_rows`` of them. ``command`` is recorded
-    with the result; ``options``: the model's."""
+    with the result; ``options``: the model's. ``peak``: the device whose bandwidth and FLOP rate give
+    rgtune's floor (:func:`rgtune.ir.roofline.device_peak`; ``auto``: the backend's, a CPU measured by this
+    process with the benchmark's threads after the implementations ran)."""
     from rgtune.bench.isolated import DEFAULT_TIMEOUT_S, default_memory_limit_gb, run_impl
+    from rgtune.ir.roofline import cpu_overrides, device_peak, peak_names
     from rgtune.runtime._lookup import check_model, resolve_backend
     from rgtune.tuner.verification import SAMPLE_ABOVE_EDGES
 
@@ -512,6 +546,9 @@ def bench(model: str, dataset: str, *, in_dim: int = 64, out_dim: int = 64, head
                          f"{memory_limit_gb}")
     if check_rows < 1:
         raise ValueError(f"check_rows must be at least 1 sampled destination, got {check_rows}")
+    if peak != "auto" and peak.strip().lower() not in peak_names():  # now, not after the implementations ran
+        raise ValueError(f"unknown device peak {peak!r}; choose from auto, {', '.join(peak_names())}")
+    cpu_overrides()  # a bad figure in the environment: now too
     if threads:
         torch.set_num_threads(threads)
         os.environ["OMP_NUM_THREADS"] = str(threads)  # a tuning worker (spawned) then matches this process
@@ -534,9 +571,11 @@ def bench(model: str, dataset: str, *, in_dim: int = 64, out_dim: int = 64, head
             name = out.result.get("dataset", name)
             if key == "rgtune" and out.status == "ok":
                 schedule = out.result.get("schedule", schedule)
+    # measured here, now that no implementation runs: with the benchmark's threads, on a quiet machine
+    device, note = device_peak(be.device_type, peak) if any(i.counts for i in built) else (None, None)
     return BenchResult(model, name or dataset, in_dim, out_dim, heads, be.name, schedule, threads, repeats, built,
                        machine_info(threads), versions(), command, datetime.now(UTC).strftime("%Y-%m-%d"), opts,
-                       memory_limit_gb=limit, impl_timeout_s=impl_timeout)
+                       memory_limit_gb=limit, impl_timeout_s=impl_timeout, peak=device, peak_note=note)
 
 
 def impl_of(key: str, status: str, result: Mapping[str, Any] | None, message: str, limit_s: float) -> Impl:
@@ -546,6 +585,7 @@ def impl_of(key: str, status: str, result: Mapping[str, Any] | None, message: st
                 status=status, error=r.get("error"), checked=r.get("checked"))
     impl.times = {m: list(r.get("times", {}).get(m, [])) for m in MODES}
     impl.peak_mb = dict(r.get("peak_mb", {}))
+    impl.counts = {m: dict(c) for m, c in r.get("counts", {}).items()}
     if status != "ok":
         impl.problem = message or impl.problem
         impl.limit_s = limit_s if status == "timeout" else None

@@ -143,6 +143,27 @@ def add_mode_arg(p: argparse.ArgumentParser, what: str) -> None:
                         "then the gradients of the input and of every parameter)")
 
 
+def device_peak_name(text: str) -> str:
+    """An argparse type: ``auto`` or a device whose peak gives the floor (:func:`rgtune.ir.roofline.peak_names`)."""
+    from rgtune.ir.roofline import peak_names
+
+    name = text.strip().lower()
+    if name != "auto" and name not in peak_names():
+        raise argparse.ArgumentTypeError(f"unknown device {text!r}; choose from auto, {', '.join(peak_names())}")
+    return name
+
+
+def add_peak_arg(p: argparse.ArgumentParser) -> None:
+    """``--peak DEVICE``: whose memory bandwidth and FLOP rate give a schedule's floor (:mod:`rgtune.ir.roofline`)."""
+    from rgtune.ir.roofline import BANDWIDTH_ENV, FLOPS_ENV, GPU_PEAKS
+
+    p.add_argument("--peak", type=device_peak_name, default="auto", metavar="DEVICE",
+                   help="the device whose bandwidth and float32 FLOP rate give the floor (the fastest the counted "
+                        "bytes and FLOPs could run): auto (default: the backend's device; a CPU measured here, "
+                        f"${BANDWIDTH_ENV} and ${FLOPS_ENV} override; a GPU by its datasheet, an H100 SXM's where "
+                        f"none is visible), cpu, or a GPU: h100, a100, {', '.join(GPU_PEAKS)}")
+
+
 def parse_sets(items: Sequence[str]) -> dict[str, str]:
     """``--set knob=value`` items as a dict (values are strings; the search space converts them)."""
     out = {}

@@ -8,7 +8,7 @@ import shlex
 from pathlib import Path
 from typing import Sequence
 
-from rgtune.cli._common import CLIError, CommandFailed, add_db_arg, add_layer_args, model_options
+from rgtune.cli._common import CLIError, CommandFailed, add_db_arg, add_layer_args, add_peak_arg, model_options
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -19,8 +19,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "bench", help="tuned layer vs reference lowering vs PyG vs DGL, side by side",
         description="Time one layer side by side: rgtune's tuned kernels, its torch lowering, the torch reference "
                     "layer, PyG and DGL (same graph, sizes, weights, threads): the forward, and a training step "
-                    "(forward, then backward to the input and every parameter); print a table and write a row to "
-                    "BENCHMARKS.md.",
+                    "(forward, then backward to the input and every parameter); print a table, with the floor of "
+                    "rgtune's schedules on the device and the share of it reached, and write a row to BENCHMARKS.md.",
         epilog="Example: rgtune bench --model rgcn --dataset aifb --tune-trials 30")
     add_layer_args(p, "aifb, mutag, ..., or synthetic:<spec>")
     add_db_arg(p)
@@ -44,6 +44,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--check-rows", type=int, default=512, metavar="N",
                    help=f"on a graph of more than {SAMPLE_ABOVE_EDGES:,} edges, check N sampled destination rows of each output "
                         "against the float64 reference on their in-neighbourhood (default 512)")
+    add_peak_arg(p)
     p.add_argument("--output", default="BENCHMARKS.md", help="the markdown file to update (default BENCHMARKS.md)")
     p.add_argument("--no-write", action="store_true", help="print only")
     p.add_argument("--json", default=None, metavar="PATH",
@@ -72,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
                     warmup=args.warmup, threads=args.threads, seed=args.seed, tune_trials=args.tune_trials,
                     data_dir=args.data_dir, impl_timeout=args.impl_timeout, memory_limit_gb=args.memory_limit,
                     check_rows=args.check_rows, command="rgtune bench " + shlex.join(_portable(args.argv)),
-                    options=options)
+                    options=options, peak=args.peak)
     except Exception as e:  # noqa: BLE001 - an implementation or library that failed: one line, as every command
         raise CommandFailed(f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}") from e
     print(format_table(res))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from rgtune.cli._common import (EXIT_FAILURE, CLIError, add_workload_args, layer_sizes, load_graph, model_options,
-                                parse_sets)
+from rgtune.cli._common import (EXIT_FAILURE, CLIError, add_peak_arg, add_workload_args, layer_sizes, load_graph,
+                                model_options, parse_sets)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -20,11 +20,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", default="cpu", choices=("cpu", "cuda"), help="whose schedule knobs apply (default cpu)")
     p.add_argument("--source", action="store_true", help="also print the generated kernel source")
     p.add_argument("--space", action="store_true", help="also list every knob with its choices")
+    add_peak_arg(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from rgtune.codegen.base import backend_target
+    from rgtune.codegen.base import backend_target, create
     from rgtune.ir.counts import count, program_flops
     from rgtune.ir.registry import build_model, model_spec
 
@@ -62,7 +63,9 @@ def run(args: argparse.Namespace) -> int:
     print("# kernels")
     print(point.kernels.describe(), end="\n\n")
     print(f"# the program as written: {program_flops(program, graph):,} FLOPs")
-    _print_counts(count(point.kernels, graph, config))
+    counts = count(point.kernels, graph, config)
+    _print_counts(counts)
+    _print_floor(counts, create(args.backend).device_type, args.peak)
     if args.source:
         _print_sources(args.backend, point.kernels, config)
     if args.space:
@@ -83,6 +86,21 @@ def _print_counts(c: dict[str, Any]) -> None:
     print(f"  atomic updates  {c['atomics']:,}")
     print(f"  GEMM rows       {c['gemm_rows']}")
     print(f"  GEMM tiles      {c['gemm_tiles']:,} ({c['gemm_rows_computed']:,} rows computed, short tiles padded)")
+
+
+def _print_floor(counts: dict[str, Any], device_type: str, peak_name: str) -> None:
+    """The schedule's floor on the backend's device (or ``--peak``'s): what its counts would take at the peak."""
+    from rgtune.ir.roofline import device_peak, floor_ms, floor_terms
+
+    peak, note = device_peak(device_type, peak_name)
+    ms, bound = floor_ms(counts, peak)
+    memory, compute = floor_terms(counts, peak)
+    print("# floor: the fastest these counts could run, max(bytes (minimum) / bandwidth, FLOPs / FLOP rate); "
+          "a measured time reaches floor / time of it")
+    print(f"  floor           {ms:.3g} ms, {bound}-bound (bytes {memory:.3g} ms, FLOPs {compute:.3g} ms)")
+    print(f"  peak            {peak.describe()}")
+    if note:
+        print(f"  note            {note}")
 
 
 def _print_sources(backend_name: str, kp: Any, config: dict[str, Any]) -> None:
