@@ -16,9 +16,15 @@ was collected with `--threads 1` (the other core was used meanwhile), its AM stu
 experiments/costmodel_transfer.py --db ... --models rgcn,rgat,hgt --repeat-real 2 --no-eval --threads 1`):
 a schedule's time is the median of its measurements.
 
+`collect --part batches` runs the sampler studies (`tune --batches`, training, random schedules: what a study
+for mini-batch training measures, per batch) into their own database, frozen to
+tests/data/costmodel_history_batches.json.gz: the test command ranks each graph's sampler workload with a
+model trained on the whole-graph history and the other graphs' samplers (`rgtune costmodel --eval --batches`).
+
 Examples::
 
     python experiments/frozen_history.py collect --db sqlite:///frozen.db --threads 1
+    python experiments/frozen_history.py collect --part batches --db sqlite:///frozen_batches.db --threads 1
     python experiments/frozen_history.py collect --db sqlite:///frozen.db --threads 1 --only synthetic:bgs
     rgtune costmodel --db sqlite:///frozen.db --freeze tests/data/costmodel_history.json.gz
     rgtune costmodel --eval --history tests/data/costmodel_history.json.gz --holdout aifb
@@ -48,12 +54,13 @@ class Study:
     mode: str
     trials: int
     sampler: str
+    batches: str = ""  # tune --batches: the study times its schedules on this sampler's batches
 
     def argv(self, db: str, threads: int, seed: int, hidden: int) -> list[str]:
         return ["rgtune", "tune", "--model", self.model, "--dataset", self.dataset, "--mode", self.mode,
                 "--in-dim", str(hidden), "--out-dim", str(hidden), "--trials", str(self.trials),
                 "--sampler", self.sampler, "--seed", str(seed), "--threads", str(threads), "--cost-model", "off",
-                "--confirm", "0", "--db", db, "--quiet"]
+                "--confirm", "0", "--db", db, "--quiet"] + (["--batches", self.batches] if self.batches else [])
 
 
 def plan() -> list[Study]:
@@ -67,18 +74,32 @@ def plan() -> list[Study]:
     return out
 
 
+#: the sampler studies (--part batches): a graph whose batches are all of it (AIFB's 140 training nodes fit one
+#: batch), a mid-sized one, and two big ones whose batches are small pieces of them (what sampling is for)
+BATCHES = (("aifb", "neighbor:fanout=10x10,batch_size=256"), ("mutag", "neighbor:fanout=10x10,batch_size=256"),
+           ("synthetic:am", "neighbor:fanout=10x10,batch_size=256,batches=2"),
+           ("synthetic:ogbn-mag,reverse=1", "neighbor:fanout=10x10,batch_size=256,batches=2"))
+
+
+def batch_plan() -> list[Study]:
+    """The sampler studies: every model's training step on each graph's batches, random schedules."""
+    return [Study(d, m, "training", 25, "random", batches) for d, batches in BATCHES for m in MODELS]
+
+
 def _have(db: str, s: Study, hidden: int) -> int:
     """How many trials the study already has (0 when it does not exist yet)."""
+    from rgtune.data.sampler_spec import SamplerSpec
     from rgtune.db import TrialDatabase
 
+    key = SamplerSpec.parse(s.batches).key if s.batches else ""
     with TrialDatabase(db) as tdb:
-        found = [w for w in tdb.workloads(model=s.model, dataset=s.dataset, batches="")
+        found = [w for w in tdb.workloads(model=s.model, dataset=s.dataset, batches=key)
                  if w.mode == s.mode and w.in_dim == hidden and w.out_dim == hidden]
         return sum(len(tdb.history(w)) for w in found)
 
 
-def collect(db: str, threads: int, seed: int, hidden: int, only: str | None) -> None:
-    studies = [s for s in plan() if only is None or s.dataset == only]
+def collect(db: str, threads: int, seed: int, hidden: int, only: str | None, part: str = "whole") -> None:
+    studies = [s for s in (batch_plan() if part == "batches" else plan()) if only is None or s.dataset == only]
     for i, s in enumerate(studies, 1):
         have = _have(db, s, hidden)
         left = s.trials - have
@@ -87,9 +108,10 @@ def collect(db: str, threads: int, seed: int, hidden: int, only: str | None) -> 
             continue
         t0 = time.time()
         # a resumed study draws with another seed: the random sampler would redraw its first schedules
-        argv = Study(s.dataset, s.model, s.mode, left, s.sampler).argv(db, threads, seed + have, hidden)
+        argv = Study(s.dataset, s.model, s.mode, left, s.sampler, s.batches).argv(db, threads, seed + have, hidden)
         rc = subprocess.run(argv, stdout=subprocess.DEVNULL).returncode
-        print(f"[{i}/{len(studies)}] {s.model} {s.mode} {s.dataset}: {left} trials in {time.time() - t0:.0f} s"
+        on = f"{s.dataset} [{s.batches}]" if s.batches else s.dataset
+        print(f"[{i}/{len(studies)}] {s.model} {s.mode} {on}: {left} trials in {time.time() - t0:.0f} s"
               + ("" if rc == 0 else f" (exit {rc})"), flush=True)
 
 
@@ -101,8 +123,10 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=43)
     p.add_argument("--hidden", type=int, default=64, help="feature size, in = out (default 64)")
     p.add_argument("--only", default=None, help="only the studies of this dataset")
+    p.add_argument("--part", default="whole", choices=("whole", "batches"),
+                   help="whole: the whole-graph studies (default); batches: the sampler studies (tune --batches)")
     args = p.parse_args()
-    collect(args.db, args.threads, args.seed, args.hidden, args.only)
+    collect(args.db, args.threads, args.seed, args.hidden, args.only, args.part)
 
 
 if __name__ == "__main__":

@@ -107,7 +107,8 @@ def copy_history(src: TrialDatabase, dst_url: str, exclude_dataset: str) -> Tria
         graph = SimpleNamespace(name=g.name, content_hash=g.content_hash,  # what ensure_graph reads
                                 stats=SimpleNamespace(as_dict=lambda stats=dict(g.stats or {}): stats))
         rec = dst.ensure_workload(w.model, graph, dev, in_dim=w.in_dim, out_dim=w.out_dim, heads=w.heads,
-                                  backend=w.backend, mode=w.mode)
+                                  backend=w.backend, mode=w.mode, options=w.options, batches=w.batches,
+                                  precision=w.precision)
         for t in src.history(w.id):
             if t.status != "running":
                 tid = dst.start_trial(rec, t.knobs, predicted_ms=t.predicted_ms)
@@ -194,7 +195,7 @@ def run_one(model: str, dataset: str, seed: int, arm: str, base: Path, workdir: 
     db = TrialDatabase(f"sqlite:///{db_path}")
     opts = TuneOptions(trials=args.arm_budget.get(arm, args.budget), sampler="tpe", seed=seed, progress=False,
                        measure=MeasureOptions(timing=args.timing), guide=guide, recheck=args.recheck, confirm_top=0)
-    tuner = CurveTuner(Workload(model, dataset, args.hidden, args.hidden, 1, backend, args.data_dir), db, opts)
+    tuner = CurveTuner(_workload(model, dataset, args, backend), db, opts)
     t0 = time.time()
     with _own_cache(run_dir):
         summary = tuner.run()
@@ -207,6 +208,12 @@ def run_one(model: str, dataset: str, seed: int, arm: str, base: Path, workdir: 
     done.write_text(text)
     db.close()
     return json.loads(text)  # what a resumed run reads (JSON types): the two compare alike
+
+
+def _workload(model: str, dataset: str, args: Any, backend: str) -> Workload:
+    """What a run tunes and the re-timing times: --mode, and with --batches a sampler workload."""
+    return Workload(model, dataset, args.hidden, args.hidden, 1, backend, args.data_dir, args.mode,
+                    batches=args.batches)
 
 
 # ---------------------------------------------------------------------- re-timing and scoring
@@ -271,12 +278,13 @@ def retime_workload(key: WorkloadKey, schedules: Mapping[str, Mapping[str, Any]]
     timed in one measurement process; cached in the work directory while the cache holds them all."""
     model, dataset = key
     path = workdir / "retime" / f"{model}-{_safe(dataset)}.json"
-    settings = {"rounds": args.retime_rounds, "hidden": args.hidden, "backend": backend, "timing": args.timing}
+    settings = {"rounds": args.retime_rounds, "hidden": args.hidden, "backend": backend, "timing": args.timing,
+                "mode": args.mode, "batches": args.batches}
     cached, t0 = _cached_retimes(path, settings), time.perf_counter()
     if schedules.keys() <= cached.keys():
         out = {h: {**s, **cached[h]} for h, s in schedules.items()}
     else:
-        workload = Workload(model, dataset, args.hidden, args.hidden, 1, backend, args.data_dir)
+        workload = _workload(model, dataset, args, backend)
         with _own_cache(path.parent):
             times = rounds_ms(workload, {h: s["knobs"] for h, s in schedules.items()}, args.retime_rounds,
                               MeasureOptions(timing=args.timing))
@@ -519,6 +527,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retime-window", type=float, default=0.25, help="re-time incumbents within this of the "
                    "workload's fastest, relative to each run's default schedule (default 0.25)")
     p.add_argument("--timing", default="plain", choices=TIMINGS, help="tune --timing (default plain)")
+    p.add_argument("--mode", default="inference", choices=("inference", "training"), help="tune --mode (default "
+                   "inference)")
+    p.add_argument("--batches", default=None, metavar="SAMPLER", help="tune --batches: the runs tune (and the "
+                   "re-timing times) a sampler workload, e.g. neighbor:fanout=10x10,batch_size=256 (--timing plain)")
     p.add_argument("--recheck", type=int, default=TuneOptions.recheck, help="tune --recheck (default %(default)s)")
     p.add_argument("--workdir", default="cm_curves_work", help="run databases and traces, resumable (default "
                    "cm_curves_work)")

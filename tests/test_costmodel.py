@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from rgtune.data import load_dataset
+from rgtune.data.sampler_spec import SamplerSpec
 from rgtune.ir.counts import count
 from rgtune.ir.models import build_model
 from rgtune.ir.registry import list_models
@@ -147,6 +148,44 @@ def test_a_graph_that_is_not_loaded_gives_rows_without_counts():
     row = bare.features(full.space.default())
     assert "num:log_flops" not in row and "num:log_flops" in full.features(full.space.default())
     assert row["num:graph:src_pair_ratio"] == g.stats.src_pair_ratio
+
+
+@pytest.mark.parametrize("mode", ["inference", "training"])
+def test_a_sampler_workloads_row_counts_what_its_trials_time(mode):
+    """A sampler workload's counts are those of the programs the tuner times on each of its blocks (destinations
+    only; the params' gradients program on a first layer's block), per batch; its statistics are a block's."""
+    from rgtune.codegen.base import create
+    from rgtune.data.sampler_spec import SamplerSpec
+    from rgtune.data.synthetic import random_graph
+    from rgtune.tuner.batches import SampledBatches
+
+    g = random_graph((60, 90), num_relations=3, num_edges=1200, seed=0)
+    sampler = "neighbor:fanout=4x3,batch_size=16,batches=2"
+    whole = WorkloadContext.create("rgat", g, 8, 8, 1, backend="cpu", device="d")
+    ctx = WorkloadContext.create("rgat", g, 8, 8, 1, backend="cpu", device="d")
+    ctx.mode = whole.mode = mode
+    ctx.batches = sampler
+    timed = SampledBatches(SamplerSpec.parse(sampler), g, build_model("rgat", 8, 8), create("cpu"), mode,
+                           precision="any")  # as the history's spaces: 16-bit schedules too
+    configs = [whole.space.default()] + [whole.space.sample(random.Random(i)) for i in range(3)]
+    for config in configs:
+        point = timed.point(config)
+        full_config = {**whole.space.default(), **config}
+        expected = {"flops": 0.0, "bytes_min": 0.0}
+        for first, block in timed.blocks:
+            kernels = (point.params_only if first and point.params_only is not None else point.full).kernels
+            c = count(kernels, block, full_config)
+            for k in expected:
+                expected[k] += c[k] / timed.num_batches
+        row = ctx.features(config)
+        assert row["num:log_flops"] == pytest.approx(math.log1p(expected["flops"]))
+        assert row["num:log_bytes_min"] == pytest.approx(math.log1p(expected["bytes_min"]))
+        assert row["is:batches"] == 1.0 and "is:batches" not in whole.features(config)
+        assert row["num:log_flops"] < whole.features(config)["num:log_flops"]  # a batch, not the graph
+    largest = max((b for _, b in timed.blocks), key=lambda b: (b.num_edges(), b.num_nodes()))
+    assert row["num:graph:log_num_edges"] == pytest.approx(math.log1p(largest.num_edges()))
+    # the default's batch counts anchor the relative ones, as the whole graph's do for a whole-graph workload
+    assert ctx.features(whole.space.default())["num:rel_flops"] == 0.0
 
 
 def test_a_history_graph_that_cannot_be_loaded_is_reported_once(caplog):
@@ -458,17 +497,26 @@ def test_a_fresh_workload_prunes_nothing_before_its_warmup(history, tmp_path):
 
 
 # ------------------------------------------------------------------ in the tuning loop
+def _history_of_this_device(workload: Any, url: str) -> TrialDatabase:
+    """Two other graphs' trials recorded on the device ``workload``'s worker reports (the history must be this
+    device's for the model to train on it)."""
+    from rgtune.tuner.measure import MeasureWorker
+
+    with MeasureWorker(workload) as worker:
+        here = worker.start()
+    db = TrialDatabase(url)
+    for i, name in enumerate((GRAPHS[0], GRAPHS[2])):
+        _fill(db, name, 16, seed=i, device=here, backend="reference")
+    return db
+
+
 def test_the_tuning_loop_drives_a_model_trained_on_other_graphs(tmp_path):
-    from rgtune.tuner.measure import MeasureOptions, MeasureWorker
+    from rgtune.tuner.measure import MeasureOptions
     from rgtune.tuner.workload import Workload
     from rgtune.tuner.study import TuneOptions, Tuner
 
     workload = Workload("rgcn", GRAPHS[1], *SIZES, "reference")
-    with MeasureWorker(workload) as worker:
-        here = worker.start()  # the history must be this device's for the model to train on it
-    db = TrialDatabase(f"sqlite:///{tmp_path / 'results.db'}")
-    for i, name in enumerate((GRAPHS[0], GRAPHS[2])):
-        _fill(db, name, 16, seed=i, device=here, backend="reference")
+    db = _history_of_this_device(workload, f"sqlite:///{tmp_path / 'results.db'}")
     pruner = CostModelGuide(CostModel(small_hgb), PrunePolicy(margin=1.0, explore=0.0, warmup=2, max_skip=3),
                              model_path=None, graphs=LOADED)
     s = Tuner(workload, db, TuneOptions(trials=6, seed=0, progress=False, guide=pruner, confirm_top=0,
@@ -487,17 +535,35 @@ def test_the_tuning_loop_drives_a_model_trained_on_other_graphs(tmp_path):
         assert run <= 3
 
 
+def test_a_sampler_study_is_steered_by_a_model_of_whole_graphs_and_its_trials_are_learnt_as_batches(tmp_path):
+    from rgtune.costmodel.history import load_samples
+    from rgtune.tuner.measure import MeasureOptions
+    from rgtune.tuner.study import TuneOptions, Tuner
+    from rgtune.tuner.workload import Workload
+
+    sampler = "neighbor:fanout=4x3,batch_size=16,batches=2"
+    workload = Workload("rgcn", GRAPHS[1], *SIZES, "reference", mode="training", batches=sampler)
+    db = _history_of_this_device(workload, f"sqlite:///{tmp_path / 'results.db'}")
+    ranker = CostModelGuide(CostModel(small_hgb), RankPolicy(pool=4, explore=0.0, opening=2, seed=0),
+                            model_path=None, graphs=LOADED)
+    s = Tuner(workload, db, TuneOptions(trials=5, seed=0, progress=False, guide=ranker, confirm_top=0,
+                                        measure=MeasureOptions(warmup=1, repeats=2, min_seconds=0.0))).run()
+    assert s.guide is not None and s.guide["status"].startswith("cost model on"), s.guide
+    assert s.guide["counts"]["opening"] == 2 and s.guide["counts"]["observed"] == s.statuses["ok"] == 5
+    assert ranker._w is not None and ranker._w.ctx.batches == SamplerSpec.parse(sampler).key
+    # the study's trials are history now: their rows describe the batches (counts of the mini-batch programs)
+    (record,) = [w for w in db.workloads() if w.batches]
+    rows = load_samples(db, [record], LOADED, {})
+    assert len(rows) == 5 and all(r.features["is:batches"] == 1.0 and "num:log_flops" in r.features for r in rows)
+
+
 def test_the_tuning_loop_ranks_pools_with_a_model_trained_on_other_graphs(tmp_path):
-    from rgtune.tuner.measure import MeasureOptions, MeasureWorker
+    from rgtune.tuner.measure import MeasureOptions
     from rgtune.tuner.workload import Workload
     from rgtune.tuner.study import TuneOptions, Tuner
 
     workload = Workload("rgcn", GRAPHS[1], *SIZES, "reference")
-    with MeasureWorker(workload) as worker:
-        here = worker.start()
-    db = TrialDatabase(f"sqlite:///{tmp_path / 'results.db'}")
-    for i, name in enumerate((GRAPHS[0], GRAPHS[2])):
-        _fill(db, name, 16, seed=i, device=here, backend="reference")
+    db = _history_of_this_device(workload, f"sqlite:///{tmp_path / 'results.db'}")
     pruner = CostModelGuide(CostModel(small_hgb), RankPolicy(pool=6, explore=0.0, retrain_every=2, opening=2,
                                                               opening_pool=12), model_path=None, graphs=LOADED)
     s = Tuner(workload, db, TuneOptions(trials=6, seed=0, progress=False, guide=pruner, confirm_top=0,
@@ -516,16 +582,10 @@ def test_the_tuning_loop_ranks_pools_with_a_model_trained_on_other_graphs(tmp_pa
 
 def test_tune_cli_says_how_the_rank_policy_opened_a_new_study(tmp_path):
     from rgtune.cli import main
-    from rgtune.tuner.measure import MeasureWorker
     from rgtune.tuner.workload import Workload
 
-    with MeasureWorker(Workload("rgcn", GRAPHS[1], *SIZES, "reference")) as worker:
-        here = worker.start()
     url = f"sqlite:///{tmp_path / 'results.db'}"
-    db = TrialDatabase(url)
-    for i, name in enumerate((GRAPHS[0], GRAPHS[2])):
-        _fill(db, name, 16, seed=i, device=here, backend="reference")
-    db.close()
+    _history_of_this_device(Workload("rgcn", GRAPHS[1], *SIZES, "reference"), url).close()
     args = ["tune", "--model", "rgcn", "--dataset", GRAPHS[1], "--hidden", str(SIZES[0]), "--backend", "reference",
             "--db", url, "--trials", "6", "--seed", "0", "--quiet", "--confirm", "0"]
     buf = io.StringIO()
@@ -627,6 +687,17 @@ def test_costmodel_command_does_not_create_a_database(tmp_path):
     missing = tmp_path / "missing.db"
     assert cli_main(["costmodel", "--eval", "--db", f"sqlite:///{missing}", "--holdout", "aifb"]) == 2  # as best's
     assert not missing.exists()
+
+
+def test_costmodel_command_evaluates_a_samplers_workloads_and_names_one_it_has_not(capsys):
+    frozen = str(Path(__file__).resolve().parent / "data" / "costmodel_history_batches.json.gz")
+    assert cli_main(["costmodel", "--batches", "neighbor:fanout=10x10,batch_size=256"]) == 2
+    assert "--batches is an option of --eval" in capsys.readouterr().err
+    assert cli_main(["costmodel", "--eval", "--history", frozen, "--holdout", "aifb", "--batches",
+                     "neighbor:batch_size=99,fanout=3"]) == 1
+    assert "no trials on batches of neighbor:fanout=3,batch_size=99 from 'aifb'" in capsys.readouterr().err
+    assert cli_main(["costmodel", "--eval", "--history", frozen, "--holdout", "aifb", "--batches", "fanout=3"]) == 1
+    assert "kind:field=value" in capsys.readouterr().err
 
 
 def test_the_costmodel_commands_choices_are_the_cost_models():

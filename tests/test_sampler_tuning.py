@@ -179,12 +179,10 @@ def test_the_tune_command_of_a_sampler_workload_names_it():
            "neighbor:fanout=15x10,batch_size=1024"
 
 
-def test_the_cli_refuses_a_bad_sampler_and_the_cost_model_on_batches(tmp_path, capsys):
+def test_the_cli_refuses_a_bad_sampler(tmp_path, capsys):
     from rgtune.cli import main
 
     base = ["tune", "--model", "rgcn", "--dataset", GRAPH, "--hidden", "8", "--backend", "reference",
             "--db", str(tmp_path / "r.db"), "--trials", "1"]
     assert main(base + ["--batches", "neighbor:fanout=3"]) == 2
     assert "--batches: sampler 'neighbor:fanout=3': missing batch_size" in capsys.readouterr().err
-    assert main(base + ["--batches", "neighbor:fanout=3,batch_size=8", "--cost-model", "on"]) == 2
-    assert "--cost-model on does not apply to --batches" in capsys.readouterr().err

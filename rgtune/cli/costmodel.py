@@ -25,6 +25,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Train the learned cost model on the trial history, or evaluate it on a held-out graph.",
         epilog="Examples:\n  rgtune costmodel --db sqlite:///results.db            # train (or refresh) and save\n"
                "  rgtune costmodel --eval --db sqlite:///results.db --holdout aifb\n"
+               "  rgtune costmodel --eval --db sqlite:///results.db --holdout aifb --batches "
+               "neighbor:fanout=10x10,batch_size=256   # a sampler's workloads (tune --batches)\n"
                "  rgtune costmodel --db sqlite:///results.db --freeze history.json.gz   # a frozen history\n"
                "  rgtune costmodel --eval --history tests/data/costmodel_history.json.gz --holdout synthetic:bgs "
                "--train-max-edges 200000",
@@ -34,6 +36,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="train on every graph but --holdout, and rank the schedules measured on --holdout")
     p.add_argument("--holdout", metavar="DATASET", help="the held-out graph (its name in the database)")
     p.add_argument("--model", help="only held-out workloads of this model")
+    p.add_argument("--batches", metavar="SAMPLER", default="",
+                   help="--eval: rank the held-out graph's workloads tuned for this sampler (tune --batches, e.g. "
+                        "neighbor:fanout=10x10,batch_size=256) instead of its whole-graph ones")
     p.add_argument("--backend", help="only this backend (default: the one with most trials on the held-out graph)")
     p.add_argument("--device", help="only this device (its name)")
     p.add_argument("--estimator", default="hgb", choices=ESTIMATOR_CHOICES, help="the regressor (default hgb; pairwise: trees on a pairwise ranking loss)")
@@ -43,7 +48,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trust-code", action="store_true", help=TRUST_CODE_HELP)
     p.add_argument("--json", metavar="PATH", help="also write the result as JSON to PATH")
     p.add_argument("--freeze", metavar="FILE",
-                   help="write the ok trials of --db's whole-graph workloads to FILE, a frozen history (gzip'd JSON), "
+                   help="write the ok trials of --db's workloads to FILE, a frozen history (gzip'd JSON), "
                         "and stop")
     p.add_argument("--history", metavar="FILE",
                    help="--eval on a frozen history (--freeze) instead of --db: no timing noise, the same metrics "
@@ -68,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError("--history is evaluated (--eval --holdout DATASET); a model is trained and saved on --db")
     if args.train_max_edges is not None and not args.eval:
         raise CLIError("--train-max-edges is an option of --eval")
+    if args.batches and not args.eval:
+        raise CLIError("--batches is an option of --eval")
     if args.freeze:
         return _freeze(args)
     if args.history:
@@ -85,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
 
         exclude = None if args.train_max_edges is None else larger_than(db, args.train_max_edges)
         r = evaluate_holdout(db, args.holdout, model=args.model, backend=args.backend, device=args.device,
-                             cost_model=cm, data_dir=args.data_dir, trust_code=args.trust_code, exclude=exclude)
+                             cost_model=cm, data_dir=args.data_dir, trust_code=args.trust_code, exclude=exclude,
+                             batches=args.batches)
         _print_holdout(r)
         out: dict[str, Any] = r.as_dict()
     else:

@@ -100,11 +100,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "(how many batches each trial times, default 4) and seed (default 0). The sampler is part "
                         "of the workload (load_tuned(..., batches=...) finds it); the best schedule tuned on the "
                         "whole graph, if recorded, is timed on the same batches and the summary compares them")
-    p.add_argument("--cost-model", default=None, choices=("on", "off"),
-                   help="on (default; off with --batches, whose trials it cannot rank: its features describe the "
-                        "whole graph): the learned cost model, trained on this device's history, steers the "
-                        "search (see --cost-model-policy); it stays out of the way until the history is large "
-                        "enough, and says so")
+    p.add_argument("--cost-model", default="on", choices=("on", "off"),
+                   help="on (default): the learned cost model, trained on this device's history, steers the "
+                        "search (see --cost-model-policy; with --batches it ranks schedules by what they do on the "
+                        "sampler's batches); it stays out of the way until the history is large enough, and says so")
     p.add_argument("--trust-code", action="store_true", help="cost model: " + TRUST_CODE_HELP)
     p.add_argument("--cost-model-policy", default=DEFAULT_POLICY, choices=("prune", "rank"),
                    help="prune: skip measuring candidates predicted clearly slower than the best so far (recorded "
@@ -252,10 +251,7 @@ def _tune_options(args: argparse.Namespace) -> "TuneOptions":
 
 
 def _cost_model_guide(args: argparse.Namespace) -> Any:
-    if args.batches and args.cost_model == "on":
-        raise CLIError("--cost-model on does not apply to --batches: the cost model's features describe the whole "
-                       "graph, not the sampler's batches")
-    if args.cost_model == "off" or args.batches:
+    if args.cost_model == "off":
         return None
     from rgtune.costmodel import CostModelGuide, PrunePolicy, RankPolicy
 

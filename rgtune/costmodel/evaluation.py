@@ -65,7 +65,7 @@ def evaluate_holdout(db: "TrialDatabase", holdout_dataset: str, *, model: str | 
                      data_dir: str | None = None, graphs: GraphLoader | None = None,
                      exclude: Callable[["WorkloadRecord"], bool] | None = None,
                      keep_predictions: bool = False, trust_code: bool = False,
-                     rows: dict[int, dict[str, float]] | None = None) -> HoldoutResult:
+                     rows: dict[int, dict[str, float]] | None = None, batches: str = "") -> HoldoutResult:
     """Train on every other graph's ``ok`` history (same device and backend), rank the held-out one.
 
     The held-out graph is excluded by name and by content (a graph recorded under two names is
@@ -76,6 +76,9 @@ def evaluate_holdout(db: "TrialDatabase", holdout_dataset: str, *, model: str | 
     ``first`` (its first measurement, ms). ``trust_code``: import the models the history names that
     this process has not registered (:mod:`.history`). ``rows``: a cache of feature rows by trial id of
     this database, used and filled (evaluations of several held-out graphs compute each row once).
+    ``batches``: rank the held-out graph's workloads tuned for this sampler (``tune --batches``; any text
+    :class:`~rgtune.data.sampler_spec.SamplerSpec` parses) instead of its whole-graph ones; the training
+    leaves out every workload of the held-out graph either way.
 
     Example:
         >>> from rgtune.db import TrialDatabase
@@ -84,15 +87,17 @@ def evaluate_holdout(db: "TrialDatabase", holdout_dataset: str, *, model: str | 
         ...
         ValueError: no trials on 'aifb' in the database (model any, backend any)
     """
-    filters: dict[str, Any] = {"dataset": holdout_dataset, "batches": ""}  # whole-graph workloads (as trained on)
+    from rgtune.data.sampler_spec import SamplerSpec
+
+    filters: dict[str, Any] = {"dataset": holdout_dataset, "batches": SamplerSpec.parse(batches).key if batches else ""}
     if model is not None:
         filters["model"] = model
     if backend is not None:
         filters["backend"] = backend
     hold = [w for w in db.workloads(**filters) if w.num_ok > 0 and (device is None or w.device == device)]
     if not hold:
-        raise ValueError(f"no trials on {holdout_dataset!r} in the database (model {model or 'any'}, "
-                         f"backend {backend or 'any'})")
+        on = f"batches of {filters['batches']} from {holdout_dataset!r}" if batches else repr(holdout_dataset)
+        raise ValueError(f"no trials on {on} in the database (model {model or 'any'}, backend {backend or 'any'})")
     dev, be = _pick_group(hold)
     hold = [w for w in hold if w.device == dev and w.backend == be]
     hashes = {w.graph_hash for w in hold}

@@ -16,6 +16,13 @@ from the kernels, statistics from :class:`~rgtune.data.graph.GraphStats`. The re
 are what lets a model trained on one graph rank the schedules of another: the workload's scale
 cancels out, as it does in the per-workload target.
 
+A sampler workload's row (``tune --batches``, ``WorkloadContext.batches``) describes what its trials
+time, one batch: the counts are those of the schedule's mini-batch programs (destinations only; a
+first layer's block runs the params'-gradients program in training, as a layer does) summed over the
+blocks of the sampler's batches and divided by their number; the graph statistics are those of the
+largest block (what a batch looks like: in-degrees capped by the fan-outs), and ``is:batches`` marks it.
+So a model trained on whole graphs ranks a sampler's schedules by what they do on its batches.
+
 Example:
     >>> from rgtune.data.synthetic import random_graph
     >>> g = random_graph((20, 30), num_relations=3, num_edges=200, seed=0)
@@ -132,7 +139,10 @@ class WorkloadContext:
     options: str = ""  # the model's options, canonical text
     #: import the model's module when it is not registered here (the name comes from a database row)
     trust_code: bool = False
+    #: a sampler workload's sampler (canonical text, ``tune --batches``): rows describe one of its batches
+    batches: str = ""
     _space: "SearchSpace | None" = field(default=None, repr=False)
+    _sampled: "_SampledBlocks | None" = field(default=None, repr=False)
     _base_counts: dict[str, Any] | None = field(default=None, repr=False)
     _fixed: dict[str, float] | None = field(default=None, repr=False)
 
@@ -147,16 +157,32 @@ class WorkloadContext:
     def space(self) -> "SearchSpace":
         """The workload's search space (built on first use; needs the graph)."""
         if self._space is None:
-            from rgtune.ir.registry import recorded_model
-            from rgtune.search_spaces import SearchSpace
-
-            spec = recorded_model(self.model, origin="the trial database", trust_code=self.trust_code)
-            # a history's schedules may store intermediates in 16 bits: every storage type the target has
-            self._space = SearchSpace(spec.build(self.in_dim, self.out_dim, self.heads, self.options),
-                                      self.graph, self.target, mode=self.mode, precision="any")
+            self._space = self._make_space()
         return self._space
 
+    def _make_space(self, **batch_program: bool) -> "SearchSpace":
+        """The whole graph's space, or with ``destinations``/``input_grad`` a mini-batch program's."""
+        from rgtune.ir.registry import recorded_model
+        from rgtune.search_spaces import SearchSpace
+
+        spec = recorded_model(self.model, origin="the trial database", trust_code=self.trust_code)
+        # a history's schedules may store intermediates in 16 bits: every storage type the target has
+        return SearchSpace(spec.build(self.in_dim, self.out_dim, self.heads, self.options),
+                           self.graph, self.target, mode=self.mode, precision="any", **batch_program)
+
+    @property
+    def sampled(self) -> "_SampledBlocks | None":
+        """A sampler workload's blocks and mini-batch spaces (None for a whole-graph one or without its graph)."""
+        if self.batches and self.graph is not None and self._sampled is None:
+            self._sampled = _SampledBlocks.draw(self)
+        return self._sampled
+
     def _compiled(self, config: Mapping[str, Any], kernels: "KernelProgram | None") -> "KernelProgram | None":
+        if self.sampled is not None:  # the batch's program (the whole graph's ``kernels`` are not what runs)
+            try:
+                return self.sampled.programs(config)[0]
+            except Exception:  # noqa: BLE001 - as below
+                return None
         if kernels is not None or self.graph is None:
             return kernels
         try:
@@ -171,21 +197,31 @@ class WorkloadContext:
         if kernels is None or self.graph is None:
             return None
         try:
+            if self.sampled is not None:
+                return self.sampled.counts(config, {**self.space.default(), **config})
             return count(kernels, self.graph, {**self.space.default(), **config})
         except Exception:  # noqa: BLE001 - as above
             return None
 
+    @property
+    def _shape_stats(self) -> dict[str, Any]:
+        """The statistics the graph features describe: the whole graph's, or a sampler's largest block's."""
+        return self.sampled.stats if self.sampled is not None else self.stats
+
     def _fixed_features(self) -> dict[str, float]:
         if self._fixed is None:
-            fixed = graph_features(self.stats)
+            stats = self._shape_stats
+            fixed = graph_features(stats)
             fixed.update({
                 "num:size:log_in_dim": math.log2(self.in_dim), "num:size:log_out_dim": math.log2(self.out_dim),
                 "num:size:log_heads": math.log2(self.heads),
                 # per-edge work of a dense message: what the counts scale with
-                "num:size:log_edge_work": _log(float(self.stats.get("num_edges") or 0) * self.in_dim * self.out_dim),
+                "num:size:log_edge_work": _log(float(stats.get("num_edges") or 0) * self.in_dim * self.out_dim),
                 f"is:model={self.model}": 1.0, f"is:backend={self.backend}": 1.0, f"is:device={self.device}": 1.0,
                 f"is:mode={self.mode}": 1.0,
             })
+            if self.batches:
+                fixed["is:batches"] = 1.0
             self._fixed = fixed
         return self._fixed
 
@@ -199,12 +235,72 @@ class WorkloadContext:
             if self._base_counts is None:
                 default = self.space.default()
                 self._base_counts = self._counts(default, self._compiled(default, None)) or {}
-            row.update(_count_features(counts, self._base_counts or None,
-                                       float(self.stats.get("num_edges") or 0)))
+            edges = self.sampled.edges_per_batch if self.sampled is not None else self.stats.get("num_edges")
+            row.update(_count_features(counts, self._base_counts or None, float(edges or 0)))
             for k in kernels.kernels:
                 key = f"is:kernel:{k.template}"
                 row[key] = row.get(key, 0.0) + 1.0
         return row
+
+
+@dataclass
+class _SampledBlocks:
+    """A sampler workload's fixed batches as the cost model sees them: every block of the sampler's first
+    batches (drawn as the tuner draws them), with the mini-batch spaces that compile a schedule's programs."""
+
+    blocks: list[tuple[bool, Any]]  # (a first layer's block?, the block)
+    num_batches: int
+    spaces: dict[bool, "SearchSpace"]  # input_grad -> the destinations-only program's space
+    stats: dict[str, Any]
+    edges_per_batch: float
+    _last: tuple[Any, tuple[Any, Any]] | None = field(default=None, repr=False)
+
+    @classmethod
+    def draw(cls, ctx: WorkloadContext) -> "_SampledBlocks":
+        from rgtune.data.sampler_spec import SamplerSpec
+
+        assert ctx.graph is not None
+        minibatches = SamplerSpec.parse(ctx.batches).sample(ctx.graph)
+        blocks = [(i == 0, b) for mb in minibatches for i, b in enumerate(mb.blocks)]
+        if not blocks:
+            raise ValueError(f"sampler {ctx.batches!r} draws no batch from graph {ctx.graph.name!r}")
+        variants = (True, False) if ctx.mode == "training" else (True,)
+        largest = max((b for _, b in blocks), key=lambda b: (b.num_edges(), b.num_nodes()))
+        return cls(blocks, len(minibatches),
+                   {g: ctx._make_space(destinations=True, input_grad=g) for g in variants},
+                   dict(largest.as_graph().stats.as_dict()),
+                   sum(b.num_edges() for _, b in blocks) / len(minibatches))
+
+    def programs(self, config: Mapping[str, Any]) -> tuple["KernelProgram | None", "KernelProgram | None"]:
+        """``config``'s mini-batch programs: the full one and the one a first layer's block runs (the params'
+        gradients program where the schedule makes one, else the full one); None where it makes none. The last
+        configuration's are kept: a row compiles them once for its kernels and its counts."""
+        key = tuple(sorted(config.items()))
+        if self._last is None or self._last[0] != key:
+            full = self.spaces[True].compile(config)
+            if not full.valid:
+                programs: tuple[Any, Any] = (None, None)
+            else:
+                params_only = self.spaces[False].compile(config) if False in self.spaces else None
+                programs = (full.kernels, params_only.kernels if params_only is not None and params_only.valid
+                            else full.kernels)
+            self._last = (key, programs)
+        return self._last[1]
+
+    def counts(self, config: Mapping[str, Any], full_config: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The counts of ``config``'s mini-batch programs per batch (None where the schedule makes none)."""
+        from rgtune.ir.counts import count
+
+        full, first_layer = self.programs(config)
+        if full is None:
+            return None
+        keys = COUNT_KEYS + TRAINING_COUNT_KEYS
+        total = dict.fromkeys(keys, 0.0)
+        for first, block in self.blocks:
+            c = count(first_layer if first else full, block, full_config)
+            for k in keys:
+                total[k] += float(c.get(k) or 0)
+        return {k: v / self.num_batches for k, v in total.items()}
 
 
 @dataclass

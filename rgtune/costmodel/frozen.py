@@ -1,9 +1,9 @@
 """A frozen trial history: a database's ``ok`` trials in one compact file, and back into a database.
 
 The live quality of the cost model moves with the machine's noise and with the trials a study
-happens to draw; a frozen history does not. :func:`freeze` writes the whole-graph workloads of a
-database (their graph's name, content hash and statistics, their device, and every ``ok``
-measurement with its knobs) to a gzip'd JSON file; :func:`thaw` loads one into a database (an
+happens to draw; a frozen history does not. :func:`freeze` writes the workloads of a database
+(their graph's name, content hash and statistics, the sampler of one tuned for batches, their
+device, and every ``ok`` measurement with its knobs) to a gzip'd JSON file; :func:`thaw` loads one into a database (an
 in-memory SQLite one by default) on which :func:`~rgtune.costmodel.evaluate_holdout` computes the
 same metrics on every machine, so the test command can assert them. The features are computed
 from the knobs by the code under test, not stored: a change of the features or of the model is
@@ -44,7 +44,9 @@ if TYPE_CHECKING:
 __all__ = ["FORMAT", "freeze", "thaw"]
 
 FORMAT = "rgtune-frozen-history"
-FORMAT_VERSION = 1
+#: 2 added a workload's sampler (``batches``); a history without sampler workloads is written as 1, which
+#: every reader reads (one that did not know samplers would take a sampler's trials for the whole graph's)
+FORMAT_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -77,14 +79,14 @@ def _devices(db: "TrialDatabase") -> dict[str, dict[str, Any]]:
 
 
 def freeze(db: "TrialDatabase", out: str | Path | IO[bytes], *, backend: str | None = None) -> int:
-    """Write the ``ok`` trials of ``db``'s whole-graph workloads (of ``backend``, default all) to ``out``
-    (a path or a binary file); returns how many trials were written."""
+    """Write the ``ok`` trials of ``db``'s workloads (of ``backend``, default all) to ``out`` (a path or a
+    binary file); returns how many trials were written."""
     from rgtune.costmodel.history import graph_stats
 
     stats, devices = graph_stats(db), _devices(db)
     workloads: list[dict[str, Any]] = []
     total = 0
-    for w in db.workloads(batches="", **({"backend": backend} if backend else {})):
+    for w in db.workloads(**({"backend": backend} if backend else {})):
         trials = [t for t in db.history(w, status="ok") if t.median_ms is not None and t.median_ms > 0]
         if not trials:
             continue
@@ -99,9 +101,11 @@ def freeze(db: "TrialDatabase", out: str | Path | IO[bytes], *, backend: str | N
             "mode": w.mode, "backend": w.backend, "precision": w.precision,
             "device": devices[w.device_fingerprint],
             "graph": {"name": name, "content_hash": content_hash, "stats": graph_stats_},
-            "knobs": [[k, list(values[k])] for k in names], "trials": rows})
+            "knobs": [[k, list(values[k])] for k in names], "trials": rows,
+            **({"batches": w.batches} if w.batches else {})})
         total += len(rows)
-    payload = json.dumps({"format": FORMAT, "format_version": FORMAT_VERSION, "workloads": workloads},
+    version = FORMAT_VERSION if any("batches" in w for w in workloads) else 1
+    payload = json.dumps({"format": FORMAT, "format_version": version, "workloads": workloads},
                          sort_keys=True, separators=(",", ":")).encode()
     data = gzip.compress(payload, compresslevel=9, mtime=0)  # mtime 0: the same history, the same bytes
     if isinstance(out, (str, Path)):
@@ -129,7 +133,7 @@ def thaw(source: str | Path | IO[bytes], db: "TrialDatabase | None" = None) -> "
         graph = _FrozenGraph(g["name"], g["content_hash"], _Stats(g["stats"]))
         rec = db.ensure_workload(w["model"], graph, DeviceInfo(**w["device"]), in_dim=w["in_dim"],
                                  out_dim=w["out_dim"], heads=w["heads"], backend=w["backend"], mode=w["mode"],
-                                 options=w["options"], precision=w["precision"])
+                                 options=w["options"], precision=w["precision"], batches=w.get("batches", ""))
         knobs = w["knobs"]
         db.import_measured(rec, (({name: choices[i] for (name, choices), i in zip(knobs, row)}, float(ms))
                                  for ms, row in w["trials"]))

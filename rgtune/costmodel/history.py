@@ -31,6 +31,10 @@ log = logging.getLogger("rgtune.costmodel")
 _WITHOUT_COUNTS = "its trials are learnt without the IR's counts (a weaker model)"
 
 GraphResolver = Callable[[str, str], "HeteroGraph | None"]
+#: the key under which a cached row keeps whether its trial was its workload's default schedule (1.0 or 0.0; not a
+#: feature): with it, a history whose rows are all cached is loaded without building any workload's space, which
+#: needs its graph (seconds per big synthetic graph, at every start of a study)
+DEFAULT_MARK = "meta:default_schedule"
 
 
 @dataclass(frozen=True)
@@ -108,7 +112,8 @@ def context_for(w: "WorkloadRecord", name: str, stats: dict[str, Any], graph: "H
     if graph is not None and not _model_available(w.model, trust_code):
         graph = None
     return WorkloadContext(w.model, w.in_dim, w.out_dim, w.heads, w.backend, w.device, stats, graph,
-                           backend_target(w.backend, trust_code=trust_code), w.mode, w.options, trust_code)
+                           backend_target(w.backend, trust_code=trust_code), w.mode, w.options, trust_code,
+                           batches=w.batches)
 
 
 def _model_available(model: str, trust_code: bool) -> bool:
@@ -124,15 +129,14 @@ def _model_available(model: str, trust_code: bool) -> bool:
 
 def matching_workloads(db: "TrialDatabase", backend: str, device: str | None,
                        exclude: Callable[["WorkloadRecord"], bool] | None = None) -> list["WorkloadRecord"]:
-    """The whole-graph workloads on this device (by name) and backend.
+    """The workloads on this device (by name) and backend: whole graphs' and samplers' (``tune --batches``,
+    whose rows describe one of their batches).
 
     By name, not by fingerprint: a compiler or driver update makes a new fingerprint, and the
     schedules' *relative* costs mostly survive it. Times themselves are never compared across
     stacks: a workload has one device fingerprint, and the target is normalized per workload.
-    A sampler workload's (``tune --batches``) are left out: its times are of its batches, which the
-    features (the whole graph's counts) do not describe.
     """
-    return [w for w in db.workloads(backend=backend, device=device, batches="") if exclude is None or not exclude(w)]
+    return [w for w in db.workloads(backend=backend, device=device) if exclude is None or not exclude(w)]
 
 
 def load_samples(db: "TrialDatabase", workloads: Iterable["WorkloadRecord"], graphs: GraphLoader,
@@ -157,13 +161,15 @@ def load_samples(db: "TrialDatabase", workloads: Iterable["WorkloadRecord"], gra
             if t.median_ms is None or t.median_ms <= 0:
                 continue
             row = cache.get(t.id)
-            if row is None:
+            if row is None or DEFAULT_MARK not in row:
                 if ctx is None:
                     ctx = contexts[w.id] = context_for(w, name, st, graphs(name, chash), trust_code)
-                row = cache[t.id] = ctx.features(t.knobs)
-            if default is None:
-                default = _default_knobs(w, ctx, st, graphs, name, chash, contexts, trust_code)
-            samples.append(Sample(workload_key(w.id), row, float(t.median_ms), t.knobs == default, t.id,
+                if default is None:
+                    default = _default_knobs(w, ctx, st, graphs, name, chash, contexts, trust_code)
+                row = cache[t.id] = {**(row if row is not None else ctx.features(t.knobs)),
+                                     DEFAULT_MARK: float(t.knobs == default)}
+            features = {k: v for k, v in row.items() if k != DEFAULT_MARK}
+            samples.append(Sample(workload_key(w.id), features, float(t.median_ms), row[DEFAULT_MARK] == 1.0, t.id,
                                   t.schedule_hash))
     return samples
 

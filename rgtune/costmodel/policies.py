@@ -223,7 +223,7 @@ class CostModelGuide:
         target = space.target if space is not None else backend_target(workload.backend, trust_code=True)  # the user's
         ctx = WorkloadContext(workload.model, workload.in_dim, workload.out_dim, workload.heads, workload.backend,
                               workload.device, dict(graph.stats.as_dict()), graph, target, workload.mode,
-                              workload.options)
+                              workload.options, batches=workload.batches)
         if space is not None:
             ctx._space = space
         self._contexts[workload.id] = ctx

@@ -42,7 +42,9 @@ __all__ = ["FORMAT_VERSION", "MAGIC", "write_model", "read_model", "default_mode
 
 MAGIC = "rgtune-costmodel"
 #: bump when the payload's meaning changes (features, target, fields): older files are retrained
-FORMAT_VERSION = 2  # 2: feature rows count the weight folds of reordering (weight_flops)
+#: 2: feature rows count the weight folds of reordering (weight_flops); 3: a cached row says whether its trial was
+#: its workload's default schedule (history.DEFAULT_MARK); sampler workloads' rows describe a batch
+FORMAT_VERSION = 3
 SUFFIX = ".rgcm"
 
 

@@ -56,17 +56,14 @@ def tune(model: str, dataset: Any, *, options: Mapping[str, Any] | None = None, 
     types the schedules may keep per-edge intermediates in (``fp32``, ``bf16``, ``fp16``, ``any``: searched;
     :mod:`rgtune.ir.passes.precision`), part of the workload's identity. ``cost_model``: the learned
     cost model steers the search with its default policy (it stays idle until the device's history is large
-    enough); default on, except for a sampler workload, which it cannot rank (its features describe the
-    whole graph). ``tune_options`` are further :class:`TuneOptions` fields (``time_budget``, ``confirm_top``,
+    enough; a sampler workload's candidates it ranks by what they do on its batches); default on.
+    ``tune_options`` are further :class:`TuneOptions` fields (``time_budget``, ``confirm_top``,
     ``recheck``, ``measure``, ...). The same call resumes the same study; every trial is recorded in ``db``.
     """
     from rgtune.codegen.base import auto_backend
 
-    if cost_model and batches:
-        raise ValueError("cost_model=True: the cost model cannot steer a study timed on a sampler's batches (its "
-                         "features describe the whole graph); leave cost_model out with batches")
     guide = None
-    if cost_model or (cost_model is None and not batches):
+    if cost_model or cost_model is None:
         from rgtune.costmodel import CostModelGuide, RankPolicy
 
         guide = CostModelGuide(policy=RankPolicy(seed=seed or 0), data_dir=data_dir)
