@@ -188,6 +188,18 @@ def test_a_sampler_workloads_row_counts_what_its_trials_time(mode):
     assert ctx.features(whole.space.default())["num:rel_flops"] == 0.0
 
 
+def test_a_sampler_whose_batches_cannot_be_drawn_leaves_its_rows_without_counts(caplog):
+    g = _graph(GRAPHS[0])
+    ctx = WorkloadContext.create("rgcn", g, 8, 8, 1, backend="cpu", device="d")
+    ctx.batches = "neighbor:fanout=3,batch_size=8,seed_type=no-such-type"
+    with caplog.at_level("WARNING", logger="rgtune.costmodel"):
+        rows = [ctx.features(ctx.space.default()) for _ in range(2)]
+    assert all("num:log_flops" not in r and r["is:batches"] == 1.0 for r in rows)
+    assert rows[0]["num:graph:src_pair_ratio"] == g.stats.src_pair_ratio  # the whole graph's statistics instead
+    said = [r.getMessage() for r in caplog.records if "cannot draw the batches" in r.getMessage()]
+    assert len(said) == 1 and "no-such-type" in said[0], said
+
+
 def test_a_history_graph_that_cannot_be_loaded_is_reported_once(caplog):
     # its rows lose the counts, and the model ranks clearly worse: that must not pass silently
     loader = GraphLoader()

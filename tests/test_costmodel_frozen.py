@@ -81,17 +81,21 @@ def test_a_held_out_graph_is_ranked_above_its_floor(history: tuple[Any, ...], ho
     assert r.metrics["top5_error"] < 0.1, f"{holdout}: {r.last_line()} ({shown})"  # measured 0.00-0.05
 
 
-@pytest.mark.parametrize("holdout", sorted(BATCH_FLOORS))
-def test_a_held_out_graphs_sampler_workloads_are_ranked_above_their_floor(history: tuple[Any, ...],
-                                                                          holdout: str) -> None:
+def test_each_graphs_sampler_workloads_are_ranked_above_their_floor(history: tuple[Any, ...]) -> None:
+    """One test for the four graphs: each one's evaluation needs every other graph's sampler rows (the big graphs'
+    batches drawn), which one worker then draws once."""
     db, graphs, rows = history
-    (sampler,) = {w.batches for w in db.workloads(dataset=holdout) if w.batches}
-    r = evaluate_holdout(db, holdout, cost_model=CostModel(), graphs=graphs, rows=rows, batches=sampler)
-    assert not graphs.missing(), f"graphs of the history not loadable here (set RGTUNE_DATA_DIR): {graphs.missing()}"
-    assert len(r.per_workload) == 3 and all(w["schedules"] >= 20 for w in r.per_workload)
-    shown = "; ".join(f"{w['model']} {w['schedules']} schedules opa={w['opa']:.3f}" for w in r.per_workload)
-    assert r.metrics["opa"] >= BATCH_FLOORS[holdout], f"{holdout} [{sampler}]: {r.last_line()} ({shown})"
-    assert r.metrics["top5_error"] < 0.1, f"{holdout} [{sampler}]: {r.last_line()} ({shown})"  # measured 0-0.007
+    missed = []
+    for holdout, floor in sorted(BATCH_FLOORS.items()):
+        (sampler,) = {w.batches for w in db.workloads(dataset=holdout) if w.batches}
+        r = evaluate_holdout(db, holdout, cost_model=CostModel(), graphs=graphs, rows=rows, batches=sampler)
+        assert not graphs.missing(), f"graphs of the history not loadable here (set RGTUNE_DATA_DIR): {graphs.missing()}"
+        assert len(r.per_workload) == 3 and all(w["schedules"] >= 20 for w in r.per_workload)
+        shown = "; ".join(f"{w['model']} {w['schedules']} schedules opa={w['opa']:.3f}" for w in r.per_workload)
+        # top-5 error measured 0-0.007
+        if r.metrics["opa"] < floor or r.metrics["top5_error"] >= 0.1:
+            missed.append(f"{holdout} [{sampler}] (floor {floor}): {r.last_line()} ({shown})")
+    assert not missed, "\n".join(missed)
 
 
 def test_freeze_and_thaw_keep_every_trial(tmp_path: Path) -> None:

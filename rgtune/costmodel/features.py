@@ -36,6 +36,7 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
@@ -143,6 +144,7 @@ class WorkloadContext:
     batches: str = ""
     _space: "SearchSpace | None" = field(default=None, repr=False)
     _sampled: "_SampledBlocks | None" = field(default=None, repr=False)
+    _unsampled: bool = field(default=False, repr=False)  # drawing the sampler's batches failed (said once)
     _base_counts: dict[str, Any] | None = field(default=None, repr=False)
     _fixed: dict[str, float] | None = field(default=None, repr=False)
 
@@ -173,8 +175,14 @@ class WorkloadContext:
     @property
     def sampled(self) -> "_SampledBlocks | None":
         """A sampler workload's blocks and mini-batch spaces (None for a whole-graph one or without its graph)."""
-        if self.batches and self.graph is not None and self._sampled is None:
-            self._sampled = _SampledBlocks.draw(self)
+        if self.batches and self.graph is not None and self._sampled is None and not self._unsampled:
+            try:
+                self._sampled = _SampledBlocks.draw(self)
+            except Exception as e:  # noqa: BLE001 - a sampler of another version, a graph it draws nothing from
+                self._unsampled = True  # the rows keep the knobs and the whole graph's statistics, no counts
+                logging.getLogger("rgtune.costmodel").warning(
+                    "cost model: cannot draw the batches of sampler %r from %r (%s: %s); its trials are learnt "
+                    "without counts", self.batches, self.graph.name, type(e).__name__, e)
         return self._sampled
 
     def _compiled(self, config: Mapping[str, Any], kernels: "KernelProgram | None") -> "KernelProgram | None":
@@ -199,6 +207,8 @@ class WorkloadContext:
         try:
             if self.sampled is not None:
                 return self.sampled.counts(config, {**self.space.default(), **config})
+            if self.batches:  # batches that could not be drawn: the whole graph's counts would mislead
+                return None
             return count(kernels, self.graph, {**self.space.default(), **config})
         except Exception:  # noqa: BLE001 - as above
             return None

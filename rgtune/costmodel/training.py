@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from rgtune.costmodel.features import WorkloadContext
 from rgtune.costmodel.history import GraphLoader, Sample, load_samples, matching_workloads
@@ -66,7 +66,7 @@ def fit_on_history(db: "TrialDatabase", template: CostModel, backend: str, devic
     if path == "auto":
         path = None if exclude is not None else model_path_for(db, device, backend)
     path = None if path is None else Path(path)
-    key = {"device": device, "backend": backend, **template.params()}
+    key = _file_key(device, backend, template, trust_code)
     model, loaded, note = template, False, ""
     rows = dict(rows or {})
     if path is not None:
@@ -107,8 +107,14 @@ def save_history_rows(db: "TrialDatabase", model: CostModel, backend: str, devic
         return
     samples = load_samples(db, matching_workloads(db, backend, device), graphs, rows, contexts, trust_code)
     wanted = {s.trial_id for s in samples}
-    key = {"device": device, "backend": backend, **model.params()}
+    key = _file_key(device, backend, model, trust_code)
     try:
         write_model(path, {"model": model.state(), "rows": {k: v for k, v in rows.items() if k in wanted}}, key)
     except OSError as e:
         log.warning("cost model: cannot save %s (%s)", path, e.strerror or e)
+
+
+def _file_key(device: str, backend: str, model: CostModel, trust_code: bool) -> dict[str, Any]:
+    """What a saved model and its cached rows were made for. Trusting code is part of it: rows computed without
+    the models a history names (not imported) have no counts, and a run that imports them must not reuse those."""
+    return {"device": device, "backend": backend, **model.params(), **({"trust_code": True} if trust_code else {})}
