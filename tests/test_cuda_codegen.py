@@ -118,6 +118,19 @@ def test_multi_head_and_odd_sizes_compile(ledger: Ledger) -> None:
     assert not problems, "\n".join(problems[:5])
 
 
+def test_the_gpu_tests_planted_fault_opens_a_launched_kernel_and_compiles(tmp_path, monkeypatch) -> None:
+    """tests/test_cuda_gpu.py's faulting kernel (run only on a GPU): the out-of-bounds write is the first
+    statement of the last unit's kernel, before anything that could skip it, and the unit still compiles."""
+    from _planted_fault import PLANTED, faulting_rgcn
+
+    monkeypatch.setenv("RGTUNE_KERNEL_CACHE", str(tmp_path))
+    kp, units, last = faulting_rgcn()
+    assert last == len(units) - 1 and len(units) == len(kp.kernels)  # each unit is one launched kernel
+    body = units[last].code.split('extern "C" __global__', 1)[1].split("{", 1)[1]
+    assert body.lstrip().startswith(PLANTED.split("{", 1)[0]), body[:200]
+    nvrtc.compile_source(units[last].source, "planted.cu", "sm_90")
+
+
 # ----------------------------------------------------------------------------- compile errors
 def test_broken_source_raises_compile_error_with_log_and_source(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("RGTUNE_KERNEL_CACHE", str(tmp_path))

@@ -262,17 +262,12 @@ def test_timing_with_cuda_events(backend: CudaBackend, graphs: dict[str, Any]) -
 _FAULT_SCRIPT = textwrap.dedent("""
     import json, torch
     from rgtune.codegen.cuda import nvrtc
-    from rgtune.codegen.cuda.generate import generate
     from rgtune.codegen.cuda.runtime import CudaProgram, LaunchError, device_arch
     from rgtune.codegen.reference import init_params
     from rgtune.data.synthetic import random_graph
-    from rgtune.ir.models import build_model
-    from rgtune.ir.pipeline import compile_program
+    from _planted_fault import faulting_rgcn
     g = random_graph((50, 50), num_relations=3, num_edges=500, seed=0)
-    kp = compile_program(build_model("rgcn", 16, 16)).kernels
-    units = generate(kp, {}).units
-    m = units[-1]  # the map kernel: make it write far out of bounds
-    m.code = m.code.replace("out[i] =", "out[i + (1LL << 40)] =")
+    kp, units, _ = faulting_rgcn()  # the last unit writes far out of bounds first thing (tests/_planted_fault.py)
     arch = device_arch()
     cubins = {u: c[arch] for u, c in nvrtc.compile_program(units, (arch,), cache=False).cubins.items()}
     prog = CudaProgram(kp, units, cubins, g)
@@ -287,7 +282,13 @@ _FAULT_SCRIPT = textwrap.dedent("""
 
 
 def test_a_faulting_kernel_raises_in_its_own_process() -> None:
-    proc = subprocess.run([sys.executable, "-c", _FAULT_SCRIPT], capture_output=True, text=True, timeout=300)
+    """The planted write lands (tests/test_cuda_codegen.py checks, without a GPU, that it is in a launched kernel
+    and compiles), and the fault surfaces as a LaunchError that names it sticky."""
+    import os
+    from pathlib import Path
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", _FAULT_SCRIPT], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["raised"] == "LaunchError", result
