@@ -104,6 +104,9 @@ def why_not_run(args: list[str]) -> str | None:
         return "needs a GPU"
     if "postgresql" in values.get("--db", ""):
         return "needs a PostgreSQL server"
+    if args[0] == "costmodel" and "--history" in args:
+        return ("evaluates the frozen history: tests/test_costmodel_frozen.py does, and tests/test_costmodel.py runs "
+                "the command on a frozen file")
     if args[0] == "costmodel" and "--batches" in args:  # tests/test_costmodel_frozen.py ranks them (frozen sampler studies)
         return "needs a history of sampler studies (tune --batches), which the examples' database has not"
     return None
