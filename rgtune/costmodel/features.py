@@ -186,9 +186,9 @@ class WorkloadContext:
         return self._sampled
 
     def _compiled(self, config: Mapping[str, Any], kernels: "KernelProgram | None") -> "KernelProgram | None":
-        if self.sampled is not None:  # the batch's program (the whole graph's ``kernels`` are not what runs)
+        if self.batches:  # the batch's program (the whole graph's ``kernels`` are not what runs); none undrawn
             try:
-                return self.sampled.programs(config)[0]
+                return None if self.sampled is None else self.sampled.programs(config)[0]
             except Exception:  # noqa: BLE001 - as below
                 return None
         if kernels is not None or self.graph is None:
@@ -205,10 +205,8 @@ class WorkloadContext:
         if kernels is None or self.graph is None:
             return None
         try:
-            if self.sampled is not None:
+            if self.sampled is not None:  # (``kernels`` is then its full program: see _compiled)
                 return self.sampled.counts(config, {**self.space.default(), **config})
-            if self.batches:  # batches that could not be drawn: the whole graph's counts would mislead
-                return None
             return count(kernels, self.graph, {**self.space.default(), **config})
         except Exception:  # noqa: BLE001 - as above
             return None
@@ -268,14 +266,15 @@ class _SampledBlocks:
     @classmethod
     def draw(cls, ctx: WorkloadContext) -> "_SampledBlocks":
         from rgtune.data.sampler_spec import SamplerSpec
+        from rgtune.data.sampling import largest_block, layer_blocks
 
         assert ctx.graph is not None
         minibatches = SamplerSpec.parse(ctx.batches).sample(ctx.graph)
-        blocks = [(i == 0, b) for mb in minibatches for i, b in enumerate(mb.blocks)]
+        blocks = layer_blocks(minibatches)
         if not blocks:
             raise ValueError(f"sampler {ctx.batches!r} draws no batch from graph {ctx.graph.name!r}")
         variants = (True, False) if ctx.mode == "training" else (True,)
-        largest = max((b for _, b in blocks), key=lambda b: (b.num_edges(), b.num_nodes()))
+        largest = largest_block(blocks)
         return cls(blocks, len(minibatches),
                    {g: ctx._make_space(destinations=True, input_grad=g) for g in variants},
                    dict(largest.as_graph().stats.as_dict()),

@@ -3,8 +3,8 @@
 The live quality of the cost model moves with the machine's noise and with the trials a study
 happens to draw; a frozen history does not. :func:`freeze` writes the workloads of a database
 (their graph's name, content hash and statistics, the sampler of one tuned for batches, their
-device, and every ``ok`` measurement with its knobs) to a gzip'd JSON file; :func:`thaw` loads one into a database (an
-in-memory SQLite one by default) on which :func:`~rgtune.costmodel.evaluate_holdout` computes the
+device, and every ``ok`` measurement with its knobs) to a gzip'd JSON file; :func:`thaw` loads one
+into a database (an in-memory SQLite one by default) on which :func:`~rgtune.costmodel.evaluate_holdout` computes the
 same metrics on every machine, so the test command can assert them. The features are computed
 from the knobs by the code under test, not stored: a change of the features or of the model is
 measured on the same trials.

@@ -36,7 +36,7 @@ from rgtune.data._sort import stable_argsort_small
 from rgtune.data.batch import Batch
 from rgtune.data.graph import CanonicalEType, HeteroGraph
 
-__all__ = ["MiniBatch", "NeighborSampler", "NeighborLoader"]
+__all__ = ["MiniBatch", "NeighborSampler", "NeighborLoader", "layer_blocks", "largest_block"]
 
 #: a layer's fan-out: one count for every relation, or a count per canonical edge type (others: 0)
 Fanout = int | Mapping[CanonicalEType, int]
@@ -54,6 +54,18 @@ class MiniBatch:
     @property
     def num_edges(self) -> int:
         return sum(b.num_edges() for b in self.blocks)
+
+
+def layer_blocks(minibatches: Sequence[MiniBatch]) -> list[tuple[bool, Batch]]:
+    """Every block of ``minibatches``, batch after batch, each with whether it is a first layer's (its input needs
+    no gradient: a layer runs its params' gradients program there): what a study for a sampler times."""
+    return [(i == 0, b) for mb in minibatches for i, b in enumerate(mb.blocks)]
+
+
+def largest_block(blocks: Sequence[tuple[bool, Batch]]) -> Batch:
+    """The block of ``blocks`` (:func:`layer_blocks`) with the most edges (then nodes): what a batch looks like at
+    its biggest, and what bounds its memory (blocks run one at a time)."""
+    return max((b for _, b in blocks), key=lambda b: (b.num_edges(), b.num_nodes()))
 
 
 class NeighborSampler:

@@ -63,7 +63,7 @@ def tune(model: str, dataset: Any, *, options: Mapping[str, Any] | None = None, 
     from rgtune.codegen.base import auto_backend
 
     guide = None
-    if cost_model or cost_model is None:
+    if cost_model is not False:  # None: the default, on
         from rgtune.costmodel import CostModelGuide, RankPolicy
 
         guide = CostModelGuide(policy=RankPolicy(seed=seed or 0), data_dir=data_dir)

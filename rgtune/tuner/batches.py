@@ -49,6 +49,7 @@ from rgtune.codegen.training import train_step
 from rgtune.data.batch import Batch
 from rgtune.data.graph import HeteroGraph
 from rgtune.data.sampler_spec import SamplerSpec
+from rgtune.data.sampling import largest_block, layer_blocks
 from rgtune.ir.kernels import KernelProgram
 from rgtune.search_spaces import Point, SearchSpace
 from rgtune.tuner.verification import Case, Verifier
@@ -138,12 +139,12 @@ class SampledBatches:
             raise ValueError(f"sampler {spec.key!r} draws no batch from graph {graph.name!r}: it has no seed nodes "
                              f"of type {spec.seed_type(graph)!r}")
         #: every block to time, with whether it is a first layer's (its input needs no gradient)
-        self.blocks: list[tuple[bool, Batch]] = [(i == 0, b) for mb in minibatches for i, b in enumerate(mb.blocks)]
+        self.blocks: list[tuple[bool, Batch]] = layer_blocks(minibatches)
         self.num_batches = len(minibatches)
         #: the block each trial is verified on: the seeds' block of the first batch (the smallest of its blocks)
         self.checked = minibatches[0].blocks[-1]
         #: the block a trial's memory is estimated on (blocks run one at a time)
-        self.largest = max((b for _, b in self.blocks), key=lambda b: (b.num_edges(), b.num_nodes()))
+        self.largest = largest_block(self.blocks)
         variants = (True, False) if self.training else (True,)
         target = backend.target
         self._spaces = {g: SearchSpace(program, graph, target, mode, destinations=True, input_grad=g, precision=precision)
