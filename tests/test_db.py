@@ -719,7 +719,9 @@ def test_trial_details_read_back_what_they_wrote_and_an_older_rgtunes_rows() -> 
     details = TrialDetails(verified=Coverage(16, 40, 300, 12), verify_seconds=0.5, verify_run_seconds=0.01,
                            tolerance=2e-4, first_run_ms=1.5, paired=PairedTiming(0.9, 2.0, 2.1), device_wait_s=0.3,
                            memory=MemoryUse(100, 80, 90, False, None, None), cache_hit=True,
-                           build={"flags": "-O3"}, elapsed_s=1.0, measurements_ms=[1.0, 2.0], predicted_ms=1.2)
+                           build={"flags": "-O3"}, elapsed_s=1.0, measurements_ms=[1.0, 2.0], predicted_ms=1.2,
+                           kernel_ms=1.4, call_ms=1.9, objective="call",
+                           call_warnings=["RuntimeWarning: recording the program as a CUDA graph failed"])
     assert TrialDetails.from_json(json.loads(json.dumps(details.to_json()))) == details
     older = {"cache_hit": False, "compiled": 2, "verified": {"rows": "all"}, "memory_refused": True,
              "estimated_bytes": 5000, "timing": "paired", "vs_reference": 1.1, "reference_ms": 3.0,

@@ -131,6 +131,46 @@ def test_a_wrong_kernel_is_a_wrong_result_with_its_error():
     assert r.median is None  # never timed
 
 
+@pytest.mark.parametrize("mode", ["inference", "training"])
+def test_a_trial_times_its_kernels_and_the_layer_as_called_and_the_objective_picks_one(mode):
+    from rgtune.tuner.measure import _Session
+
+    w = replace(_workload("reference"), mode=mode)
+    kernels = _Session(w, FAST).measure({}, seed=0)
+    d = kernels.details
+    assert kernels.status == "ok" and d.objective == "kernels" and d.kernel_ms > 0 and d.call_ms > 0
+    assert kernels.median * 1e3 == pytest.approx(d.kernel_ms) and d.call_warnings == []
+    called = _Session(w, replace(FAST, objective="call")).measure({}, seed=0)
+    assert called.status == "ok" and called.details.objective == "call"
+    assert called.median * 1e3 == pytest.approx(called.details.call_ms) and called.details.kernel_ms > 0
+
+
+def test_a_call_that_computes_other_than_its_kernels_is_a_wrong_result_never_timed(monkeypatch):
+    from rgtune.tuner import call
+    from rgtune.tuner.measure import _Session
+
+    right = call.LayerCall.results
+
+    def off(self, *args):
+        got = right(self, *args)
+        return {**got, "input gradient": got["input gradient"] + 0.5}
+
+    monkeypatch.setattr(call.LayerCall, "results", off)
+    r = _Session(replace(_workload("reference"), mode="training"), FAST).measure({}, seed=0)
+    assert r.status == "wrong_result" and r.median is None and r.max_error > 1e-3
+    assert r.error.startswith("the layer as called (its kernels verified): relative error") and "input gradient" in r.error
+    assert r.details.call_ms is None and r.details.kernel_ms > 0
+
+
+def test_the_objective_is_checked_and_the_call_is_not_paired():
+    from rgtune.tuner.measure import _Session
+
+    with pytest.raises(ValueError, match=r"unknown objective 'layer'; choose one of \['auto', 'call', 'kernels'\]"):
+        MeasureOptions(objective="layer")
+    with pytest.raises(ValueError, match="objective 'call' times the layer as called on the whole graph"):
+        _Session(_workload("reference"), replace(FAST, objective="call", timing="paired"))
+
+
 def test_the_tolerance_follows_float32s_own_error_on_ill_conditioned_inputs():
     """A kernel may be as far off float64 as the float32 reference is (times a margin), never less
     strict than the base tolerance; the message says which tolerance a wrong result exceeded."""

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from rgtune.cli._common import (TRUST_CODE_HELP, CLIError, add_db_arg, add_mode_arg, add_workload_args, layer_sizes,
                                 load_graph, model_options, open_db, positive_int, positive_seconds, resolve_backend,
                                 trial_name)
-from rgtune.tuner.measure import TIMINGS
+from rgtune.tuner.measure import OBJECTIVES, TIMINGS
 
 if TYPE_CHECKING:
     from rgtune.tuner.study import TuneOptions
@@ -26,7 +26,7 @@ DEFAULT_POLICY = "rank"
 #: the flag that sets each field of :class:`TuneOptions` and :class:`MeasureOptions` (their errors name it)
 _FLAGS = {"trials": "--trials", "time_budget": "--time-budget", "sampler": "--sampler", "confirm_top": "--confirm",
           "confirm_rounds": "--confirm-rounds", "confirm_share": "--confirm-share", "recheck": "--recheck",
-          "reverify_inputs": "--reverify", "timeout": "--trial-timeout", "timing": "--timing", "verify": "--verify",
+          "reverify_inputs": "--reverify", "timeout": "--trial-timeout", "timing": "--timing", "objective": "--objective", "verify": "--verify",
           "verify_rows": "--verify-rows", "stop_slower": "--stop-slower", "memory_limit": "--memory-limit"}
 
 
@@ -89,6 +89,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "on the default's scale, which cancels the drift of a shared machine's speed (two "
                         "schedules compare with a 1.4-3x smaller spread, see BENCHMARKS.md) at the cost of a run "
                         "of the default schedule per timed run")
+    p.add_argument("--objective", default="auto", choices=OBJECTIVES,
+                   help="what a trial's time is: call (the layer as a user calls it: layer(x), and in training its "
+                        "backward, through autograd), kernels (the generated program's run alone), or auto "
+                        "(default): call on a GPU, where the host path and CUDA-graph replay are much of a small "
+                        "graph's call, kernels on a CPU (and on --batches). Every trial records both; the summary "
+                        "shows both for the best")
     p.add_argument("--fresh", action="store_true", help="start a new study instead of resuming (history is kept)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--batches", default=None, metavar="SAMPLER",
@@ -237,7 +243,8 @@ def _tune_options(args: argparse.Namespace) -> "TuneOptions":
     try:
         return TuneOptions(trials=trials, time_budget=args.time_budget, sampler=args.sampler, seed=args.seed,
                            fresh=args.fresh, progress=not args.quiet and sys.stderr.isatty(),
-                           measure=MeasureOptions(timeout=args.trial_timeout, timing=args.timing, verify=args.verify,
+                           measure=MeasureOptions(timeout=args.trial_timeout, timing=args.timing, objective=args.objective,
+                                                  verify=args.verify,
                                                   verify_rows=args.verify_rows, stop_slower=args.stop_slower or None,
                                                   memory_limit=memory_limit),
                            guide=_cost_model_guide(args), confirm_top=args.confirm, confirm_rounds=args.confirm_rounds,
@@ -321,9 +328,19 @@ def _print_summary(s) -> None:
         print(f"best schedule: {s.best_ms:.4g} ms{how}{speed}, {trial_name(s.best_study_trial, s.best_trial_id)}")
     if s.best_verified_inputs:
         print(f"  re-verified on {s.best_verified_inputs} fresh inputs")
+    _print_call_and_kernels(s)
     _print_whole_graph(s)
     for k, v in sorted(s.best_knobs.items()):
         print(f"  {k} = {v}")
+
+
+def _print_call_and_kernels(s: Any) -> None:
+    """The best trial's two times: the layer as a user calls it and its kernels alone (which one is the study's)."""
+    if s.best_call_ms is None or s.best_kernel_ms is None:
+        return
+    which = "the layer as called" if s.best_objective == "call" else "its kernels"
+    print(f"  the layer as called: {s.best_call_ms:.4g} ms, its kernels alone: {s.best_kernel_ms:.4g} ms "
+          f"({s.best_call_ms / s.best_kernel_ms:.2f}x; the study's time is {which}')")
 
 
 def _print_whole_graph(s: Any) -> None:

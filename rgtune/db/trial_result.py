@@ -118,6 +118,10 @@ class TrialDetails:
     predicted_ms: float | None = None  # the cost model's prediction
     fresh_inputs: list[int] = field(default_factory=list)  # a re-verification's input seeds ...
     runs_per_input: int | None = None  # ... and how often each ran
+    kernel_ms: float | None = None  # the median of the kernels' runs (a training step: its kernels, one go)
+    call_ms: float | None = None  # the median of the layer's runs as a user calls it (``layer(x)``, its backward)
+    objective: str | None = None  # which of the two is the trial's time: "kernels" or "call"
+    call_warnings: list[str] = field(default_factory=list)  # what the layer's call warned (a failed CUDA graph)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object of ``rg_trials.details``: only what this trial has."""
@@ -131,6 +135,8 @@ class TrialDetails:
             "free_limit_bytes": m.free_limit_bytes, "elapsed": self.elapsed_s, "timeout_s": self.timeout_s,
             "measurements_ms": self.measurements_ms or None, "predicted_ms": self.predicted_ms,
             "inputs": self.fresh_inputs or None, "runs": self.runs_per_input, "build": dict(self.build) or None,
+            "kernel_ms": self.kernel_ms, "call_ms": self.call_ms, "objective": self.objective,
+            "call_warnings": self.call_warnings or None,
         }
         if v is not None:
             out["verified"] = {"rows": "all"} if not v.sampled else \
@@ -156,7 +162,8 @@ class TrialDetails:
         details = cls(coverage, take("verify_seconds", None), take("verify_run_seconds", None), take("tolerance", None),
                       take("first_run_ms", None), paired, take("device_wait_s", 0.0), memory, take("cache_hit", None),
                       {}, take("elapsed", None), take("timeout_s", None), list(take("measurements_ms", [])),
-                      take("predicted_ms", None), list(take("inputs", [])), take("runs", None))
+                      take("predicted_ms", None), list(take("inputs", [])), take("runs", None), take("kernel_ms", None),
+                      take("call_ms", None), take("objective", None), list(take("call_warnings", [])))
         build = take("build", {})
         return replace(details, build={**d, **build})  # what is left of an older row: its backend's facts
 

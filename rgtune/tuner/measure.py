@@ -94,6 +94,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence
 
@@ -103,12 +104,17 @@ from rgtune.tuner.memory import MemoryBudget, is_out_of_memory
 from rgtune.tuner.options import OptionError, check_at_least, check_choice, check_positive
 from rgtune.ir.passes.precision import lowest_storage
 from rgtune.tuner.batches import SampledBatches
+from rgtune.tuner.call import LayerCall
 from rgtune.tuner.verification import VERIFY_MODES, Case, Verifier, shown
 
 if TYPE_CHECKING:
     from rgtune.tuner.workload import Workload
 
 TIMINGS = ("plain", "paired")
+#: what a trial's time is: the layer as called (``"call"``), its kernels (``"kernels"``), or ``"auto"``: the call on
+#: a backend that times on the device (a GPU, where the host path is most of a small graph's call), the kernels
+#: elsewhere (a CPU's call costs its kernels and little more, and paired timing cancels drift for kernels alone)
+OBJECTIVES = ("auto", "call", "kernels")
 #: ``MeasureOptions.timeout=None``: a trial may take this many times the slowest verified trial so far ...
 ADAPTIVE_TIMEOUT_FACTOR = 5.0
 #: ... and at least this long (seconds); the first trial (nothing measured yet) gets ``first_timeout``
@@ -137,10 +143,12 @@ class MeasureOptions:
     timing: str = "plain"  # "paired": alternate every run with the default schedule's (see the module docstring)
     reference_ms: float | None = None  # paired timing's scale; None: the worker calibrates it when it starts
     heartbeat_s: float = 60.0  # while waiting for a trial, the parent calls ``on_wait`` this often
+    objective: str = "auto"  # the trial's time: "call", "kernels" or "auto" (:data:`OBJECTIVES`); both are recorded
 
     def __post_init__(self) -> None:
         """Refuse a bad value with an :class:`~rgtune.tuner.options.OptionError` naming it."""
         check_choice("timing", self.timing, TIMINGS)
+        check_choice("objective", self.objective, OBJECTIVES)
         check_choice("verify", self.verify, VERIFY_MODES)
         check_positive("timeout", self.timeout, "a positive number of seconds", optional=True)
         for name in ("first_timeout", "startup_timeout", "heartbeat_s", "max_seconds"):
@@ -176,6 +184,12 @@ class _Session:
             raise ValueError("paired timing alternates with the default schedule's forward on the whole graph; a "
                              "training workload or one timed on a sampler's batches is timed plain")
         self.device = self.backend.device_type
+        #: what a trial's time is (:data:`OBJECTIVES`): ``"call"`` or ``"kernels"``
+        self.objective = "call" if options.objective == "call" or (
+            options.objective == "auto" and self.backend.times_on_device and workload.batches is None) else "kernels"
+        if self.objective == "call" and (workload.batches is not None or options.timing == "paired"):
+            raise ValueError("objective 'call' times the layer as called on the whole graph: a workload timed on a "
+                             "sampler's batches, or with paired timing, is timed by its kernels (objective 'kernels')")
         #: a sampler workload: its fixed batches, and how a trial builds, verifies and times on them
         self.batches = None if workload.batches is None else \
             SampledBatches(workload.batches, self.graph, self.program, self.backend, workload.mode, self.device,
@@ -263,8 +277,11 @@ class _Session:
         except CompileError as e:
             return TrialResult("compile_error", error=f"{e}\n{e.log}".strip())
         compile_s = time.perf_counter() - t0
+        build_facts = dict(built.info) if self.batches is None else {**built.info, "timed_on": self.batches.describe()}
+        cache_hit, source_hash = built.cache_hit, built.source_hash
         times: list[float] = []
         median = first = paired = None
+        called: _Called | None = None
         with self._exclusive_device() as waited:
             dev = case.on(self.device)
             t2 = time.perf_counter()
@@ -279,6 +296,10 @@ class _Session:
             verified = err < tol  # also False for NaN
             if verified:
                 first, times, median, paired = self._time(built, point.kernels, dev, stop_after)
+            if median is not None and self.batches is None:
+                del built  # a big graph's call holds buffers of its own: not both at once
+                self._collect()
+                called = self._call(config, dev, case, storage)
         # the oracle's time; the kernels' own run is the first of the warm-up when the candidate is timed
         details = TrialDetails(
             verified=case.coverage(), verify_seconds=reference_s, verify_run_seconds=t3 - t2,
@@ -286,9 +307,12 @@ class _Session:
             first_run_ms=None if first is None else first * 1e3,  # what the early stop compared
             paired=paired, device_wait_s=waited(),
             memory=MemoryUse(self.memory.peak(), buffers, buffers + self._case_bytes),
-            cache_hit=built.cache_hit,
-            build=dict(built.info) if self.batches is None else {**built.info, "timed_on": self.batches.describe()})
-        measured = dict(compile_seconds=compile_s, max_error=err, source_hash=built.source_hash, details=details)
+            cache_hit=cache_hit, build=build_facts,
+            kernel_ms=None if median is None else median * 1e3,
+            call_ms=None if called is None or called.times is None else statistics.median(called.times) * 1e3,
+            objective=None if median is None else "kernels" if called is None else self.objective,
+            call_warnings=[] if called is None else called.warnings)
+        measured = dict(compile_seconds=compile_s, max_error=err, source_hash=source_hash, details=details)
         if not verified:
             why = which if err == float("inf") else \
                 f"relative error {err:.3g} of the {which} exceeds the tolerance {shown(tol, self.o.tolerance, storage)}"
@@ -297,7 +321,38 @@ class _Session:
             assert first is not None and stop_after is not None
             return TrialResult("stopped", error=f"stopped after its first run: {first * 1e3:.4g} ms, over "
                                f"{stop_after * 1e3:.4g} ms ({self.o.stop_slower:g} x the best so far)", **measured)
+        if called is not None and called.times is None:
+            measured["max_error"] = max(err, called.error)
+            return TrialResult("wrong_result", error=f"the layer as called (its kernels verified): {called.why}",
+                               **measured)
+        if called is not None and self.objective == "call":
+            assert called.times is not None
+            return TrialResult("ok", median=statistics.median(called.times), times=called.times, **measured)
         return TrialResult("ok", median=median, times=times, **measured)
+
+    def _call(self, config: Mapping[str, Any], dev: Case, case: Case, storage: str) -> "_Called":
+        """The schedule in a layer as a user calls it (:mod:`.call`): verified on the trial's case like its
+        kernels, then timed (the verification's call is one of the warm-up) when right."""
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            call = LayerCall(self.program, self.graph, config, self.backend, self.w.mode)
+            got = call.results(dev.x, dev.params, dev.dout)
+            self.backend.synchronize()
+            err, which, tol = self.verifier.error(got, case, storage)
+            del got
+            if not err < tol:
+                why = which if err == float("inf") else \
+                    f"relative error {err:.3g} of the {which} exceeds the tolerance " \
+                    f"{shown(tol, self.o.tolerance, storage)}"
+                times = None
+            else:
+                why = ""
+                times = _plain_times(lambda: call.run(dev.x, dev.dout), replace(self.o, warmup=max(0, self.o.warmup - 1)))
+        # said by the worker too (its stderr is the user's); kept with the trial, which a CUDA graph's failure slows
+        said = list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught))
+        for w in caught:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        return _Called(err, why, times, said)
 
     def _refused(self, buffers: int, case_bytes: int, why: str) -> TrialResult:
         """``out_of_memory`` before building: the candidate's buffers, or they and the check's memory, are over
@@ -401,6 +456,16 @@ class _Session:
         ratio = statistics.median(c / r for c, r in zip(times, reference_times))
         paired = PairedTiming(ratio, scale_ms, statistics.median(reference_times) * 1e3)
         return first, times, ratio * scale_ms / 1e3, paired
+
+
+@dataclass(frozen=True)
+class _Called:
+    """The layer as called: its error against the reference, why it failed, its timed runs (None: not right)."""
+
+    error: float
+    why: str
+    times: list[float] | None
+    warnings: list[str]
 
 
 def _plain_times(run: Callable[[], Any], options: MeasureOptions) -> list[float]:
@@ -744,8 +809,8 @@ def interleaved(names: Iterable[str], rounds: int, salt: str = "") -> Iterator[t
 def combine_measurements(results: Sequence[TrialResult]) -> TrialResult:
     """One schedule's ``ok`` measurements as one: the median of their times (each one's median), their
     runs together, the largest error; the details are the first one's, with ``measurements_ms`` (each
-    one's time), ``device_wait_s`` their waits for the GPU summed, and, when paired, ``vs_reference`` the
-    median of their ratios.
+    one's time), ``device_wait_s`` their waits for the GPU summed, ``kernel_ms`` and ``call_ms`` the medians
+    of theirs, and, when paired, ``vs_reference`` the median of their ratios.
 
     Example:
         >>> r = combine_measurements([TrialResult("ok", median=m, times=[m, m], max_error=e)
@@ -761,11 +826,19 @@ def combine_measurements(results: Sequence[TrialResult]) -> TrialResult:
     if paired is not None and len(ratios) == len(results):
         paired = replace(paired, vs_reference=statistics.median(ratios))
     details = replace(first.details, measurements_ms=[r.median * 1e3 for r in results],
-                      device_wait_s=sum(r.details.device_wait_s for r in results), paired=paired)
+                      device_wait_s=sum(r.details.device_wait_s for r in results), paired=paired,
+                      kernel_ms=_median_of(r.details.kernel_ms for r in results),
+                      call_ms=_median_of(r.details.call_ms for r in results))
     errors = [r.max_error for r in results if r.max_error is not None]
     return replace(first, median=statistics.median(r.median for r in results),
                    times=[t for r in results for t in r.times], max_error=max(errors) if errors else None,
                    details=details)
+
+
+def _median_of(values: Iterable[float | None]) -> float | None:
+    """The median of the values that are there (None: none is)."""
+    there = [v for v in values if v is not None]
+    return statistics.median(there) if there else None
 
 
 def median_ok(times: Sequence[float | None]) -> float | None:

@@ -224,6 +224,10 @@ class TuneSummary:
     whole_graph: "WholeGraphBest | None" = None
     #: the best schedule's trial number in this study (``best_trial_id`` counts across the database)
     best_study_trial: int | None = None
+    #: the best trial's kernels and its layer as called (ms; None: not measured); ``best_ms`` is one of them
+    best_kernel_ms: float | None = None
+    best_call_ms: float | None = None
+    best_objective: str | None = None  # which one: "kernels" or "call"
 
     @property
     def speedup(self) -> float | None:
@@ -324,6 +328,13 @@ class Tuner:
             warnings.warn(f"study {name!r} was timed {before}; its new trials are timed {timing} (use --fresh "
                           "for a study timed one way)", stacklevel=2)
         self.study.set_user_attr("rgtune.timing", timing)
+        objective = self.options.measure.objective
+        before = self.study.user_attrs.get("rgtune.objective", "auto")
+        if self.study.trials and before != objective:
+            warnings.warn(f"study {name!r} timed trials by objective {before!r}; its new trials by {objective!r}: the "
+                          "layer as called takes longer than its kernels (use --fresh for a study timed one way)",
+                          stacklevel=2)
+        self.study.set_user_attr("rgtune.objective", objective)
         self.study.set_user_attr("rgtune.recheck", self.options.recheck)
         self._fail_abandoned_optuna_trials()
         new_study = not self.study.trials
@@ -649,13 +660,15 @@ class Tuner:
                 and default_hash in confirmed.medians_ms:
             default_ms, default_confirmed = confirmed.medians_ms[default_hash], True  # both confirmed medians
         whole = self._whole_graph_comparison(best, confirmed)
+        timed = best.details if best is not None and best.details is not None else TrialDetails()
         return TuneSummary(self.record.id, self.study.study_name, proposed, statuses, default_ms,
                            best.median_ms if best else None, best.knobs if best else None,
                            best.id if best else None, elapsed, interrupted, measured, rechecked=self.rechecked,
                            over_memory=self.over_memory, guide=guide, confirmation=confirmed, default_confirmed=default_confirmed,
                            default_is_best=best is not None and default is not None and best.schedule_hash == default_hash,
                            best_verified_inputs=best.verified_inputs if best else None, whole_graph=whole,
-                           best_study_trial=self.db.study_trial_number(best) if best else None)
+                           best_study_trial=self.db.study_trial_number(best) if best else None,
+                           best_kernel_ms=timed.kernel_ms, best_call_ms=timed.call_ms, best_objective=timed.objective)
 
     def _whole_graph_comparison(self, best: "TrialRecord | None", confirmed: Confirmed | None) -> WholeGraphBest | None:
         """The best whole-graph schedule's time on the batches: confirmed with the best where both took part in
