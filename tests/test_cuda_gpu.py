@@ -349,3 +349,38 @@ def test_garbage_collected_during_a_recording_does_not_break_it(backend: CudaBac
             del built, program
     finally:
         gc.set_threshold(*threshold)
+
+
+@pytest.mark.parametrize("mode", ["inference", "training"])
+def test_the_layer_as_called_records_its_cuda_graphs_and_is_the_trials_time(tmp_path: Any, mode: str) -> None:
+    """Every model's default and random schedules, as a trial measures them: the kernels verified, then the layer
+    as called (forward; in training its backward through autograd) verified and timed, and its time the trial's
+    (objective "auto" on a GPU). No recording of a CUDA graph may fail: its warning is kept with the trial."""
+    from rgtune._environ import scoped_env
+    from rgtune.data import load_dataset
+    from rgtune.ir.models import build_model
+    from rgtune.search_spaces.space import SearchSpace
+    from rgtune.tuner.device_lock import DIR_VARIABLE
+    from rgtune.tuner.measure import MeasureOptions, MeasureWorker
+    from rgtune.tuner.workload import Workload
+
+    spec = "synthetic:custom,nodes=400,edges=3000,ntypes=3,rels=5,seed=4"
+    g = load_dataset(spec)
+    with scoped_env(DIR_VARIABLE, str(tmp_path)):
+        for model in ("rgcn", "rgat", "hgt"):
+            heads = 1 if model == "rgcn" else 2
+            space = SearchSpace(build_model(model, 32, 32, heads), g, "cuda", mode=mode)
+            rng = random.Random(f"call-{model}-{mode}")
+            configs = [{}] + [space.sample(rng) for _ in range(4)]
+            with MeasureWorker(Workload(model, spec, 32, 32, heads, "cuda", mode=mode),
+                               MeasureOptions(repeats=3, warmup=1)) as worker:
+                for i, cfg in enumerate(configs):
+                    r = worker.measure(cfg, seed=i)
+                    if r.status == "invalid":
+                        continue
+                    where = f"{model} {mode} {cfg}"
+                    assert r.status == "ok", f"{where}: {r.status} {r.error}"
+                    d = r.details
+                    assert d.call_warnings == [], f"{where}: {d.call_warnings}"
+                    assert d.objective == "call" and r.median * 1e3 == pytest.approx(d.call_ms), where
+                    assert d.kernel_ms is not None and d.kernel_ms > 0, where

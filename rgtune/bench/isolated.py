@@ -227,7 +227,8 @@ def measure_impl(a: dict[str, Any], emit: Callable[[dict[str, Any]], None] = _em
     res: dict[str, Any] = {"status": "ok", "key": impl.key, "name": impl.name, "math": impl.math,
                            "schedule": schedule, "dataset": graph.name, "edges": graph.num_edges(),
                            "problem": impl.problem, "error": None, "checked": None,
-                           "times": {m: [] for m in MODES}, "peak_mb": {}, "counts": impl.counts}
+                           "times": {m: [] for m in MODES}, "peak_mb": {}, "counts": impl.counts,
+                           "recorded": impl.recorded}
     if impl.forward is None:
         return res
     res["times"] = impl.times

@@ -114,6 +114,24 @@ class Impl:
     #: mode -> the ``bytes_min`` and ``flops`` of the kernel program that runs in it (rgtune's schedules only:
     #: the floor of :mod:`rgtune.ir.roofline`); a mode without generated kernels has none
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: mode -> what the tuner recorded for the schedule that runs in it (rgtune's, from the database only):
+    #: ``trial``, ``median_ms`` (the study's time), ``kernel_ms`` and ``call_ms`` (None: not recorded)
+    recorded: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def versus_recorded(self, mode: str) -> float | None:
+        """This benchmark's median over the tuner's recorded time of the layer as called for the same schedule
+        (the study's time where the trial recorded no call); None where either is missing.
+
+        Example:
+            >>> impl = Impl("rgtune", "rgtune tuned", None, recorded={"fwd": {"trial": 3, "median_ms": 0.09,
+            ...                                                                "kernel_ms": 0.09, "call_ms": 0.4}})
+            >>> impl.times["fwd"] = [0.0005]                            # 0.5 ms here
+            >>> impl.versus_recorded("fwd")
+            1.25
+        """
+        rec, measured = self.recorded.get(mode), self.median_ms(mode)
+        recorded = None if rec is None else rec.get("call_ms") or rec.get("median_ms")
+        return measured / recorded if measured and recorded else None
 
     def step(self, mode: str) -> tuple[Layer, list[Tensor]]:
         """What runs in ``mode``: the module's forward and the parameters it trains."""
@@ -304,8 +322,16 @@ def _rgtune_impl(model: str, graph: Any, in_dim: int, out_dim: int, heads: int, 
     schedule = f"{_trial(fwd)}; training {_trial(train)}, {_saved_label(train, counts.get('fwd+bwd'))}"
     impl = Impl("rgtune", f"rgtune tuned ({fwd.backend}, {_trial(fwd)})", fwd, list(fwd.parameters()),
                 train=train, train_params=list(train.parameters()),
-                counts={m: {k: c[k] for k in ("bytes_min", "flops")} for m, c in counts.items()})
+                counts={m: {k: c[k] for k in ("bytes_min", "flops")} for m, c in counts.items()},
+                recorded={m: _recorded(layer) for m, layer in (("fwd", fwd), ("fwd+bwd", train))
+                          if layer.provenance.get("trial_id") is not None})
     return impl, schedule
+
+
+def _recorded(layer: Any) -> dict[str, Any]:
+    """What the tuner recorded for ``layer``'s schedule (its provenance from the database)."""
+    prov = layer.provenance
+    return {"trial": prov["trial_id"], **{k: prov.get(k) for k in ("median_ms", "kernel_ms", "call_ms")}}
 
 
 def _trial(layer: Any) -> str:
@@ -586,6 +612,7 @@ def impl_of(key: str, status: str, result: Mapping[str, Any] | None, message: st
     impl.times = {m: list(r.get("times", {}).get(m, [])) for m in MODES}
     impl.peak_mb = dict(r.get("peak_mb", {}))
     impl.counts = {m: dict(c) for m, c in r.get("counts", {}).items()}
+    impl.recorded = {m: dict(c) for m, c in r.get("recorded", {}).items()}
     if status != "ok":
         impl.problem = message or impl.problem
         impl.limit_s = limit_s if status == "timeout" else None

@@ -91,6 +91,25 @@ def floor_cell(impl: Impl, mode: str, peak: DevicePeak | None) -> str:
     return f"{_ms(ms)} ms {bound}-bound" + (f", {_share(fraction)} reached" if fraction is not None else "")
 
 
+def recorded_cell(impl: Impl, mode: str) -> str:
+    """What the tuner recorded for the schedule of ``mode`` and how this benchmark's median compares with the
+    recorded time of the layer as called: "fwd trial 12: kernels 0.093 ms, as called 0.98 ms; here 1.04x".
+
+    Example:
+        >>> impl = Impl("rgtune", "rgtune tuned", None, recorded={"fwd": {"trial": 12, "median_ms": 0.093,
+        ...                                                                "kernel_ms": 0.093, "call_ms": 0.98}})
+        >>> impl.times["fwd"] = [0.00102]
+        >>> recorded_cell(impl, "fwd")
+        'fwd trial 12: kernels 0.093 ms, as called 0.98 ms; here 1.04x of it'
+    """
+    rec, versus = impl.recorded[mode], impl.versus_recorded(mode)
+    if rec.get("call_ms") is None:  # a trial that timed one thing: the study's time
+        what = f"{_ms(rec.get('median_ms'))} ms (the call not recorded)"
+    else:
+        what = f"kernels {_ms(rec.get('kernel_ms'))} ms, as called {_ms(rec['call_ms'])} ms"
+    return f"{mode} trial {rec['trial']}: {what}" + (f"; here {versus:.2f}x of it" if versus is not None else "")
+
+
 def format_table(res: BenchResult) -> str:
     """The console table: one line per implementation; "x" columns are its time over rgtune's; "checked":
     the output rows the float64 check covered (all, or sampled destinations on a big graph)."""
@@ -121,6 +140,9 @@ def format_table(res: BenchResult) -> str:
         lines.append(f"floor of rgtune's schedules: {floors}")
         lines.append(f"  (minimum bytes / bandwidth or FLOPs / FLOP rate, the larger; reached: floor / median) at "
                      f"{res.peak.describe()}" + (f"; {res.peak_note}" if res.peak_note else ""))
+    if mine is not None and mine.recorded:
+        lines.append("the tuner's record of rgtune's schedules: " + "; ".join(
+            recorded_cell(mine, m) for m in MODES if m in mine.recorded))
     sampled = next((i.checked for i in res.impls if i.checked and i.checked.get("sampled")), None)
     if sampled:
         lines.append(f"checked: sampled destination rows, the float64 reference on their in-neighbourhood "
@@ -266,7 +288,8 @@ def result_json(res: BenchResult) -> dict[str, Any]:
                               "checked": i.checked, "problem": i.problem,
                               "median_ms": {m: i.median_ms(m) for m in MODES}, "peak_mb": dict(i.peak_mb),
                               "times_ms": {m: [t * 1e3 for t in i.times[m]] for m in MODES},
-                              "counts": dict(i.counts), "floor": {m: _floor_json(i, m, res.peak) for m in MODES}}
+                              "counts": dict(i.counts), "floor": {m: _floor_json(i, m, res.peak) for m in MODES},
+                              "recorded": {m: {**r, "versus": i.versus_recorded(m)} for m, r in i.recorded.items()}}
                       for i in res.impls}}
 
 

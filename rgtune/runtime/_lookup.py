@@ -173,6 +173,9 @@ class Found:
         return {"source": "database", "db": db.name, "trial_id": t.id, "mode": w.mode, "options": w.options,
                 "batches": w.batches, "precision": w.precision,
                 "median_ms": t.median_ms,
+                # its kernels alone and the layer as called (None: a trial of an rgtune that timed one only)
+                "kernel_ms": t.details.kernel_ms if t.details else None,
+                "call_ms": t.details.call_ms if t.details else None,
                 "device": t.device, "device_fingerprint": w.device_fingerprint, "backend": t.backend,
                 "dataset": w.dataset, "graph_hash": w.graph_hash, "rgtune_version": t.rgtune_version,
                 "schedule_hash": t.schedule_hash, "source_hash": t.source_hash,

@@ -330,6 +330,15 @@ class _Session:
             return TrialResult("ok", median=statistics.median(called.times), times=called.times, **measured)
         return TrialResult("ok", median=median, times=times, **measured)
 
+    def _call_options(self) -> MeasureOptions:
+        """How the call is timed: like the kernels where it is the trial's time; else (a record beside the
+        kernels' time) in :data:`MIN_TIMED_RUNS` runs, so that recording it costs a trial little. The
+        verification's call is one of the warm-up."""
+        o = replace(self.o, warmup=max(0, self.o.warmup - 1))
+        if self.objective == "call":
+            return o
+        return replace(o, repeats=MIN_TIMED_RUNS, min_seconds=0.0, max_seconds=min(o.max_seconds, 0.5))
+
     def _call(self, config: Mapping[str, Any], dev: Case, case: Case, storage: str) -> "_Called":
         """The schedule in a layer as a user calls it (:mod:`.call`): verified on the trial's case like its
         kernels, then timed (the verification's call is one of the warm-up) when right."""
@@ -347,7 +356,7 @@ class _Session:
                 times = None
             else:
                 why = ""
-                times = _plain_times(lambda: call.run(dev.x, dev.dout), replace(self.o, warmup=max(0, self.o.warmup - 1)))
+                times = _plain_times(lambda: call.run(dev.x, dev.dout), self._call_options())
         # said by the worker too (its stderr is the user's); kept with the trial, which a CUDA graph's failure slows
         said = list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught))
         for w in caught:

@@ -562,6 +562,23 @@ class ProgramRunner:
         return t.data_ptr()
 
 
+def where_recording_failed(stage: str, launched: list[str]) -> str:
+    """Where a CUDA graph's recording stopped, for its warning: in which ``stage``, and after which of the kernels
+    queued so far (``"unit/function"``; the error is the next operation's, a kernel's or a torch operation's of
+    the program: a weight fold, a buffer's initialization).
+
+    Example:
+        >>> where_recording_failed("the recording", ["u0/gemm", "u1/edge_softmax"])
+        'in the recording, after 2 kernels were queued, the last u1/edge_softmax (the failing operation is the next one)'
+        >>> where_recording_failed("the recording", [])
+        'in the recording, before its first kernel (a torch operation of the program: a weight fold, a buffer filled)'
+    """
+    if not launched:
+        return f"in {stage}, before its first kernel (a torch operation of the program: a weight fold, a buffer filled)"
+    return (f"in {stage}, after {len(launched)} kernel{'s were' if len(launched) > 1 else ' was'} queued, the last "
+            f"{launched[-1]} (the failing operation is the next one)")
+
+
 @dataclass
 class _Captured:
     """A run recorded as a CUDA graph: replayed on fixed input buffers, for fixed params."""
@@ -611,6 +628,7 @@ class CudaProgram(ProgramRunner):
         self._captured_forward: _Captured | None = None  # a training program's forward phase
         self._captured_backward: _Captured | None = None  # and its backward phase
         self._stream = 0
+        self._launched: list[str] | None = None  # while recording: the kernels queued so far ("unit/function")
 
     def resource_problems(self) -> list[str]:
         """Threads, registers and shared memory of every function against this device's limits."""
@@ -729,6 +747,7 @@ class CudaProgram(ProgramRunner):
                                    dtype=t.dtype if t.dtype in _LOW_PRECISION else KERNEL_DTYPE) for t in inputs)
         for buffer, t in zip(static, inputs):
             buffer.copy_(t.reshape(buffer.shape))
+        stage, self._launched = "its run before the recording", []
         try:
             with torch.cuda.device(self.device):
                 # one run first, off the capture: lazy initialization (cuBLAS handles) stays out of the graph
@@ -738,6 +757,7 @@ class CudaProgram(ProgramRunner):
                     run(static)
                 torch.cuda.current_stream(self.device).wait_stream(side)
                 graph = torch.cuda.CUDAGraph()
+                stage, self._launched = "the recording", []
                 with torch.cuda.graph(graph), _no_garbage_collection():
                     outputs = run(static)
         except LaunchError:
@@ -745,10 +765,15 @@ class CudaProgram(ProgramRunner):
         except Exception as e:  # noqa: BLE001 - whatever stops the recording, run without a graph
             self.synchronize()  # unless a kernel of the warm-up run faulted: then LaunchError, as without graphs
             self.graphs = False
-            self.graph_failure = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+            where = where_recording_failed(stage, self._launched or [])
+            self.graph_failure = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}" \
+                                 f"; {where}"
             warnings.warn(f"recording the program as a CUDA graph failed ({self.graph_failure}); "
-                          "launching its kernels one by one from now on", RuntimeWarning, stacklevel=4)
+                          "launching its kernels one by one from now on (a bug: please report it with this line)",
+                          RuntimeWarning, stacklevel=4)
             return None
+        finally:
+            self._launched = None
         return _Captured(key, graph, static, outputs)
 
     def _context(self) -> Any:
@@ -764,6 +789,8 @@ class CudaProgram(ProgramRunner):
             fn = step.loaded.functions[step.launch.function]
             step.state = (values, pointers, ctypes.addressof(pointers), fn.ptr)
         values, _, params_address, function = step.state
+        if self._launched is not None:  # recording a CUDA graph: the kernels queued so far, to say where it failed
+            self._launched.append(f"{step.loaded.unit.name}/{step.launch.function}")
         for i, v in enumerate(args):
             values[i] = v
         gx, gy, gz = step.grid
