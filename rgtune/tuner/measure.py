@@ -19,7 +19,13 @@ builds the search space and the float64 reference (the IR interpreter of the pro
    under :data:`STOP_MIN_S`) is ``stopped`` there; else the rest of the warm-up (the verification's
    run and the first run count as two of it), then repeats until both a count and a minimum time are
    reached, or ``max_seconds`` were measured (at least :data:`MIN_TIMED_RUNS` runs); the median is the
-   trial's time (the backend synchronizes around each run on a GPU).
+   kernels' time (the backend synchronizes around each run on a GPU);
+6. build the schedule's layer and call it as a user does (:mod:`.call`: ``layer(x)``; in training its
+   backward through autograd), verified on the same case (a wrong call is ``wrong_result``), then timed:
+   ``details.kernel_ms`` and ``details.call_ms``. Which of the two is the trial's time is
+   ``MeasureOptions.objective`` (:data:`OBJECTIVES`: by default the call on a GPU backend, the kernels
+   elsewhere, where the call is recorded from :data:`MIN_TIMED_RUNS` runs). A sampler workload is timed
+   by its batches (below), without a call.
 
 A trial's outcome is a :class:`~rgtune.db.trial_result.TrialResult` (what the database records):
 besides its status and times, its ``details`` have the worker's memory growth over the trial
