@@ -9,6 +9,8 @@
 #   precision  the training step in float32, bfloat16 and float16 on AM- and ogbn-mag-sized graphs
 #   collect  the GPU history: `tune` studies on the cuda backend side by side, then costmodel_transfer.py --repeat-real
 #   curves   the tuning curves on the cuda backend (settings: CURVES_ARGS), runs side by side, re-timed
+#   called   issue 44: short studies (objective: the layer as called) of every model and mode on AIFB and MUTAG,
+#            then `rgtune bench` of each against PyG: the layer as called vs the tuner's record, the ratios
 #
 # Datasets: .data/datasets/{aifb,mutag} (raw files) and .data/processed (processed graphs), carried.
 # JOBS (default 8) studies run side by side: their verifying and timing take the GPU's lock in turn.
@@ -64,6 +66,21 @@ step_curves() {
   timeout "${CURVES_LIMIT:-540}" python3 experiments/tuning_curves.py --history "sqlite:///$HISTORY" --backend cuda \
     --jobs "$JOBS" --workdir curves_gpu --out "$OUT/curves" ${CURVES_ARGS:-}
   tar czf "$OUT/curves_gpu_traces.tgz" curves_gpu/runs/*/trace.json curves_gpu/retime 2>/dev/null
+}
+
+step_called() {
+  # CALLED_BUDGET seconds per study (default 45), JOBS side by side; then one bench per (model, dataset)
+  local db="sqlite:///called.db"
+  python3 -c "from rgtune.db import TrialDatabase as T; T('$db').close()"
+  for m in rgcn rgat hgt; do for d in aifb mutag; do for mode in inference training; do
+    echo "--model $m --dataset $d --mode $mode"; done; done; done \
+    | OMP_NUM_THREADS=1 xargs -P "$JOBS" -L 1 python3 -m rgtune.cli tune --backend cuda --hidden 64 \
+      --time-budget "${CALLED_BUDGET:-45}" --quiet --db "$db"
+  for m in rgcn rgat hgt; do for d in aifb mutag; do
+    python3 -m rgtune.cli bench --model "$m" --dataset "$d" --hidden 64 --backend cuda --db "$db" \
+      --impls rgtune,pyg --repeats 20 --no-write --json "$OUT/called_bench.jsonl"
+  done; done
+  cp called.db "$OUT/"
 }
 
 for step in "$@"; do
