@@ -278,7 +278,8 @@ def test_the_fastest_schedules_are_confirmed_in_interleaved_rounds_and_decide_th
     assert s.measured == 8 and c.schedules == len({t.schedule_hash for t in rounds}) >= len(first)  # no budget
     for r in range(3):  # every round of the first stage times every schedule of it once
         assert {t.schedule_hash for t in rounds[r * len(first):(r + 1) * len(first)]} == set(first)
-    medians = {h: statistics.median(t.median_ms for t in rounds if t.schedule_hash == h)
+    # the lower middle round for an even count (a schedule of a second stage has more rounds), as the database's
+    medians = {h: statistics.median_low(t.median_ms for t in rounds if t.schedule_hash == h)
                for h in {t.schedule_hash for t in rounds}}
     assert medians == pytest.approx(c.medians_ms)
     best = db.best()
