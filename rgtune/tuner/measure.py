@@ -320,9 +320,7 @@ class _Session:
             call_warnings=[] if called is None else called.warnings)
         measured = dict(compile_seconds=compile_s, max_error=err, source_hash=source_hash, details=details)
         if not verified:
-            why = which if err == float("inf") else \
-                f"relative error {err:.3g} of the {which} exceeds the tolerance {shown(tol, self.o.tolerance, storage)}"
-            return TrialResult("wrong_result", error=why, **measured)
+            return TrialResult("wrong_result", error=self._off_by(err, which, tol, storage), **measured)
         if median is None:
             assert first is not None and stop_after is not None
             return TrialResult("stopped", error=f"stopped after its first run: {first * 1e3:.4g} ms, over "
@@ -355,19 +353,21 @@ class _Session:
             self.backend.synchronize()
             err, which, tol = self.verifier.error(got, case, storage)
             del got
-            if not err < tol:
-                why = which if err == float("inf") else \
-                    f"relative error {err:.3g} of the {which} exceeds the tolerance " \
-                    f"{shown(tol, self.o.tolerance, storage)}"
-                times = None
-            else:
-                why = ""
-                times = _plain_times(lambda: call.run(dev.x, dev.dout), self._call_options())
+            right = err < tol
+            why = "" if right else self._off_by(err, which, tol, storage)
+            times = _plain_times(lambda: call.run(dev.x, dev.dout), self._call_options()) if right else None
         # said by the worker too (its stderr is the user's); kept with the trial, which a CUDA graph's failure slows
         said = list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught))
         for w in caught:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         return _Called(err, why, times, said)
+
+    def _off_by(self, err: float, which: str, tol: float, storage: str) -> str:
+        """Why a result failed verification: its relative error against its tolerance (or, for a missing or
+        misshapen result, :meth:`Verifier.error`'s reason)."""
+        if err == float("inf"):
+            return which
+        return f"relative error {err:.3g} of the {which} exceeds the tolerance {shown(tol, self.o.tolerance, storage)}"
 
     def _refused(self, buffers: int, case_bytes: int, why: str) -> TrialResult:
         """``out_of_memory`` before building: the candidate's buffers, or they and the check's memory, are over
@@ -399,9 +399,7 @@ class _Session:
                     if not err < tol:
                         details = TrialDetails(verified=case.coverage(), fresh_inputs=list(seeds), runs_per_input=runs)
                         return TrialResult("wrong_result", max_error=err, source_hash=built.source_hash,
-                                           error=f"relative error {err:.3g} of the {which} exceeds the tolerance "
-                                                 f"{shown(tol, self.o.tolerance, storage)} "
-                                                 f"on fresh input {seed} "
+                                           error=f"{self._off_by(err, which, tol, storage)} on fresh input {seed} "
                                                  f"(run {run + 1} of {runs})", details=details)
                     worst = max(worst, err)
         return TrialResult("ok", max_error=worst, source_hash=built.source_hash,

@@ -321,20 +321,16 @@ class Tuner:
             self.study.set_metric_names([METRIC])
         self.study.set_user_attr("rgtune.workload_id", self.record.id)
         self.study.set_user_attr("rgtune.sampler", self.options.sampler)
-        timing = self.options.measure.timing
-        before = self.study.user_attrs.get("rgtune.timing", "plain")
-        if self.study.trials and before != timing:
-            # both are times in ms, but a paired trial is on its reference's scale: they compare within ~10%
-            warnings.warn(f"study {name!r} was timed {before}; its new trials are timed {timing} (use --fresh "
-                          "for a study timed one way)", stacklevel=2)
-        self.study.set_user_attr("rgtune.timing", timing)
-        objective = self.options.measure.objective
-        before = self.study.user_attrs.get("rgtune.objective", "auto")
-        if self.study.trials and before != objective:
-            warnings.warn(f"study {name!r} timed trials by objective {before!r}; its new trials by {objective!r}: the "
-                          "layer as called takes longer than its kernels (use --fresh for a study timed one way)",
-                          stacklevel=2)
-        self.study.set_user_attr("rgtune.objective", objective)
+        # a study's trials compare only when timed one way: a paired trial is on its reference's scale (within
+        # ~10% of plain), and the layer as called takes longer than its kernels
+        m = self.options.measure
+        for attr, now, default, shown in (("timing", m.timing, "plain", "{}"),
+                                          ("objective", m.objective, "auto", "by objective {!r}")):
+            before = self.study.user_attrs.get(f"rgtune.{attr}", default)
+            if self.study.trials and before != now:
+                warnings.warn(f"study {name!r} was timed {shown.format(before)}; its new trials are timed "
+                              f"{shown.format(now)} (use --fresh for a study timed one way)", stacklevel=2)
+            self.study.set_user_attr(f"rgtune.{attr}", now)
         self.study.set_user_attr("rgtune.recheck", self.options.recheck)
         self._fail_abandoned_optuna_trials()
         new_study = not self.study.trials
