@@ -11,6 +11,8 @@
 #   curves   the tuning curves on the cuda backend (settings: CURVES_ARGS), runs side by side, re-timed
 #   called   issue 44: short studies (objective: the layer as called) of every model and mode on AIFB and MUTAG,
 #            then `rgtune bench` of each against PyG: the layer as called vs the tuner's record, the ratios
+#   reuse    issue 44: RGAT's and HGT's training step as called with autodiff.reuse = inline | store | fuse
+#            (experiments/edge_stores.py) on AIFB and MUTAG, hidden 16 and 64
 #
 # Datasets: .data/datasets/{aifb,mutag} (raw files) and .data/processed (processed graphs), carried.
 # JOBS (default 8) studies run side by side: their verifying and timing take the GPU's lock in turn.
@@ -81,6 +83,11 @@ step_called() {
       --impls rgtune,pyg --repeats 20 --no-write --json "$OUT/called_bench.jsonl"
   done; done
   cp called.db "$OUT/"
+}
+
+step_reuse() {
+  python3 experiments/edge_stores.py --backend cuda --models rgat,hgt --datasets aifb,mutag --hidden 16,64 \
+    --rounds 7 --json "$OUT/edge_stores_gpu.jsonl"
 }
 
 for step in "$@"; do

@@ -161,6 +161,44 @@ def test_16_bit_schedules_compile_with_nvrtc(model: str, count: int, precision: 
     assert not problems, "\n".join(problems[:5])
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_16_bit_gemms_multiply_on_the_tensor_cores(precision: str, graphs: list[HeteroGraph],
+                                                    ledger) -> None:  # noqa: F811
+    """A GEMM that reads or writes a 16-bit buffer multiplies with ``mma.m16n8k16`` where its tile splits into
+    16x8 tiles per warp (the default's 64x32 over 4 warps; 16x16 over 2; 128x64 over 8, 16 tiles each) and on
+    float32 FMAs where it does not (a K slice of 8); either way the training step matches the reference (on
+    the emulator, whose product reads the warps' fragments as the PTX ISA lays them out), and it compiles for
+    sm_80 and sm_90 (the instruction's first architecture and the GPUs rgtune runs on)."""
+    from rgtune.codegen.cuda._gemm import mma_type
+    from rgtune.ir.kernels import GemmKernel
+
+    _needs_cxx()
+    g = graphs[1]
+    space = _space("rgcn", g, precision, dims=(16, 16))
+    verifier = Verifier(build_model("rgcn", 16, 16, 1), g, training=True)
+    programs = []
+    for tiles, on in (({}, True), ({"gemm.tile_rows": 16, "gemm.tile_cols": 16, "gemm.threads": 64}, True),
+                      ({"gemm.tile_rows": 128, "gemm.tile_cols": 64, "gemm.threads": 256}, True),
+                      ({"gemm.tile_k": 8}, False)):
+        point = space.compile({**space.default(), **tiles})
+        gemms = [k for k in point.kernels.kernels if isinstance(k, GemmKernel)]
+        low = [k.name for k in gemms if mma_type(k, point.kernels, space.schedule.kernel_schedule(k, point.config))]
+        program = generate(point.kernels, point.config)
+        on_cores = {u.kernel.name for u in program.units if "rg_mma_16816(d[p], a, b);" in u.code}
+        assert on_cores == set(low) and bool(on_cores) == on, (tiles, on_cores, low)
+        assert all(f"mma.sync.aligned.m16n8k16.row.col.f32.{'bf16' if precision == 'bf16' else 'f16'}" in u.code
+                   for u in program.units if u.kernel.name in on_cores)
+        _checked_error(space, g, tiles, verifier)
+        programs.append(program)
+    fp32 = _space("rgcn", g, "fp32", dims=(16, 16)).compile({})
+    assert not any("rg_mma_16816" in u.code for u in generate(fp32.kernels, fp32.config).units)
+    problems = ledger.compile(f"mma {precision}", programs)  # sm_90
+    assert not problems, "\n".join(problems[:5])
+    default = space.compile(space.default())
+    assert CudaBackend().compile_only(default.kernels, default.config, archs=("sm_80",)).cubins
+
+
 def test_a_float32_programs_sources_have_no_16_bit_code(graphs: list[HeteroGraph]) -> None:
     """The 16-bit definitions go only into a unit that reads or writes a 16-bit buffer: a float32 program's
     kernels are the same sources (and compiled kernels) as before mixed precision existed."""

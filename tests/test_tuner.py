@@ -162,6 +162,30 @@ def test_a_call_that_computes_other_than_its_kernels_is_a_wrong_result_never_tim
     assert r.details.call_ms is None and r.details.kernel_ms > 0
 
 
+def test_a_reverification_checks_the_layer_as_called_too(monkeypatch):
+    """The best schedule's check on fresh inputs runs its kernels and then the layer as a user calls it: a call
+    off the reference on one of them is a ``wrong_result`` that says so and names the input."""
+    from rgtune.tuner import call
+    from rgtune.tuner.measure import _Session
+
+    session = _Session(replace(_workload("reference"), mode="training"), FAST)
+    ok = session.reverify({}, seeds=[11, 12], runs=2)
+    assert ok.status == "ok" and ok.details.fresh_inputs == [11, 12] and ok.max_error < 1e-4
+    calls = []
+    right = call.LayerCall.results
+
+    def off_on_the_second(self, *args):
+        calls.append(1)
+        got = right(self, *args)
+        return got if len(calls) < 3 else {**got, "output": got["output"] + 0.5}
+
+    monkeypatch.setattr(call.LayerCall, "results", off_on_the_second)
+    r = session.reverify({}, seeds=[11, 12], runs=2)
+    assert r.status == "wrong_result" and r.max_error > 1e-3 and len(calls) == 3
+    assert r.error.startswith("the layer as called (its kernels verified): relative error") and "output" in r.error
+    assert r.error.endswith("on fresh input 12 (run 1 of 2)")
+
+
 def test_the_objective_is_checked_and_the_call_is_not_paired():
     from rgtune.tuner.measure import _Session
 

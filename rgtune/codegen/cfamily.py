@@ -151,10 +151,14 @@ class CEmitter:
         self.simd_reductions = simd_reductions
         self._stmts: list[str] = []
         self._temps = 0
+        #: (reduction, head) -> its temporary, among the statements not taken yet: a sum that several values
+        #: (or one value twice) read is computed once where those statements go (one scope)
+        self._sums: dict[tuple[Expr, str], str] = {}
 
     def take_statements(self) -> list[str]:
-        """The statements emitted so far (and forget them)."""
+        """The statements emitted so far (and forget them, and the temporaries they declare)."""
         out, self._stmts = self._stmts, []
+        self._sums = {}
         return out
 
     def _temp(self, prefix: str = "t") -> str:
@@ -190,6 +194,8 @@ class CEmitter:
         if isinstance(e, GraphLoad):
             return f"G_{e.kind}[{self.index('row')}]"
         if isinstance(e, InnerE):
+            if (e, hh) in self._sums:
+                return self._sums[(e, hh)]
             t, k = self._temp("t"), self._temp("k")
             a = self.element(e.a, hh, k)
             b = self.element(e.b, hh, k)
@@ -198,6 +204,7 @@ class CEmitter:
             if self.simd_reductions:
                 self._stmts.append(f"#pragma omp simd reduction(+:{t})")
             self._stmts.append(f"for (int {k} = 0; {k} < {n}; ++{k}) {t} += {a} * {b};")
+            self._sums[(e, hh)] = t
             return t
         if isinstance(e, BinaryE):
             sym = {"add": "+", "sub": "-", "mul": "*"}[e.op]
@@ -228,12 +235,15 @@ class CEmitter:
         ``d``) or over the heads (spelled out: a layer has a few)."""
         if e.over == "heads":
             return "(" + " + ".join(self.element(e.x, str(i), d) for i in range(e.x.heads)) + ")"
+        if (e, h) in self._sums:
+            return self._sums[(e, h)]
         t, k = self._temp("t"), self._temp("k")
         x = self.element(e.x, h, k)
         self._stmts.append(f"float {t} = 0.0f;")
         if self.simd_reductions:
             self._stmts.append(f"#pragma omp simd reduction(+:{t})")
         self._stmts.append(f"for (int {k} = 0; {k} < {e.x.dim}; ++{k}) {t} += {x};")
+        self._sums[(e, h)] = t
         return t
 
     @staticmethod

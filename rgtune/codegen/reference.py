@@ -34,10 +34,10 @@ from rgtune.data.graph import HeteroGraph
 from rgtune.codegen.weights import fold_weights
 from rgtune.ir.bind import GraphArrays, concrete_device, graph_arrays, row_types
 from rgtune.ir.op_rules import unary
-from rgtune.ir.kernels import (NODE_ROWS, Acc, AggregateStage, BinaryE, BroadcastE, ConcatE, EdgeSoftmaxStage, EdgeStore, Expr,
-                               GatedE, GemmKernel, GraphLoad, InnerE, Kernel, KernelProgram, Load, MapKernel, ParamLoad,
-                               ReduceE, ScaleE, ScatterKernel, SliceE, SoftmaxAggregate, TraversalKernel, UnaryE,
-                               WeightGradKernel, WeightKernel)
+from rgtune.ir.kernels import (NODE_ROWS, Acc, AggregateStage, BinaryE, BroadcastE, ConcatE, EdgeSoftmaxStage, EdgeStore,
+                               EdgeStores, Expr, GatedE, GemmKernel, GraphLoad, InnerE, Kernel, KernelProgram, Load,
+                               MapKernel, ParamLoad, ReduceE, ScaleE, ScatterKernel, SliceE, SoftmaxAggregate,
+                               TraversalKernel, UnaryE, WeightGradKernel, WeightKernel)
 
 
 def param_full_shape(kp: KernelProgram, name: str, arrays: GraphArrays) -> tuple[int, ...]:
@@ -271,6 +271,9 @@ class ReferenceExecutor:
         e = a.num_edges
         if isinstance(st, EdgeStore):
             self.bufs[st.out] = self.eval(st.value, "edge", e)
+        elif isinstance(st, EdgeStores):
+            for one in st.stores:
+                self.bufs[one.out] = self.eval(one.value, "edge", e)
         elif isinstance(st, EdgeSoftmaxStage):
             self.bufs[st.out] = self._softmax(self.eval(st.score, "edge", e), st.group)
         elif isinstance(st, AggregateStage):

@@ -76,9 +76,11 @@ SAVE = Knob("autodiff.save", ("all", "nodes", "input"), "all",
 #: a backward value with a reduction over features that several kernels read (RGAT's and HGT's
 #: attention-score gradient, ``<dout, m>`` and what follows from it): recomputed inline in each
 #: kernel that reads it, or stored once per row by a kernel of its own (lowering decides which
-#: values qualify: :func:`rgtune.ir.lowering.shared_reductions`)
-REUSE = Knob("autodiff.reuse", ("inline", "store"), "inline",
-             "backward values with a feature reduction read by several kernels: recomputed in each, or stored once")
+#: values qualify: :func:`rgtune.ir.lowering.shared_reductions`), or computed once per edge by one
+#: traversal that writes every per-edge value of the same shape (:mod:`rgtune.ir.edge_stores`)
+REUSE = Knob("autodiff.reuse", ("inline", "store", "fuse"), "inline",
+             "backward values with a feature reduction read by several kernels: recomputed in each, stored once, "
+             "or computed once in one traversal that stores every per-edge value of their shape")
 
 
 def grad_name(param: str) -> str:

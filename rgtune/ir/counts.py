@@ -58,8 +58,9 @@ import numpy as np
 from rgtune.ir.bind import any_graph_arrays, row_types
 from rgtune.ir.op_rules import rules_of
 from rgtune.ir.passes.precision import element_bytes
-from rgtune.ir.kernels import (AggregateStage, EdgeStore, GemmKernel, KernelProgram, MapKernel, ScatterKernel,
-                               SoftmaxAggregate, TraversalKernel, WeightGradKernel, WeightKernel, expr_loads)
+from rgtune.ir.kernels import (AggregateStage, EdgeStore, EdgeStores, GemmKernel, KernelProgram, MapKernel,
+                               ScatterKernel, SoftmaxAggregate, TraversalKernel, WeightGradKernel, WeightKernel,
+                               expr_loads)
 
 if TYPE_CHECKING:
     from rgtune.data.graph import HeteroGraph
@@ -131,8 +132,8 @@ def count(kp: KernelProgram, graph: "HeteroGraph", schedule: Mapping[str, Any] |
                 vias.add("dst_pair" if mapping == "edge_parallel" else "rel")  # its pair's scratch row / relation
             bytes_min += sum(rows[kp.buffers[b].domain] * width[b] for b, _ in loads) * FLOAT_BYTES
             bytes_gathered += sum(e * width[b] for b, _ in loads) * FLOAT_BYTES
-            out_rows = rows[kp.buffers[st.out].domain] if not isinstance(st, EdgeStore) else e  # type: ignore[attr-defined]
-            out = out_rows * width[st.out] * FLOAT_BYTES  # type: ignore[attr-defined]
+            out_rows = e if isinstance(st, (EdgeStore, EdgeStores)) else rows[kp.buffers[st.outputs()[0]].domain]
+            out = sum(out_rows * width[o] for o in st.outputs()) * FLOAT_BYTES
             index = e * idx_bytes * len(vias)
             bytes_min += out + index
             bytes_gathered += out + index

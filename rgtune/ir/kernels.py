@@ -334,6 +334,10 @@ class Stage:
     def feature_dim(self) -> int:
         return max(e.dim for e in self.exprs())
 
+    def outputs(self) -> tuple[str, ...]:
+        """The buffers the stage writes."""
+        return (self.out,)  # type: ignore[attr-defined]
+
 
 @dataclass(frozen=True)
 class EdgeStore(Stage):
@@ -341,6 +345,22 @@ class EdgeStore(Stage):
 
     out: str
     value: Expr
+
+
+@dataclass(frozen=True)
+class EdgeStores(Stage):
+    """Several :class:`EdgeStore` in one walk over the edges (``autodiff.reuse=fuse``): each edge's rows are
+    loaded once, and what the values share (a backward's score gradient, its inner products and feature
+    sums) is computed once per edge and row of heads. Every store has the same shape (heads x dim), and
+    none reads another's output (:mod:`rgtune.ir.edge_stores` merges only such)."""
+
+    stores: tuple[EdgeStore, ...]
+
+    def exprs(self) -> tuple[Expr, ...]:
+        return tuple(s.value for s in self.stores)
+
+    def outputs(self) -> tuple[str, ...]:
+        return tuple(s.out for s in self.stores)
 
 
 @dataclass(frozen=True)
@@ -400,10 +420,12 @@ class TraversalKernel(Kernel):
         return {b for e in self.stage.exprs() for b, _ in expr_loads(e)}
 
     def writes(self) -> set[str]:
-        return {self.stage.out}  # type: ignore[attr-defined]
+        return set(self.stage.outputs())
 
     def flops_per_edge(self) -> int:
         st = self.stage
+        if isinstance(st, EdgeStores):  # what the values share is computed once
+            return sum(x._own_flops() for x in {x for e in st.exprs() for x in e.walk()})
         f = sum(e.flops() for e in st.exprs())
         if isinstance(st, (EdgeSoftmaxStage, SoftmaxAggregate)):
             f += 10 * st.score.heads  # exp, max, sum, divide
@@ -417,6 +439,8 @@ class TraversalKernel(Kernel):
         st = self.stage
         if isinstance(st, EdgeStore):
             body = f"{st.out}[e] = {expr_str(st.value)}"
+        elif isinstance(st, EdgeStores):  # one store per line, as a GEMM's epilogues
+            body = f"{len(st.stores)} stores" + "".join(f"\n    {s.out}[e] = {expr_str(s.value)}" for s in st.stores)
         elif isinstance(st, EdgeSoftmaxStage):
             body = f"{st.out}[e] = {softmax_name(st.group)}({expr_str(st.score)})"
         elif isinstance(st, AggregateStage):

@@ -27,6 +27,7 @@ the gradient params and where the forward's kernels end.
 from __future__ import annotations
 
 from rgtune.ir.addend import accumulate_into_addends
+from rgtune.ir.edge_stores import merge_edge_stores
 from rgtune.ir.fusion_plan import plan_epilogues
 from typing import Any
 
@@ -380,9 +381,13 @@ class _Lowering:
                 kernels.append(MapKernel(kname("map"), rows, self.buf_name(op.out),
                                          self.expr(op.out, rows, define=True)))
         params = self.p.params
+        buffers = self._buffers()
+        if self.plan.reuse == "fuse":
+            kernels, forward_kernels = merge_edge_stores(
+                kernels, forward_kernels, {n: (b.heads, b.dim) for n, b in buffers.items()})
         return KernelProgram(
             name=self.p.name,
-            buffers=self._buffers(),
+            buffers=buffers,
             kernels=kernels,
             input=self.buf_name(self.p.x),
             output=self.buf_name(self.p.output),

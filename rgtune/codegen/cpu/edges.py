@@ -57,10 +57,10 @@ from typing import Any, Callable, Mapping
 
 from rgtune.codegen.cfamily import CEmitter
 from rgtune.codegen.cpu.cwriter import CFunction, Lines
-from rgtune.codegen.cpu.gemm import emit_assign
+from rgtune.codegen.cpu.gemm import emit_assign, emit_assigns
 from rgtune.codegen.cpu.rows import RowIndex, expr_names
-from rgtune.ir.kernels import (AggregateStage, EdgeSoftmaxStage, EdgeStore, Expr, KernelProgram, Load, MapKernel,
-                               ScatterKernel, SoftmaxAggregate, TraversalKernel)
+from rgtune.ir.kernels import (AggregateStage, EdgeSoftmaxStage, EdgeStore, EdgeStores, Expr, KernelProgram, Load,
+                               MapKernel, ScatterKernel, SoftmaxAggregate, TraversalKernel)
 
 PREFETCH = 8  # edges ahead whose gathered rows are prefetched
 ROW_COUNTS = {"node": "num_nodes", "dst_node": "num_dst_nodes", "edge": "num_edges", "src_pair": "num_src_pairs", "dst_pair": "num_dst_pairs"}
@@ -136,7 +136,7 @@ def generate_map(k: MapKernel, s: Mapping[str, Any], kp: KernelProgram) -> CFunc
 def generate_traversal(k: TraversalKernel, s: Mapping[str, Any], kp: KernelProgram) -> CFunction:
     st, mapping, chunk = k.stage, s["mapping"], int(s["chunk"])
     f = CFunction(f"rg_{k.name}", f"{k.name} (traversal.mapping={mapping}, chunk={chunk}):\n{k.describe()}")
-    if isinstance(st, EdgeStore):
+    if isinstance(st, (EdgeStore, EdgeStores)):
         _edge_store(f, st, kp, chunk)
     elif mapping == "dst_parallel":
         f.use("csr_indptr")
@@ -194,14 +194,21 @@ def _softmax_groups(f: CFunction, B: Lines, group: str) -> Iterator[tuple[str, s
         yield "g0", "g1"
 
 
-def _edge_store(f: CFunction, st: EdgeStore, kp: KernelProgram, chunk: int) -> None:
-    ob = kp.buffers[st.out]
-    out, ne = f.use(st.out, writes=True), f.use("num_edges")
+def _edge_store(f: CFunction, st: EdgeStore | EdgeStores, kp: KernelProgram, chunk: int) -> None:
+    """One store per edge, or several of one shape (:class:`EdgeStores`): one loop over the heads computes
+    what the values share once (the emitter's temporaries), then stores each."""
+    stores = st.stores if isinstance(st, EdgeStores) else (st,)
+    ne = f.use("num_edges")
     f.body.line(f"#pragma omp parallel for schedule(dynamic, {chunk}) num_threads(c->num_threads)")
     with f.body.block(f"for (int64_t e = 0; e < {ne}; ++e)"):
         b = _Body(f, kp, "edge", "e")
-        emit_assign(b.lines, b.em, st.value, ob.heads, ob.dim, _row_of(out, ob.heads, ob.dim, "e"), storage=ob.dtype)
-        b.flush(f.body, [st.value], prefetch=True)
+        targets = []
+        for one in stores:
+            ob = kp.buffers[one.out]
+            targets.append((one.value, _row_of(f.use(one.out, writes=True), ob.heads, ob.dim, "e"), ob.dtype))
+        first = kp.buffers[stores[0].out]
+        emit_assigns(b.lines, b.em, targets, first.heads, first.dim)
+        b.flush(f.body, [one.value for one in stores], prefetch=True)
 
 
 def _aggregate_dst(f: CFunction, st: AggregateStage, kp: KernelProgram, chunk: int) -> None:

@@ -396,16 +396,25 @@ def emit_assign(L: Lines, em: CEmitter, e: Any, heads: int, dim: int, target: An
                 storage: str = "float32") -> None:
     """``target(h, d) op e(h, d)`` for every element, the ``d`` loop vectorized; ``storage``: the target's
     storage type (the value is rounded to it as it is stored)."""
-    if storage != "float32" and op != "=":
-        raise ValueError(f"a {storage} buffer is stored, never accumulated into ({op!r}): sums stay float32")
+    emit_assigns(L, em, [(e, target, storage)], heads, dim, op)
+
+
+def emit_assigns(L: Lines, em: CEmitter, targets: list[tuple[Any, Any, str]], heads: int, dim: int,
+                 op: str = "=") -> None:
+    """:func:`emit_assign` of several ``(value, target, storage)`` of one shape in one loop over the heads:
+    a reduction the values share is computed once per head (the emitter's temporaries)."""
+    for _, _, storage in targets:
+        if storage != "float32" and op != "=":
+            raise ValueError(f"a {storage} buffer is stored, never accumulated into ({op!r}): sums stay float32")
     with L.block(f"for (int h = 0; h < {heads}; ++h)"):
-        value = c_store(storage, em.element(e, "h", "d" if dim > 1 else "0"))
+        values = [c_store(storage, em.element(e, "h", "d" if dim > 1 else "0")) for e, _, storage in targets]
         L.extend(em.take_statements())
-        if dim > 1:
-            L.line("#pragma omp simd")
-            L.line(f"for (int d = 0; d < {dim}; ++d) {target('h', 'd')} {op} {value};")
-        else:
-            L.line(f"{target('h', '0')} {op} {value};")
+        for value, (_, target, _) in zip(values, targets):
+            if dim > 1:
+                L.line("#pragma omp simd")
+                L.line(f"for (int d = 0; d < {dim}; ++d) {target('h', 'd')} {op} {value};")
+            else:
+                L.line(f"{target('h', '0')} {op} {value};")
 
 
 def _flat(heads: int, dim: int, h: str, d: str) -> str:

@@ -42,8 +42,8 @@ from rgtune.codegen.cpu.gemm import VEC, cpu_flags, generate_gemm
 from rgtune.codegen.cpu.rows import GRAPH_CONSTANTS, INDEX_ARRAYS
 from rgtune.codegen.cpu.schedule import CPU_SCHEDULE
 from rgtune.codegen.cpu.weightgrad import generate_weightgrad
-from rgtune.ir.kernels import (Expr, GemmKernel, Kernel, KernelProgram, Load, MapKernel, ParamLoad, reads_guarded,
-                               ScatterKernel, TraversalKernel, WeightGradKernel, WeightKernel)
+from rgtune.ir.kernels import (EdgeStores, Expr, GemmKernel, Kernel, KernelProgram, Load, MapKernel, ParamLoad,
+                               ScatterKernel, Stage, TraversalKernel, WeightGradKernel, WeightKernel, reads_guarded)
 
 SIZES = ("num_nodes", "num_dst_nodes", "num_edges", "num_src_pairs", "num_dst_pairs", "num_threads")
 ABI_VERSION = 1
@@ -174,7 +174,7 @@ def canonical(k: Kernel, kp: KernelProgram) -> tuple[Kernel, KernelProgram, dict
         for _, e in k.epilogue:
             note_expr(e)
     elif isinstance(k, TraversalKernel):
-        note(buf_order, k.stage.out)  # type: ignore[attr-defined]
+        note(buf_order, *k.stage.outputs())
         for e in k.stage.exprs():
             note_expr(e)
     elif isinstance(k, MapKernel):
@@ -194,13 +194,7 @@ def canonical(k: Kernel, kp: KernelProgram) -> tuple[Kernel, KernelProgram, dict
             k, name=name, x=bmap[k.x], out=bmap.get(k.out) if k.out else None, weight=pmap[k.weight],  # type: ignore[arg-type]
             bias=pmap[k.bias] if k.bias else None, epilogue=[(bmap[o], _rename(e, bmap, pmap)) for o, e in k.epilogue])
     elif isinstance(k, TraversalKernel):
-        st = k.stage
-        changes: dict[str, Any] = {"out": bmap[st.out]}  # type: ignore[attr-defined]
-        for f in dataclasses.fields(st):
-            v = getattr(st, f.name)
-            if isinstance(v, Expr):
-                changes[f.name] = _rename(v, bmap, pmap)
-        ck = dataclasses.replace(k, name=name, stage=dataclasses.replace(st, **changes))
+        ck = dataclasses.replace(k, name=name, stage=_rename_stage(k.stage, bmap, pmap))
     elif isinstance(k, MapKernel):
         ck = dataclasses.replace(k, name=name, out=bmap[k.out], value=_rename(k.value, bmap, pmap))
     elif isinstance(k, ScatterKernel):
@@ -216,6 +210,18 @@ def canonical(k: Kernel, kp: KernelProgram) -> tuple[Kernel, KernelProgram, dict
         param_by={pmap[p]: kp.param_by[p] for p in par_order},
         layout=kp.layout, index_bits=kp.index_bits, pair_index=kp.pair_index)
     return ck, ckp, {v: b for b, v in bmap.items()}, {v: p for p, v in pmap.items()}
+
+
+def _rename_stage(st: Stage, bmap: Mapping[str, str], pmap: Mapping[str, str]) -> Stage:
+    """A traversal's stage with the canonical names of its buffers and params."""
+    if isinstance(st, EdgeStores):
+        return EdgeStores(tuple(_rename_stage(one, bmap, pmap) for one in st.stores))  # type: ignore[misc]
+    changes: dict[str, Any] = {"out": bmap[st.out]}  # type: ignore[attr-defined]
+    for f in dataclasses.fields(st):
+        v = getattr(st, f.name)
+        if isinstance(v, Expr):
+            changes[f.name] = _rename(v, bmap, pmap)
+    return dataclasses.replace(st, **changes)
 
 
 def _rename(e: Expr, bmap: Mapping[str, str], pmap: Mapping[str, str]) -> Expr:

@@ -11,7 +11,8 @@
 
 Precision: sums and products in float32 (``fmaf``, no fast-math); the buffers that ``precision.*``
 stores in bfloat16 or float16 are loaded (widened) and stored (rounded once) in that type by every
-template (:data:`._expr.LOW_PRECISION_CUDA`). Tensor-core GEMMs (bf16/fp16 MMA) are not implemented.
+template (:data:`._expr.LOW_PRECISION_CUDA`); a GEMM that touches one multiplies on the tensor cores
+(``mma.m16n8k16`` in that type, float32 sums) where its tile allows (:func:`._gemm.mma_type`).
 
 Example:
     >>> from rgtune.codegen.base import create

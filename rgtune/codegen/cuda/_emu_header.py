@@ -159,4 +159,41 @@ static inline float4 atomicAdd(float4* a, float4 v) {
 }
 static inline int atomicMax(int* a, int v) { int o = *a; if (v > o) *a = v; return o; }
 static inline unsigned atomicMin(unsigned* a, unsigned v) { unsigned o = *a; if (v < o) *a = v; return o; }
+
+// PTX mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32 for the warp: every lane hands in its
+// fragments (parks until the whole warp has), each reads the warp's A (16x16) and B (16x8) back as the PTX ISA
+// lays them out (groupID = lane / 4, q = lane % 4; a0..a7: rows g, g, g + 8, g + 8, g, g, g + 8, g + 8 at
+// columns 2q + (i & 1), + 8 from a4; b0..b3: rows 2q + (i & 1), + 8 from b2, column g) and adds its four
+// elements of A * B (rows g, g, g + 8, g + 8, columns 2q, 2q + 1) to d
+namespace rg_emu { static unsigned mma_exch[32][32][6]; }
+static inline float rg_emu_half(unsigned bits, int f16) {
+  if (!f16) { const unsigned u = bits << 16; float f; memcpy(&f, &u, 4); return f; }
+  _Float16 h; const unsigned short v = (unsigned short)bits; memcpy(&h, &v, 2); return (float)h;
+}
+static inline void rg_emu_mma_16816(float* d, const unsigned* a, const unsigned* b, int f16) {
+  const unsigned t = threadIdx.x, w = t / 32, lane = t % 32;
+  for (int i = 0; i < 4; ++i) rg_emu::mma_exch[w][lane][i] = a[i];
+  for (int i = 0; i < 2; ++i) rg_emu::mma_exch[w][lane][4 + i] = b[i];
+  rg_emu::park(rg_emu::AT_WARP);
+  float A[16][16], B[16][8];
+  for (unsigned l = 0; l < 32; ++l) {
+    const unsigned g = l / 4, q = l % 4;
+    for (int i = 0; i < 8; ++i) {
+      const unsigned bits = (rg_emu::mma_exch[w][l][i / 2] >> (16 * (i % 2))) & 0xffffu;
+      A[g + ((i / 2) % 2) * 8][2 * q + (i & 1) + (i >= 4 ? 8 : 0)] = rg_emu_half(bits, f16);
+    }
+    for (int i = 0; i < 4; ++i) {
+      const unsigned bits = (rg_emu::mma_exch[w][l][4 + i / 2] >> (16 * (i % 2))) & 0xffffu;
+      B[2 * q + (i & 1) + (i >= 2 ? 8 : 0)][g] = rg_emu_half(bits, f16);
+    }
+  }
+  rg_emu::park(rg_emu::AT_WARP);  // every lane has read the warp's fragments before any hands in new ones
+  const unsigned g = lane / 4, q = lane % 4;
+  for (int i = 0; i < 4; ++i) {
+    const unsigned row = g + (i >= 2 ? 8 : 0), col = 2 * q + (i & 1);
+    float sum = d[i];
+    for (int k = 0; k < 16; ++k) sum = fmaf(A[row][k], B[k][col], sum);
+    d[i] = sum;
+  }
+}
 """

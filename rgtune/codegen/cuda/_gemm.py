@@ -23,6 +23,15 @@ per (row, head) then evaluates the rest of the expression. Any other use of ``ac
 finished row back from global memory (``out``, or a scratch buffer when the output is
 discarded or accumulated). ``accumulate`` stores with ``atomicAdd`` (several pair rows add
 into one node row).
+
+Tensor cores (:func:`mma_type`): a GEMM that reads or writes a 16-bit buffer (``precision.*``
+stores its rows so: its products may round their operands too, as the C generator's bfloat16 dot
+products do) multiplies on the tensor cores where its tile allows: the k-slices are staged in that
+type (the input and the weight rounded once as they are staged), each warp computes 16x8 output
+tiles with PTX ``mma.m16n8k16`` (float32 accumulation), and the block's finished tile goes through
+shared memory into the same per-thread micro-tile the store and the epilogue read. On the emulator
+(``RG_EMULATED``) the warp's product is computed from every lane's fragment as the PTX ISA lays
+them out.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ from typing import Any, Callable, Mapping
 from rgtune.codegen.cuda._context import Context
 from rgtune.codegen.cuda._expr import FIND_PAIR, UnsupportedKernel, has_acc, inner_products, prelude
 from rgtune.codegen.cuda._unit import Grid, KernelUnit, Launch, Temp, comment_block
+from rgtune.codegen.cuda.schedule import MAX_STATIC_SHARED
 from rgtune.ir.kernels import Acc, Expr, GemmKernel, InnerE, KernelProgram, expr_str
 
 
@@ -126,6 +136,16 @@ class _GemmPlan:
     out_row: str  # C: the output row of ``rid``
     acc_rows: str | None  # the row strategy's finished rows: ``out`` or a scratch temp
     acc_terms: list[tuple[InnerE, Expr]]  # each ``inner(acc, y)`` of the epilogue, with its ``y``
+    mma: str | None = None  # the tensor cores' operand type (bfloat16, float16), or None: float32 FMAs
+
+    @property
+    def warps(self) -> int:
+        return self.threads // 32
+
+    @property
+    def mma_tiles_per_warp(self) -> int:
+        """16x8 output tiles of the block tile each warp computes on the tensor cores."""
+        return (self.tile_rows // 16) * (self.tile_cols // 8) // self.warps
 
     @property
     def uniform_head(self) -> bool:
@@ -188,8 +208,10 @@ def _plan(k: GemmKernel, s: Mapping[str, Any], kp: KernelProgram, epilogue: str)
     out_row = rows(k.out_via) if k.out is not None else "rid"
     if k.accumulate and k.out is None:
         raise UnsupportedKernel(f"{k.name}: accumulate without an output")
+    acc_terms = _acc_terms(epilogue_exprs) if strategy == "inner" else []
+    mma = mma_type(k, kp, s, len(acc_terms) * tile_rows * k.out_heads)
     return _GemmPlan(
-        kernel=k, program=kp, ctx=ctx, epilogue_exprs=epilogue_exprs, strategy=strategy,
+        kernel=k, program=kp, ctx=ctx, epilogue_exprs=epilogue_exprs, strategy=strategy, mma=mma,
         tile_rows=tile_rows, tile_cols=tile_cols, tile_k=tile_k, threads=threads, partition=partition,
         rows_per_thread=rows_per_thread, cols_per_thread=cols_per_thread,
         thread_rows=thread_rows, thread_cols=thread_cols,
@@ -198,7 +220,39 @@ def _plan(k: GemmKernel, s: Mapping[str, Any], kp: KernelProgram, epilogue: str)
         col_tiles=-(-weight_cols // tile_cols), weight_size=weight_size,
         row_id=row_id, x_row=x_row, out_row=out_row,
         acc_rows=_acc_rows(k, ctx, strategy, out_width),
-        acc_terms=_acc_terms(epilogue_exprs) if strategy == "inner" else [])
+        acc_terms=acc_terms)
+
+
+#: PTX ``mma`` operand type of each 16-bit storage type, and its conversion from float
+MMA_TYPES = {"bfloat16": ("bf16", "rg_to_bf16"), "float16": ("f16", "rg_to_f16")}
+
+
+def mma_type(k: GemmKernel, kp: KernelProgram, s: Mapping[str, Any], term_slots: int = 0) -> str | None:
+    """The storage type whose tensor-core products ``k`` computes (its input's if 16-bit, else its output's),
+    or None: it touches no 16-bit buffer, or its tile does not split into whole ``mma.m16n8k16`` tiles per
+    warp (rows a multiple of 16, columns of 8, the K slice of 16), or the staged tiles and the finished
+    tile do not fit the block's shared memory.
+
+    >>> from rgtune.ir.kernels import Buffer
+    >>> kp = KernelProgram("p", {"x": Buffer("x", "node", 1, 32, "bfloat16"), "y": Buffer("y", "node", 1, 32)},
+    ...                    [], "x", "y", {"w": (32, 32)}, {"w": "none"})
+    >>> g = GemmKernel("g", rows="node", x="x", weight="w", in_dim=32, out_dim=32, out="y")
+    >>> s = {"tile_rows": 64, "tile_cols": 32, "tile_k": 16, "threads": 128}
+    >>> mma_type(g, kp, s), mma_type(g, kp, {**s, "tile_k": 8})
+    ('bfloat16', None)
+    """
+    types = [kp.buffers[k.x].dtype] + ([kp.buffers[k.out].dtype] if k.out is not None else [])
+    low = [t for t in types if t in MMA_TYPES]
+    if not low:
+        return None
+    tm, tn, tk, threads = s["tile_rows"], s["tile_cols"], s["tile_k"], s["threads"]
+    if tm % 16 or tn % 8 or tk % 16 or ((tm // 16) * (tn // 8)) % (threads // 32):
+        return None
+    idx = 4 if kp.index_bits == 32 else 8
+    smem = (tm + tn) * (tk + 8) * 2 + tm * (tn + 1) * 4 + 2 * tm * idx + term_slots * 4
+    if smem > MAX_STATIC_SHARED:
+        return None
+    return low[0]
 
 
 def _bind_buffers(k: GemmKernel, kp: KernelProgram) -> tuple[Context, list[Expr]]:
@@ -244,11 +298,23 @@ def _acc_terms(epilogue_exprs: list[Expr]) -> list[tuple[InnerE, Expr]]:
 # --------------------------------------------------------------------------- kernel: setup
 def _kernel_open(plan: _GemmPlan) -> list[str]:
     """The signature (``PARAMS`` filled in by :func:`_unit`) and the shared-memory tiles."""
+    if plan.mma:
+        tiles = [
+            f"  alignas(16) __shared__ unsigned short As[{plan.tile_rows}][{plan.tile_k} + 8];"
+            f"  // input slice in {plan.mma}, row-major (+8: fewer bank conflicts)",
+            f"  alignas(16) __shared__ unsigned short Bs[{plan.tile_cols}][{plan.tile_k} + 8];"
+            f"  // weight slice in {plan.mma}, column-major",
+            f"  __shared__ float Cs[{plan.tile_rows}][{plan.tile_cols} + 1];  // the finished tile",
+        ]
+    else:
+        tiles = [
+            f"  __shared__ float As[{plan.tile_k}][{plan.tile_rows} + 1];"
+            "  // input slice, k-major (+1: no bank conflicts on stores)",
+            f"  __shared__ float Bs[{plan.tile_k}][{plan.tile_cols}];      // weight slice",
+        ]
     lines = [
         f"extern \"C\" __global__ void __launch_bounds__({plan.threads}) gemm(PARAMS) {{",
-        f"  __shared__ float As[{plan.tile_k}][{plan.tile_rows} + 1];"
-        "  // input slice, k-major (+1: no bank conflicts on stores)",
-        f"  __shared__ float Bs[{plan.tile_k}][{plan.tile_cols}];      // weight slice",
+        *tiles,
         f"  __shared__ idx_t s_rid[{plan.tile_rows}];         // row id of each tile row, -1 past the segment's end",
         f"  __shared__ idx_t s_xrow[{plan.tile_rows}];        // input row of each tile row ({plan.kernel.x_via})",
     ]
@@ -318,17 +384,87 @@ def _column_tiles(plan: _GemmPlan) -> list[str]:
         f"    const int hb = ct / {plan.col_tiles};  // head of a per-head weight (0 otherwise)",
         f"    const int n0 = (ct % {plan.col_tiles}) * {plan.tile_cols};",
         f"    const float* __restrict__ Wh = Wt + (long)hb * {plan.reduce_dim * plan.weight_cols};",
-        *_zeroed_accumulators(plan),
-        f"    for (int k0 = 0; k0 < {plan.reduce_dim}; k0 += {plan.tile_k}) {{",
-        *_input_slice(plan),
-        *_weight_slice(plan),
-        "      __syncthreads();",
-        *_slice_product(plan),
-        "      __syncthreads();",
-        "    }",
+        *(_mma_tile(plan) if plan.mma else [
+            *_zeroed_accumulators(plan),
+            f"    for (int k0 = 0; k0 < {plan.reduce_dim}; k0 += {plan.tile_k}) {{",
+            *_input_slice(plan),
+            *_weight_slice(plan),
+            "      __syncthreads();",
+            *_slice_product(plan),
+            "      __syncthreads();",
+            "    }"]),
         *_store(plan),
         "  }",
     ]
+
+
+def _mma_tile(plan: _GemmPlan) -> list[str]:
+    """The block tile on the tensor cores: the k-slices staged in ``plan.mma``, each warp's 16x8 tiles
+    (``d``, tile ``warp + warps * p`` of the block's, row-major over 16-row by 8-column tiles) summed by
+    ``mma.m16n8k16``; then the tile through ``Cs`` into the thread's micro-tile ``c`` (what the store reads)."""
+    per_warp, cols8 = plan.mma_tiles_per_warp, plan.tile_cols // 8
+    to16 = MMA_TYPES[plan.mma][1]  # type: ignore[index]
+    stride = plan.tile_k + 8
+    return [
+        "    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;  // the fragments' layout",
+        f"    float d[{per_warp}][4];",
+        "#pragma unroll",
+        f"    for (int p = 0; p < {per_warp}; ++p) d[p][0] = d[p][1] = d[p][2] = d[p][3] = 0.0f;",
+        f"    for (int k0 = 0; k0 < {plan.reduce_dim}; k0 += {plan.tile_k}) {{",
+        *_input_slice(plan, to16),
+        *_weight_slice(plan, to16),
+        "      __syncthreads();",
+        "#pragma unroll",
+        f"      for (int ks = 0; ks < {plan.tile_k}; ks += 16) {{",
+        "#pragma unroll",
+        f"        for (int p = 0; p < {per_warp}; ++p) {{",
+        f"          const int t = warp + {plan.warps} * p, m0 = (t / {cols8}) * 16, c0 = (t % {cols8}) * 8;",
+        "          const unsigned short* ar = &As[m0 + g][ks + 2 * q];  // rows g and g + 8, k pairs 2q and 2q + 8",
+        "          const unsigned short* br = &Bs[c0 + g][ks + 2 * q];  // column g, k pairs 2q and 2q + 8",
+        f"          const unsigned a[4] = {{rg_ld32(ar), rg_ld32(ar + 8 * {stride}), rg_ld32(ar + 8), "
+        f"rg_ld32(ar + 8 * {stride} + 8)}};",
+        "          const unsigned b[2] = {rg_ld32(br), rg_ld32(br + 8)};",
+        "          rg_mma_16816(d[p], a, b);",
+        "        }",
+        "      }",
+        "      __syncthreads();",
+        "    }",
+        "#pragma unroll",
+        f"    for (int p = 0; p < {per_warp}; ++p) {{  // d[p]: rows g and g + 8, columns 2q and 2q + 1",
+        f"      const int t = warp + {plan.warps} * p, m0 = (t / {cols8}) * 16, c0 = (t % {cols8}) * 8;",
+        "      Cs[m0 + g][c0 + 2 * q] = d[p][0];",
+        "      Cs[m0 + g][c0 + 2 * q + 1] = d[p][1];",
+        "      Cs[m0 + g + 8][c0 + 2 * q] = d[p][2];",
+        "      Cs[m0 + g + 8][c0 + 2 * q + 1] = d[p][3];",
+        "    }",
+        "    __syncthreads();",
+        f"    float c[{plan.rows_per_thread}][{plan.cols_per_thread}];",
+        "#pragma unroll",
+        f"    for (int i = 0; i < {plan.rows_per_thread}; ++i)",
+        "#pragma unroll",
+        f"      for (int j = 0; j < {plan.cols_per_thread}; ++j)"
+        f" c[i][j] = Cs[tr + i * {plan.thread_rows}][tc + j * {plan.thread_cols}];",
+    ]
+
+
+#: the tensor-core product of a unit whose GEMM uses it (``TYPE``: the PTX operand type); on the emulator the
+#: header's warp-wide emulation of the same fragments
+MMA_16816 = """\
+#ifdef RG_EMULATED
+#define rg_mma_16816(d, a, b) rg_emu_mma_16816(d, a, b, RG_MMA_F16)
+static inline unsigned rg_ld32(const unsigned short* p) { unsigned v; memcpy(&v, p, 4); return v; }
+#else
+// d += a * b for one warp: a 16x16 (row-major), b 16x8 (column-major), float32 accumulation (PTX mma.m16n8k16)
+__device__ __forceinline__ static void rg_mma_16816(float* d, const unsigned* a, const unsigned* b) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.TYPE.TYPE.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+               "{%8, %9}, {%0, %1, %2, %3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+__device__ __forceinline__ static unsigned rg_ld32(const unsigned short* p) {
+  return *reinterpret_cast<const unsigned*>(p);  // two 16-bit elements, 4-byte aligned
+}
+#endif"""
 
 
 def _zeroed_accumulators(plan: _GemmPlan) -> list[str]:
@@ -342,23 +478,27 @@ def _zeroed_accumulators(plan: _GemmPlan) -> list[str]:
     ]
 
 
-def _input_slice(plan: _GemmPlan) -> list[str]:
-    """``As``: the k-slice of the tile's gathered input rows, zero past the rows and the k extent."""
+def _input_slice(plan: _GemmPlan, to16: str | None = None) -> list[str]:
+    """``As``: the k-slice of the tile's gathered input rows, zero past the rows and the k extent; ``to16``:
+    rounded by that conversion into the tensor cores' row-major 16-bit tile."""
     in_bounds = "xr >= 0" + (f" && k0 + kk < {plan.reduce_dim}" if plan.partial_k else "")
     head_offset = f"(long)hb * {plan.reduce_dim} + " if plan.kernel.per_head else ""
     x_element = plan.ctx.load("x", f"x[(long)xr * {plan.x_width} + {head_offset}k0 + kk]")
+    target = "As[kk][lr]" if to16 is None else "As[lr][kk]"
+    value = f"({in_bounds}) ? {x_element} : 0.0f"
     return [
         f"      for (int i = tid; i < {plan.tile_rows * plan.tile_k}; i += {plan.threads}) {{"
         "  // gathered input rows, consecutive k per thread",
         f"        const int lr = i / {plan.tile_k}, kk = i % {plan.tile_k};",
         "        const idx_t xr = s_xrow[lr];",
-        f"        As[kk][lr] = ({in_bounds}) ? {x_element} : 0.0f;",
+        f"        {target} = {value if to16 is None else f'{to16}({value})'};",
         "      }",
     ]
 
 
-def _weight_slice(plan: _GemmPlan) -> list[str]:
-    """``Bs``: the k-slice of the column tile's weight, zero past the k extent and the columns."""
+def _weight_slice(plan: _GemmPlan, to16: str | None = None) -> list[str]:
+    """``Bs``: the k-slice of the column tile's weight, zero past the k extent and the columns; ``to16``:
+    rounded by that conversion into the tensor cores' column-major 16-bit tile."""
     in_bounds = (([f"k0 + kk < {plan.reduce_dim}"] if plan.partial_k else [])
                  + ([f"n0 + n < {plan.weight_cols}"] if plan.partial_cols else []))
     load = f"Wh[(long)(k0 + kk) * {plan.weight_cols} + n0 + n]"
@@ -366,7 +506,7 @@ def _weight_slice(plan: _GemmPlan) -> list[str]:
     return [
         f"      for (int i = tid; i < {plan.tile_k * plan.tile_cols}; i += {plan.threads}) {{",
         f"        const int kk = i / {plan.tile_cols}, n = i % {plan.tile_cols};",
-        f"        Bs[kk][n] = {value};",
+        f"        Bs[kk][n] = {value};" if to16 is None else f"        Bs[n][kk] = {to16}({value});",
         "      }",
     ]
 
@@ -557,9 +697,13 @@ def _unit(plan: _GemmPlan, lines: list[str]) -> KernelUnit:
             f"schedule: {sched}; micro-tile {plan.rows_per_thread}x{plan.cols_per_thread} per thread, "
             f"threads {plan.thread_rows}x{plan.thread_cols}",
             f"epilogue strategy: {plan.strategy}" if k.epilogue else "no epilogue",
+            (f"tensor cores: mma.m16n8k16 in {plan.mma}, {plan.mma_tiles_per_warp} tiles of 16x8 per warp"
+             if plan.mma else "float32 FMAs"),
         ]),
         prelude(plan.program.index_bits, plan.ctx.storage().values()),
         _find_pair_if_needed(plan.ctx),
+        *([f"#define RG_MMA_F16 {int(plan.mma == 'float16')}",
+           MMA_16816.replace("TYPE", MMA_TYPES[plan.mma][0])] if plan.mma else []),
         body, ""])
     header = comment_block([f"rgtune CUDA kernel for IR kernel {k.name} (program {plan.program.name})"]
                            + ["  " + line for line in k.describe().splitlines()]

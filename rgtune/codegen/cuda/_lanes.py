@@ -77,10 +77,9 @@ def chunk(em: Emitter, exprs: list[Expr], dim: int, vw: int, kp: KernelProgram,
         comp.c = c
         d = "d0" if c == 0 else f"(d0 + {c})"
         for i, e in enumerate(exprs):
-            v = em.element(e, "h", d)
-            for st in em.take_statements():
-                lines.append(indent + st)
-            values[i].append(v)
+            values[i].append(em.element(e, "h", d))
+    # taken once: an inner product or sum that components or expressions share is computed once
+    lines.extend(indent + st for st in em.take_statements())
     return lines, values
 
 

@@ -47,13 +47,13 @@ from rgtune.codegen.cuda._expr import ATOMIC_MAX, FIND_PAIR, RowIndex, Unsupport
 from rgtune.codegen.cuda._lanes import atomic_vec, chunk, store_vec, warp_inner
 from rgtune.codegen.cuda._softmax import softmax_dst_lanes, softmax_edge_passes
 from rgtune.codegen.cuda._unit import Grid, KernelUnit, Launch, comment_block
-from rgtune.ir.kernels import (AggregateStage, EdgeSoftmaxStage, EdgeStore, Expr, KernelProgram, SoftmaxAggregate,
-                               TraversalKernel, expr_str, softmax_name)
+from rgtune.ir.kernels import (AggregateStage, EdgeSoftmaxStage, EdgeStore, EdgeStores, Expr, KernelProgram,
+                               SoftmaxAggregate, TraversalKernel, expr_str, softmax_name)
 
 
 def _features(k: TraversalKernel, kp: KernelProgram, vw: int) -> tuple[int, int, int]:
     """``(F, D, chunks)`` of the stage's output row: features, per head, ``vw``-chunks."""
-    b = kp.buffers[k.stage.out]  # type: ignore[attr-defined]
+    b = kp.buffers[k.stage.outputs()[0]]  # several outputs (EdgeStores) have one shape
     if b.dim % vw:
         raise UnsupportedKernel(f"{k.name}: vector width {vw} does not divide the feature size {b.dim}")
     return b.width, b.dim, b.width // vw
@@ -68,17 +68,18 @@ def traversal_unit(k: TraversalKernel, s: Mapping[str, Any], kp: KernelProgram) 
         raise UnsupportedKernel(f"{k.name}: {NT} threads is not whole warps")
     if mapping == "dst_parallel" and st.needs_dst_grouping() and k.layout != "csr_dst":
         raise UnsupportedKernel(f"{k.name}: dst_parallel needs layout csr_dst, not {k.layout}")
-    ctx = Context(kp, {st.out: "out"})  # type: ignore[attr-defined]
-    if isinstance(st, EdgeStore):
-        value, = ctx.rename([st.value])
+    outs = st.outputs()
+    ctx = Context(kp, {o: "out" if len(outs) == 1 else f"out{i}" for i, o in enumerate(outs)})
+    if isinstance(st, (EdgeStore, EdgeStores)):
+        values = ctx.rename(list(st.exprs()))
         fn = _edge_warp_store if mapping == "dst_parallel" else _edge_items
-        body, launches, desc = fn(ctx, k, value, None, NT, VW, C)
+        body, launches, desc = fn(ctx, k, values, None, NT, VW, C)
     elif isinstance(st, AggregateStage):
         message, = ctx.rename([st.message])
         if mapping == "dst_parallel":
             body, launches, desc = _dst_warp(ctx, k, None, message, NT, VW, C)
         else:
-            body, launches, desc = _edge_items(ctx, k, message, st.out_via, NT, VW, C)
+            body, launches, desc = _edge_items(ctx, k, [message], st.out_via, NT, VW, C)
     elif isinstance(st, SoftmaxAggregate):
         if mapping != "dst_parallel":
             raise UnsupportedKernel(f"{k.name}: a fused softmax-aggregate is destination-parallel only")
@@ -351,9 +352,24 @@ def _weighted_update(indent: str, values: list[list[str]], broadcast: bool) -> l
             for c, message in enumerate(values[1])]
 
 
-def _edge_warp_store(ctx: Context, k: TraversalKernel, value: Expr, _via: None, NT: int, VW: int,
+def _stores(ctx: Context, target: str, values: list[list[str]], indent: str) -> list[str]:
+    """Each value's chunk stored at ``target`` (a row offset) of its output: ``out``, or ``out0``, ``out1``,
+    ... of several stores (:class:`EdgeStores`, in the order of their values)."""
+    names = ["out"] if len(values) == 1 else [f"out{i}" for i in range(len(values))]
+    return [line for name, vals in zip(names, values)
+            for line in store_vec(f"{name}[{target}]", vals, indent, storage=ctx.storage_of(name))]
+
+
+def _described(values: list[Expr]) -> str:
+    if len(values) == 1:
+        return f"out[e] = {expr_str(values[0])}"
+    return f"{len(values)} stores out0..out{len(values) - 1}[e]"
+
+
+def _edge_warp_store(ctx: Context, k: TraversalKernel, values: list[Expr], _via: None, NT: int, VW: int,
                      C: int) -> Body:
-    """EdgeStore, dst_parallel: nothing to reduce, so a warp per edge row with lanes over features."""
+    """EdgeStore(s), dst_parallel: nothing to reduce, so a warp per edge row with lanes over features (the
+    inner products and sums the values share reduced once by the warp)."""
     kp = ctx.kp
     F, D, NCH_ALL = _features(k, kp, VW)
     NCH = -(-NCH_ALL // 32)
@@ -368,7 +384,7 @@ def _edge_warp_store(ctx: Context, k: TraversalKernel, value: Expr, _via: None, 
     w(f"    const long long rid = warp * {C} + cc;")
     w("    if (rid >= num_rows) return;  // warp-uniform")
     em = ctx.emitter("edge", "rid")
-    L.extend(warp_inner(em, [value], "    "))
+    L.extend(warp_inner(em, values, "    "))
     w("#pragma unroll")
     w(f"    for (int q = 0; q < {NCH}; ++q) {{")
     w(f"      const int f0 = (lane + 32 * q) * {VW};")
@@ -378,9 +394,9 @@ def _edge_warp_store(ctx: Context, k: TraversalKernel, value: Expr, _via: None, 
         ind = "        "
     w(f"{ind}const int h = f0 / {D}, d0 = f0 % {D};")
     w(f"{ind}(void)h; (void)d0;")
-    lines, values = chunk(em, [value], D, VW, kp, ind)
+    lines, chunks = chunk(em, values, D, VW, kp, ind)
     L.extend(lines)
-    L.extend(store_vec(f"out[(long)rid * {F} + f0]", values[0], ind, storage=ctx.storage_of("out")))
+    L.extend(_stores(ctx, f"(long)rid * {F} + f0", chunks, ind))
     if guard:
         w("      }")
     w("    }")
@@ -388,13 +404,14 @@ def _edge_warp_store(ctx: Context, k: TraversalKernel, value: Expr, _via: None, 
     w("}")
     text, args = finish_kernel(ctx, L, [("edge", "num_rows")])
     grid = Grid("items", "edge", 1, (NT // 32) * C)
-    return text, (Launch("traverse", grid, NT, args),), f"out[e] = {expr_str(value)}; warp per edge"
+    return text, (Launch("traverse", grid, NT, args),), f"{_described(values)}; warp per edge"
 
 
 # --------------------------------------------------------------------------- edge_parallel
-def _edge_items(ctx: Context, k: TraversalKernel, value: Expr, out_via: str | None, NT: int, VW: int,
+def _edge_items(ctx: Context, k: TraversalKernel, values: list[Expr], out_via: str | None, NT: int, VW: int,
                 C: int) -> Body:
-    """A thread per (edge, feature chunk): store per edge, or atomicAdd into destinations."""
+    """A thread per (edge, feature chunk): store per edge (one value, or several of one shape), or atomicAdd
+    (one value) into destinations."""
     kp = ctx.kp
     F, D, NCHUNK = _features(k, kp, VW)
     L: list[str] = []
@@ -410,15 +427,15 @@ def _edge_items(ctx: Context, k: TraversalKernel, value: Expr, out_via: str | No
     w(f"    const int h = f0 / {D}, d0 = f0 % {D};")
     w("    (void)h; (void)d0;")
     em = ctx.emitter("edge", "rid")
-    lines, values = chunk(em, [value], D, VW, kp, "    ")
+    lines, chunks = chunk(em, values, D, VW, kp, "    ")
     L.extend(lines)
     if out_via is None:
-        L.extend(store_vec(f"out[(long)rid * {F} + f0]", values[0], "    ", storage=ctx.storage_of("out")))
-        desc = f"out[e] = {expr_str(value)}; thread per (edge, {VW} features)"
+        L.extend(_stores(ctx, f"(long)rid * {F} + f0", chunks, "    "))
+        desc = f"{_described(values)}; thread per (edge, {VW} features)"
     else:
         row = ctx.index("edge", "rid")(out_via)
-        L.extend(atomic_vec(f"out[(long)({row}) * {F} + f0]", values[0], "    "))
-        desc = f"out[{out_via}] += {expr_str(value)}; thread per (edge, {VW} features), atomicAdd"
+        L.extend(atomic_vec(f"out[(long)({row}) * {F} + f0]", chunks[0], "    "))
+        desc = f"out[{out_via}] += {expr_str(values[0])}; thread per (edge, {VW} features), atomicAdd"
     w("  }")
     w("}")
     text, args = finish_kernel(ctx, L, [("edge", "num_rows")])

@@ -141,4 +141,5 @@ class Signature:
 
 
 def comment_block(lines: list[str]) -> str:
-    return "\n".join("// " + line if line else "//" for line in lines)
+    """``lines`` as ``//`` comments (a line with line breaks, a kernel's multi-line description, as several)."""
+    return "\n".join("// " + line if line else "//" for text in lines for line in text.split("\n"))

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 
-from rgtune.ir.kernels import NODE_ROWS, EdgeStore, GemmKernel, KernelProgram, MapKernel, TraversalKernel
+from rgtune.ir.kernels import NODE_ROWS, EdgeStore, EdgeStores, GemmKernel, KernelProgram, MapKernel, TraversalKernel
 from rgtune.ir.passes.base import Knob, Pass
 from rgtune.ir.program import NODE, Program
 
@@ -123,7 +123,8 @@ def low_precision_buffers(kp: KernelProgram, nodes: bool = False) -> list[str]:
     plain: set[str] = set()  # written by a row-wise store somewhere
     other: set[str] = set()  # written any other way (accumulated, normalized in place)
     for k in kp.kernels:
-        if isinstance(k, MapKernel) or (isinstance(k, TraversalKernel) and isinstance(k.stage, EdgeStore)):
+        if isinstance(k, MapKernel) or (isinstance(k, TraversalKernel)
+                                        and isinstance(k.stage, (EdgeStore, EdgeStores))):
             plain |= k.writes()
         elif isinstance(k, GemmKernel):
             plain |= {o for o, _ in k.epilogue}

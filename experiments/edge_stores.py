@@ -1,0 +1,73 @@
+"""The backward's shared reductions three ways: recomputed per kernel, stored once, one merged traversal.
+
+Makes BENCHMARKS.md's table "The attention-score gradient: `autodiff.reuse`". Per model, dataset and
+feature size: the default training schedule with ``autodiff.reuse`` = inline | store | fuse, everything else
+equal, timed as a user calls the layer (``y = layer(x)``, then the backward of ``sum(y * g)``: the trial's
+``call`` objective) in --rounds interleaved rounds in one measurement process (each round in a new order),
+the median of each. Prints and appends to --json one row per (model, dataset, hidden): the three medians,
+their kernel counts, and fuse's and store's ratios to inline. On a GPU pass ``--backend cuda``.
+
+    python experiments/edge_stores.py --models rgat,hgt --datasets aifb,mutag --hidden 16,64 --threads 2 \\
+        --json experiments/results/edge_stores/cpu.jsonl
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import append_jsonl, canonical_dataset, parser, rounds_ms, setup, split_names  # noqa: E402
+
+CHOICES = ("inline", "store", "fuse")
+
+
+def one(model: str, dataset: str, hidden: int, args: Any, backend: str) -> dict[str, Any]:
+    from rgtune.data import load_dataset
+    from rgtune.search_spaces import SearchSpace
+    from rgtune.tuner.measure import MeasureOptions
+    from rgtune.tuner.workload import Workload
+
+    workload = Workload(model, dataset, hidden, hidden, 1 if model == "rgcn" else args.heads, backend,
+                        args.data_dir, mode="training")
+    space = SearchSpace(workload.program(), load_dataset(dataset, root=args.data_dir),
+                        "cuda" if backend == "cuda" else "cpu", mode="training")
+    if "autodiff.reuse" not in {k.name for k in space.ir_knobs}:
+        raise SystemExit(f"{model}: its backward has no shared reduction (no autodiff.reuse knob)")
+    configs = {c: {**space.default(), "autodiff.reuse": c} for c in CHOICES}
+    kernels = {c: len(space.compile(cfg).kernels.kernels) for c, cfg in configs.items()}
+    times = rounds_ms(workload, configs, args.rounds, MeasureOptions(objective="call"))
+    med = {c: statistics.median(t for t in v if t is not None) if any(t is not None for t in v) else None
+           for c, v in times.items()}
+    row: dict[str, Any] = {"model": model, "dataset": dataset, "hidden": hidden, "backend": backend,
+                           "rounds": args.rounds, "threads": args.threads,
+                           **{f"{c}_ms": med[c] for c in CHOICES}, **{f"{c}_kernels": kernels[c] for c in CHOICES}}
+    for c in ("store", "fuse"):
+        row[f"inline_over_{c}"] = None if not med[c] or med["inline"] is None else med["inline"] / med[c]
+    return row
+
+
+def main() -> None:
+    p = parser(__doc__, "models", "datasets", "backend", "data-dir", "threads", models="rgat,hgt")
+    p.add_argument("--hidden", default="16,64", help="feature sizes, comma-separated (default 16,64)")
+    p.add_argument("--heads", type=int, default=1, help="attention heads (default 1)")
+    p.add_argument("--rounds", type=int, default=7, help="interleaved rounds per schedule (default 7)")
+    p.add_argument("--json", type=Path, default=None, help="append one JSON line per row here")
+    args = p.parse_args()
+    backend = setup(p, args)
+    for model in split_names(args.models):
+        for dataset in split_names(args.datasets):
+            for hidden in (int(h) for h in split_names(args.hidden)):
+                row = one(model, canonical_dataset(dataset, args.data_dir), hidden, args, backend)
+                print(f"{model} {dataset} hidden {hidden}: " + ", ".join(
+                    f"{c} {row[f'{c}_ms']:.3f} ms ({row[f'{c}_kernels']} kernels)" if row[f"{c}_ms"] else f"{c} failed"
+                    for c in CHOICES) + "; inline/fuse " + (f"{row['inline_over_fuse']:.2f}x"
+                                                           if row["inline_over_fuse"] else "-"), flush=True)
+                if args.json is not None:
+                    append_jsonl(args.json, row)
+
+
+if __name__ == "__main__":
+    main()
