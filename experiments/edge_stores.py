@@ -7,6 +7,12 @@ equal, timed as a user calls the layer (``y = layer(x)``, then the backward of `
 the median of each. Prints and appends to --json one row per (model, dataset, hidden): the three medians,
 their kernel counts, and fuse's and store's ratios to inline. On a GPU pass ``--backend cuda``.
 
+On the CPU the step's time hides the edge kernels' share (the GEMMs, the call's host path and the noise of
+a 2-core machine are larger than what merging saves): ``--edge-kernels`` also times the backward's per-edge
+stores alone (the traversals that write per-edge values, plus store's kernels of the shared sums), each
+wrapped in a timer inside the CPU runtime's step list, the three programs' steps run in turn, --rounds x 5
+steps each; the row gets ``{choice}_edge_ms`` (the median of their summed time per step).
+
     python experiments/edge_stores.py --models rgat,hgt --datasets aifb,mutag --hidden 16,64 --threads 2 \\
         --json experiments/results/edge_stores/cpu.jsonl
 """
@@ -46,7 +52,53 @@ def one(model: str, dataset: str, hidden: int, args: Any, backend: str) -> dict[
                            **{f"{c}_ms": med[c] for c in CHOICES}, **{f"{c}_kernels": kernels[c] for c in CHOICES}}
     for c in ("store", "fuse"):
         row[f"inline_over_{c}"] = None if not med[c] or med["inline"] is None else med["inline"] / med[c]
+    if args.edge_kernels:
+        row.update({f"{c}_edge_ms": ms for c, ms in edge_kernels_ms(space, configs, hidden, args.rounds * 5).items()})
     return row
+
+
+def edge_kernels_ms(space: Any, configs: dict[str, dict[str, Any]], hidden: int, steps: int) -> dict[str, float]:
+    """The backward's per-edge stores' summed time per training step, median over ``steps`` (CPU backend)."""
+    import time
+
+    import torch
+
+    from rgtune.codegen.base import create
+    from rgtune.codegen.reference import init_params
+    from rgtune.ir.kernels import EdgeStore, EdgeStores, TraversalKernel
+
+    g = space.graph
+    n = g.num_nodes()
+    x, dout = torch.randn(n, hidden), torch.randn(n, hidden)
+    runs, spent = {}, {c: [] for c in configs}
+    for c, cfg in configs.items():
+        point = space.compile(cfg)
+        kp = point.kernels
+        built = create("cpu").build(kp, g, point.config)
+        runtime = built.run_fn.__self__  # the CpuRuntime: its steps are the kernels in program order
+        params = init_params(kp, g)
+        edge = {i for i, k in enumerate(kp.kernels) if i >= (kp.forward_kernels or 0)
+                and isinstance(k, TraversalKernel) and isinstance(k.stage, (EdgeStore, EdgeStores))}
+        total = [0.0]
+
+        def timed(step: Any) -> Any:
+            def run(*a: Any) -> None:
+                t = time.perf_counter()
+                step(*a)
+                total[0] += time.perf_counter() - t
+            return run
+
+        runtime.steps = [timed(s) if i in edge else s for i, s in enumerate(runtime.steps)]
+        runs[c] = (built, params, total)
+    for _ in range(3):  # warm-up
+        for built, params, _total in runs.values():
+            built.run_training(x, params, dout)
+    for _ in range(steps):
+        for c, (built, params, total) in runs.items():
+            total[0] = 0.0
+            built.run_training(x, params, dout)
+            spent[c].append(total[0] * 1e3)
+    return {c: statistics.median(v) for c, v in spent.items()}
 
 
 def main() -> None:
@@ -55,8 +107,16 @@ def main() -> None:
     p.add_argument("--heads", type=int, default=1, help="attention heads (default 1)")
     p.add_argument("--rounds", type=int, default=7, help="interleaved rounds per schedule (default 7)")
     p.add_argument("--json", type=Path, default=None, help="append one JSON line per row here")
+    p.add_argument("--edge-kernels", action="store_true",
+                   help="also time the backward's per-edge stores alone (CPU backend; see above)")
     args = p.parse_args()
     backend = setup(p, args)
+    if args.edge_kernels and backend != "cpu":
+        p.error(f"--edge-kernels times the CPU runtime's kernels; the backend is {backend!r}")
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)  # the in-process edge-kernel timing's (the workers read the environment)
     for model in split_names(args.models):
         for dataset in split_names(args.datasets):
             for hidden in (int(h) for h in split_names(args.hidden)):
@@ -65,6 +125,9 @@ def main() -> None:
                     f"{c} {row[f'{c}_ms']:.3f} ms ({row[f'{c}_kernels']} kernels)" if row[f"{c}_ms"] else f"{c} failed"
                     for c in CHOICES) + "; inline/fuse " + (f"{row['inline_over_fuse']:.2f}x"
                                                            if row["inline_over_fuse"] else "-"), flush=True)
+                if args.edge_kernels:
+                    print("  the backward's edge stores alone: " + ", ".join(
+                        f"{c} {row[f'{c}_edge_ms']:.3f} ms" for c in CHOICES), flush=True)
                 if args.json is not None:
                     append_jsonl(args.json, row)
 
