@@ -184,6 +184,12 @@ def test_a_reverification_checks_the_layer_as_called_too(monkeypatch):
     assert r.status == "wrong_result" and r.max_error > 1e-3 and len(calls) == 3
     assert r.error.startswith("the layer as called (its kernels verified): relative error") and "output" in r.error
     assert r.error.endswith("on fresh input 12 (run 1 of 2)")
+    # a sampled verifier reuses its input tensors from one case to the next: each pass makes its own
+    monkeypatch.setattr(call.LayerCall, "results", right)
+    sampled = _Session(replace(_workload("reference"), mode="training"), replace(FAST, verify="sampled", verify_rows=8))
+    assert sampled.verifier.sampled
+    ok = sampled.reverify({}, seeds=[11, 12, 13], runs=1)
+    assert ok.status == "ok" and ok.max_error < 1e-4, ok.error
 
 
 def test_the_objective_is_checked_and_the_call_is_not_paired():

@@ -129,6 +129,8 @@ ADAPTIVE_TIMEOUT_MIN = 60.0
 STOP_MIN_S = 0.05
 #: timed runs always made before ``max_seconds`` may end the repeats
 MIN_TIMED_RUNS = 3
+#: how a wrong result of the layer as called (:mod:`.call`) begins, in a trial and in a reverification
+CALL_WRONG = "the layer as called (its kernels verified): "
 
 
 @dataclass(frozen=True)
@@ -327,8 +329,7 @@ class _Session:
                                f"{stop_after * 1e3:.4g} ms ({self.o.stop_slower:g} x the best so far)", **measured)
         if called is not None and called.times is None:
             measured["max_error"] = max(err, called.error)
-            return TrialResult("wrong_result", error=f"the layer as called (its kernels verified): {called.why}",
-                               **measured)
+            return TrialResult("wrong_result", error=f"{CALL_WRONG}{called.why}", **measured)
         if called is not None and self.objective == "call":
             assert called.times is not None
             return TrialResult("ok", median=statistics.median(called.times), times=called.times, **measured)
@@ -388,14 +389,16 @@ class _Session:
         built = self._build(point)
         source_hash = built.source_hash
         storage = lowest_storage(point.kernels)
-        cases = [(seed, self.verifier.case(seed)) for seed in seeds]
-        if self.batches is not None:
-            cases = [(seed, self.batches.case_of_variants(case)) for seed, case in cases]
-        worst = 0.0
+        worst, coverage = 0.0, None
 
         def checked(run_case: Callable[[Case], Any], what: str) -> TrialResult | None:
-            nonlocal worst
-            for seed, case in cases:
+            nonlocal worst, coverage
+            for seed in seeds:
+                # made per seed, for each pass: a sampled verifier's cases share its input tensors (valid until
+                # the next case), so a case made earlier may no longer hold its inputs
+                case = self.verifier.case(seed)
+                case = case if self.batches is None else self.batches.case_of_variants(case)
+                coverage = case.coverage()
                 with self._exclusive_device():
                     dev = case.on(self.device)
                     for run in range(runs):
@@ -404,8 +407,7 @@ class _Session:
                         err, which, tol = self.verifier.error(got, case, storage)
                         del got
                         if not err < tol:
-                            details = TrialDetails(verified=case.coverage(), fresh_inputs=list(seeds),
-                                                   runs_per_input=runs)
+                            details = TrialDetails(verified=coverage, fresh_inputs=list(seeds), runs_per_input=runs)
                             return TrialResult("wrong_result", max_error=err, source_hash=source_hash, details=details,
                                                error=f"{what}{self._off_by(err, which, tol, storage)} on fresh input "
                                                      f"{seed} (run {run + 1} of {runs})")
@@ -417,13 +419,11 @@ class _Session:
             del built  # a big graph's layer holds buffers of its own: not both at once
             self._collect()
             call = LayerCall(self.program, self.graph, config, self.backend, self.w.mode)
-            wrong = checked(lambda dev: call.results(dev.x, dev.params, dev.dout),
-                            "the layer as called (its kernels verified): ")
+            wrong = checked(lambda dev: call.results(dev.x, dev.params, dev.dout), CALL_WRONG)
         if wrong is not None:
             return wrong
         return TrialResult("ok", max_error=worst, source_hash=source_hash,
-                           details=TrialDetails(verified=cases[-1][1].coverage(), fresh_inputs=list(seeds),
-                                                runs_per_input=runs))
+                           details=TrialDetails(verified=coverage, fresh_inputs=list(seeds), runs_per_input=runs))
 
     def _collect(self) -> None:
         """Free the last trial's memory before the next: a built program's buffers sit in reference cycles
