@@ -9,7 +9,8 @@ their kernel counts, and fuse's and store's ratios to inline. On a GPU pass ``--
 
 On the CPU the step's time hides the edge kernels' share (the GEMMs, the call's host path and the noise of
 a 2-core machine are larger than what merging saves): ``--edge-kernels`` also times the backward's per-edge
-stores alone (the traversals that write per-edge values, plus store's kernels of the shared sums), each
+stores alone (the traversals that write per-edge values, store's kernels of the shared sums, and the
+destination sums the stores read: the softmax backward, which fuse walks in the same traversal), each
 wrapped in a timer inside the CPU runtime's step list, the three programs' steps run in turn, --rounds x 5
 steps each; the row gets ``{choice}_edge_ms`` (the median of their summed time per step).
 
@@ -58,14 +59,15 @@ def one(model: str, dataset: str, hidden: int, args: Any, backend: str) -> dict[
 
 
 def edge_kernels_ms(space: Any, configs: dict[str, dict[str, Any]], hidden: int, steps: int) -> dict[str, float]:
-    """The backward's per-edge stores' summed time per training step, median over ``steps`` (CPU backend)."""
+    """The backward's per-edge stores' (and the destination sums they read) summed time per training step,
+    median over ``steps`` (CPU backend)."""
     import time
 
     import torch
 
     from rgtune.codegen.base import create
     from rgtune.codegen.reference import init_params
-    from rgtune.ir.kernels import EdgeStore, EdgeStores, TraversalKernel
+    from rgtune.ir.kernels import AggregateStage, AggregateStores, EdgeStore, EdgeStores, TraversalKernel
 
     g = space.graph
     n = g.num_nodes()
@@ -77,8 +79,12 @@ def edge_kernels_ms(space: Any, configs: dict[str, dict[str, Any]], hidden: int,
         built = create("cpu").build(kp, g, point.config)
         runtime = built.run_fn.__self__  # the CpuRuntime: its steps are the kernels in program order
         params = init_params(kp, g)
-        edge = {i for i, k in enumerate(kp.kernels) if i >= (kp.forward_kernels or 0)
-                and isinstance(k, TraversalKernel) and isinstance(k.stage, (EdgeStore, EdgeStores))}
+        backward = [(i, k) for i, k in enumerate(kp.kernels) if i >= (kp.forward_kernels or 0)
+                    and isinstance(k, TraversalKernel)]
+        stores = {i for i, k in backward if isinstance(k.stage, (EdgeStore, EdgeStores, AggregateStores))}
+        read = set().union(*(kp.kernels[i].reads() for i in stores))
+        # and the destination sums the stores read (the softmax backward's): fuse walks them with the stores
+        edge = stores | {i for i, k in backward if isinstance(k.stage, AggregateStage) and k.stage.out in read}
         total = [0.0]
 
         def timed(step: Any) -> Any:

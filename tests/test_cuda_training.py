@@ -621,9 +621,9 @@ GPU_CONFIGS: dict[str, list[dict[str, Any]]] = {
     "rgat": [{}, {"compact.src": "pair", "compact.dst": "pair", "scatter.vector_width": 2,
                   "weightgrad.reduction": "two_pass", "weightgrad.chunk_rows": 128},
              {"fusion.softmax": "full", "scatter.mapping": "edge_parallel", "weightgrad.threads": 256,
-              "weightgrad.tile_r": 32}],
+              "weightgrad.tile_r": 32, "autodiff.reuse": "fuse"}],
     "hgt": [{}, {"reorder.compose": "on", "weightgrad.reduction": "two_pass", "scatter.mapping": "edge_parallel",
-                 "scatter.vector_width": 4},
+                 "scatter.vector_width": 4, "autodiff.reuse": "fuse"},
             {"compact.src": "pair", "reorder.attention_side": "dst", "compact.dst": "pair",
              "weightgrad.tile_m": 16, "weightgrad.tile_n": 32, "weightgrad.threads": 64, "scatter.threads": 256}],
 }

@@ -1,14 +1,16 @@
 """Per-edge stores merged into one traversal (``autodiff.reuse=fuse``, :mod:`rgtune.ir.edge_stores`).
 
-* RGAT's four backward edge gradients become one traversal (19 kernels -> 16) that computes the attention
-  score's gradient once (three reduction loops in its C, not twelve) and moves fewer bytes; HGT's edge
-  gradients of one shape merge too.
+* RGAT's softmax backward becomes one traversal (19 kernels -> 15): the destination sum
+  ``s[dst] += alpha * <dout, m>``, then the four edge gradients that read ``s@dst`` and compute the
+  attention score's gradient once (three reduction loops in their C, not twelve), moving fewer bytes;
+  HGT's edge gradients of one shape merge too, and its score gradient joins its destination sum.
 * The merged programs compute what the separate ones do: the float64 reference of the separate program is
   the oracle for the merged one on the reference backend, the CPU backend and the CUDA emulator, on
   both traversal mappings (NVRTC compiles each where it is installed).
 * The merge's rules on hand-written kernel lists: a store hoisted over kernels that do not touch what it
   reads or writes, delayed when hoisting is not allowed, left alone when neither is, never across the
-  forward/backward boundary, between shapes, or over a fold that writes a param it reads.
+  forward/backward boundary, between shapes, or over a fold that writes a param it reads; a sum into
+  destinations fused with the stores after it that read it at their destination, and only those.
 """
 
 from __future__ import annotations
@@ -25,9 +27,9 @@ from rgtune.codegen.training import learnable_grads, train_step
 from rgtune.data.synthetic import random_graph
 from rgtune.ir.counts import count
 from rgtune.ir.edge_stores import merge_edge_stores
-from rgtune.ir.kernels import (BinaryE, EdgeStore, EdgeStores, GemmKernel, Kernel, Load, ParamLoad, TraversalKernel,
-                               WeightKernel)
-from rgtune.ir.models import build_model
+from rgtune.ir.kernels import (AggregateStage, AggregateStores, BinaryE, EdgeStore, EdgeStores, GemmKernel, Kernel,
+                               Load, ParamLoad, TraversalKernel, WeightKernel)
+from rgtune.ir.models import build_model, rgat
 from rgtune.search_spaces import SearchSpace
 
 GRAPH = random_graph((12, 20), num_relations=3, num_edges=240, seed=3)
@@ -35,32 +37,47 @@ N = GRAPH.num_nodes()
 
 
 def _space(model: str, backend: str = "cpu") -> SearchSpace:
-    return SearchSpace(build_model(model, 16, 16, 2 if model == "hgt" else 1), GRAPH, backend, mode="training")
+    """``rgat_relation``: RGAT with a softmax per (destination, relation), whose backward sums into
+    destination pairs."""
+    program = rgat(16, 16, 2, softmax="relation") if model == "rgat_relation" else \
+        build_model(model, 16, 16, 2 if model == "hgt" else 1)
+    return SearchSpace(program, GRAPH, backend, mode="training")
 
 
 def _merged(kernels: list[Kernel]) -> list[TraversalKernel]:
-    return [k for k in kernels if isinstance(k, TraversalKernel) and isinstance(k.stage, EdgeStores)]
+    return [k for k in kernels if isinstance(k, TraversalKernel) and isinstance(k.stage, (EdgeStores, AggregateStores))]
 
 
-def test_rgats_backward_edge_gradients_are_one_traversal() -> None:
+def test_rgats_softmax_backward_is_one_traversal() -> None:
     space = _space("rgat")
     separate = space.compile(space.default()).kernels
-    merged = space.compile({**space.default(), "autodiff.reuse": "fuse"}).kernels
-    assert len(separate.kernels) - len(merged.kernels) == 3
+    fused = space.compile({**space.default(), "autodiff.reuse": "fuse"})
+    merged = fused.kernels
+    assert len(separate.kernels) - len(merged.kernels) == 4
     (one,) = _merged(merged.kernels)
-    grads = {k.stage.out for k in separate.kernels if isinstance(k, TraversalKernel)  # type: ignore[attr-defined]
-             and isinstance(k.stage, EdgeStore) and separate.kernels.index(k) >= (separate.forward_kernels or 0)}
-    assert set(one.writes()) == grads and len(grads) == 4
+    assert isinstance(one.stage, AggregateStores)
+    backward = [k for k in separate.kernels[separate.forward_kernels:] if isinstance(k, TraversalKernel)]
+    grads = {k.stage.out for k in backward if isinstance(k.stage, EdgeStore)}
+    (total,) = [k.stage.out for k in backward if isinstance(k.stage, AggregateStage) and k.stage.out_via == "dst"
+                and any(k.stage.out in s.reads() for s in backward if isinstance(s.stage, EdgeStore))]
+    # the softmax backward's destination sum, then the four edge gradients that read it at their destination
+    assert one.stage.total.out == total and {s.out for s in one.stage.stores} == grads and len(grads) == 4
     assert merged.forward_kernels == separate.forward_kernels  # the forward's one edge map stays alone
-    # the score's gradient and its two inner products are summed once per edge, not once per store
-    (src,) = [s for s in generate_c(merged, space.compile({**space.default(), "autodiff.reuse": "fuse"}).config).kernels
-              if s.kernel == one.name]
-    assert src.text.count("reduction(+:") == 3
+    # the relation softmax's sum into destination pairs joins its stores the same way
+    rspace = _space("rgat_relation")
+    relation = rspace.compile({**rspace.default(), "autodiff.reuse": "fuse"}).kernels
+    (pairs,) = _merged(relation.kernels)
+    assert isinstance(pairs.stage, AggregateStores) and pairs.stage.total.out_via == "dst_pair"
+    assert len(pairs.stage.stores) == 4 and len(relation.kernels) == len(merged.kernels)
+    # the sum's walk reduces one feature sum; the stores' walk the score's gradient and its two inner
+    # products once per edge, not once per store
+    (src,) = [s for s in generate_c(merged, fused.config).kernels if s.kernel == one.name]
+    assert src.text.count("reduction(+:") == 1 + 3
     cs, cm = count(separate, GRAPH), count(merged, GRAPH)
-    assert cm["kernels"] == cs["kernels"] - 3 and cm["bytes_min"] < cs["bytes_min"] and cm["flops"] < cs["flops"]
+    assert cm["kernels"] == cs["kernels"] - 4 and cm["bytes_min"] < cs["bytes_min"] and cm["flops"] < cs["flops"]
 
 
-@pytest.mark.parametrize("model", ["rgat", "hgt"])
+@pytest.mark.parametrize("model", ["rgat", "rgat_relation", "hgt"])
 @pytest.mark.parametrize("mapping", ["dst_parallel", "edge_parallel"])
 def test_merged_stores_compute_what_the_separate_ones_do(model: str, mapping: str) -> None:
     space = _space(model)
@@ -81,7 +98,7 @@ def test_merged_stores_compute_what_the_separate_ones_do(model: str, mapping: st
     _close(cpu, want, 1e-4, "cpu")
 
 
-@pytest.mark.parametrize("model", ["rgat", "hgt"])
+@pytest.mark.parametrize("model", ["rgat", "rgat_relation", "hgt"])
 def test_merged_stores_on_the_cuda_emulator_and_nvrtc(model: str) -> None:
     from rgtune.codegen.cuda.backend import CudaBackend
     from rgtune.codegen.cuda.emulate import EmulatedProgram, find_cxx
@@ -136,7 +153,23 @@ def _gemm(name: str, x: str, out: str) -> GemmKernel:
 
 
 def _names(ks: list[Kernel]) -> list[str]:
-    return [k.name + ("*" if isinstance(k, TraversalKernel) and isinstance(k.stage, EdgeStores) else "") for k in ks]
+    def mark(k: Kernel) -> str:
+        st = getattr(k, "stage", None)
+        return "*" if isinstance(st, EdgeStores) else "+" if isinstance(st, AggregateStores) else ""
+    return [k.name + mark(k) for k in ks]
+
+
+def _sum(name: str, out: str, *reads: str) -> TraversalKernel:
+    """``out[dst] += product of reads@row`` (a per-head value, as a softmax backward's)."""
+    value: Any = Load(1, 1, reads[0], "row")
+    for r in reads[1:]:
+        value = BinaryE(1, 1, "mul", value, Load(1, 1, r, "row"))
+    return TraversalKernel(name, AggregateStage(out, "dst", value), "csr_dst")
+
+
+def _reading_sum(name: str, out: str, total: str, via: str = "dst") -> TraversalKernel:
+    return TraversalKernel(name, EdgeStore(out, BinaryE(1, 4, "mul", Load(1, 4, "a", "row"),
+                                                        Load(1, 1, total, via))), "csr_dst")
 
 
 def test_a_store_is_hoisted_over_kernels_that_do_not_touch_it() -> None:
@@ -176,3 +209,32 @@ def test_merging_in_the_forward_keeps_the_phase_boundary() -> None:
     ks: list[Kernel] = [_store("m1", "y", "a"), _store("m2", "z", "a"), _gemm("g", "y", "c"), _store("m3", "d", "c")]
     out, split = merge_edge_stores(ks, 3, SHAPES)
     assert _names(out) == ["m1*", "g", "m3"] and split == 2
+
+
+SUM_SHAPES = SHAPES | {"t": (1, 1), "u": (1, 1)}
+
+
+def test_a_sum_and_the_stores_reading_it_at_the_destination_are_one_traversal() -> None:
+    ks: list[Kernel] = [_sum("s1", "t", "u"), _gemm("g", "b", "c"), _reading_sum("m1", "y", "t"),
+                        _reading_sum("m2", "z", "t")]
+    out, split = merge_edge_stores(ks, None, SUM_SHAPES)
+    assert _names(out) == ["s1+", "g"] and split is None  # the two stores merged, then hoisted next to the sum
+    assert out[0].writes() == {"t", "y", "z"}
+    # delayed when the stores cannot move up: g writes what they read
+    ks = [_sum("s1", "t", "u"), _gemm("g", "b", "a"), _reading_sum("m1", "y", "t")]
+    assert _names(merge_edge_stores(ks, None, SUM_SHAPES)[0]) == ["g", "s1+"]
+
+
+def test_a_sum_stays_apart_from_stores_it_cannot_serve() -> None:
+    # read at the source: another destination's sum, not finished when the edge is stored
+    ks: list[Kernel] = [_sum("s1", "t", "u"), _reading_sum("m1", "y", "t", via="src")]
+    assert _names(merge_edge_stores(ks, None, SUM_SHAPES)[0]) == ["s1", "m1"]
+    # a second sum into the same row between: the stores are fused with the last sum (whose total they read)
+    ks = [_sum("s1", "t", "u"), _sum("s2", "t", "t"), _reading_sum("m1", "y", "t")]
+    assert _names(merge_edge_stores(ks, None, SUM_SHAPES)[0]) == ["s1", "s2+"]
+    # the forward's sum and the backward's stores
+    ks = [_sum("s1", "t", "u"), _reading_sum("m1", "y", "t")]
+    assert _names(merge_edge_stores(ks, 1, SUM_SHAPES)[0]) == ["s1", "m1"]
+    # a store that does not read the sum
+    ks = [_sum("s1", "t", "u"), _store("m1", "y", "a")]
+    assert _names(merge_edge_stores(ks, None, SUM_SHAPES)[0]) == ["s1", "m1"]

@@ -34,10 +34,10 @@ from rgtune.data.graph import HeteroGraph
 from rgtune.codegen.weights import fold_weights
 from rgtune.ir.bind import GraphArrays, concrete_device, graph_arrays, row_types
 from rgtune.ir.op_rules import unary
-from rgtune.ir.kernels import (NODE_ROWS, Acc, AggregateStage, BinaryE, BroadcastE, ConcatE, EdgeSoftmaxStage, EdgeStore,
-                               EdgeStores, Expr, GatedE, GemmKernel, GraphLoad, InnerE, Kernel, KernelProgram, Load,
-                               MapKernel, ParamLoad, ReduceE, ScaleE, ScatterKernel, SliceE, SoftmaxAggregate,
-                               TraversalKernel, UnaryE, WeightGradKernel, WeightKernel)
+from rgtune.ir.kernels import (NODE_ROWS, Acc, AggregateStage, AggregateStores, BinaryE, BroadcastE, ConcatE,
+                               EdgeSoftmaxStage, EdgeStore, EdgeStores, Expr, GatedE, GemmKernel, GraphLoad, InnerE,
+                               Kernel, KernelProgram, Load, MapKernel, ParamLoad, ReduceE, ScaleE, ScatterKernel, SliceE,
+                               SoftmaxAggregate, Stage, TraversalKernel, UnaryE, WeightGradKernel, WeightKernel)
 
 
 def param_full_shape(kp: KernelProgram, name: str, arrays: GraphArrays) -> tuple[int, ...]:
@@ -266,10 +266,14 @@ class ReferenceExecutor:
 
     # ---------------------------------------------------------------- traversal
     def _traversal(self, k: TraversalKernel) -> None:
-        a = self.a
-        st = k.stage
-        e = a.num_edges
-        if isinstance(st, EdgeStore):
+        self._stage(k.stage)
+
+    def _stage(self, st: Stage) -> None:
+        e = self.a.num_edges
+        if isinstance(st, AggregateStores):  # the sum over every destination, then the stores that read it
+            self._stage(st.total)
+            self._stage(EdgeStores(st.stores))
+        elif isinstance(st, EdgeStore):
             self.bufs[st.out] = self.eval(st.value, "edge", e)
         elif isinstance(st, EdgeStores):
             for one in st.stores:

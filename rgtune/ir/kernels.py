@@ -11,8 +11,9 @@ generator (:mod:`rgtune.codegen.schedule`):
   source node, pair node, ...), the output row may be scattered, and an *epilogue*
   expression may be computed from the fresh output row (an attention inner product).
 * :class:`TraversalKernel`: one walk over the edges computing one :class:`Stage`: store an
-  edge value, an edge softmax, an aggregation into destinations (or destination pairs), or
-  softmax and aggregation fused with an online softmax. Mapped destination-parallel
+  edge value, an edge softmax, an aggregation into destinations (or destination pairs),
+  softmax and aggregation fused with an online softmax, or an aggregation and the edge stores
+  that read its sum (a training program's softmax backward). Mapped destination-parallel
   (no atomics, needs edges grouped by destination) or edge-parallel (atomics). A softmax
   normalizes over each destination's in-edges or, with ``group="dst_rel"``, over each
   destination's in-edges of one relation: in CSR order those are consecutive runs of a
@@ -37,6 +38,7 @@ params via ``rel``, ``ntype``, ``src_ntype``, ``dst_ntype`` or ``none``.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -389,6 +391,34 @@ class AggregateStage(Stage):
 
 
 @dataclass(frozen=True)
+class AggregateStores(Stage):
+    """An aggregation into destinations, then edge stores that read its sum at their destination, in one
+    walk (``autodiff.reuse=fuse``): a softmax backward's ``s[dst] += alpha * <dout, m>`` followed by the
+    score gradients that read ``s@dst``. Destination-parallel, a destination's in-edges are walked twice
+    (sum, then store) by its one thread (warp), so the sum is ready without a launch in between and the
+    edges' rows are still in cache; edge-parallel it is two loops (the sum's atomics must all land before
+    any store reads it). The stores read ``total.out`` at ``total.out_via`` only, and the sum reads none of their
+    outputs (:mod:`rgtune.ir.edge_stores` fuses only such). Into destination pairs (a softmax per relation's
+    backward) likewise: a destination's pairs are its own, summed before its edges are stored."""
+
+    total: AggregateStage
+    stores: tuple[EdgeStore, ...]
+
+    def exprs(self) -> tuple[Expr, ...]:
+        return (self.total.message, *(s.value for s in self.stores))
+
+    def outputs(self) -> tuple[str, ...]:
+        return (self.total.out, *(s.out for s in self.stores))
+
+    def needs_dst_grouping(self) -> bool:
+        return True
+
+    def feature_dim(self) -> int:
+        """The feature size a vector width must divide: both walks' rows (the sum's and the stores')."""
+        return math.gcd(*(e.dim for e in self.exprs()))
+
+
+@dataclass(frozen=True)
 class SoftmaxAggregate(Stage):
     """Fused: ``out[dst(e) or dst_pair(e)] += softmax_dst(score)[e] * message[e]`` (online softmax);
     ``group`` as :class:`EdgeSoftmaxStage`'s (``softmax_dst_rel``: normalized per destination pair)."""
@@ -425,7 +455,10 @@ class TraversalKernel(Kernel):
     def flops_per_edge(self) -> int:
         st = self.stage
         if isinstance(st, EdgeStores):  # what the values share is computed once
-            return sum(x._own_flops() for x in {x for e in st.exprs() for x in e.walk()})
+            return _distinct_flops(st.exprs())
+        if isinstance(st, AggregateStores):  # the sum's walk, its accumulation, then the stores' walk
+            m = st.total.message
+            return m.flops() + m.heads * m.dim + _distinct_flops(tuple(s.value for s in st.stores))
         f = sum(e.flops() for e in st.exprs())
         if isinstance(st, (EdgeSoftmaxStage, SoftmaxAggregate)):
             f += 10 * st.score.heads  # exp, max, sum, divide
@@ -441,6 +474,11 @@ class TraversalKernel(Kernel):
             body = f"{st.out}[e] = {expr_str(st.value)}"
         elif isinstance(st, EdgeStores):  # one store per line, as a GEMM's epilogues
             body = f"{len(st.stores)} stores" + "".join(f"\n    {s.out}[e] = {expr_str(s.value)}" for s in st.stores)
+        elif isinstance(st, AggregateStores):
+            t = st.total
+            n = len(st.stores)
+            body = (f"{t.out}[{t.out_via}] += {expr_str(t.message)}, then {n} store{'s' if n > 1 else ''}"
+                    + "".join(f"\n    {s.out}[e] = {expr_str(s.value)}" for s in st.stores))
         elif isinstance(st, EdgeSoftmaxStage):
             body = f"{st.out}[e] = {softmax_name(st.group)}({expr_str(st.score)})"
         elif isinstance(st, AggregateStage):
@@ -450,6 +488,11 @@ class TraversalKernel(Kernel):
         else:  # pragma: no cover
             body = repr(st)
         return f"traversal {self.name} over edges ({self.layout}): {body}"
+
+
+def _distinct_flops(exprs: tuple[Expr, ...]) -> int:
+    """The FLOPs of ``exprs`` with each distinct subexpression counted once (computed once per edge)."""
+    return sum(x._own_flops() for x in {x for e in exprs for x in e.walk()})
 
 
 @dataclass

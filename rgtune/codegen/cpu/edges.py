@@ -17,7 +17,10 @@ Traversals, by ``traversal.mapping``:
   (compare-and-swap) and sum (atomic add) arrays, in three passes; per destination pair
   (indexed by the edge's ``dst_pair``) for a softmax per (destination, relation).
 
-An edge store (no reduction) is a parallel loop over edges under either mapping. Edge loops
+An edge store (no reduction) is a parallel loop over edges under either mapping. An aggregation
+followed by the edge stores that read its sum (:class:`AggregateStores`) walks a destination's
+in-edges twice in its thread, destination-parallel (sum, then stores); edge-parallel it is the two
+loops one after the other (every atomic sum lands before a store reads it). Edge loops
 prefetch the rows that the edge ``PREFETCH`` positions ahead gathers (through ``src``,
 ``src_pair``, ...): random row gathers make them latency bound otherwise.
 Maps: ``schedule(static, map.chunk)`` over the rows of their domain.
@@ -59,8 +62,8 @@ from rgtune.codegen.cfamily import CEmitter
 from rgtune.codegen.cpu.cwriter import CFunction, Lines
 from rgtune.codegen.cpu.gemm import emit_assign, emit_assigns
 from rgtune.codegen.cpu.rows import RowIndex, expr_names
-from rgtune.ir.kernels import (AggregateStage, EdgeSoftmaxStage, EdgeStore, EdgeStores, Expr, KernelProgram, Load,
-                               MapKernel, ScatterKernel, SoftmaxAggregate, TraversalKernel)
+from rgtune.ir.kernels import (AggregateStage, AggregateStores, EdgeSoftmaxStage, EdgeStore, EdgeStores, Expr,
+                               KernelProgram, Load, MapKernel, ScatterKernel, SoftmaxAggregate, TraversalKernel)
 
 PREFETCH = 8  # edges ahead whose gathered rows are prefetched
 ROW_COUNTS = {"node": "num_nodes", "dst_node": "num_dst_nodes", "edge": "num_edges", "src_pair": "num_src_pairs", "dst_pair": "num_dst_pairs"}
@@ -141,7 +144,10 @@ def generate_traversal(k: TraversalKernel, s: Mapping[str, Any], kp: KernelProgr
     elif mapping == "dst_parallel":
         f.use("csr_indptr")
         {EdgeSoftmaxStage: _softmax_dst, AggregateStage: _aggregate_dst,
-         SoftmaxAggregate: _softmax_aggregate_dst}[type(st)](f, st, kp, chunk)
+         SoftmaxAggregate: _softmax_aggregate_dst, AggregateStores: _aggregate_stores_dst}[type(st)](f, st, kp, chunk)
+    elif isinstance(st, AggregateStores):  # every sum must be finished before a store reads it: two loops
+        _aggregate_edge(f, st.total, kp, chunk)
+        _edge_store(f, EdgeStores(st.stores), kp, chunk)
     elif isinstance(st, EdgeSoftmaxStage):
         _softmax_edge(f, k.name, st, kp, chunk)
     elif isinstance(st, AggregateStage):
@@ -195,40 +201,65 @@ def _softmax_groups(f: CFunction, B: Lines, group: str) -> Iterator[tuple[str, s
 
 
 def _edge_store(f: CFunction, st: EdgeStore | EdgeStores, kp: KernelProgram, chunk: int) -> None:
-    """One store per edge, or several of one shape (:class:`EdgeStores`): one loop over the heads computes
-    what the values share once (the emitter's temporaries), then stores each."""
+    """One store per edge, or several of one shape (:class:`EdgeStores`)."""
     stores = st.stores if isinstance(st, EdgeStores) else (st,)
     ne = f.use("num_edges")
     f.body.line(f"#pragma omp parallel for schedule(dynamic, {chunk}) num_threads(c->num_threads)")
     with f.body.block(f"for (int64_t e = 0; e < {ne}; ++e)"):
-        b = _Body(f, kp, "edge", "e")
-        targets = []
-        for one in stores:
-            ob = kp.buffers[one.out]
-            targets.append((one.value, _row_of(f.use(one.out, writes=True), ob.heads, ob.dim, "e"), ob.dtype))
-        first = kp.buffers[stores[0].out]
-        emit_assigns(b.lines, b.em, targets, first.heads, first.dim)
-        b.flush(f.body, [one.value for one in stores], prefetch=True)
+        _store_edge(f, f.body, stores, kp)
+
+
+def _store_edge(f: CFunction, B: Lines, stores: tuple[EdgeStore, ...], kp: KernelProgram,
+                known: dict[str, str] | None = None) -> None:
+    """Edge ``e``'s stores: one loop over the heads computes what the values share once (the emitter's
+    temporaries), then stores each. ``known``: index variables the enclosing loop has (``dst``)."""
+    b = _Body(f, kp, "edge", "e", known)
+    targets = []
+    for one in stores:
+        ob = kp.buffers[one.out]
+        targets.append((one.value, _row_of(f.use(one.out, writes=True), ob.heads, ob.dim, "e"), ob.dtype))
+    first = kp.buffers[stores[0].out]
+    emit_assigns(b.lines, b.em, targets, first.heads, first.dim)
+    b.flush(B, [one.value for one in stores], prefetch=True)
 
 
 def _aggregate_dst(f: CFunction, st: AggregateStage, kp: KernelProgram, chunk: int) -> None:
+    f.use(st.out, writes=True)
+    with _dst_edges(f, chunk) as B:
+        _sum_into_dst(f, B, st, kp)
+
+
+def _sum_into_dst(f: CFunction, B: Lines, st: AggregateStage, kp: KernelProgram) -> None:
+    """Inside destination ``dn``'s loop: the sum of its in-edges' messages, added into its row once, or into
+    its pairs' rows."""
     ob = kp.buffers[st.out]
     w, out = ob.width, f.use(st.out, writes=True)
+    if st.out_via == "dst":
+        B.line(f"float acc[{w}] = {{0}};  /* this destination's sum, kept in registers / L1 */")
+        with B.block("for (int64_t e = e0; e < e1; ++e)"):
+            b = _Body(f, kp, "edge", "e", {"dst": "dn"})
+            emit_assign(b.lines, b.em, st.message, ob.heads, ob.dim, _row_of("acc", ob.heads, ob.dim, "0"), "+=")
+            b.flush(B, [st.message], prefetch=True)
+        B.line("#pragma omp simd")
+        B.line(f"for (int j = 0; j < {w}; ++j) {out}[dn * {w} + j] += acc[j];")
+        return
+    # dst_pair rows belong to one destination: no other thread touches them
+    with B.block("for (int64_t e = e0; e < e1; ++e)"):
+        b = _Body(f, kp, "edge", "e", {"dst": "dn"})
+        tgt = b.rows.var(st.out_via)
+        emit_assign(b.lines, b.em, st.message, ob.heads, ob.dim, _row_of(out, ob.heads, ob.dim, tgt), "+=")
+        b.flush(B, [st.message], prefetch=True)
+
+
+def _aggregate_stores_dst(f: CFunction, st: AggregateStores, kp: KernelProgram, chunk: int) -> None:
+    """A destination's sum (or its pairs' sums), then its in-edges' stores that read it: both walks by the
+    destination's thread, the second over edges whose rows the first just loaded."""
+    f.use(st.total.out, writes=True)
     with _dst_edges(f, chunk) as B:
-        if st.out_via == "dst":
-            B.line(f"float acc[{w}] = {{0}};  /* this destination's sum, kept in registers / L1 */")
-            with B.block("for (int64_t e = e0; e < e1; ++e)"):
-                b = _Body(f, kp, "edge", "e", {"dst": "dn"})
-                emit_assign(b.lines, b.em, st.message, ob.heads, ob.dim, _row_of("acc", ob.heads, ob.dim, "0"), "+=")
-                b.flush(B, [st.message], prefetch=True)
-            B.line("#pragma omp simd")
-            B.line(f"for (int j = 0; j < {w}; ++j) {out}[dn * {w} + j] += acc[j];")
-        else:  # dst_pair rows belong to one destination: no other thread touches them
-            with B.block("for (int64_t e = e0; e < e1; ++e)"):
-                b = _Body(f, kp, "edge", "e", {"dst": "dn"})
-                tgt = b.rows.var(st.out_via)
-                emit_assign(b.lines, b.em, st.message, ob.heads, ob.dim, _row_of(out, ob.heads, ob.dim, tgt), "+=")
-                b.flush(B, [st.message], prefetch=True)
+        _sum_into_dst(f, B, st.total, kp)
+        B.line("/* the stores, reading the sum just finished */")
+        with B.block("for (int64_t e = e0; e < e1; ++e)"):
+            _store_edge(f, B, st.stores, kp, {"dst": "dn"})
 
 
 def _softmax_dst(f: CFunction, st: EdgeSoftmaxStage, kp: KernelProgram, chunk: int) -> None:

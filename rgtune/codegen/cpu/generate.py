@@ -42,8 +42,9 @@ from rgtune.codegen.cpu.gemm import VEC, cpu_flags, generate_gemm
 from rgtune.codegen.cpu.rows import GRAPH_CONSTANTS, INDEX_ARRAYS
 from rgtune.codegen.cpu.schedule import CPU_SCHEDULE
 from rgtune.codegen.cpu.weightgrad import generate_weightgrad
-from rgtune.ir.kernels import (EdgeStores, Expr, GemmKernel, Kernel, KernelProgram, Load, MapKernel, ParamLoad,
-                               ScatterKernel, Stage, TraversalKernel, WeightGradKernel, WeightKernel, reads_guarded)
+from rgtune.ir.kernels import (AggregateStores, EdgeStores, Expr, GemmKernel, Kernel, KernelProgram, Load, MapKernel,
+                               ParamLoad, ScatterKernel, Stage, TraversalKernel, WeightGradKernel, WeightKernel,
+                               reads_guarded)
 
 SIZES = ("num_nodes", "num_dst_nodes", "num_edges", "num_src_pairs", "num_dst_pairs", "num_threads")
 ABI_VERSION = 1
@@ -216,6 +217,9 @@ def _rename_stage(st: Stage, bmap: Mapping[str, str], pmap: Mapping[str, str]) -
     """A traversal's stage with the canonical names of its buffers and params."""
     if isinstance(st, EdgeStores):
         return EdgeStores(tuple(_rename_stage(one, bmap, pmap) for one in st.stores))  # type: ignore[misc]
+    if isinstance(st, AggregateStores):
+        return AggregateStores(_rename_stage(st.total, bmap, pmap),  # type: ignore[arg-type]
+                               tuple(_rename_stage(one, bmap, pmap) for one in st.stores))  # type: ignore[misc]
     changes: dict[str, Any] = {"out": bmap[st.out]}  # type: ignore[attr-defined]
     for f in dataclasses.fields(st):
         v = getattr(st, f.name)

@@ -10,7 +10,8 @@ time).
 Jumping between stacks so is what ``_FORTIFY_SOURCE``'s ``longjmp`` check forbids, so the header
 turns it off.
 ``__syncthreads()`` parks a thread until every live thread of the block is parked; a warp
-shuffle parks the lane until every live lane of its warp arrived (twice: write, then read).
+shuffle parks the lane until every live lane of its warp arrived (twice: write, then read), as
+``__syncwarp()`` does once.
 Atomics are plain read-modify-writes (nothing runs concurrently). ``__CUDA_ARCH__`` is set
 by the caller, so both sides of an architecture test are exercised.
 
@@ -140,6 +141,7 @@ static int run_grid(unsigned gx, unsigned gy, unsigned gz, unsigned bx, void (*f
 #define gridDim (rg_emu::grid_dim)
 
 static inline void __syncthreads() { rg_emu::park(rg_emu::AT_BLOCK); }
+static inline void __syncwarp(unsigned = 0xffffffffu) { rg_emu::park(rg_emu::AT_WARP); }
 static inline float __shfl_xor_sync(unsigned, float v, int o) {
   const unsigned t = threadIdx.x, w = t / 32, lane = t % 32;
   rg_emu::exch[w][lane] = v;

@@ -47,13 +47,13 @@ from rgtune.codegen.cuda._expr import ATOMIC_MAX, FIND_PAIR, RowIndex, Unsupport
 from rgtune.codegen.cuda._lanes import atomic_vec, chunk, store_vec, warp_inner
 from rgtune.codegen.cuda._softmax import softmax_dst_lanes, softmax_edge_passes
 from rgtune.codegen.cuda._unit import Grid, KernelUnit, Launch, comment_block
-from rgtune.ir.kernels import (AggregateStage, EdgeSoftmaxStage, EdgeStore, EdgeStores, Expr, KernelProgram,
-                               SoftmaxAggregate, TraversalKernel, expr_str, softmax_name)
+from rgtune.ir.kernels import (AggregateStage, AggregateStores, EdgeSoftmaxStage, EdgeStore, EdgeStores, Expr,
+                               KernelProgram, SoftmaxAggregate, TraversalKernel, expr_str, softmax_name)
 
 
-def _features(k: TraversalKernel, kp: KernelProgram, vw: int) -> tuple[int, int, int]:
-    """``(F, D, chunks)`` of the stage's output row: features, per head, ``vw``-chunks."""
-    b = kp.buffers[k.stage.outputs()[0]]  # several outputs (EdgeStores) have one shape
+def _features(k: TraversalKernel, kp: KernelProgram, vw: int, output: str | None = None) -> tuple[int, int, int]:
+    """``(F, D, chunks)`` of the stage's output row (``output``'s): features, per head, ``vw``-chunks."""
+    b = kp.buffers[output or k.stage.outputs()[0]]  # several outputs (EdgeStores) have one shape
     if b.dim % vw:
         raise UnsupportedKernel(f"{k.name}: vector width {vw} does not divide the feature size {b.dim}")
     return b.width, b.dim, b.width // vw
@@ -80,6 +80,10 @@ def traversal_unit(k: TraversalKernel, s: Mapping[str, Any], kp: KernelProgram) 
             body, launches, desc = _dst_warp(ctx, k, None, message, NT, VW, C)
         else:
             body, launches, desc = _edge_items(ctx, k, [message], st.out_via, NT, VW, C)
+    elif isinstance(st, AggregateStores):
+        message, *values = ctx.rename(list(st.exprs()))
+        fn = _sum_then_stores if mapping == "dst_parallel" else _sum_items_then_store_items
+        body, launches, desc = fn(ctx, k, message, values, NT, VW, C)
     elif isinstance(st, SoftmaxAggregate):
         if mapping != "dst_parallel":
             raise UnsupportedKernel(f"{k.name}: a fused softmax-aggregate is destination-parallel only")
@@ -130,6 +134,7 @@ class _DstWarp:
     guarded: bool  # whether some lanes' last chunk lies past the row
     pairs: RowIndex  # an edge's destination pair
     rows: str = "edge"  # the domain of the rows whose expressions are summed (a scatter's may be pair rows)
+    out: str = "out"  # the C name of the output row's buffer
 
     def registers(self, softmax: bool) -> None:
         """Declares the per-chunk sums (and a softmax's running max and denominator), zeroed."""
@@ -167,7 +172,7 @@ class _DstWarp:
         def store(inner: str) -> None:
             values = [f"(den[q][{c}] > 0.0f ? sum[q][{c}] / den[q][{c}] : 0.0f)" if normalize else f"sum[q][{c}]"
                       for c in range(self.vector_width)]
-            self.lines.extend(store_vec(f"out[(long)({row}) * {self.features} + f0]", values, inner, "+="))
+            self.lines.extend(store_vec(f"{self.out}[(long)({row}) * {self.features} + f0]", values, inner, "+="))
 
         self.lane_chunks(indent, store)
 
@@ -352,10 +357,10 @@ def _weighted_update(indent: str, values: list[list[str]], broadcast: bool) -> l
             for c, message in enumerate(values[1])]
 
 
-def _stores(ctx: Context, target: str, values: list[list[str]], indent: str) -> list[str]:
-    """Each value's chunk stored at ``target`` (a row offset) of its output: ``out``, or ``out0``, ``out1``,
-    ... of several stores (:class:`EdgeStores`, in the order of their values)."""
-    names = ["out"] if len(values) == 1 else [f"out{i}" for i in range(len(values))]
+def _stores(ctx: Context, target: str, values: list[list[str]], indent: str, names: list[str] | None = None) -> list[str]:
+    """Each value's chunk stored at ``target`` (a row offset) of its output: ``names``, by default ``out``,
+    or ``out0``, ``out1``, ... of several stores (:class:`EdgeStores`, in the order of their values)."""
+    names = names or (["out"] if len(values) == 1 else [f"out{i}" for i in range(len(values))])
     return [line for name, vals in zip(names, values)
             for line in store_vec(f"{name}[{target}]", vals, indent, storage=ctx.storage_of(name))]
 
@@ -370,10 +375,6 @@ def _edge_warp_store(ctx: Context, k: TraversalKernel, values: list[Expr], _via:
                      C: int) -> Body:
     """EdgeStore(s), dst_parallel: nothing to reduce, so a warp per edge row with lanes over features (the
     inner products and sums the values share reduced once by the warp)."""
-    kp = ctx.kp
-    F, D, NCH_ALL = _features(k, kp, VW)
-    NCH = -(-NCH_ALL // 32)
-    guard = NCH_ALL % 32 != 0
     L: list[str] = []
     w = L.append
     kernel_head(L, "traverse", NT)
@@ -383,23 +384,7 @@ def _edge_warp_store(ctx: Context, k: TraversalKernel, values: list[Expr], _via:
     w(f"  for (int cc = 0; cc < {C}; ++cc) {{  // coarsening: edges per warp")
     w(f"    const long long rid = warp * {C} + cc;")
     w("    if (rid >= num_rows) return;  // warp-uniform")
-    em = ctx.emitter("edge", "rid")
-    L.extend(warp_inner(em, values, "    "))
-    w("#pragma unroll")
-    w(f"    for (int q = 0; q < {NCH}; ++q) {{")
-    w(f"      const int f0 = (lane + 32 * q) * {VW};")
-    ind = "      "
-    if guard:
-        w(f"      if (f0 < {F}) {{")
-        ind = "        "
-    w(f"{ind}const int h = f0 / {D}, d0 = f0 % {D};")
-    w(f"{ind}(void)h; (void)d0;")
-    lines, chunks = chunk(em, values, D, VW, kp, ind)
-    L.extend(lines)
-    L.extend(_stores(ctx, f"(long)rid * {F} + f0", chunks, ind))
-    if guard:
-        w("      }")
-    w("    }")
+    _warp_stores(ctx, k, L, values, None, VW, "    ")
     w("  }")
     w("}")
     text, args = finish_kernel(ctx, L, [("edge", "num_rows")])
@@ -407,16 +392,86 @@ def _edge_warp_store(ctx: Context, k: TraversalKernel, values: list[Expr], _via:
     return text, (Launch("traverse", grid, NT, args),), f"{_described(values)}; warp per edge"
 
 
+def _warp_stores(ctx: Context, k: TraversalKernel, L: list[str], values: list[Expr], names: list[str] | None,
+                 VW: int, ind: str, output: str | None = None) -> None:
+    """Edge ``rid``'s stores by the warp: its inner products reduced once, then each lane's feature chunks
+    of every value, stored into ``names`` (:func:`_stores`), rows of ``output``'s shape (:func:`_features`)."""
+    kp = ctx.kp
+    F, D, NCH_ALL = _features(k, kp, VW, output)
+    NCH = -(-NCH_ALL // 32)
+    guard = NCH_ALL % 32 != 0
+    w = L.append
+    em = ctx.emitter("edge", "rid")
+    L.extend(warp_inner(em, values, ind))
+    w("#pragma unroll")
+    w(f"{ind}for (int q = 0; q < {NCH}; ++q) {{")
+    w(f"{ind}  const int f0 = (lane + 32 * q) * {VW};")
+    inner = ind + "  "
+    if guard:
+        w(f"{inner}if (f0 < {F}) {{")
+        inner += "  "
+    w(f"{inner}const int h = f0 / {D}, d0 = f0 % {D};")
+    w(f"{inner}(void)h; (void)d0;")
+    lines, chunks = chunk(em, values, D, VW, kp, inner)
+    L.extend(lines)
+    L.extend(_stores(ctx, f"(long)rid * {F} + f0", chunks, inner, names))
+    if guard:
+        w(f"{ind}  }}")
+    w(f"{ind}}}")
+
+
+def _sum_then_stores(ctx: Context, k: TraversalKernel, message: Expr, values: list[Expr], NT: int, VW: int,
+                     C: int) -> Body:
+    """AggregateStores, dst_parallel: a warp per destination sums its in-edges' messages (as an aggregation
+    does) and writes the sum, then walks the same in-edges again storing each edge's values, which read
+    that sum: its lanes wrote it, ``__syncwarp`` orders their writes before every lane's reads."""
+    st = k.stage
+    assert isinstance(st, AggregateStores)
+    features, head_dim, chunks = _features(k, ctx.kp, VW, st.total.out)
+    ctx.arrays.add("csr_indptr")
+    lines: list[str] = []
+    warp_per_dst_head(lines, "traverse", NT, C)
+    warp = _DstWarp(ctx, lines, features, head_dim, VW, chunks_per_lane=-(-chunks // 32),
+                    guarded=chunks % 32 != 0, pairs=ctx.index("edge", "rid"), out="out0")
+    warp.registers(softmax=False)
+    _sum_messages(warp, message, st.total.out_via)
+    names = [f"out{i + 1}" for i in range(len(values))]
+    lines += ["    __syncwarp();  // the sum's lanes wrote it; every lane reads it below",
+              "    for (idx_t rid = beg; rid < end; ++rid) {  // the stores, over the same in-edges"]
+    _warp_stores(ctx, k, lines, values, names, VW, "      ", st.stores[0].out)
+    lines += ["    }", "  }", "}"]
+    rows = ctx.kp.buffers[st.total.out].domain if st.total.out_via == "dst" else "node"  # as _dst_warp's
+    text, args = finish_kernel(ctx, lines, [(rows, "num_rows")])
+    grid = Grid("items", rows, 1, (NT // 32) * C)
+    desc = (f"out0[{st.total.out_via}] += {expr_str(message)}, then {len(values)} stores out1..out{len(values)}[e]; "
+            "warp per destination, two walks over its in-edges, no atomics")
+    return text, (Launch("traverse", grid, NT, args),), desc
+
+
+def _sum_items_then_store_items(ctx: Context, k: TraversalKernel, message: Expr, values: list[Expr], NT: int,
+                                VW: int, C: int) -> Body:
+    """AggregateStores, edge_parallel: two kernels, a thread per (edge, chunk) each: the sum (atomicAdd
+    into the destinations), then the stores (every atomic add lands before a store reads the sum)."""
+    st = k.stage
+    assert isinstance(st, AggregateStores)
+    names = [f"out{i + 1}" for i in range(len(values))]
+    t1, l1, d1 = _edge_items(ctx, k, [message], st.total.out_via, NT, VW, C, "traverse_sum", ["out0"],
+                             st.total.out)
+    t2, l2, d2 = _edge_items(ctx, k, values, None, NT, VW, C, "traverse", names, st.stores[0].out)
+    return "\n".join([t1, t2]), l1 + l2, f"{d1}; then {d2}"
+
+
 # --------------------------------------------------------------------------- edge_parallel
 def _edge_items(ctx: Context, k: TraversalKernel, values: list[Expr], out_via: str | None, NT: int, VW: int,
-                C: int) -> Body:
+                C: int, fname: str = "traverse", names: list[str] | None = None, output: str | None = None) -> Body:
     """A thread per (edge, feature chunk): store per edge (one value, or several of one shape), or atomicAdd
-    (one value) into destinations."""
+    (one value) into destinations; the kernel ``fname``, its outputs ``names`` (:func:`_stores`), of
+    ``output``'s shape (by default the stage's first output)."""
     kp = ctx.kp
-    F, D, NCHUNK = _features(k, kp, VW)
+    F, D, NCHUNK = _features(k, kp, VW, output)
     L: list[str] = []
     w = L.append
-    kernel_head(L, "traverse", NT)
+    kernel_head(L, fname, NT)
     w(f"  const long long base = (long long)blockIdx.x * {NT * C} + threadIdx.x;")
     w("#pragma unroll")
     w(f"  for (int cc = 0; cc < {C}; ++cc) {{  // coarsening: items per thread, strided by the block")
@@ -430,14 +485,14 @@ def _edge_items(ctx: Context, k: TraversalKernel, values: list[Expr], out_via: s
     lines, chunks = chunk(em, values, D, VW, kp, "    ")
     L.extend(lines)
     if out_via is None:
-        L.extend(_stores(ctx, f"(long)rid * {F} + f0", chunks, "    "))
+        L.extend(_stores(ctx, f"(long)rid * {F} + f0", chunks, "    ", names))
         desc = f"{_described(values)}; thread per (edge, {VW} features)"
     else:
         row = ctx.index("edge", "rid")(out_via)
-        L.extend(atomic_vec(f"out[(long)({row}) * {F} + f0]", chunks[0], "    "))
+        L.extend(atomic_vec(f"{(names or ['out'])[0]}[(long)({row}) * {F} + f0]", chunks[0], "    "))
         desc = f"out[{out_via}] += {expr_str(values[0])}; thread per (edge, {VW} features), atomicAdd"
     w("  }")
     w("}")
     text, args = finish_kernel(ctx, L, [("edge", "num_rows")])
     grid = Grid("items", "edge", NCHUNK, NT * C)
-    return text, (Launch("traverse", grid, NT, args),), desc
+    return text, (Launch(fname, grid, NT, args),), desc

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 
-from rgtune.ir.kernels import NODE_ROWS, EdgeStore, EdgeStores, GemmKernel, KernelProgram, MapKernel, TraversalKernel
+from rgtune.ir.kernels import NODE_ROWS, AggregateStores, EdgeStore, EdgeStores, GemmKernel, KernelProgram, MapKernel, TraversalKernel
 from rgtune.ir.passes.base import Knob, Pass
 from rgtune.ir.program import NODE, Program
 
@@ -126,6 +126,9 @@ def low_precision_buffers(kp: KernelProgram, nodes: bool = False) -> list[str]:
         if isinstance(k, MapKernel) or (isinstance(k, TraversalKernel)
                                         and isinstance(k.stage, (EdgeStore, EdgeStores))):
             plain |= k.writes()
+        elif isinstance(k, TraversalKernel) and isinstance(k.stage, AggregateStores):
+            plain |= {s.out for s in k.stage.stores}
+            other.add(k.stage.total.out)
         elif isinstance(k, GemmKernel):
             plain |= {o for o, _ in k.epilogue}
             if k.out is not None:
