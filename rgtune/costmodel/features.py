@@ -251,6 +251,17 @@ class WorkloadContext:
         return row
 
 
+def _drawn(graph: Any, spec: Any) -> list[Any]:
+    """``spec``'s batches of ``graph`` (:meth:`SamplerSpec.sample <rgtune.data.sampler_spec.SamplerSpec.sample>`),
+    drawn once per graph object and cached on it, as its counts are: the same spec draws the same batches,
+    and every model's workload on one graph and sampler describes them (building a big graph's sampler is
+    seconds of sorting)."""
+    cache = graph.__dict__.setdefault("_rgtune_sampled", {})
+    if spec.key not in cache:
+        cache[spec.key] = spec.sample(graph)
+    return cache[spec.key]
+
+
 @dataclass
 class _SampledBlocks:
     """A sampler workload's fixed batches as the cost model sees them: every block of the sampler's first
@@ -269,7 +280,7 @@ class _SampledBlocks:
         from rgtune.data.sampling import largest_block, layer_blocks
 
         assert ctx.graph is not None
-        minibatches = SamplerSpec.parse(ctx.batches).sample(ctx.graph)
+        minibatches = _drawn(ctx.graph, SamplerSpec.parse(ctx.batches))
         blocks = layer_blocks(minibatches)
         if not blocks:
             raise ValueError(f"sampler {ctx.batches!r} draws no batch from graph {ctx.graph.name!r}")
