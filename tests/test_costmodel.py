@@ -186,6 +186,12 @@ def test_a_sampler_workloads_row_counts_what_its_trials_time(mode):
     assert row["num:graph:log_num_edges"] == pytest.approx(math.log1p(largest.num_edges()))
     # the default's batch counts anchor the relative ones, as the whole graph's do for a whole-graph workload
     assert ctx.features(whole.space.default())["num:rel_flops"] == 0.0
+    # another model's workload on the graph and sampler describes the same batches, drawn once
+    other = WorkloadContext.create("rgcn", g, 8, 8, 1, backend="cpu", device="d")
+    other.mode, other.batches = mode, sampler
+    assert other.sampled is not None and ctx.sampled is not None
+    assert [b for _, b in other.sampled.blocks] == [b for _, b in ctx.sampled.blocks]
+    assert all(a is b for (_, a), (_, b) in zip(other.sampled.blocks, ctx.sampled.blocks))
 
 
 def test_a_sampler_whose_batches_cannot_be_drawn_leaves_its_rows_without_counts(caplog):
