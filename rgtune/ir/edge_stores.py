@@ -44,7 +44,7 @@ Example:
 
 from __future__ import annotations
 
-from rgtune.ir.kernels import (AggregateStage, AggregateStores, EdgeStore, EdgeStores, Kernel, Load, ParamLoad,
+from rgtune.ir.kernels import (AggregateStage, AggregateStores, EdgeStore, EdgeStores, Kernel, Load, ParamLoad, Stage,
                                TraversalKernel, WeightGradKernel, WeightKernel)
 
 __all__ = ["merge_edge_stores"]
@@ -67,11 +67,7 @@ def merge_edge_stores(kernels: list[Kernel], forward_kernels: int | None,
                     continue
                 ka, kb = out[a], out[b]
                 assert isinstance(ka, TraversalKernel) and isinstance(kb, TraversalKernel)
-                one = TraversalKernel(ka.name, EdgeStores(_stores(ka) + _stores(kb)), ka.layout)
-                out[at] = one
-                del out[b if at == a else a]
-                if split is not None and b < split:
-                    split -= 1  # two forward kernels became one
+                split = _replace(out, a, b, at, EdgeStores(_stores(ka) + _stores(kb)), split)
                 merged = True
                 break
             if merged:
@@ -82,8 +78,7 @@ def merge_edge_stores(kernels: list[Kernel], forward_kernels: int | None,
 def _sums_into_stores(ks: list[Kernel], split: int | None) -> tuple[list[Kernel], int | None]:
     """Each aggregation into destinations (or destination pairs) fused with the (merged) edge stores after it
     that read its sum at their destination (pair) (:class:`~rgtune.ir.kernels.AggregateStores`), where one
-    can move next to the other
-    (as two stores do, :func:`_placement`), and the new count of forward kernels."""
+    can move next to the other (as two stores do, :func:`_placement`), and the new count of forward kernels."""
     out = list(ks)
     for a, ka in enumerate(out):
         if not (isinstance(ka, TraversalKernel) and isinstance(ka.stage, AggregateStage)):
@@ -98,15 +93,10 @@ def _sums_into_stores(ks: list[Kernel], split: int | None) -> tuple[list[Kernel]
             if kb.layout != ka.layout or (split is not None and (a < split) != (b < split)) \
                     or set(kb.writes()) & ka.reads():
                 break
-            between = out[a + 1:b]
-            at = a if not any(_conflict(k, kb) for k in between) else \
-                b if not any(_conflict(k, ka) for k in between) else None
+            at = _meeting_point(out, a, b)
             if at is None:
                 break
-            out[at] = TraversalKernel(ka.name, AggregateStores(total, stores), ka.layout)
-            del out[b if at == a else a]
-            if split is not None and b < split:
-                split -= 1
+            split = _replace(out, a, b, at, AggregateStores(total, stores), split)
             return _sums_into_stores(out, split)  # the list changed: look again from the start
     return out, split
 
@@ -144,12 +134,30 @@ def _placement(ks: list[Kernel], a: int, b: int, split: int | None,
         return None
     if _conflict(ka, kb):
         return None
+    return _meeting_point(ks, a, b)
+
+
+def _meeting_point(ks: list[Kernel], a: int, b: int) -> int | None:
+    """Where traversals ``ks[a]`` and ``ks[b]`` (``a < b``) can stand together: ``a`` (``b`` hoisted over the
+    kernels between), else ``b`` (``a`` delayed), else ``None``."""
+    ka, kb = ks[a], ks[b]
+    assert isinstance(ka, TraversalKernel) and isinstance(kb, TraversalKernel)
     between = ks[a + 1:b]
     if not any(_conflict(k, kb) for k in between):
         return a
     if not any(_conflict(k, ka) for k in between):
         return b
     return None
+
+
+def _replace(ks: list[Kernel], a: int, b: int, at: int, stage: Stage, split: int | None) -> int | None:
+    """``ks[a]`` and ``ks[b]`` replaced, in place, by one traversal of ``stage`` at ``at`` (named and laid out as
+    ``ks[a]``); the new count of forward kernels."""
+    first = ks[a]
+    assert isinstance(first, TraversalKernel)
+    ks[at] = TraversalKernel(first.name, stage, first.layout)
+    del ks[b if at == a else a]
+    return split - 1 if split is not None and b < split else split  # two forward kernels became one
 
 
 def _conflict(k: Kernel, store: TraversalKernel) -> bool:
