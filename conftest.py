@@ -38,10 +38,18 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(_session_cache, ignore_errors=True)
 
 
+#: seconds an exhaustive matrix's test may take (the whole matrix of the slowest is hours on 2 cores)
+EXHAUSTIVE_TIMEOUT_S = 6 * 3600
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Exhaustive matrices run only when asked for (``RGTUNE_EXHAUSTIVE=1``): the default run, CI's,
-    takes their samples."""
+    takes their samples. Asked for, each gets ``EXHAUSTIVE_TIMEOUT_S`` instead of the suite's 600 s per test
+    (one matrix, e.g. 600 RGAT training programs in 16 bits, is longer than that on 2 cores)."""
     if os.environ.get("RGTUNE_EXHAUSTIVE") == "1":
+        for item in items:
+            if item.get_closest_marker("exhaustive") is not None and item.get_closest_marker("timeout") is None:
+                item.add_marker(pytest.mark.timeout(EXHAUSTIVE_TIMEOUT_S))
         return
     skip = pytest.mark.skip(reason="exhaustive matrix: set RGTUNE_EXHAUSTIVE=1 to run it")
     for item in items:
