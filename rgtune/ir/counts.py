@@ -58,9 +58,8 @@ import numpy as np
 from rgtune.ir.bind import any_graph_arrays, row_types
 from rgtune.ir.op_rules import rules_of
 from rgtune.ir.passes.precision import element_bytes
-from rgtune.ir.kernels import (AggregateStage, AggregateStores, EdgeStore, EdgeStores, GemmKernel, KernelProgram,
-                               MapKernel, ScatterKernel, SoftmaxAggregate, TraversalKernel, WeightGradKernel,
-                               WeightKernel, expr_loads)
+from rgtune.ir.kernels import (AggregateStage, AggregateStores, GemmKernel, KernelProgram, MapKernel, ScatterKernel,
+                               SoftmaxAggregate, TraversalKernel, WeightGradKernel, WeightKernel, expr_loads)
 
 if TYPE_CHECKING:
     from rgtune.data.graph import HeteroGraph
@@ -132,11 +131,8 @@ def count(kp: KernelProgram, graph: "HeteroGraph", schedule: Mapping[str, Any] |
                 vias.add("dst_pair" if mapping == "edge_parallel" else "rel")  # its pair's scratch row / relation
             bytes_min += sum(rows[kp.buffers[b].domain] * width[b] for b, _ in loads) * FLOAT_BYTES
             bytes_gathered += sum(e * width[b] for b, _ in loads) * FLOAT_BYTES
-            if isinstance(st, AggregateStores):  # a destination's sum, then edge stores
-                out = sum(rows[kp.buffers[o].domain] * width[o] for o in st.outputs()) * FLOAT_BYTES
-            else:
-                out_rows = e if isinstance(st, (EdgeStore, EdgeStores)) else rows[kp.buffers[st.outputs()[0]].domain]
-                out = sum(out_rows * width[o] for o in st.outputs()) * FLOAT_BYTES
+            # each output's rows: edges for a store, destinations (or pairs) for a sum
+            out = sum(rows[kp.buffers[o].domain] * width[o] for o in st.outputs()) * FLOAT_BYTES
             index = e * idx_bytes * len(vias)
             bytes_min += out + index
             bytes_gathered += out + index
