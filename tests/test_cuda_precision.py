@@ -1,7 +1,7 @@
 """16-bit storage of the intermediates (``precision.edges``, ``precision.nodes``) in the generated CUDA, without a GPU.
 
 * The kernels compute what the float64 interpreter does within the documented 16-bit tolerance (the
-  verifier the tuner uses: 2 x the error of the same reference rounded to the type at every op): training
+  verifier the tuner uses: 3 x (bfloat16) or 4 x (float16) the error of the same reference rounded to the type at every op): training
   programs of RGCN, RGAT (2 heads) and HGT (2 heads), in bfloat16 and float16, at the default schedule and
   at random training schedules (IR and every template's knobs: traversal and scatter mappings and vector
   widths, GEMM tiles and epilogue strategies, weight-gradient reductions), run on the CPU emulator of the
