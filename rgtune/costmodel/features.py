@@ -48,7 +48,7 @@ from rgtune.codegen.base import backend_target
 if TYPE_CHECKING:
     from rgtune.data.graph import HeteroGraph
     from rgtune.ir.kernels import KernelProgram
-    from rgtune.search_spaces import SearchSpace
+    from rgtune.search_spaces import BlockSpaces, SearchSpace
 
 __all__ = ["WorkloadContext", "FeatureEncoder", "COUNT_KEYS", "graph_features"]
 
@@ -269,7 +269,7 @@ class _SampledBlocks:
 
     blocks: list[tuple[bool, Any]]  # (a first layer's block?, the block)
     num_batches: int
-    spaces: dict[bool, "SearchSpace"]  # input_grad -> the destinations-only program's space
+    spaces: "BlockSpaces"
     stats: dict[str, Any]
     edges_per_batch: float
     _last: tuple[Any, tuple[Any, Any]] | None = field(default=None, repr=False)
@@ -278,16 +278,16 @@ class _SampledBlocks:
     def draw(cls, ctx: WorkloadContext) -> "_SampledBlocks":
         from rgtune.data.sampler_spec import SamplerSpec
         from rgtune.data.sampling import largest_block, layer_blocks
+        from rgtune.search_spaces import BlockSpaces
 
         assert ctx.graph is not None
         minibatches = _drawn(ctx.graph, SamplerSpec.parse(ctx.batches))
         blocks = layer_blocks(minibatches)
         if not blocks:
             raise ValueError(f"sampler {ctx.batches!r} draws no batch from graph {ctx.graph.name!r}")
-        variants = (True, False) if ctx.mode == "training" else (True,)
         largest = largest_block(blocks)
         return cls(blocks, len(minibatches),
-                   {g: ctx._make_space(destinations=True, input_grad=g) for g in variants},
+                   BlockSpaces(lambda g: ctx._make_space(destinations=True, input_grad=g), ctx.mode == "training"),
                    dict(largest.as_graph().stats.as_dict()),
                    sum(b.num_edges() for _, b in blocks) / len(minibatches))
 
@@ -297,13 +297,9 @@ class _SampledBlocks:
         configuration's are kept: a row compiles them once for its kernels and its counts."""
         key = tuple(sorted(config.items()))
         if self._last is None or self._last[0] != key:
-            full = self.spaces[True].compile(config)
-            if not full.valid:
-                programs: tuple[Any, Any] = (None, None)
-            else:
-                params_only = self.spaces[False].compile(config) if False in self.spaces else None
-                programs = (full.kernels, params_only.kernels if params_only is not None and params_only.valid
-                            else full.kernels)
+            full, params_only = self.spaces.compile(config)
+            programs: tuple[Any, Any] = ((None, None) if not full.valid else
+                                         (full.kernels, (params_only or full).kernels))
             self._last = (key, programs)
         return self._last[1]
 

@@ -51,7 +51,7 @@ from rgtune.data.graph import HeteroGraph
 from rgtune.data.sampler_spec import SamplerSpec
 from rgtune.data.sampling import largest_block, layer_blocks
 from rgtune.ir.kernels import KernelProgram
-from rgtune.search_spaces import Point, SearchSpace
+from rgtune.search_spaces import BlockSpaces, Point, SearchSpace
 from rgtune.tuner.verification import Case, Verifier
 
 __all__ = ["SampledBatches", "BatchesPoint", "BatchesBuild"]
@@ -145,10 +145,9 @@ class SampledBatches:
         self.checked = minibatches[0].blocks[-1]
         #: the block a trial's memory is estimated on (blocks run one at a time)
         self.largest = largest_block(self.blocks)
-        variants = (True, False) if self.training else (True,)
         target = backend.target
-        self._spaces = {g: SearchSpace(program, graph, target, mode, destinations=True, input_grad=g, precision=precision)
-                        for g in variants}
+        self._spaces = BlockSpaces(lambda g: SearchSpace(program, graph, target, mode, destinations=True, input_grad=g,
+                                                         precision=precision), self.training)
         self.verifier = Verifier(program, self.checked, training=self.training, base_tolerance=base_tolerance,
                                  mode="full")
         gen = torch.Generator().manual_seed(spec.seed * 7919 + 3)
@@ -168,9 +167,7 @@ class SampledBatches:
     def point(self, config: Mapping[str, Any]) -> BatchesPoint:
         """The mini-batch programs of ``config``; a params'-gradients program the schedule cannot make is
         left out (the full one runs instead, as in a layer)."""
-        full = self._spaces[True].compile(config)
-        params_only = self._spaces[False].compile(config) if self.training and full.valid else None
-        return BatchesPoint(full, params_only if params_only is not None and params_only.valid else None)
+        return BatchesPoint(*self._spaces.compile(config))
 
     def build(self, point: BatchesPoint) -> BatchesBuild:
         """Compile the point's programs and bind them to the verification block."""
