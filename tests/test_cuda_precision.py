@@ -122,13 +122,13 @@ def test_16_bit_training_programs_on_the_emulator_match_the_reference(model: str
 
 @pytest.mark.slow
 def test_16_bit_rows_move_two_and_four_at_a_time(graphs: list[HeteroGraph]) -> None:
-    """At ``vector_width=4`` (where the program allows it: an attention's traversals have rows of one score)
-    on rows of 16 features, traversals and scatters read and write 16-bit rows 4 elements (8 bytes) at a time;
-    the program still computes the reference's numbers."""
+    """At ``vector_width=4`` (an upper bound: an attention's score kernels stay 1 wide) on rows of 16 features,
+    traversals and scatters read and write 16-bit rows 4 elements (8 bytes) at a time; the program still
+    computes the reference's numbers."""
     _needs_cxx()
     g = graphs[0]
     stores = 0
-    for model in ("rgcn", "hgt"):
+    for model in ("rgcn", "rgat", "hgt"):
         space = _space(model, g, "bf16", dims=(16, 16))
         cfg: dict[str, Any] = {}
         for knob in (k.name for k in space.knobs if k.name.endswith(".vector_width")):

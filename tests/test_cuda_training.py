@@ -201,16 +201,25 @@ def test_training_knobs_follow_the_forward_knobs_with_their_defaults() -> None:
     assert set(TRAINING_KNOBS) <= {k.name for k in _space("hgt", g, (8, 8)).schedule_knobs}
 
 
-def test_scatter_vector_width_is_an_upper_bound() -> None:
-    """One knob for scatters of several sizes: each uses the widest vector (at most the knob) its size allows."""
+def test_vector_width_is_an_upper_bound() -> None:
+    """One knob per template for kernels of several sizes: each traversal and scatter uses the widest vector
+    (at most the knob) its size allows; an attention's single-score kernels no longer hold its message rows at
+    width 1 (a constraint did: every ``traversal.vector_width`` > 1 was invalid for RGAT and HGT)."""
     g = random_graph((10, 20), num_relations=3, num_edges=100, seed=0)
     space = _space("rgat", g, (12, 12))
     point = space.compile({**space.default(), "compact.src": "pair", "reorder.fold_attention": "on",
-                           "scatter.vector_width": 4})
+                           "scatter.vector_width": 4, "traversal.vector_width": 4})
     assert point.valid, point.problems
-    widths = {u.kernel.message.dim: re.search(r"vector_width=(\d)", u.code).group(1)
-              for u in generate(point.kernels, point.config).units if isinstance(u.kernel, ScatterKernel)}
-    assert widths == {12: "4", 6: "2", 1: "1"}
+    units = generate(point.kernels, point.config).units
+    width = lambda u: re.search(r"vector_width=(\d)", u.code).group(1)  # noqa: E731
+    assert {u.kernel.message.dim: width(u) for u in units if isinstance(u.kernel, ScatterKernel)} == \
+        {12: "4", 6: "2", 1: "1"}
+    traversals = {width(u) + ("/" + str(u.kernel.stage.feature_dim())) for u in units
+                  if isinstance(u.kernel, TraversalKernel)}
+    assert {"4/12", "2/6", "1/1"} <= traversals, traversals  # messages (per head 6), scores
+    for model in ("rgat", "hgt"):
+        inference = SearchSpace(build_model(model, 12, 12, MODELS[model]), g, "cuda")
+        assert inference.compile({**inference.default(), "traversal.vector_width": 4}).valid, model
 
 
 def test_invalid_training_schedules_are_refused_before_compiling() -> None:
@@ -457,6 +466,10 @@ def test_emulated_training_step_at_the_default_schedule(errors: _Errors) -> None
               "weightgrad.threads": 64}, "one type", (12, 20)),
     ("hgt", {"reorder.compose": "on", "compact.dst": "pair", "weightgrad.reduction": "two_pass",
              "weightgrad.chunk_rows": 128, "scatter.coarsening": 4, "scatter.threads": 32}, "edge cases", (16, 16)),
+    # the messages' traversals 4 wide beside the scores' 1, the fused softmax backward included
+    ("rgat", {"traversal.vector_width": 4, "autodiff.reuse": "fuse"}, "edge cases", (16, 16)),
+    ("hgt", {"traversal.vector_width": 4, "traversal.mapping": "edge_parallel", "autodiff.reuse": "fuse"},
+     "edge cases", (16, 16)),
 ])
 def test_emulated_training_step_on_edge_cases(model: str, cfg: dict[str, Any], graph_kind: str,
                                               dims: tuple[int, int], errors: _Errors) -> None:

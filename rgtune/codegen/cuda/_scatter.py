@@ -46,7 +46,7 @@ from rgtune.codegen.cuda._expr import FIND_PAIR, UnsupportedKernel, prelude
 from rgtune.codegen.cuda._lanes import atomic_vec, chunk
 from rgtune.codegen.cuda._traversal import _add_message, _DstWarp
 from rgtune.codegen.cuda._unit import Arg, Grid, KernelUnit, Launch, comment_block
-from rgtune.codegen.cuda.schedule import scatter_vector_width
+from rgtune.codegen.cuda.schedule import vector_width
 from rgtune.ir.kernels import Expr, KernelProgram, ScatterKernel, expr_str
 
 #: the host-built tables of ``src_parallel`` (see ``runtime.scatter_groups``)
@@ -61,7 +61,7 @@ def target_domain(k: ScatterKernel, kp: KernelProgram) -> str:
 def scatter_unit(k: ScatterKernel, s: Mapping[str, Any], kp: KernelProgram) -> KernelUnit:
     """The CUDA unit of ``k`` under the ``scatter.*`` schedule ``s``."""
     mapping, threads, coarsening = s["mapping"], s["threads"], s["coarsening"]
-    vw = scatter_vector_width(s, k)
+    vw = vector_width(s, k)
     if threads % 32:
         raise UnsupportedKernel(f"{k.name}: {threads} threads is not whole warps")
     out = kp.buffers[k.out]

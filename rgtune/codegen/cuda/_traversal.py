@@ -5,7 +5,8 @@ Mappings (``traversal.*`` schedule):
 ``dst_parallel`` (no atomics; edges grouped by destination, layout ``csr_dst``)
     a warp per destination, ``coarsening`` destinations per warp one after the other. Lanes
     run over the destination's features, ``vector_width`` consecutive ones per lane (``float``,
-    ``float2``, ``float4`` loads and stores). Inner products in the per-edge expressions are
+    ``float2``, ``float4`` loads and stores; the knob is an upper bound, halved until it divides the
+    stage's feature size: :func:`~rgtune.codegen.cuda.schedule.vector_width`). Inner products in the per-edge expressions are
     computed by the whole warp (lanes over the reduced dimension, then a ``__shfl_xor_sync``
     reduction), so a 64-wide score keeps every lane busy. Sums stay in registers and are
     written once per destination (per destination pair: flushed when the pair changes, which
@@ -47,6 +48,7 @@ from rgtune.codegen.cuda._expr import ATOMIC_MAX, FIND_PAIR, RowIndex, Unsupport
 from rgtune.codegen.cuda._lanes import atomic_vec, chunk, store_vec, warp_inner
 from rgtune.codegen.cuda._softmax import softmax_dst_lanes, softmax_edge_passes
 from rgtune.codegen.cuda._unit import Grid, KernelUnit, Launch, comment_block
+from rgtune.codegen.cuda.schedule import vector_width
 from rgtune.ir.kernels import (AggregateStage, AggregateStores, EdgeSoftmaxStage, EdgeStore, EdgeStores, Expr,
                                KernelProgram, SoftmaxAggregate, TraversalKernel, expr_str, softmax_name)
 
@@ -63,7 +65,7 @@ def _features(k: TraversalKernel, kp: KernelProgram, vw: int, output: str | None
 def traversal_unit(k: TraversalKernel, s: Mapping[str, Any], kp: KernelProgram) -> KernelUnit:
     st = k.stage
     mapping = s["mapping"]
-    NT, VW, C = s["threads"], s["vector_width"], s["coarsening"]
+    NT, VW, C = s["threads"], vector_width(s, k), s["coarsening"]
     if NT % 32:
         raise UnsupportedKernel(f"{k.name}: {NT} threads is not whole warps")
     if mapping == "dst_parallel" and st.needs_dst_grouping() and k.layout != "csr_dst":

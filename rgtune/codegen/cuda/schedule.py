@@ -1,7 +1,7 @@
 """The ``cuda`` target's schedule knobs and the launch limits they must respect.
 
 Read by :mod:`._gemm` (block tile, K slice, threads, block partition), :mod:`._traversal`
-(mapping, threads, vector width, coarsening), :mod:`._map` (threads), and, in a training
+(mapping, threads, vector width (:func:`vector_width`), coarsening), :mod:`._map` (threads), and, in a training
 program, :mod:`._scatter` (mapping, threads, vector width, coarsening) and :mod:`._weightgrad`
 (reduction, row chunk, gradient tile, threads). The limits are checked before anything is
 compiled, so an impossible point is recorded as invalid, not built: a GEMM block's (or a weight
@@ -48,14 +48,6 @@ def gemm_resources(s: Mapping[str, Any], k: Kernel) -> str | None:
     return None
 
 
-def _vector_width(s: Mapping[str, Any], k: Kernel) -> str | None:
-    assert isinstance(k, TraversalKernel)
-    v = s.get("vector_width", 1)
-    if v > 1 and k.stage.feature_dim() % v:
-        return f"vector width {v} does not divide the feature size {k.stage.feature_dim()}"
-    return None
-
-
 def weightgrad_resources(s: Mapping[str, Any], k: Kernel) -> str | None:
     """Why a weight gradient's tile does not fit a block, or None. The tiles matter for ``x^T dy`` only: a
     bias's gradient (a column sum, ``x`` None) has no tile."""
@@ -68,18 +60,23 @@ def weightgrad_resources(s: Mapping[str, Any], k: Kernel) -> str | None:
                            "threads": s["threads"]}, k)
 
 
-def scatter_vector_width(s: Mapping[str, Any], k: Kernel) -> int:
-    """The features per thread a scatter uses: ``scatter.vector_width``, halved until it divides the feature
-    size. An upper bound rather than a constraint: a training program's scatters add rows of several sizes
-    (an attention score's single feature beside a message's), and one knob serves them all.
+def vector_width(s: Mapping[str, Any], k: Kernel) -> int:
+    """The features per thread a traversal or a scatter uses: its ``vector_width`` knob, halved until it divides
+    the kernel's feature size. An upper bound rather than a constraint: one knob serves a program's kernels of
+    several sizes (an attention's single-score traversals and scatters beside its messages' rows), and as a
+    constraint the score kernels would hold every other kernel of the program at width 1.
 
     >>> from rgtune.ir.kernels import Acc
-    >>> scatter_vector_width({"vector_width": 4}, ScatterKernel("s", message=Acc(2, 6)))
+    >>> vector_width({"vector_width": 4}, ScatterKernel("s", message=Acc(2, 6)))
     2
     """
-    assert isinstance(k, ScatterKernel)
+    if isinstance(k, ScatterKernel):
+        dim = k.message.dim
+    else:
+        assert isinstance(k, TraversalKernel)
+        dim = k.stage.feature_dim()
     v = s.get("vector_width", 1)
-    while v > 1 and k.message.dim % v:
+    while v > 1 and dim % v:
         v //= 2
     return v
 
@@ -96,9 +93,10 @@ CUDA_SCHEDULE = TargetSchedule("cuda", [
     TemplateSchedule(TraversalKernel, (
         TRAVERSAL_MAPPING,
         ScheduleParam("threads", (32, 64, 128, 256), 128, "threads per block"),
-        ScheduleParam("vector_width", (1, 2, 4), 1, "features per thread (float, float2, float4)"),
+        ScheduleParam("vector_width", (1, 2, 4), 1,
+                      "features per thread, at most (float, float2, float4; halved where it does not divide a size)"),
         ScheduleParam("coarsening", (1, 2, 4), 1, "destinations (or edges) per warp"),
-    ), (MAPPING_CONSTRAINT, ScheduleConstraint("vector_width", _vector_width))),
+    ), (MAPPING_CONSTRAINT,)),
     TemplateSchedule(MapKernel, (
         ScheduleParam("threads", (64, 128, 256), 256, "threads per block"),
     )),
