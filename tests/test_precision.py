@@ -151,17 +151,22 @@ def test_bfloat16_dot_products_match_the_reference(model: str, backend: CpuBacke
             assert err < tol, f"{model} on {g.name}, {cfg}: {which} off by {err:.3g} (tolerance {tol:.3g})"
 
 
+def _default_step(backend: CpuBackend, model: str, graph: HeteroGraph, precision: str, seed: int
+                  ) -> tuple[Verifier, Any, dict[str, torch.Tensor]]:
+    """The verifier, its case ``seed`` and the results of ``model``'s default training schedule in ``precision``."""
+    space = SearchSpace(_program(model), graph, "cpu", mode="training", precision=precision)
+    verifier = Verifier(_program(model), graph, training=True)
+    case = verifier.case(seed=seed)
+    kp = space.compile(space.default()).kernels
+    return verifier, case, _train(backend.build(kp, graph, space.default()), kp, graph, case)
+
+
 def test_a_float16_program_past_twice_the_rounded_references_error_passes(backend: CpuBackend,
                                                                           graphs: list[HeteroGraph]) -> None:
     """RGAT's default float16 training step on MUTAG, case 1: its attention vector's gradient is 2.3x as far off
     as the reference rounded to float16 (0.0171 against 0.0074; on other cases 0.4-1x): a maximum of rounding
     noise over 20 elements, not a bug (the exhaustive matrix found it under the old margin of 2)."""
-    g = graphs[1]
-    space = SearchSpace(_program("rgat"), g, "cpu", mode="training", precision="fp16")
-    v = Verifier(_program("rgat"), g, training=True)
-    case = v.case(seed=1)
-    kp = space.compile(space.default()).kernels
-    got = _train(backend.build(kp, g, space.default()), kp, g, case)
+    v, case, got = _default_step(backend, "rgat", graphs[1], "fp16", seed=1)
     err, which, tol = v.error(got, case, "float16")
     assert err < tol < 0.25, f"{which} off by {err:.3g} (tolerance {tol:.3g})"
 
@@ -169,12 +174,7 @@ def test_a_float16_program_past_twice_the_rounded_references_error_passes(backen
 def test_a_kernel_bug_fails_the_16_bit_tolerance(backend: CpuBackend, graphs: list[HeteroGraph]) -> None:
     """The tolerance is the reference's own rounding error times 3: an output with one element off by a tenth
     of the largest fails it."""
-    g = graphs[0]
-    space = SearchSpace(_program("hgt"), g, "cpu", mode="training", precision="bf16")
-    v = Verifier(_program("hgt"), g, training=True)
-    case = v.case(seed=3)
-    kp = space.compile(space.default()).kernels
-    got = _train(backend.build(kp, g, space.default()), kp, g, case)
+    v, case, got = _default_step(backend, "hgt", graphs[0], "bf16", seed=3)
     assert v.error(got, case, "bfloat16")[0] < v.error(got, case, "bfloat16")[2]
     broken = dict(got, output=got["output"].clone())
     broken["output"][5, 3] += 0.1 * float(got["output"].abs().max())
