@@ -8,7 +8,6 @@ means over the rows where a library finished. BENCHMARKS.md's tables (its `rgtun
     python experiments/bench_tables.py experiments/results/scale/bench.jsonl   # Real-size graphs, side by side
     python experiments/bench_tables.py experiments/results/cpu_bench.jsonl --date 2026-11-26   # Training step, CPU
     python experiments/bench_tables.py experiments/results/model_options_bench.jsonl   # Models with options
-    python experiments/bench_tables.py experiments/results/cpu_bench.jsonl --date 2026-11-21   # CPU backend
 """
 
 from __future__ import annotations
