@@ -23,7 +23,8 @@ from typing import Iterator
 def scoped_env(name: str, value: str) -> Iterator[None]:
     """``os.environ[name] = value`` inside the block; the previous value (or its absence) after it.
 
-    Child processes started inside the block (a spawned measurement worker) inherit it.
+    A measurement worker started inside the block takes it (a worker takes its parent's environment as it is
+    when it starts).
     """
     before = os.environ.get(name)
     os.environ[name] = value

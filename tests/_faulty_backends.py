@@ -102,3 +102,15 @@ class ChaosCpu(CpuBackend):
         if _matches(schedule, os.environ.get("RGTUNE_HANG_KNOBS", "")):
             built.run_fn = lambda x, p: Hang().misbehave(None)
         return built
+
+
+class Environ(ReferenceBackend):
+    """Correct; its device info says what the worker process started with: ``RGTUNE_TEST_MARK`` and torch's
+    thread count."""
+
+    name = "environ"
+
+    def device_info(self) -> dict[str, Any]:
+        import torch
+
+        return {**super().device_info(), "mark": os.environ.get("RGTUNE_TEST_MARK"), "threads": torch.get_num_threads()}

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import pytest
 
+from _processes import measurement_workers
+
 REPO = Path(__file__).resolve().parents[1]
 GRAPH = "synthetic:custom,nodes=300,edges=2500,ntypes=2,rels=4,seed=1"
 TRIALS = int(os.environ.get("RGTUNE_FAULT_TRIALS", "24"))
@@ -101,20 +103,6 @@ def _wait_for(db: Path, count: int, run: _Run, deadline_s: float = 900, mid_tria
         time.sleep(0.2)
 
 
-def _workers(pid: int) -> list[int]:
-    """The measurement workers of ``tune`` process ``pid`` (its spawned children, not the resource tracker)."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                if parent == pid and b"spawn_main" in (entry / "cmdline").read_bytes():
-                    out.append(int(entry.name))
-            except (OSError, ValueError):
-                continue
-    return out
-
-
 def _corrupt(cache: Path) -> dict[str, int]:
     libraries = sorted(cache.rglob("*.so"))
     for i, lib in enumerate(libraries):
@@ -156,7 +144,7 @@ def test_a_study_under_every_fault_accounts_for_every_trial(tmp_path, disk):
     run = _Run(db, quarter, env, tmp_path)
     _wait_for(db, quarter // 2, run, mid_trial=True)
     time.sleep(0.3)  # the parent hands the trial to the worker after compiling its kernel IR
-    for pid in _workers(run.proc.pid):
+    for pid in measurement_workers(run.proc.pid):
         os.kill(pid, signal.SIGKILL)
         events["worker killed"] += 1
     rc, err = run.finish()

@@ -19,9 +19,11 @@ import pytest
 from optuna.trial import TrialState
 
 from rgtune.db import DatabaseError, TrialDatabase
-from rgtune.tuner.measure import MeasureOptions, WorkerStartError
+from rgtune.tuner.measure import MeasureOptions, MeasureWorker, WorkerStartError, start_method
 from rgtune.tuner.study import TuneOptions, Tuner
 from rgtune.tuner.workload import Workload
+
+from _processes import alive, children, fork_servers, measurement_workers
 
 GRAPH = "synthetic:custom,nodes=300,edges=2500,ntypes=2,rels=4,seed=1"
 FAST = MeasureOptions(warmup=1, repeats=2, min_seconds=0.0, timeout=20.0)
@@ -158,17 +160,28 @@ def test_a_long_trial_keeps_its_heartbeat_and_survives_being_declared_abandoned(
 
 
 # ------------------------------------------------------------------ the worker's life
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
+def test_a_forked_worker_starts_with_the_parents_environment_and_threads_of_that_moment(monkeypatch):
+    """A CPU worker is forked by a server that started with the first worker: the second must still see
+    what the parent has when it starts (a ``scoped_env`` setting, ``tune --threads``), not the server's."""
+    import torch
+
+    assert start_method("_faulty_backends:Environ") == "forkserver" and start_method("cuda") == "spawn"
+    threads = torch.get_num_threads()
+    seen = []
+    try:
+        for mark, n in (("first", threads), ("second", 1 if threads > 1 else 2)):
+            monkeypatch.setenv("RGTUNE_TEST_MARK", mark)
+            torch.set_num_threads(n)
+            worker = MeasureWorker(_workload("_faulty_backends:Environ"), FAST)
             try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(entry.name))
-    return out
+                info = worker.start()
+                seen.append((info["mark"], info["threads"]))
+                assert worker.measure({}).status == "ok"
+            finally:
+                worker.close()
+    finally:
+        torch.set_num_threads(threads)
+    assert seen == [("first", threads), ("second", 1 if threads > 1 else 2)]
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the worker through /proc")
@@ -184,35 +197,22 @@ def test_the_measurement_worker_dies_with_a_killed_tune(tmp_path):
         deadline = time.time() + 120
         while time.time() < deadline and not workers:
             time.sleep(0.2)
-            workers = [p for p in _children(proc.pid) if b"spawn_main" in _cmdline(p)]
+            workers = measurement_workers(proc.pid)
         assert workers, "the measurement worker did not start"
+        workers += fork_servers(proc.pid)  # the server too must not outlive tune
         time.sleep(3)  # into its first trial
         os.kill(proc.pid, signal.SIGKILL)  # the tune process alone, not its process group
         proc.wait()
         deadline = time.time() + 10
-        while time.time() < deadline and any(Path(f"/proc/{p}").exists() and _state(p) != "Z" for p in workers):
+        while time.time() < deadline and any(alive(p) for p in workers):
             time.sleep(0.1)
-        assert not any(Path(f"/proc/{p}").exists() and _state(p) != "Z" for p in workers)
+        assert not any(alive(p) for p in workers)
     finally:  # an orphaned worker (the failure this test is about) must not outlive the test
-        for p in {*workers, *_children(proc.pid)}:
+        for p in {*workers, *children(proc.pid)}:
             try:
                 os.kill(p, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-
-
-def _cmdline(pid: int) -> bytes:
-    try:  # a short-lived child (the resource tracker, a compiler) may exit between listing and reading
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
-
-
-def _state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "gone"
 
 
 def test_a_worker_that_cannot_restart_costs_its_trial_and_three_in_a_row_end_the_run(db, monkeypatch):

@@ -577,7 +577,7 @@ def bench(model: str, dataset: str, *, in_dim: int = 64, out_dim: int = 64, head
     cpu_overrides()  # a bad figure in the environment: now too
     if threads:
         torch.set_num_threads(threads)
-        os.environ["OMP_NUM_THREADS"] = str(threads)  # a tuning worker (spawned) then matches this process
+        os.environ["OMP_NUM_THREADS"] = str(threads)  # and the processes it starts
     threads = torch.get_num_threads()
     be = resolve_backend(backend)
     if tune_trials > 0 and db is not None:

@@ -70,8 +70,14 @@ that cannot be restarted costs the trial (``failed``), not the study. While it w
 parent calls the worker's ``on_wait`` every ``heartbeat_s`` seconds (the tuner records a
 heartbeat, so that other workers of a shared database do not take a long trial for an abandoned
 one). The worker
-never outlives its parent: it polls the parent's pid and exits when the parent is gone (a
-``kill -9`` of ``tune`` would otherwise leave it running, holding the GPU's lock).
+never outlives its parent: it exits when its end of the pipe from the parent closes (a ``kill -9``
+of ``tune`` would otherwise leave it running, holding the GPU's lock).
+
+Where a worker comes from (:func:`start_method`): a CPU backend's is forked from a server process
+that imported torch and rgtune once (``multiprocessing``'s ``forkserver``), so a start or a restart
+after a crash or a hang costs a fork, not seconds of imports; the server runs nothing, so no thread
+pool or device state is forked. It takes the parent's environment and thread count as they are when
+it starts (not as they were when the server did). A device backend's (CUDA) is spawned fresh.
 
 :meth:`MeasureWorker.reverify` checks a schedule again on fresh inputs, each run more than once,
 without timing it: a kernel with a data race can pass one verification by luck.
@@ -551,22 +557,40 @@ def paired_times(run: Callable[[], Any], run_reference: Callable[[], Any], optio
     return times, reference
 
 
-def _watch_parent(parent: int, every: float = 0.5) -> None:
-    """Exit when the parent is gone (re-parented: ``os.getppid()`` changes); a daemon thread, so that a
-    worker busy in a kernel still notices. The exit is immediate: nothing of a trial is the worker's to save."""
+def _watch_parent() -> None:
+    """Exit when the parent is gone: its end of the pipe ``multiprocessing`` started this process through
+    closes (a forked worker's parent process is the fork server, so the pid would not tell). A daemon
+    thread, so that a worker busy in a kernel still notices. The exit is immediate: nothing of a trial is
+    the worker's to save."""
+    parent = mp.parent_process()
+    if parent is None:  # not started by multiprocessing (a test calling _worker_main directly)
+        return
 
     def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(every)
+        parent.join()
         os._exit(3)
 
     threading.Thread(target=watch, name="rgtune-parent-watch", daemon=True).start()
 
 
-def _worker_main(conn: Any, workload: Workload, options: MeasureOptions, parent: int) -> None:
+def _take_parents_settings(environ: Mapping[str, str], threads: int) -> None:
+    """The parent's environment and torch thread count as they are now: a forked worker's process has the
+    fork server's, from when the server started (a ``scoped_env`` setting, ``tune --threads``, a test's
+    cache folder would be missed)."""
+    os.environ.clear()
+    os.environ.update(environ)
+    import torch
+
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+
+
+def _worker_main(conn: Any, workload: Workload, options: MeasureOptions, parent: int,
+                 environ: Mapping[str, str], threads: int) -> None:
     # the parent handles Ctrl-C; a worker killed mid-trial is restarted by it
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _watch_parent(parent)
+    _take_parents_settings(environ, threads)
+    _watch_parent()
     try:
         _say_whose_model(workload, parent)
         session = _Session(workload, options)
@@ -640,6 +664,36 @@ def _main_script_hidden(keep: bool) -> Iterator[None]:
         main.__dict__.update(saved)
 
 
+#: what the fork server imports once, for every CPU worker it forks (everything a worker runs but the kernels)
+_SERVER_PRELOAD = ["rgtune.tuner.measure"]
+
+
+def start_method(backend: str) -> str:
+    """How a worker of ``backend`` starts: ``"forkserver"`` for a backend whose ``device_type`` is ``"cpu"``
+    (see the module's docstring), else ``"spawn"``: a device backend's worker stays a fresh interpreter (a
+    process's CUDA state must never be forked, and the server's imports were not measured on a GPU).
+
+    Example:
+        >>> start_method("cpu"), start_method("reference"), start_method("cuda")
+        ('forkserver', 'forkserver', 'spawn')
+    """
+    try:
+        from rgtune.codegen.base import create
+
+        device = create(backend).device_type
+    except Exception:  # noqa: BLE001 - a backend that does not load here: its worker says why, spawned
+        return "spawn"
+    return "forkserver" if device == "cpu" and "forkserver" in mp.get_all_start_methods() else "spawn"
+
+
+def _context(backend: str) -> Any:
+    method = start_method(backend)
+    ctx = mp.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(_SERVER_PRELOAD)  # read when the server starts (once per process)
+    return ctx
+
+
 class WorkerStartError(RuntimeError):
     """The worker could not load the workload (bad dataset, backend unavailable...)."""
 
@@ -653,7 +707,7 @@ class MeasureWorker:
         self.workload = workload
         self.options = options or MeasureOptions()
         self.on_wait = on_wait
-        self._ctx = mp.get_context("spawn")
+        self._ctx = _context(workload.backend)
         self._proc: Any = None
         self._conn: Any = None
         self.device_info: dict[str, Any] = {}
@@ -668,8 +722,11 @@ class MeasureWorker:
         if self._proc is not None and self._proc.is_alive():
             return self.device_info
         parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(target=_worker_main, args=(child, self.workload, self.options, os.getpid()), daemon=True,
-                                 name=f"rgtune-measure-{self.workload.model}")
+        import torch
+
+        proc = self._ctx.Process(target=_worker_main, args=(child, self.workload, self.options, os.getpid(),
+                                                            dict(os.environ), torch.get_num_threads()),
+                                 daemon=True, name=f"rgtune-measure-{self.workload.model}")
         with _main_script_hidden(keep=(self.workload.model_source or "").startswith("__main__:")):
             proc.start()
         child.close()
