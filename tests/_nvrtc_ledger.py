@@ -7,6 +7,11 @@ by architecture (``#if __CUDA_ARCH__``: a scatter's vector atomics); the rest is
 the same front end, so a second architecture is mostly a second ptxas run. ``RGTUNE_EXHAUSTIVE=1``
 compiles every unit for every architecture.
 
+A unit that compiled cleanly is recorded in the session's cache folder (``RGTUNE_CACHE_DIR``, which the
+test processes of a run share): another module's sweep, or the other worker's, counts it as checked
+(a unit's code decides its compile: it is the same check) instead of compiling it again. One with
+problems is not recorded: every sweep that has it reports them.
+
 Use from a test module::
 
     from _nvrtc_ledger import Ledger, ledger  # noqa: F401  (``ledger`` is a module fixture)
@@ -25,6 +30,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import pytest
@@ -50,6 +56,8 @@ class Ledger:
     cpu: dict[tuple[str, str], float] = field(default_factory=dict)  # (unit key, arch) -> CPU seconds
     groups: dict[str, tuple[int, float]] = field(default_factory=dict)  # new units, wall seconds
     per_program: dict[str, list[float]] = field(default_factory=dict)
+    #: units another sweep of the session had compiled cleanly (its CPU seconds are in ``cpu``)
+    found: set[tuple[str, str]] = field(default_factory=set)
 
     @staticmethod
     def archs_of(unit: Any) -> tuple[str, ...]:
@@ -67,12 +75,18 @@ class Ledger:
             for u in prog.units:
                 for arch in self.archs_of(u):
                     if (u.key, arch) not in self.cpu:
-                        todo.setdefault((u.key, arch), u)
+                        if (cpu := _checked_before(u.key, arch)) is not None:
+                            self.cpu[(u.key, arch)] = cpu
+                            self.found.add((u.key, arch))
+                        else:
+                            todo.setdefault((u.key, arch), u)
         problems: list[str] = []
         with ThreadPoolExecutor(WORKERS) as pool:
             for key, (found, cpu) in zip(todo, pool.map(_compile_one, todo.items())):
                 problems += found
                 self.cpu[key] = cpu
+                if not found:
+                    _record_checked(*key, cpu)
         units, wall = self.groups.get(group, (0, 0.0))
         self.groups[group] = (units + len({k for k, _ in todo}), wall + time.perf_counter() - t0)
         self.per_program.setdefault(group, []).extend(
@@ -92,8 +106,33 @@ class Ledger:
                          f"per program median {statistics.median(s):.2f} s, max {s[-1]:.2f} s")
         total = sum(self.cpu.values())
         lines.append(f"  all: {len(self.cpu)} compiles, {total:.1f} CPU s "
-                     f"({total / max(len(self.cpu), 1) * 1000:.0f} ms each)")
+                     f"({total / max(len(self.cpu), 1) * 1000:.0f} ms each); {len(self.found)} of them compiled cleanly "
+                     "by another sweep of this session, not again")
         return lines
+
+
+def _record_path(key: str, arch: str) -> Path | None:
+    root = os.environ.get("RGTUNE_CACHE_DIR")
+    return Path(root) / "nvrtc-ledger" / f"{key}-{arch}" if root else None
+
+
+def _checked_before(key: str, arch: str) -> float | None:
+    """The CPU seconds of a clean compile of ``key`` for ``arch`` in this session, if one was recorded."""
+    path = _record_path(key, arch)
+    try:
+        return float(path.read_text()) if path is not None else None
+    except (OSError, ValueError):
+        return None
+
+
+def _record_checked(key: str, arch: str, cpu: float) -> None:
+    path = _record_path(key, arch)
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(f"{cpu:.6f}")
+    os.replace(tmp, path)  # whole or absent for a reader
 
 
 def _compile_one(job: tuple[tuple[str, str], Any]) -> tuple[list[str], float]:
