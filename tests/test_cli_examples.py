@@ -238,3 +238,25 @@ def test_tune_json_prints_the_summary_and_takes_in_and_out_sizes(tmp_path, capsy
     assert "best schedule" in err and "in_dim=8, out_dim=4" in err  # the readable summary, on stderr
     (w,) = TrialDatabase(str(db)).workloads()
     assert (w.in_dim, w.out_dim, w.id) == (8, 4, summary["workload_id"])
+
+
+def test_the_parser_imports_no_torch_and_the_choices_it_spells_out_are_the_modules() -> None:
+    """``rgtune --help`` and an argument error answer at once: building every command's parser imports none of
+    torch, Optuna, scikit-learn or the measurement module (counted in a fresh process, not timed), and the
+    choices the command line spells out for that are the ones the modules declare."""
+    import subprocess
+    import sys
+
+    heavy = ("torch", "optuna", "sklearn", "rgtune.tuner.measure", "rgtune.costmodel")
+    code = f"import sys; from rgtune.cli import build_parser; build_parser(); print([m for m in {heavy} if m in sys.modules])"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
+
+    from rgtune.bench import IMPLS
+    from rgtune.cli import bench as bench_command
+    from rgtune.cli import tune as tune_command
+    from rgtune.tuner.measure import OBJECTIVES, TIMINGS
+    from rgtune.tuner.verification import SAMPLE_ABOVE_EDGES
+
+    assert (bench_command.IMPLS, bench_command.SAMPLE_ABOVE_EDGES) == (IMPLS, SAMPLE_ABOVE_EDGES)
+    assert (tune_command.TIMINGS, tune_command.OBJECTIVES) == (TIMINGS, OBJECTIVES)

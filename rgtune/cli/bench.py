@@ -10,11 +10,14 @@ from typing import Sequence
 
 from rgtune.cli._common import CLIError, CommandFailed, add_db_arg, add_layer_args, add_peak_arg, model_options
 
+#: ``rgtune.bench.IMPLS`` and ``rgtune.tuner.verification.SAMPLE_ABOVE_EDGES``, spelt out: both modules import
+#: torch, which would cost every command (``--help`` included) seconds (tests/test_cli_examples.py checks that
+#: they agree)
+IMPLS = ("rgtune", "lowering", "torch", "pyg", "dgl")
+SAMPLE_ABOVE_EDGES = 200_000
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from rgtune.bench.layers import IMPLS
-    from rgtune.tuner.verification import SAMPLE_ABOVE_EDGES
-
     p = sub.add_parser(
         "bench", help="tuned layer vs reference lowering vs PyG vs DGL, side by side",
         description="Time one layer side by side: rgtune's tuned kernels, its torch lowering, the torch reference "
@@ -54,7 +57,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Bench the layer, print the table, write the row (and the JSON line)."""
-    from rgtune.bench import IMPLS, bench, format_table, result_json, write_benchmarks
+    from rgtune.bench import bench, format_table, result_json, write_benchmarks
 
     impls = [s.strip() for s in args.impls.split(",") if s.strip()]
     unknown = sorted(set(impls) - set(IMPLS))

@@ -16,11 +16,14 @@ from typing import TYPE_CHECKING, Any
 from rgtune.cli._common import (TRUST_CODE_HELP, CLIError, add_db_arg, add_mode_arg, add_workload_args, layer_sizes,
                                 load_graph, model_options, open_db, positive_int, positive_seconds, resolve_backend,
                                 trial_name)
-from rgtune.tuner.measure import OBJECTIVES, TIMINGS
 
 if TYPE_CHECKING:
     from rgtune.tuner.study import TuneOptions
 
+#: ``rgtune.tuner.measure.TIMINGS`` and ``OBJECTIVES``, spelt out: the measurement module imports torch, which
+#: would cost every command (``--help`` included) seconds (tests/test_cli_examples.py checks that they agree)
+TIMINGS = ("plain", "paired")
+OBJECTIVES = ("auto", "call", "kernels")
 #: ``tune --cost-model-policy`` unless given (BENCHMARKS.md, "Learned cost model", has how they compare)
 DEFAULT_POLICY = "rank"
 #: the flag that sets each field of :class:`TuneOptions` and :class:`MeasureOptions` (their errors name it)

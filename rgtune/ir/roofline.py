@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-import torch
+# torch is imported by the functions that measure or ask the GPU: the command line reads the peaks' names without it
 
 #: environment variables that replace the CPU's measured bandwidth (GB/s) and float32 FLOP rate (GFLOP/s)
 BANDWIDTH_ENV = "RGTUNE_CPU_BANDWIDTH_GBS"
@@ -136,6 +136,8 @@ def device_peak(device_type: str, name: str = "auto") -> tuple[DevicePeak, str |
     """The peak of the device a backend runs on (``device_type``: ``cpu`` or ``cuda``), or the one ``name``
     names, and a note where it is not the device's own: a CUDA backend where no GPU is visible, or a GPU
     whose name has no datasheet figures here, gets :data:`DEFAULT_GPU`'s."""
+    import torch
+
     if name != "auto":
         return peak_by_name(name), None
     if device_type != "cuda":
@@ -184,6 +186,8 @@ def cpu_peak(threads: int | None = None, bandwidth: float | None = None,
     """This machine's CPU: ``bandwidth`` (bytes/s) and ``flop_rate`` (FLOP/s) where given, else
     :data:`BANDWIDTH_ENV` / :data:`FLOPS_ENV` where set, else measured with ``threads`` threads (default:
     torch's), once per process and thread count (:func:`measure_cpu`)."""
+    import torch
+
     threads = threads or torch.get_num_threads()
     overrides = cpu_overrides()
 
@@ -226,6 +230,8 @@ def measure_cpu(threads: int) -> dict[str, float]:
     and thread count): the better of a copy and a triad over float32 arrays of several times the last-level
     cache (bytes counted as STREAM counts them: each array read or written once), and a float32 matmul. Each
     takes the best of its runs: the floor is what the machine can do, not what it did on average."""
+    import torch
+
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -235,6 +241,8 @@ def measure_cpu(threads: int) -> dict[str, float]:
 
 
 def _stream_bandwidth(runs: int = 5) -> float:
+    import torch
+
     elems = _stream_bytes() // 4
     a, b, c = torch.zeros(elems), torch.ones(elems), torch.ones(elems)  # written: every page is resident
     kernels: tuple[tuple[Callable[[], Any], int], ...] = (
@@ -243,6 +251,8 @@ def _stream_bandwidth(runs: int = 5) -> float:
 
 
 def _matmul_flop_rate(n: int = 1024, min_seconds: float = 0.05) -> float:
+    import torch
+
     x, y = torch.rand(n, n), torch.rand(n, n)
     out = torch.empty(n, n)
     torch.mm(x, y, out=out)  # the BLAS's threads and buffers start here, not in a timed run
