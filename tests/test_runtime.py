@@ -397,6 +397,24 @@ def test_bench_prints_a_table_and_replaces_its_rows(tmp_path, capsys):
     assert "`rgtune bench --model hgt" in text
 
 
+def test_bench_writes_no_file_unless_asked(tmp_path, monkeypatch, capsys):
+    """`rgtune bench` prints; only --write (or --output) updates a markdown file: a tracked BENCHMARKS.md in
+    the working directory stays byte-identical otherwise."""
+    from rgtune.cli.bench import _portable
+    monkeypatch.chdir(tmp_path)
+    md = tmp_path / "BENCHMARKS.md"
+    md.write_text("# Benchmarks\n")
+    base = ["bench", "--model", "rgcn", "--dataset", GRAPH, "--hidden", "8", "--backend", "reference", "--db",
+            str(tmp_path / "none.db"), "--repeats", "1", "--warmup", "0", "--threads", "1", "--impls", "rgtune"]
+    assert cli_main(base) == 0
+    assert md.read_text() == "# Benchmarks\n" and "wrote the row" not in capsys.readouterr().out
+    assert cli_main([*base, "--write"]) == 0
+    assert md.read_text() != "# Benchmarks\n" and "wrote the row to BENCHMARKS.md" in capsys.readouterr().out
+    assert _portable(["--write", "--model", "rgcn"]) == ["--model", "rgcn"]
+    assert _portable(["--model", "rgcn", "--write", "x.md", "--hidden", "8"]) == ["--model", "rgcn", "--hidden", "8"]
+    assert _portable(["--model", "rgcn", "--write"]) == ["--model", "rgcn"]
+
+
 def test_bench_keeps_rows_written_before_the_memory_column(tmp_path):
     from rgtune.bench.report import _MAIN_HEADER, _MAIN_HEADER_V1, BEGIN, END, _md_row, write_benchmarks
     from rgtune.bench.layers import BenchResult, Impl

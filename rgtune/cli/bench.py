@@ -23,7 +23,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Time one layer side by side: rgtune's tuned kernels, its torch lowering, the torch reference "
                     "layer, PyG and DGL (same graph, sizes, weights, threads): the forward, and a training step "
                     "(forward, then backward to the input and every parameter); print a table, with the floor of "
-                    "rgtune's schedules on the device and the share of it reached, and write a row to BENCHMARKS.md.",
+                    "rgtune's schedules on the device and the share of it reached; with --write, also write a row to "
+                    "BENCHMARKS.md (nothing is written unless asked).",
         epilog="Example: rgtune bench --model rgcn --dataset aifb --tune-trials 30")
     add_layer_args(p, "aifb, mutag, ..., or synthetic:<spec>")
     add_db_arg(p)
@@ -48,8 +49,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help=f"on a graph of more than {SAMPLE_ABOVE_EDGES:,} edges, check N sampled destination rows of each output "
                         "against the float64 reference on their in-neighbourhood (default 512)")
     add_peak_arg(p)
-    p.add_argument("--output", default="BENCHMARKS.md", help="the markdown file to update (default BENCHMARKS.md)")
-    p.add_argument("--no-write", action="store_true", help="print only")
+    p.add_argument("--write", nargs="?", const="BENCHMARKS.md", default=None, metavar="PATH",
+                   help="write the row into the markdown file PATH (default when given without PATH: "
+                        "BENCHMARKS.md); without it, bench prints only")
+    p.add_argument("--output", default=None, metavar="PATH", help="the same as --write PATH (older command lines)")
+    p.add_argument("--no-write", action="store_true", help="print only (the default; kept for older command lines)")
     p.add_argument("--json", default=None, metavar="PATH",
                    help="also append the result as one JSON line (every repeat's time) to PATH")
     p.set_defaults(func=run)
@@ -83,25 +87,34 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         with open(args.json, "a") as f:
             f.write(json.dumps(result_json(res)) + "\n")
-    if not args.no_write:
-        write_benchmarks(Path(args.output), res)
-        print(f"wrote the row to {args.output}")
+    target = args.write or args.output
+    if target is not None and args.no_write:
+        raise CLIError(f"--no-write and --write/--output {target} contradict each other; give one")
+    if target is not None:
+        write_benchmarks(Path(target), res)
+        print(f"wrote the row to {target}")
     return 0
 
 
 def _portable(argv: Sequence[str]) -> list[str]:
     """The command line as BENCHMARKS.md records it: without where files live on this machine
-    (``--output``, ``--data-dir``, ``--json``, ``--no-write``; a database by its file name, a
+    (``--write``, ``--output``, ``--data-dir``, ``--json``, ``--no-write``; a database by its file name, a
     server's URL without its password)."""
     from rgtune.db.engine import hide_password
 
     out: list[str] = []
-    it = iter(argv)
-    for arg in it:
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
         name, eq, value = arg.partition("=")
-        if name in ("--output", "--data-dir", "--db", "--json") and not eq:
-            value = next(it, "")
-        if name in ("--output", "--data-dir", "--no-write", "--json"):
+        i += 1
+        # a flag's value is the next argument (--write's only when that is no flag: its path is optional)
+        takes_next = name in ("--output", "--data-dir", "--db", "--json") or (
+            name == "--write" and i < len(argv) and not argv[i].startswith("-"))
+        if takes_next and not eq:
+            value = argv[i] if i < len(argv) else ""
+            i += 1
+        if name in ("--write", "--output", "--data-dir", "--no-write", "--json"):
             continue
         if name == "--db":
             if value.startswith("sqlite:///"):  # a file's URL: its name only
