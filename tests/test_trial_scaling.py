@@ -52,6 +52,8 @@ def test_a_candidate_much_slower_than_the_best_is_stopped_after_its_first_run():
         r = w.measure({}, seed=1, best=1e-9)
         assert r.status == "stopped" and r.median is None and r.times == []
         assert r.details.first_run_ms > 0 and "stopped after its first run" in r.error
+        # the limit was the floor (3 x a nanosecond is under it): the message names the floor, not "3 x the best"
+        assert "over 50 ms (the early stop's floor, which 3 x the best so far is under)" in r.error
         assert w.measure({}, seed=1, best=1e3).status == "ok"  # a best of 1000 s: never stopped
     with MeasureWorker(_workload(), MeasureOptions(warmup=1, repeats=2, stop_slower=None)) as w:
         assert w.measure({}, seed=1, best=1e-9).status == "ok"  # stop_slower None: never stopped

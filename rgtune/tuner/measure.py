@@ -331,8 +331,11 @@ class _Session:
             return TrialResult("wrong_result", error=self._off_by(err, which, tol, storage), **measured)
         if median is None:
             assert first is not None and stop_after is not None
+            # which rule set the limit: the factor over the best, or the floor under it (a fast best)
+            rule = (f"the early stop's floor, which {self.o.stop_slower:g} x the best so far is under"
+                    if stop_after <= STOP_MIN_S else f"{self.o.stop_slower:g} x the best so far")
             return TrialResult("stopped", error=f"stopped after its first run: {first * 1e3:.4g} ms, over "
-                               f"{stop_after * 1e3:.4g} ms ({self.o.stop_slower:g} x the best so far)", **measured)
+                               f"{stop_after * 1e3:.4g} ms ({rule})", **measured)
         if called is not None and called.times is None:
             measured["max_error"] = max(err, called.error)
             return TrialResult("wrong_result", error=f"{CALL_WRONG}{called.why}", **measured)
