@@ -267,13 +267,15 @@ def test_the_default_schedule_is_the_first_trial_and_a_study_resumes(db):
     assert first.default_ms is not None
     second = Tuner(_workload("reference"), db, opts).run()
     assert second.study_name == first.study_name and db.count_trials() == 6
+    # --trials counts this run's trials; the summary says what the study had before
+    assert first.earlier_measured == 0 and second.measured == 3 and second.earlier_measured == first.measured == 3
     import optuna
 
     study = optuna.load_study(study_name=first.study_name, storage=db.url)
     assert len(study.trials) == 6
     fresh = Tuner(_workload("reference"), db, TuneOptions(trials=1, fresh=True, progress=False, measure=FAST,
                                                             confirm_top=0)).run()
-    assert fresh.study_name != first.study_name and db.count_trials() == 7
+    assert fresh.study_name != first.study_name and db.count_trials() == 7 and fresh.earlier_measured == 0
 
 
 def test_a_study_resumed_with_the_other_timing_says_so(db):

@@ -50,7 +50,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "load_tuned finds the schedules of that graph by its content")
     add_mode_arg(p, "what is tuned")
     p.add_argument("--trials", type=positive_int, default=None,
-                   help="trials to run now (default 50 unless --time-budget is given)")
+                   help="measured trials to run now, added to those a resumed study already has (default 50 "
+                        "unless --time-budget is given); the summary says how many the study holds")
     p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS", help="start no trial after this long")
     p.add_argument("--backend", default="auto", help="auto (cuda if a GPU is usable, else cpu), cpu, cuda, reference")
     p.add_argument("--threads", type=positive_int, default=None, metavar="N",
@@ -288,7 +289,11 @@ def _print_summary(s) -> None:
     what = f"{s.measured} measured trials" + (f" ({s.rechecked} rechecked as a new best)" if s.rechecked else "") \
         + (" and a confirmation" if s.confirmation is not None else "")
     print(f"study {s.study_name}: {what} in {s.elapsed_s:.1f} s ({status or 'none'})"
-          + (" -- interrupted; run the same command to resume" if s.interrupted else ""))
+          + (" -- interrupted; the same command resumes the study (--trials more measured trials)"
+             if s.interrupted else ""))
+    if s.earlier_measured:
+        print(f"resumed: the study had {s.earlier_measured} measured trials before this run, "
+              f"{s.earlier_measured + s.measured} now")
     if s.over_memory:
         print(f"memory: {s.over_memory} proposed schedules left out of the cost model's pools, their buffers over "
               "--memory-limit or the measuring process's free memory")

@@ -228,6 +228,8 @@ class TuneSummary:
     best_kernel_ms: float | None = None
     best_call_ms: float | None = None
     best_objective: str | None = None  # which one: "kernels" or "call"
+    #: measured trials the study had before this run (a resumed study's; ``measured`` counts this run's only)
+    earlier_measured: int = 0
 
     @property
     def speedup(self) -> float | None:
@@ -334,6 +336,11 @@ class Tuner:
         self.study.set_user_attr("rgtune.recheck", self.options.recheck)
         self._fail_abandoned_optuna_trials()
         new_study = not self.study.trials
+        # a resumed study's measured trials (its recorded trials but those the cost model pruned): told in the
+        # summary, since --trials counts the trials this run measures
+        ids = {t.user_attrs.get("rgtune.trial_id") for t in self.study.trials} - {None}
+        self.earlier_measured = 0 if new_study else sum(
+            1 for r in self.db.history(self.record) if r.id in ids and r.status not in UNMEASURED)
         #: a sampler workload's counterpart on the whole graph: its best trial, timed here too (_whole_graph_best)
         self.whole_graph = self._whole_graph_best()
         if new_study:
@@ -664,7 +671,8 @@ class Tuner:
                            default_is_best=best is not None and default is not None and best.schedule_hash == default_hash,
                            best_verified_inputs=best.verified_inputs if best else None, whole_graph=whole,
                            best_study_trial=self.db.study_trial_number(best) if best else None,
-                           best_kernel_ms=timed.kernel_ms, best_call_ms=timed.call_ms, best_objective=timed.objective)
+                           best_kernel_ms=timed.kernel_ms, best_call_ms=timed.call_ms, best_objective=timed.objective,
+                           earlier_measured=getattr(self, "earlier_measured", 0))
 
     def _whole_graph_comparison(self, best: "TrialRecord | None", confirmed: Confirmed | None) -> WholeGraphBest | None:
         """The best whole-graph schedule's time on the batches: confirmed with the best where both took part in
