@@ -818,6 +818,25 @@ def test_damaged_pages_are_reported_as_corrupt(tmp_path: Path) -> None:
         TrialDatabase(_file_url(path)).count_trials()
 
 
+def test_a_writer_refuses_damaged_pages_before_writing_anything(tmp_path: Path) -> None:
+    """Pages damaged past the header: a writer (tune) is refused when it opens the file, which stays
+    byte-identical (before, tune added a workload, a study and a waiting trial to the pages that still read)."""
+    path = tmp_path / "results.db"
+    db = TrialDatabase(_file_url(path))
+    w = _workload(db)
+    for i in range(50):
+        _trial(db, w, {"i": i, "pad": "x" * 500}, "ok", float(i + 1))
+    db.close()
+    data = bytearray(path.read_bytes())
+    page = 4096
+    data[3 * page:] = os.urandom(len(data) - 3 * page)  # the schema's first pages intact, the trials' garbage
+    path.write_bytes(bytes(data))
+    before = path.read_bytes()
+    with pytest.raises(DatabaseCorruptError, match="is damaged .*nothing was written to it"):
+        TrialDatabase(_file_url(path))
+    assert path.read_bytes() == before and sorted(os.listdir(tmp_path)) == ["results.db"]
+
+
 def _run_unprivileged(code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     """Run Python code where file permissions apply: root ignores them unless it drops CAP_DAC_OVERRIDE."""
     cmd = [sys.executable, "-c", textwrap.dedent(code)]

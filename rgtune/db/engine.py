@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import re
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
@@ -210,6 +211,7 @@ def preflight_sqlite(path: Path, shown: str, *, readonly: bool) -> None:
                 f"cannot write to {shown}: {where} is read-only "
                 f"(SQLite creates {path.name}-wal and {path.name}-shm there); pass a --db in a writable directory"
             )
+        _check_pages(path, shown)
     else:
         if readonly:
             raise DatabaseURLError(f"{shown} does not exist (opened read-only, so it is not created)")
@@ -229,6 +231,29 @@ def _check_header(path: Path, shown: str) -> None:
     if head and head != _SQLITE_MAGIC:
         raise DatabaseCorruptError(
             f"{shown} is not an SQLite database (file is not a database); move it away "
+            f"(e.g. mv {shown} {shown}.bad) and run again, or pass another --db"
+        )
+
+
+def _check_pages(path: Path, shown: str) -> None:
+    """Refuse a database whose pages are damaged before anything writes to it: a writer that opened it would
+    add its rows to the pages that still read (a workload, a study, a waiting trial) and fail later. SQLite's
+    ``quick_check`` reads every page through a read-only connection, so the file stays byte-identical."""
+    wal = path.with_name(path.name + "-wal")
+    if path.stat().st_size == 0 or wal.exists() and wal.stat().st_size > 0:
+        return  # empty; or a writer's log holds newer pages (maybe mid-checkpoint): SQLite's own reads will tell
+    import sqlite3
+
+    try:  # immutable: no lock, no -shm or -wal made beside the file (a read-only WAL connection would make both)
+        with closing(sqlite3.connect(f"file:{quote(str(path))}?immutable=1", uri=True)) as conn:
+            rows = conn.execute("PRAGMA quick_check(1)").fetchall()
+    except sqlite3.DatabaseError as e:
+        problem = str(e)
+    else:
+        problem = "" if rows == [("ok",)] else str(rows[0][0]) if rows else "no answer"
+    if problem:
+        raise DatabaseCorruptError(
+            f"{shown} is damaged (SQLite's check: {problem}); nothing was written to it; move it away "
             f"(e.g. mv {shown} {shown}.bad) and run again, or pass another --db"
         )
 
