@@ -329,6 +329,9 @@ def _print_summary(s) -> None:
     else:
         if s.speedup is None:
             speed = ""
+        elif s.default_confirmed and s.paired_speedup is not None:
+            speed = (f" ({s.speedup:.2f}x over the default schedule: the median of the confirmation's paired "
+                     f"rounds; its medians' ratio {s.default_ms / s.best_ms:.2f}x)")
         elif s.default_confirmed:
             speed = f" ({s.speedup:.2f}x over the default schedule, both confirmed)"
         else:  # a confirmed median against one measurement would flatter or wrong the search: say which is which
@@ -336,10 +339,24 @@ def _print_summary(s) -> None:
         print(f"best schedule: {s.best_ms:.4g} ms{how}{speed}, {trial_name(s.best_study_trial, s.best_trial_id)}")
     if s.best_verified_inputs:
         print(f"  re-verified on {s.best_verified_inputs} fresh inputs")
+    _print_load(c)
     _print_call_and_kernels(s)
     _print_whole_graph(s)
     for k, v in sorted(s.best_knobs.items()):
         print(f"  {k} = {v}")
+
+
+def _print_load(c: Any) -> None:
+    """How busy the machine was while the confirmation timed (``MachineLoad``): a warning with the number
+    when other processes kept cores busy, else one quiet line."""
+    seen = None if c is None else c.load
+    if seen is None:
+        return
+    if seen.busy:
+        print(f"  the machine was busy while the confirmation timed: {seen.describe()}; the times and the speedup "
+              "may not hold on an idle machine (run again when it is quiet, or compare with rgtune bench)")
+    else:
+        print(f"  the machine was quiet while the confirmation timed ({seen.describe()})")
 
 
 def _print_call_and_kernels(s: Any) -> None:

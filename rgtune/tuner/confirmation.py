@@ -40,10 +40,12 @@ from __future__ import annotations
 
 import logging
 import random
+import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
+from rgtune.tuner.machine_load import LoadSeen, MachineLoad
 from rgtune.tuner.measure import MeasureWorker, interleaved
 
 if TYPE_CHECKING:
@@ -74,6 +76,17 @@ class Confirmed:
     finished: bool  # False: interrupted (the database's best ignores it)
     searched_best_ms: float | None  # the fastest single measurement of the search, for comparison
     medians_ms: dict[str, float]  # schedule hash -> its median over the rounds (ok rounds only)
+    #: schedule hash -> round -> its time in that round (ms; ok rounds only): what paired ratios are made of
+    round_ms: dict[str, dict[int, float]] = field(default_factory=dict)
+    #: how busy the machine was while the rounds ran (None: not measurable here)
+    load: LoadSeen | None = None
+
+    def paired_speedup(self, slower: str, faster: str) -> float | None:
+        """The median over the rounds both took part in of ``slower``'s time / ``faster``'s: each ratio compares
+        two times taken moments apart, so a load that came and went moves both (None: no common round)."""
+        a, b = self.round_ms.get(slower, {}), self.round_ms.get(faster, {})
+        ratios = [a[r] / b[r] for r in a if r in b and b[r] > 0]
+        return statistics.median(ratios) if ratios else None
 
 
 class Confirmation:
@@ -124,6 +137,9 @@ class Confirmation:
         cid = self.db.start_confirmation(self.workload, schedules=len(knobs), rounds=self.rounds)
         t0 = time.time()
         finished = False
+        self._round_ms: dict[str, dict[int, float]] = {}  # hash -> round -> ms, for paired ratios
+        self._passes = 0
+        load = MachineLoad.start()
         try:
             self._time(cid, knobs)
             for _ in range(MAX_CONTENDER_ROUNDS):
@@ -135,8 +151,10 @@ class Confirmation:
             finished = True
         except KeyboardInterrupt:
             pass  # the rounds so far stay recorded; best() ignores an unfinished confirmation
+        seen = load.stop()
         medians = self.db.confirmation_medians(cid)
-        return Confirmed(cid, len(medians), self.rounds, time.time() - t0, finished, fastest, medians)
+        return Confirmed(cid, len(medians), self.rounds, time.time() - t0, finished, fastest, medians,
+                         round_ms=self._round_ms, load=seen)
 
     def _fit(self, knobs: dict[str, dict[str, Any]], previous: str | None) -> dict[str, dict[str, Any]]:
         """The schedules to confirm, and ``self.rounds``, within the time budget (see the module docstring);
@@ -167,6 +185,9 @@ class Confirmation:
         bar = self._progress(total=len(knobs) * self.rounds, desc="confirming") if self._progress else None
         try:
             salt = f"confirmation {cid} of {','.join(sorted(knobs))} round "
+            # each pass numbers its rounds apart: a contenders' pass pairs its schedules with the winner's times in
+            # its own rounds, not the first pass's
+            base, self._passes = self._passes * self.rounds, self._passes + 1
             for rnd, h in interleaved(knobs, self.rounds, salt=salt):
                 tid = self.db.start_trial(self.workload, knobs[h], confirmation_id=cid)
                 try:
@@ -175,6 +196,8 @@ class Confirmation:
                     self.db.finish_trial(tid, "failed", error="interrupted (Ctrl-C)")
                     raise
                 self.db.record_result(tid, result)
+                if result.status == "ok" and result.median is not None:
+                    self._round_ms.setdefault(h, {})[base + rnd] = result.median * 1e3
                 if bar is not None:
                     bar.update(1)
         finally:

@@ -230,9 +230,17 @@ class TuneSummary:
     best_objective: str | None = None  # which one: "kernels" or "call"
     #: measured trials the study had before this run (a resumed study's; ``measured`` counts this run's only)
     earlier_measured: int = 0
+    #: the median over the confirmation's rounds of the default's time / the best's in the same round
+    paired_speedup: float | None = None
 
     @property
     def speedup(self) -> float | None:
+        """The best schedule's speedup over the default: the paired one where both were confirmed (each round's
+        two times taken moments apart), else the ratio of their times."""
+        if self.default_is_best:
+            return 1.0
+        if self.paired_speedup is not None:
+            return self.paired_speedup
         if self.default_ms and self.best_ms:
             return self.default_ms / self.best_ms
         return None
@@ -672,7 +680,9 @@ class Tuner:
                            best_verified_inputs=best.verified_inputs if best else None, whole_graph=whole,
                            best_study_trial=self.db.study_trial_number(best) if best else None,
                            best_kernel_ms=timed.kernel_ms, best_call_ms=timed.call_ms, best_objective=timed.objective,
-                           earlier_measured=getattr(self, "earlier_measured", 0))
+                           earlier_measured=getattr(self, "earlier_measured", 0),
+                           paired_speedup=confirmed.paired_speedup(default_hash, best.schedule_hash)
+                           if default_confirmed and best is not None and default_hash is not None else None)
 
     def _whole_graph_comparison(self, best: "TrialRecord | None", confirmed: Confirmed | None) -> WholeGraphBest | None:
         """The best whole-graph schedule's time on the batches: confirmed with the best where both took part in
