@@ -266,6 +266,7 @@ def _unary(op: str, x: str, alpha: float) -> str:
         "sigmoid": f"rg_sigmoid({x})",
         "relu": f"rg_relu({x})",
         "neg": f"(-{x})",
+        "inc_positive": f"(({x}) > 0.0f ? ({x}) + 1.0f : ({x}))",
         "leaky_relu_grad": f"(({x}) > 0.0f ? 1.0f : {c_float(alpha)})",
         "relu_grad": f"(({x}) > 0.0f ? 1.0f : 0.0f)",
         "sigmoid_grad": f"(rg_sigmoid({x}) * (1.0f - rg_sigmoid({x})))",

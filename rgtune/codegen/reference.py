@@ -25,6 +25,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import math
 from typing import Mapping, Sequence
 
 import torch
@@ -34,6 +35,7 @@ from rgtune.data.graph import HeteroGraph
 from rgtune.codegen.weights import fold_weights
 from rgtune.ir.bind import GraphArrays, concrete_device, graph_arrays, row_types
 from rgtune.ir.op_rules import unary
+from rgtune.ir.program import EDGE_WEIGHT
 from rgtune.ir.kernels import (NODE_ROWS, Acc, AggregateStage, AggregateStores, BinaryE, BroadcastE, ConcatE,
                                EdgeSoftmaxStage, EdgeStore, EdgeStores, Expr, GatedE, GemmKernel, GraphLoad, InnerE,
                                Kernel, KernelProgram, Load, MapKernel, ParamLoad, ReduceE, ScaleE, ScatterKernel, SliceE,
@@ -131,7 +133,9 @@ class ReferenceExecutor:
         run._start(x, {**params, **saved.params}, dout, saved.buffers)
         run._kernels(kp.kernels[kp.forward_kernels:])
         grads = {p: run.params[g] for p, g in kp.param_grads.items()}
-        dx = run.bufs[kp.input_grad].reshape(a.num_nodes, -1) if kp.input_grad is not None else None
+        dx = None  # explicit widths: a graph without nodes has no -1 to infer
+        if kp.input_grad is not None:
+            dx = run.bufs[kp.input_grad].reshape(a.num_nodes, kp.buffers[kp.input_grad].width)
         return dx, grads
 
     def _training(self) -> KernelProgram:
@@ -149,7 +153,7 @@ class ReferenceExecutor:
         kp, a = self.kp, self.a
         self.dtype = x.dtype
         self.params = dict(params)
-        self.bufs: dict[str, torch.Tensor] = {kp.input: x.reshape(a.num_nodes, 1, -1), **given}
+        self.bufs: dict[str, torch.Tensor] = {kp.input: x.reshape(a.num_nodes, 1, x.shape[-1]), **given}
         if dout is not None:
             b = kp.buffers[kp.dout]  # type: ignore[index]
             self.bufs[kp.dout] = dout.reshape(a.rows(b.domain), b.heads, b.dim)  # type: ignore[index]
@@ -177,7 +181,9 @@ class ReferenceExecutor:
             else:  # pragma: no cover
                 raise TypeError(f"no reference execution for {type(k).__name__}")
         out = self.bufs.get(self.kp.output)
-        return out.reshape(out.shape[0], -1) if out is not None else None  # type: ignore[return-value]
+        if out is None:
+            return None  # type: ignore[return-value]
+        return out.reshape(out.shape[0], math.prod(out.shape[1:]))  # no -1: a graph may have no nodes
 
     # ---------------------------------------------------------------- gemm
     def _segments(self, rows: str, by: str, end: str | None) -> tuple[torch.Tensor | None, list[tuple[int, int, int]]]:
@@ -253,7 +259,7 @@ class ReferenceExecutor:
             elif k.per_head:  # (n, H, I) x (n, H, O) -> (H, I, O)
                 g = torch.einsum("nhi,nho->hio", xs[start:stop], d)
             else:
-                g = xs[start:stop].T @ d.reshape(d.shape[0], -1)
+                g = xs[start:stop].T @ d.reshape(d.shape[0], math.prod(d.shape[1:]))
             grad[t] += g.reshape(slice_shape)  # a batch's node rows: a type's destinations and sources apart
         grad = grad.reshape(slice_shape) if k.by == "none" else grad
         self.params[k.grad] = self.params[k.grad] + grad if k.accumulate else grad
@@ -350,6 +356,8 @@ class ReferenceExecutor:
                 return p.reshape(1, e.heads, e.dim).expand(n, -1, -1)
             return p[self._index(rows, e.via)].reshape(n, e.heads, e.dim)
         if isinstance(e, GraphLoad):
+            if e.kind == EDGE_WEIGHT:  # the caller's, beside the params
+                return self.a.edge_weight(self.params.get(EDGE_WEIGHT), self.dtype).reshape(n, 1, 1)
             return self.a.graph_constant(e.kind, self.dtype).reshape(n, 1, 1)
         if isinstance(e, InnerE):
             return (ev(e.a) * ev(e.b)).sum(-1, keepdim=True)

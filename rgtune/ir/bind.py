@@ -99,13 +99,50 @@ class GraphArrays:
             >>> bool(torch.equal(deg, 1.0 / degree[a.e_dst.long()]))
             True
         """
+        if kind == "edge_weight":
+            raise ValueError("the edge weight is the caller's, given with each call: read it with "
+                             "GraphArrays.edge_weight(weight), not graph_constant")
         if kind == "inv_dst_rel_degree":
             table, index = self.dp_inv_count, self.e_dp
         elif kind == "inv_dst_degree":
             table, index = self.inv_in_degree, self.e_dst
+        elif kind == "dst_degree":  # |N(dst)|: every edge's destination has one in-edge at least
+            table, index = torch.round(1.0 / self.inv_in_degree.double()), self.e_dst
         else:
-            raise ValueError(f"unknown graph constant {kind!r}; choose inv_dst_rel_degree or inv_dst_degree")
+            raise ValueError(f"unknown graph constant {kind!r}; choose inv_dst_rel_degree, inv_dst_degree or "
+                             "dst_degree")
         return torch.index_select(table.to(dtype), 0, index)
+
+    def edge_weight(self, weight: torch.Tensor | None, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        """The caller's per-edge weight (``params[EDGE_WEIGHT]``, :meth:`~rgtune.ir.program.ProgramBuilder.edge_weight`)
+        in layout order, ``(E,)`` in ``dtype`` on the weight's device: ``weight`` is ``(E,)`` or ``(E, 1)`` in the
+        graph's edge order (global edge ids: relation by relation, each relation's edges in their order; a
+        batch's likewise), gathered through :attr:`e_eid`. A missing weight, or one of another length, is an error.
+
+        Example:
+            >>> from rgtune.data.synthetic import random_graph
+            >>> a = graph_arrays(random_graph((20, 20), num_relations=2, num_edges=100, seed=0), "csr_dst", 32)
+            >>> w = torch.rand(100)
+            >>> bool(torch.equal(a.edge_weight(w), w.double()[a.e_eid.long()]))
+            True
+            >>> a.edge_weight(torch.rand(99, 1))
+            Traceback (most recent call last):
+            ...
+            ValueError: edge_weight has 99 values, but the graph has 100 edges (one weight per edge: (100,) or (100, 1))
+        """
+        if weight is None:
+            raise ValueError("this program reads edge_weight, a per-edge weight given with every call "
+                             "(layer(x, edge_weight=w), w of shape (num_edges,) or (num_edges, 1)); none was given")
+        if not isinstance(weight, torch.Tensor):
+            raise TypeError(f"edge_weight must be a torch.Tensor, got {type(weight).__name__}")
+        w = weight.detach()
+        if w.dim() == 2 and w.shape[1] == 1:
+            w = w[:, 0]
+        if w.dim() != 1 or w.shape[0] != self.num_edges:
+            got = f"{w.shape[0]} values" if w.dim() == 1 else f"shape {tuple(weight.shape)}"
+            raise ValueError(f"edge_weight has {got}, but the graph has {self.num_edges} edges (one weight per "
+                             f"edge: ({self.num_edges},) or ({self.num_edges}, 1))")
+        return torch.index_select(w.to(dtype), 0, self.e_eid.to(w.device).long())
 
     def to(self, device: torch.device | str) -> "GraphArrays":
         """The same arrays on ``device`` (``self`` when they are there already).

@@ -58,8 +58,9 @@ import numpy as np
 from rgtune.ir.bind import any_graph_arrays, row_types
 from rgtune.ir.op_rules import rules_of
 from rgtune.ir.passes.precision import element_bytes
-from rgtune.ir.kernels import (AggregateStage, AggregateStores, GemmKernel, KernelProgram, MapKernel, ScatterKernel,
-                               SoftmaxAggregate, TraversalKernel, WeightGradKernel, WeightKernel, expr_loads)
+from rgtune.ir.program import EDGE_WEIGHT
+from rgtune.ir.kernels import (AggregateStage, AggregateStores, GemmKernel, GraphLoad, KernelProgram, MapKernel,
+                               ScatterKernel, SoftmaxAggregate, TraversalKernel, WeightGradKernel, WeightKernel, expr_loads)
 
 if TYPE_CHECKING:
     from rgtune.data.graph import HeteroGraph
@@ -114,6 +115,9 @@ def count(kp: KernelProgram, graph: "HeteroGraph", schedule: Mapping[str, Any] |
             bytes_gathered += n * in_row + weight_bytes + out_bytes + index
             if k.accumulate:
                 atomics += n * k.out_heads * k.out_dim
+            weight_read = _edge_weight_bytes([e for _, e in k.epilogue], n)  # the caller's weights, per call
+            bytes_min += weight_read
+            bytes_gathered += weight_read
             if k.rows == "edge":
                 probes += lookups([k.x_via, *(via for _, e in k.epilogue for _, via in expr_loads(e))])
             t, computed = _gemm_tiles(g, k, schedule)
@@ -134,8 +138,9 @@ def count(kp: KernelProgram, graph: "HeteroGraph", schedule: Mapping[str, Any] |
             # each output's rows: edges for a store, destinations (or pairs) for a sum
             out = sum(rows[kp.buffers[o].domain] * width[o] for o in st.outputs()) * FLOAT_BYTES
             index = e * idx_bytes * len(vias)
-            bytes_min += out + index
-            bytes_gathered += out + index
+            weight_read = _edge_weight_bytes(st.exprs(), e)
+            bytes_min += out + index + weight_read
+            bytes_gathered += out + index + weight_read
             probes += lookups(vias)
             total = st.total if isinstance(st, AggregateStores) else st
             if isinstance(total, (AggregateStage, SoftmaxAggregate)) and mapping == "edge_parallel":
@@ -146,6 +151,7 @@ def count(kp: KernelProgram, graph: "HeteroGraph", schedule: Mapping[str, Any] |
             loads = expr_loads(k.message)
             out = rows[kp.buffers[k.out].domain] * width[k.out] * FLOAT_BYTES
             index = n * idx_bytes * (1 + len({via for _, via in loads if via != "row"}))
+            index += _edge_weight_bytes([k.message], n)  # (with the caller's weights)
             bytes_min += sum(rows[kp.buffers[b].domain] * width[b] for b, _ in loads) * FLOAT_BYTES + out + index
             bytes_gathered += sum(n * width[b] for b, _ in loads) * FLOAT_BYTES + out + index
             if schedule.get("scatter.mapping", "atomic") == "atomic":
@@ -169,6 +175,7 @@ def count(kp: KernelProgram, graph: "HeteroGraph", schedule: Mapping[str, Any] |
             flops += n * k.value.flops()
             loads = expr_loads(k.value)
             moved = (sum(n * width[b] for b, _ in loads) + n * width[k.out]) * FLOAT_BYTES
+            moved += _edge_weight_bytes([k.value], n)  # the caller's weights
             bytes_min += moved
             bytes_gathered += moved
             if k.rows == "edge":
@@ -181,6 +188,13 @@ def count(kp: KernelProgram, graph: "HeteroGraph", schedule: Mapping[str, Any] |
             "gemm_rows_total": int(sum(gemm_rows.values())), "weight_flops": int(weight_flops),
             "weight_folds": folds, "index_probes": int(probes), "gemm_tiles": int(tiles),
             "gemm_rows_computed": int(rows_computed), "gemm_tile_weight_bytes": int(tile_weight_bytes)}
+
+
+def _edge_weight_bytes(exprs: Iterable[Any], rows: int) -> int:
+    """The bytes a kernel over ``rows`` rows reads of the caller's per-edge weight (a float32 per row where
+    an expression reads it; the graph's own constants are not counted, as before the weight existed)."""
+    reads = any(isinstance(x, GraphLoad) and x.kind == EDGE_WEIGHT for e in exprs for x in e.walk())
+    return rows * FLOAT_BYTES if reads else 0
 
 
 def _gemm_tiles(g: "GraphCounts", k: GemmKernel, schedule: Mapping[str, Any]) -> tuple[int, int]:

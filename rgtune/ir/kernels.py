@@ -118,7 +118,8 @@ class ParamLoad(Expr):
 
 @dataclass(frozen=True)
 class GraphLoad(Expr):
-    """A per-edge constant of the graph (``inv_dst_rel_degree``, ``inv_dst_degree``)."""
+    """A per-edge constant of the graph (``inv_dst_rel_degree``, ``inv_dst_degree``), or the caller's per-edge
+    weight (``edge_weight``: given with each run as ``params[EDGE_WEIGHT]``, in the graph's edge order)."""
 
     kind: str
 

@@ -19,16 +19,20 @@ import math
 import numbers
 from typing import Literal
 
-from rgtune.ir.program import IRError, ParamInit, Program, ProgramBuilder, inv_sqrt
+from rgtune.ir.program import (EDGE, NODE, IRError, ParamInit, Program, ProgramBuilder, ReduceSum, Value,
+                               inv_sqrt)
 from rgtune.ir.registry import build_model, register_model
 
 __all__ = ["rgcn", "rgat", "hgt", "film", "build_model"]
 
 
 def rgcn(in_dim: int, out_dim: int, heads: int = 1, *, num_bases: int | None = None,
-         num_blocks: int | None = None, aggr: Literal["mean", "sum"] = "mean") -> Program:
+         num_blocks: int | None = None, aggr: Literal["mean", "sum", "weighted"] = "mean", root_weight: bool = True,
+         bias: bool = True, featureless: bool = False, num_relations: int | None = None) -> Program:
     """``h'_i = h_i W_0 + b + sum_r mean_{j in N_r(i)} h_j W_r`` (PyG ``RGCNConv``, aggr mean); with
-    ``aggr="sum"``, ``sum_{j in N_r(i)}`` instead of the mean (DGL's ``RelGraphConv`` without ``norm``).
+    ``aggr="sum"``, ``sum_{j in N_r(i)}`` instead of the mean (DGL's ``RelGraphConv`` without ``norm``); with
+    ``aggr="weighted"``, ``sum_{j in N_r(i)} w_e h_j W_r`` with ``w_e`` the caller's per-edge weight given with each
+    call (``layer(x, edge_weight=w)``: DGL's ``RelGraphConv(g, feat, etypes, norm)``; no gradient to ``w``).
 
     ``W_r`` is ``weight[r]`` ``(R, in, out)``, or, as PyG's regularized ``RGCNConv``:
 
@@ -38,12 +42,26 @@ def rgcn(in_dim: int, out_dim: int, heads: int = 1, *, num_bases: int | None = N
       with ``weight`` ``(R, B, in/B, out/B)``: the features split into ``B`` blocks, block ``b`` of
       ``h_j`` times ``weight[r, b]`` gives block ``b`` of the message.
 
-    ``root`` ``(in, out)`` and ``bias`` ``(out,)`` in every form. At most one of the two options; ``B``
-    a positive integer that, for blocks, divides ``in_dim`` and ``out_dim``.
+    ``root`` ``(in, out)`` and ``bias`` ``(out,)`` in every form (PyG's ``root_weight=False`` and ``bias=False``
+    leave the term out, and its param). At most one of the two options; ``B`` a positive integer that, for
+    blocks, divides ``in_dim`` and ``out_dim``.
+
+    ``featureless=True`` (PyG's ``x=None`` or node-index ``x``: ``in_dim`` is the number of nodes and
+    ``W_r`` a table, the message of edge ``j -> i`` of relation ``r`` is the row ``W_r[j]``): the input ``x``
+    is, per node, the node's rows of the tables as ``K (+1)`` heads of ``out`` features: ``V_b[j]`` for the
+    ``K = B`` bases (``K = R`` relations without bases: ``W_r[j]``) and, with the root, ``root[j]`` last. The
+    message is ``sum_k comp[r, k] x_j[k]`` (``comp`` ``(K+1,)`` per relation, its last entry 0; the identity
+    without bases), the root term ``sum_k root_select[k] x_i[k]`` (``root_select`` ``(K+1,)``, the last unit
+    vector) plus ``bias`` ``(1, out)``. So the table rows are gathered and combined inside the kernels
+    (compact per (source, relation) pair), and the gradient of the tables is the input's gradient: each
+    row gets the sum of its messages' gradients. No block decomposition (a table has no feature blocks);
+    without bases, ``num_relations=R`` is needed (the input's width is ``(R + 1) * out``).
     """
     if heads != 1:
         raise IRError(f"rgcn has no attention heads; expected heads=1, got {heads}")
     _check_decomposition(in_dim, out_dim, num_bases, num_blocks)
+    if featureless:
+        return _rgcn_featureless(out_dim, num_bases, num_blocks, aggr, root_weight, bias, num_relations)
     p = ProgramBuilder("rgcn", in_dim, heads)
     x = p.x
     if num_blocks is not None:  # per-head linear: the B blocks of the features are its heads
@@ -54,12 +72,51 @@ def rgcn(in_dim: int, out_dim: int, heads: int = 1, *, num_bases: int | None = N
         weight = "weight" if num_bases is None else \
             p.basis_weight("weight__comp", "weight", "comp", num_bases, (in_dim, out_dim))
         linear = p.typed_linear(p.src(x), weight, out=(1, out_dim), by="rel")
-    message = p.mul(linear, p.inv_dst_rel_degree()) if aggr == "mean" else linear
-    root = p.linear(x, "root", out=(1, out_dim), bias="bias")
+    message = _rgcn_norm(p, linear, aggr)
+    root = p.linear(x, "root", out=(1, out_dim), bias="bias" if bias else None) if root_weight else None
     neighbours = p.aggregate(message)
     if num_blocks is not None:
         neighbours = p.view(neighbours, heads=1)
-    return p.finish(p.add(root, neighbours))
+    if root is not None:
+        return p.finish(p.add(root, neighbours))
+    if bias:
+        return p.finish(p.add(neighbours, p.param("bias", like=neighbours, dim=out_dim, by="none", init="zeros")))
+    return p.finish(neighbours)
+
+
+def _rgcn_norm(p: ProgramBuilder, message: Value, aggr: str) -> Value:
+    """RGCN's message for ``aggr``: times ``1 / |N_r(i)|`` (``mean``), times the caller's edge weight (``weighted``),
+    or as it is (``sum``)."""
+    if aggr == "mean":
+        return p.mul(message, p.inv_dst_rel_degree())
+    return p.mul(message, p.edge_weight()) if aggr == "weighted" else message
+
+
+def _rgcn_featureless(out_dim: int, num_bases: int | None, num_blocks: int | None, aggr: str, root_weight: bool,
+                      bias: bool, num_relations: int | None) -> Program:
+    """:func:`rgcn` with ``featureless=True`` (see its docstring)."""
+    if num_blocks is not None:
+        raise IRError("rgcn: featureless=True (node-index or x=None input) does not support num_blocks (the "
+                      "block-diagonal decomposition splits features, and a table row has none); use num_bases "
+                      "or neither")
+    if num_bases is None and (isinstance(num_relations, bool) or not isinstance(num_relations, numbers.Integral)
+                              or num_relations < 1):
+        raise IRError(f"rgcn: featureless=True without num_bases needs num_relations (a positive integer, the "
+                      f"number of relation tables), got {num_relations!r}")
+    tables = num_bases if num_bases is not None else int(num_relations)  # type: ignore[arg-type]
+    heads = tables + int(root_weight)
+    p = ProgramBuilder("rgcn", heads * out_dim, 1)
+    x = p.view(p.x, heads=heads)  # per node: its row of every table, one head each
+    rows = p.src(x)
+    message = p.op(ReduceSum, EDGE, 1, out_dim, x=p.mul(rows, p.param("comp", like=rows, by="rel")), over="heads")
+    out = p.aggregate(_rgcn_norm(p, message, aggr))
+    if root_weight:
+        root = p.op(ReduceSum, NODE, 1, out_dim, x=p.mul(x, p.param("root_select", like=x, by="none", init="ones")),
+                    over="heads")
+        out = p.add(root, out)
+    if bias:
+        out = p.add(out, p.param("bias", like=out, dim=out_dim, by="none", init="zeros"))
+    return p.finish(out)
 
 
 def _check_decomposition(in_dim: int, out_dim: int, num_bases: int | None, num_blocks: int | None) -> None:
@@ -78,11 +135,17 @@ def _check_decomposition(in_dim: int, out_dim: int, num_bases: int | None, num_b
 
 #: ``rgat``'s ``softmax`` option: over all of a destination's in-edges, or over its in-edges of each relation
 RGAT_SOFTMAX = ("destination", "relation")
+#: ``rgat``'s ``score``: the LeakyReLU of the sum of the two attention terms, or their product
+RGAT_SCORE = ("additive", "multiplicative")
+#: ``rgat``'s ``mod``: PyG ``RGATConv``'s cardinality-preserving variants (None: none)
+RGAT_MOD = (None, "additive", "scaled", "f-additive", "f-scaled")
 
 
 def rgat(in_dim: int, out_dim: int, heads: int = 1, *,
          softmax: Literal["destination", "relation"] = "destination",
-         attention: Literal["per_head", "mixed"] = "per_head") -> Program:
+         attention: Literal["per_head", "mixed"] = "per_head", num_bases: int | None = None,
+         num_blocks: int | None = None, score: Literal["additive", "multiplicative"] = "additive",
+         mod: Literal["additive", "scaled", "f-additive", "f-scaled"] | None = None) -> Program:
     """Per edge ``j -> i`` of relation ``r`` and head ``h``:
     ``z_j = h_j W_r``, ``e_ij = LeakyReLU(a_dst_r . h_i W_r + a_src_r . z_j)``, ``h'_i = sum_j alpha_ij z_j``.
 
@@ -95,22 +158,69 @@ def rgat(in_dim: int, out_dim: int, heads: int = 1, *,
     ``attention="per_head"``: head ``h``'s score reads head ``h``'s features, with vectors ``a_dst_r``,
     ``a_src_r`` per relation and head. ``attention="mixed"`` (PyG's ``RGATConv``): one matrix each for all
     relations, ``attn_dst`` and ``attn_src`` ``(heads * D, heads)``, so every head's score reads every head's
-    features: ``e_ij = LeakyReLU(z_i attn_dst + z_j attn_src)`` (PyG's ``q`` and ``k``)."""
-    if softmax not in RGAT_SOFTMAX:
-        raise IRError(f"rgat: unknown softmax {softmax!r}; choose one of {list(RGAT_SOFTMAX)}")
+    features: ``e_ij = LeakyReLU(z_i attn_dst + z_j attn_src)`` (PyG's ``q`` and ``k``).
+
+    The options of PyG's ``RGATConv``:
+
+    * ``num_bases=B``: ``W_r = sum_b att[r, b] basis[b]`` (``basis`` ``(B, in, out)``, ``att`` ``(R, B)``);
+      ``num_blocks=B``: ``W_r`` block-diagonal, ``weight`` ``(R, B, in/B, out/B)`` (as :func:`rgcn`'s).
+    * ``score="multiplicative"`` (PyG's ``attention_mode="multiplicative-self-attention"``): the product of
+      the two terms, ``e_ij = (z_i attn_dst) * (z_j attn_src)``, no LeakyReLU.
+    * ``mod`` (PyG's cardinality-preserving variants), with ``D = out_dim / heads`` and ``deg_i = |N(i)|``
+      (all relations): ``"additive"``: the message is ``alpha_ij z_j + w * z_j`` (``w`` ``(1, D)``, ones);
+      ``"scaled"``: ``alpha_ij z_j * s_i`` with ``s_i = relu(deg_i l1 + b1) l2 + b2`` (``l1`` ``(1, D)``, ``l2``
+      ``(D, D)``); ``"f-additive"``: ``alpha_ij`` becomes ``alpha_ij + 1`` where ``alpha_ij > 0``;
+      ``"f-scaled"``: ``alpha_ij deg_i``.
+    """
+    _check_rgat_options(in_dim, out_dim, softmax, score, mod, num_bases, num_blocks)
     p = ProgramBuilder("rgat", in_dim, heads)
     d = _head_dim(out_dim, heads)
-    z = p.typed_linear(p.src(p.x), "weight", out=(heads, d), by="rel")
-    z_dst = p.typed_linear(p.dst(p.x), "weight", out=(heads, d), by="rel")
+    z, z_dst = _rgat_projections(p, in_dim, out_dim, heads, num_bases, num_blocks)
     if attention == "mixed":
-        e = p.leaky_relu(p.add(p.linear(z_dst, "attn_dst", out=(heads, 1)), p.linear(z, "attn_src", out=(heads, 1))),
-                         slope=0.2)
+        terms = p.linear(z_dst, "attn_dst", out=(heads, 1)), p.linear(z, "attn_src", out=(heads, 1))
     else:
-        e = p.leaky_relu(p.add(p.inner(z_dst, p.param("attn_dst", like=z_dst, dim=d)),
-                               p.inner(z, p.param("attn_src", like=z, dim=d))), slope=0.2)
+        terms = (p.inner(z_dst, p.param("attn_dst", like=z_dst, dim=d)),
+                 p.inner(z, p.param("attn_src", like=z, dim=d)))
+    e = p.leaky_relu(p.add(*terms), slope=0.2) if score == "additive" else p.mul(*terms)
     alpha = p.edge_softmax(e, per_relation=softmax == "relation")
-    return p.finish(p.aggregate(p.mul(alpha, z)))
+    if mod == "f-additive":
+        alpha = p.inc_positive(alpha)
+    elif mod == "f-scaled":
+        alpha = p.mul(alpha, p.dst_degree())
+    message = p.mul(alpha, z)
+    if mod == "additive":
+        message = p.add(message, p.mul(p.shared_row("w", d, like=z, init="ones"), z))
+    elif mod == "scaled":
+        hidden = p.relu(p.linear(p.dst_degree(), "l1", out=(1, d), bias="b1", init="ones"))
+        message = p.mul(message, p.linear(hidden, "l2", out=(1, d), bias="b2"))
+    return p.finish(p.aggregate(message))
 
+
+def _check_rgat_options(in_dim: int, out_dim: int, softmax: str, score: str, mod: str | None,
+                        num_bases: int | None, num_blocks: int | None) -> None:
+    """One-line errors for :func:`rgat`'s options."""
+    for what, value, choices in (("softmax", softmax, RGAT_SOFTMAX), ("score", score, RGAT_SCORE),
+                                 ("mod", mod, RGAT_MOD)):
+        if value not in choices:
+            raise IRError(f"rgat: unknown {what} {value!r}; choose one of {list(choices)}")
+    try:
+        _check_decomposition(in_dim, out_dim, num_bases, num_blocks)
+    except IRError as e:
+        raise IRError(str(e).replace("rgcn:", "rgat:", 1)) from None
+
+
+def _rgat_projections(p: ProgramBuilder, in_dim: int, out_dim: int, heads: int, num_bases: int | None,
+                      num_blocks: int | None) -> tuple[Value, Value]:
+    """``z = h_src W_r`` and ``z_dst = h_dst W_r`` with ``W_r`` whole, of bases, or block-diagonal (:func:`rgat`)."""
+    if num_blocks is not None:  # the B blocks of the features are the heads of a per-head linear
+        blocks, out = p.view(p.x, heads=num_blocks), (num_blocks, out_dim // num_blocks)
+        return tuple(p.view(p.typed_linear(end(blocks), "weight", out=out, by="rel", per_head=True), heads=heads)
+                     for end in (p.src, p.dst))  # type: ignore[return-value]
+    weight = "weight" if num_bases is None else \
+        p.basis_weight("weight__bases", "basis", "att", num_bases, (in_dim, out_dim))
+    d = _head_dim(out_dim, heads)
+    return (p.typed_linear(p.src(p.x), weight, out=(heads, d), by="rel"),
+            p.typed_linear(p.dst(p.x), weight, out=(heads, d), by="rel"))
 
 def hgt(in_dim: int, out_dim: int, heads: int = 1, *, bias: bool = True,
         activation: Literal["gelu", "none"] = "gelu", skip: Literal["same_size", "none"] = "same_size") -> Program:

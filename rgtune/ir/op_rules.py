@@ -55,8 +55,8 @@ import torch.nn.functional as F
 
 from rgtune.ir.kernels import (BinaryE, BroadcastE, ConcatE, Expr, GatedE, GraphLoad, InnerE, ParamLoad, ReduceE,
                                ScaleE, SliceE, UnaryE)
-from rgtune.ir.program import (DST_PAIR, EDGE, NODE, SRC_PAIR, Aggregate, Binary, Broadcast, Concat, EdgeSoftmax,
-                               Expand, FoldWeights, Gather, GatedResidual, GatherPair, GraphConst, Inner, IRError, Op,
+from rgtune.ir.program import (DST_PAIR, EDGE, EDGE_WEIGHT, NODE, SRC_PAIR, Aggregate, Binary, Broadcast, Concat,
+                               EdgeSoftmax, Expand, FoldWeights, Gather, GatedResidual, GatherPair, GraphConst, Inner, IRError, Op,
                                ParamRead, ReduceSum, Scale, Slice, TypedLinear, Unary, Value, View, WeightGrad,
                                register_opname, unregister_opname)
 
@@ -216,6 +216,8 @@ class _ParamReadRules(OpRules):
 
 class _GraphConstRules(OpRules):
     def interpret(self, op: GraphConst, run: "RunContext") -> torch.Tensor:
+        if op.kind == EDGE_WEIGHT:  # the caller's, beside the params
+            return run.arrays.edge_weight(run.params.get(EDGE_WEIGHT), run.dtype).reshape(-1, 1, 1)
         return run.arrays.graph_constant(op.kind, run.dtype).reshape(-1, 1, 1)
 
     def adjoint(self, op: GraphConst, g: Value, ad: "AdjointBuilder") -> None:
@@ -225,7 +227,7 @@ class _GraphConstRules(OpRules):
         return GraphLoad(op.out.heads, op.out.dim, op.kind)
 
     def depends_on(self, op: GraphConst, inputs: list[frozenset[str]]) -> frozenset[str]:
-        return frozenset({"dst", "rel"})
+        return frozenset({"edge"}) if op.kind == EDGE_WEIGHT else frozenset({"dst", "rel"})
 
 
 # ------------------------------------------------------------------ elementwise
@@ -303,6 +305,9 @@ class _UnaryRules(OpRules):
         if op.op == "neg":
             ad.accumulate(x, ad.emit(Unary, g.domain, g.heads, g.dim, op="neg", x=g))
             return
+        if op.op == "inc_positive":  # derivative 1 on both sides of 0
+            ad.accumulate(x, g)
+            return
         if op.op == "exp":  # d exp(x) = exp(x): the output itself
             ad.accumulate(x, ad.mul(g, op.out))
             return
@@ -318,7 +323,7 @@ class _UnaryRules(OpRules):
         return _elements(op.out, rows)
 
     def keeps_zero(self, op: Unary, zero: Callable[[Value], bool]) -> bool:
-        return zero(op.x) and op.op in ("neg", "relu", "leaky_relu", "gelu")  # f(0) = 0
+        return zero(op.x) and op.op in ("neg", "relu", "leaky_relu", "gelu", "inc_positive")  # f(0) = 0
 
 
 class _ScaleRules(OpRules):
@@ -609,6 +614,8 @@ def unary(op: str, x: torch.Tensor, alpha: float = 0.0) -> torch.Tensor:
         return torch.relu(x)
     if op == "neg":
         return -x
+    if op == "inc_positive":
+        return torch.where(x > 0, x + 1, x)
     if op == "leaky_relu_grad":
         return torch.where(x > 0, torch.ones_like(x), torch.full_like(x, alpha))
     if op == "relu_grad":

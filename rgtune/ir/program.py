@@ -44,13 +44,18 @@ ParamBy = Literal["ntype", "rel", "none"]
 ParamInit = Literal["glorot", "zeros", "ones", "uniform"]
 PARAM_INITS = ("glorot", "zeros", "ones", "uniform")
 
-UNARY_OPS = ("leaky_relu", "gelu", "exp", "sigmoid", "relu", "neg")
+#: ``inc_positive``: ``x + 1`` where ``x > 0``, else ``x`` (PyG ``RGATConv``'s ``mod="f-additive"``), derivative 1
+UNARY_OPS = ("leaky_relu", "gelu", "exp", "sigmoid", "relu", "neg", "inc_positive")
 #: what an edge softmax normalizes over: each destination's in-edges (all relations), or each destination's
 #: in-edges of one relation (a unique (destination, relation) pair: DGL's per-relation ``GATConv`` summed)
 SOFTMAX_GROUPS = ("dst", "dst_rel")
 #: the derivatives of the unary ops, written as unary ops of the same input (the adjoint uses them)
 UNARY_GRAD_OPS = ("leaky_relu_grad", "gelu_grad", "sigmoid_grad", "relu_grad")
 BINARY_OPS = ("add", "sub", "mul")
+#: the :class:`GraphConst` kind of a per-edge weight the caller gives with every call, and the key under which
+#: it travels beside the params (``params[EDGE_WEIGHT]``: one value per edge in the graph's edge order, see
+#: :meth:`rgtune.ir.bind.GraphArrays.edge_weight`)
+EDGE_WEIGHT = "edge_weight"
 
 
 class IRError(ValueError):
@@ -199,9 +204,10 @@ class ParamRead(Op):
 
 @dataclass(frozen=True)
 class GraphConst(Op):
-    """A per-edge constant of the graph; ``inv_dst_rel_degree`` is ``1 / |N_r(dst)|``."""
+    """A per-edge constant of the graph; ``inv_dst_rel_degree`` is ``1 / |N_r(dst)|``, ``inv_dst_degree``
+    ``1 / |N(dst)|``, ``dst_degree`` ``|N(dst)|`` (the destination's in-degree over all relations)."""
 
-    kind: Literal["inv_dst_rel_degree"]
+    kind: Literal["inv_dst_rel_degree", "inv_dst_degree", "dst_degree"]
     domain: str
 
 
@@ -665,6 +671,12 @@ class ProgramBuilder:
         self._param(name, by, (like.heads,) if dim is None else (like.heads, dim), init)
         return self._emit(ParamRead(self._new(like.domain, like.heads, dim or 1), name, by, like.domain))
 
+    def shared_row(self, name: str, dim: int, like: Value, init: ParamInit = "glorot") -> Value:
+        """One ``(1, dim)`` parameter row ``name``, the same for every row of ``like``'s domain and every head
+        (it broadcasts over the heads of what it meets)."""
+        self._param(name, "none", (1, dim), init)
+        return self._emit(ParamRead(self._new(like.domain, 1, dim), name, "none", like.domain))
+
     def linear(self, x: Value, weight: str, out: tuple[int, int], bias: str | None = None,
                init: ParamInit = "glorot", bias_init: ParamInit = "zeros") -> Value:
         """``x @ weight + bias`` with one weight for all rows."""
@@ -673,6 +685,21 @@ class ProgramBuilder:
     def inv_dst_rel_degree(self) -> Value:
         """Per edge ``1/|N_r(dst)|``: a mean over each relation's in-neighbours."""
         return self._emit(GraphConst(self._new(EDGE, 1, 1), "inv_dst_rel_degree", EDGE))
+
+    def dst_degree(self) -> Value:
+        """Per edge ``|N(dst)|``, its destination's in-degree over all relations (PyG ``RGATConv``'s ``mod``)."""
+        return self._emit(GraphConst(self._new(EDGE, 1, 1), "dst_degree", EDGE))
+
+    def inc_positive(self, x: Value) -> Value:
+        """``x + 1`` where ``x > 0``, else ``x``, elementwise (PyG ``RGATConv``'s ``mod="f-additive"``)."""
+        return self._emit(Unary(self._new(x.domain, x.heads, x.dim), "inc_positive", x))
+
+    def edge_weight(self) -> Value:
+        """Per edge the caller's weight ``w_e`` (``edge[1x1]``), given with every call rather than derived from
+        the graph: ``layer(x, edge_weight=w)`` with ``w`` ``(E,)`` or ``(E, 1)`` in the graph's edge order (each
+        relation's edges one after another; a dict per canonical edge type also works). It is a constant of the
+        call: no gradient flows to it (DGL's ``norm``; a dropout mask)."""
+        return self._emit(GraphConst(self._new(EDGE, 1, 1), EDGE_WEIGHT, EDGE))
 
     def inner(self, a: Value, b: Value) -> Value:
         """Per head ``<a_h, b_h>``."""
@@ -730,6 +757,12 @@ class ProgramBuilder:
         if out.domain != NODE:
             raise IRError(f"a program returns a node value, got {out.domain}")
         return Program(self.name, self.x, dict(self.params), list(self.ops), out, self.heads)
+
+
+def reads_edge_weight(program: Program) -> bool:
+    """Whether ``program`` reads the caller's per-edge weight (:meth:`ProgramBuilder.edge_weight`): then every
+    run takes it beside the params, as ``params[EDGE_WEIGHT]``."""
+    return any(isinstance(op, GraphConst) and op.kind == EDGE_WEIGHT for op in program.ops)
 
 
 def _check_same(a: Value, b: Value, what: str, need_dim: bool) -> None:

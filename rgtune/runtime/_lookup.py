@@ -208,6 +208,20 @@ def find_best(db: "TrialDatabase", model: str, graph: HeteroGraph, in_dim: int, 
     return None
 
 
+#: the kinds of workload whose "no tuned schedule" warning this process has shown (:func:`warn_once`)
+_WARNED: set[tuple[Any, ...]] = set()
+
+
+def warn_once(kind: tuple[Any, ...], message: str) -> bool:
+    """:func:`warn` the first time this process meets ``kind`` (a workload kind: the model, its options, backend,
+    mode, database; not the graph or the sizes, which differ per layer and per call); whether it warned."""
+    if kind in _WARNED:
+        return False
+    _WARNED.add(kind)
+    warn(message)
+    return True
+
+
 def warn(message: str) -> None:
     """A :class:`TunedScheduleWarning` attributed to the first caller outside rgtune and torch (the user's line,
     also when a module of :mod:`rgtune.nn` looked the schedule up in its first call)."""

@@ -44,7 +44,8 @@ and its output is float32. A layer made or converted (``layer.to(torch.bfloat16)
 float16 takes and returns that dtype: its kernels read float32 copies of its parameters and input
 (casts autograd records: the gradients arrive in the layer's dtype); which intermediates are stored in
 16 bits is its schedule's ``precision.*`` knobs (``load_tuned(..., precision="bf16")``). Any other
-``dtype`` is refused when the layer is made. Parameters or an input of another dtype than the layer's
+``dtype`` is refused when the layer is made or converted (``.double()``, ``.to(torch.float64)``: a ``TypeError``
+naming what runs). Parameters or an input of another dtype than the layer's
 are an error naming the tensor and its dtype, before any kernel runs; nothing is cast behind the
 caller's back, except under ``torch.autocast``: there a float32 layer runs like an op autocast
 computes in its lower type: its input is taken in float32 (a float16 or bfloat16 one, what autocast's
@@ -104,7 +105,7 @@ from rgtune.data.graph import HeteroGraph
 from rgtune.data.graph_layer import GraphLayer, NodeInput
 from rgtune.ir.kernels import KernelProgram, WeightKernel
 from rgtune.ir.passes.precision import STORAGE_KNOBS
-from rgtune.ir.program import Param, Program
+from rgtune.ir.program import EDGE_WEIGHT, Param, Program, reads_edge_weight
 from rgtune.ir.registry import model_spec
 from rgtune.runtime import ops
 from rgtune.search_spaces import MODES, Point, SearchSpace
@@ -325,6 +326,77 @@ def _layer_dtypes(backend: Backend) -> tuple[torch.dtype, ...]:
     (parameters and input converted to float32 copies for the kernels, the output converted back)."""
     return tuple(backend.dtypes) + (_AUTOCAST_DTYPES if torch.float32 in backend.dtypes else ())
 
+
+def _graph_device(graph: Any) -> torch.device | None:
+    """The device of a PyG ``HeteroData``'s or a DGL graph's edges (a rgtune graph's are on the CPU)."""
+    device = getattr(graph, "device", None)  # a DGL graph
+    if isinstance(device, torch.device):
+        return device
+    for store in getattr(graph, "edge_stores", ()):  # a PyG HeteroData (or Data)
+        for value in store.values():
+            if isinstance(value, Tensor):
+                return value.device
+    return None
+
+
+def auto_layer_backend(device: torch.device | str | None, graph: Any) -> str:
+    """What ``backend="auto"`` is for a layer on ``device`` (None: the graph's): ``cuda`` for a CUDA device,
+    else ``cpu`` (``reference`` where the cpu backend cannot run here, e.g. without a C compiler)."""
+    from rgtune.codegen.base import BackendError, available_backends
+
+    where = torch.device(device) if device is not None else _graph_device(graph)
+    usable = available_backends()
+    if where is not None and where.type == "cuda":
+        ok, why = usable.get("cuda", (False, "not registered"))
+        if not ok:
+            raise BackendError(f"Layer: the layer is on {where}, but the cuda backend cannot run here: {why}")
+        return "cuda"
+    return "cpu" if usable.get("cpu", (False, ""))[0] else ReferenceBackend.name
+
+
+def layer_graph(graph: Any, who: str = "Layer") -> HeteroGraph:
+    """A layer's graph: a :class:`HeteroGraph`, a PyG ``HeteroData`` or a DGL graph (converted, as ``tune`` and
+    ``load_tuned`` convert them), or a dataset name (loaded)."""
+    if isinstance(graph, HeteroGraph):
+        return graph
+    from rgtune.runtime._lookup import resolve_graph
+
+    try:
+        return resolve_graph(graph)
+    except TypeError as e:
+        raise TypeError(f"{who}: {e}") from None
+
+
+def dtypes_in_words(backend: Backend) -> str:
+    """What a layer on ``backend`` may be in, as error messages say it (true of the backend's declared dtypes).
+
+    Example:
+        >>> print(dtypes_in_words(create("cpu")))  # doctest: +NORMALIZE_WHITESPACE
+        the cpu backend computes in torch.float32 (a layer in torch.float16 or torch.bfloat16 runs its kernels on
+        float32 copies of its parameters and input; 16-bit storage of the intermediates is a schedule's precision.*
+        knobs, load_tuned(..., precision='bf16') or tune --precision bf16); float64 runs on backend='reference'
+    """
+    computes = ", ".join(map(str, backend.dtypes))
+    half = [str(d) for d in _layer_dtypes(backend) if d not in backend.dtypes]
+    text = f"the {backend.name} backend computes in {computes}"
+    if half:
+        text += (f" (a layer in {' or '.join(half)} runs its kernels on float32 copies of its parameters and input; "
+                 "16-bit storage of the intermediates is a schedule's precision.* knobs, "
+                 "load_tuned(..., precision='bf16') or tune --precision bf16)")
+    if torch.float64 not in backend.dtypes:
+        text += "; float64 runs on backend='reference'"
+    return text
+
+
+def check_conversion(who: str, backend: Backend, fn: Callable[[Tensor], Tensor], like: Tensor) -> None:
+    """Refuse a conversion (``module.to(dtype)``, ``.double()``, ``.half()``, ...; ``fn`` is what
+    :meth:`torch.nn.Module._apply` applies) to a dtype ``backend`` cannot run, before any tensor is converted
+    (``like``: one of the module's parameters)."""
+    probe = fn(torch.zeros((), dtype=like.dtype, device=like.device))
+    if isinstance(probe, Tensor) and probe.is_floating_point() and probe.dtype not in _layer_dtypes(backend):
+        raise TypeError(f"{who}: cannot convert to {probe.dtype}: {dtypes_in_words(backend)}")
+
+
 #: how a layer's backward runs, by how its backend runs training programs (:attr:`Backend.training`)
 _BACKWARD_KINDS = {"phases": "generated", "step": "recompute", "none": "torch"}
 
@@ -381,14 +453,18 @@ class Layer(GraphLayer):
             :func:`rgtune.register_model`, or ``"package.module:builder"``), or a
             :class:`~rgtune.ir.program.Program` (its sizes are the layer's).
         graph: the graph the layer is bound to (its node and edge types fix the parameters' shapes;
-            the kernels are built for it; ``layer(x, graph=g)`` runs on another graph of those types).
+            the kernels are built for it; ``layer(x, graph=g)`` runs on another graph of those types): a
+            :class:`HeteroGraph`, a PyG ``HeteroData`` or a DGL graph (converted, as ``rgtune.tune`` and
+            ``load_tuned`` convert them), or a dataset name.
         in_dim, out_dim, heads: sizes (for a program: taken from it).
         options: the model's options (``{"num_bases": 30}``); see the model's registration.
         config: the schedule, ``knob -> value`` (missing knobs take their defaults); ``None``:
             the default schedule. Knobs of the backward (``autodiff.*``, ``scatter.*``,
             ``weightgrad.*``) shape the training program only.
-        backend: a backend name (``"cpu"``, ``"cuda"``, ``"reference"``, ``"pkg.mod:Class"``) or a
-            :class:`~rgtune.codegen.base.Backend`.
+        backend: ``"auto"`` (the default: ``cuda`` for a layer on a CUDA ``device``, or, without ``device``,
+            for a graph whose edges are on a CUDA device; else ``cpu``, or ``reference`` where no C compiler
+            runs here), a backend name (``"cpu"``, ``"cuda"``, ``"reference"``: plain torch, any float dtype,
+            ``"pkg.mod:Class"``) or a :class:`~rgtune.codegen.base.Backend`.
         provenance: where the schedule came from (kept as :attr:`provenance`; see
             :func:`rgtune.runtime.load_tuned`).
         mode: what the schedule was tuned for: ``"inference"`` (the forward; the training program
@@ -398,10 +474,11 @@ class Layer(GraphLayer):
             ``dtype=None``: torch's default dtype where the backend computes in it, else the
             backend's (float32 for ``cpu`` and ``cuda``, also under a float64 default dtype).
 
-    Dtypes: the ``cpu`` and ``cuda`` backends compute in float32: the input must be float32
-    (a float64 input is a ``ValueError`` that says to convert it), the parameters too
-    (``TypeError`` naming the parameter; ``.float()`` converts the layer), and the output is
-    float32. The ``reference`` backend runs in the layer's dtype (any float dtype).
+    Dtypes: the ``cpu`` and ``cuda`` backends compute in float32: a layer there is float32, or bfloat16 or
+    float16 (its kernels read float32 copies); a conversion to another dtype (``.double()``,
+    ``.to(torch.float64)``) is a ``TypeError`` where it is asked, naming what runs. An input of another dtype
+    than the layer's is a ``ValueError`` naming the tensor. The ``reference`` backend runs in the layer's
+    dtype (any float dtype).
 
     Threads: a layer may be called from several threads at once; its forwards run one at a
     time (one workspace per layer, guarded by a lock), its backwards side by side, and every
@@ -427,7 +504,7 @@ class Layer(GraphLayer):
         *,
         options: Mapping[str, Any] | None = None,
         config: Mapping[str, Any] | None = None,
-        backend: str | Backend = ReferenceBackend.name,
+        backend: str | Backend = "auto",
         provenance: Mapping[str, Any] | None = None,
         mode: str = "inference",
         device: torch.device | str | None = None,
@@ -435,6 +512,10 @@ class Layer(GraphLayer):
         autocast_config: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         program, name, resolved = _program(model, in_dim, out_dim, heads, options)
+        if backend == "auto":  # the best backend for where the layer lives, as load_tuned and the drop-ins pick
+            backend = auto_layer_backend(device, graph)
+            device = create(backend).device_type if device is None else device
+        graph = layer_graph(graph, type(self).__name__)
         super().__init__(graph, program.in_dim, program.out_dim, heads=program.heads)
         self.model, self.options, self.program = name, resolved, program
         be = create(backend) if isinstance(backend, str) else backend
@@ -463,6 +544,13 @@ class Layer(GraphLayer):
             self.autocast_configs[storage] = {"inference": inference, "training": training}
         self.provenance: dict[str, Any] = dict(provenance or {"source": "explicit" if config else "default"})
         self._start_runner()
+
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> "Layer":
+        # .to(dtype), .double(), .half(), ...: a dtype the backend cannot run is refused here, not at the first call
+        backend, first = self.__dict__.get("_backend"), next(iter(self._parameters.values()), None)
+        if backend is not None and first is not None:
+            check_conversion(type(self).__name__, backend, fn, first)
+        return super()._apply(fn, recurse)
 
     def reset_parameters(self) -> None:
         """Initialize every parameter as the program declares (see :func:`init_param`)."""
@@ -518,7 +606,8 @@ class Layer(GraphLayer):
                 return space.compile(configs[mode])
             return _compiled(space, configs[mode], f"{name} (on mini-batches)")
 
-        return _Runner(_Programs(self._backend, points, variant_point), graph, self._param_names, eager=eager)
+        names = [*self._param_names, *([EDGE_WEIGHT] if reads_edge_weight(self.program) else [])]
+        return _Runner(_Programs(self._backend, points, variant_point), graph, names, eager=eager)
 
     def autocast_schedule(self, dtype: torch.dtype) -> dict[str, dict[str, Any]] | None:
         """The schedules (by mode) a call under ``torch.autocast(dtype=dtype)`` runs, None where it runs the
@@ -675,7 +764,8 @@ class Layer(GraphLayer):
         want = self._backend.device_type
         if device.type != want:
             raise ValueError(f"{name}: the layer's parameters are on {device}, but the {self.backend} backend "
-                             f"runs on {want} tensors; move the layer with .to({want!r})")
+                             f"runs on {want} tensors; move the layer with .to({want!r}), or make it with "
+                             f"device={device.type!r} (backend='auto' picks that device's backend)")
 
     def _check_param_dtypes(self) -> None:
         """Every parameter in one dtype, one the backend runs (else a TypeError naming it)."""
@@ -694,19 +784,25 @@ class Layer(GraphLayer):
                                 f"parameters share one dtype (convert the layer with .to({dtype}))")
 
     def _check_tensor(self, x: Tensor, rows: int, what: str) -> None:
-        allowed = _layer_dtypes(self._backend)
-        if isinstance(x, Tensor) and x.is_floating_point() and x.dtype not in allowed:
-            # the reference layer's advice (convert the layer to the input's dtype) cannot work here
-            raise ValueError(f"{type(self).__name__}: {what} has dtype {x.dtype}, expected {self._param_dtype()} "
-                             f"(the {self.backend} backend computes in {', '.join(map(str, allowed))}; "
-                             f"convert the input with .to({self._param_dtype()}))")
+        allowed, mine = _layer_dtypes(self._backend), self._param_dtype()
+        if isinstance(x, Tensor) and x.is_floating_point() and x.dtype != mine:
+            # the layer may be converted to the input's dtype only where the backend runs that dtype
+            layer = f", or the layer with .to({x.dtype})" if x.dtype in allowed else ""
+            raise ValueError(f"{type(self).__name__}: {what} has dtype {x.dtype}, expected {mine} (the layer's dtype); "
+                             f"convert the input with .to({mine}){layer} ({dtypes_in_words(self._backend)})")
+        if isinstance(x, Tensor) and x.dim() == 2 and x.size(0) != rows:  # in the caller's words: x, x['paper']
+            block, ntype = what.startswith("block "), what.split("node type ", 1)[1] if "node type " in what else None
+            nodes = ("source nodes" if block else "nodes") + (f" of type {ntype}" if ntype else "")
+            given = f"{'x' if ntype is None else f'x[{ntype}]'} has {x.size(0)} row{'' if x.size(0) == 1 else 's'}"
+            raise ValueError(f"{type(self).__name__}: {given} but the {'block' if block else 'graph'} has {rows} {nodes}")
         super()._check_tensor(x, rows, what)
         device = self._device()
         if x.device != device:
             raise ValueError(f"{type(self).__name__}: {what} is on {x.device}, expected {device} "
                              f"(the layer's device); move it with .to({str(device)!r})")
 
-    def forward(self, x: NodeInput, graph: "HeteroGraph | Batch | None" = None) -> NodeInput:
+    def forward(self, x: NodeInput, graph: "HeteroGraph | Batch | None" = None, *,
+                edge_weight: Tensor | Mapping[Any, Tensor] | None = None) -> NodeInput:
         """``x``: ``(num_nodes, in_dim)`` in global node order, or ``{ntype: (n_t, in_dim)}``, of the bound
         graph or of ``graph`` (same node and edge types). Returns the output in the same form; runs the
         generated kernels (see the module docstring).
@@ -714,7 +810,13 @@ class Layer(GraphLayer):
         With a :class:`~rgtune.data.batch.Batch` (a mini-batch's block), ``x`` is its source nodes' input,
         ``{ntype: (num_src[t], in_dim)}`` (each type's destinations first) or one tensor in the batch's
         global order, and the output is its destinations': ``{ntype: (num_dst[t], out_dim)}`` or
-        ``(num_dst_nodes, out_dim)``."""
+        ``(num_dst_nodes, out_dim)``.
+
+        ``edge_weight``: for a program that reads the caller's per-edge weight (``ProgramBuilder.edge_weight``,
+        e.g. ``rgcn`` with ``aggr="weighted"``), one value per edge of the graph or batch the call runs on:
+        ``(num_edges,)`` or ``(num_edges, 1)`` in its edge order (relation by relation, each relation's edges in
+        their order: :attr:`HeteroGraph.src`'s), or ``{canonical edge type: (edges of it,)}``. It gets no
+        gradient (a constant of the call, as DGL's ``norm``)."""
         device = self._device().type
         if torch.is_autocast_enabled(device):
             low = torch.get_autocast_dtype(device)
@@ -722,28 +824,30 @@ class Layer(GraphLayer):
             with torch.autocast(device, enabled=False):
                 autocast = self._autocast_runner(low)
                 if autocast is None:  # the layer's own schedule, in its dtype
-                    return self.forward(self._autocast_input(x), graph)
+                    return self.forward(self._autocast_input(x), graph, edge_weight=edge_weight)
                 # like an op autocast runs in its lower type: the 16-bit schedule, the output in that type
-                return self._forward(self._autocast_input(x), graph, autocast, low)
-        return self._forward(x, graph)
+                return self._forward(self._autocast_input(x), graph, autocast, low, edge_weight)
+        return self._forward(x, graph, edge_weight=edge_weight)
 
     def _forward(self, x: NodeInput, graph: "HeteroGraph | Batch | None",
-                 autocast: "tuple[str, _Runner] | None" = None, out_dtype: torch.dtype | None = None) -> NodeInput:
+                 autocast: "tuple[str, _Runner] | None" = None, out_dtype: torch.dtype | None = None,
+                 edge_weight: Tensor | Mapping[Any, Tensor] | None = None) -> NodeInput:
         self._check_runnable()
         runner = self._runner_for(graph, autocast)
+        weight = _edge_weight_input(self, runner, edge_weight)
         if not isinstance(runner.graph, Batch):
             flat, as_dict = self._to_flat(x, runner.graph)
-            return self._from_flat(self._run(runner, flat, out_dtype), as_dict, runner.graph)
+            return self._from_flat(self._run(runner, flat, out_dtype, weight), as_dict, runner.graph)
         batch = runner.graph
         if isinstance(x, Mapping):
             for t, v in x.items():
                 if t in batch.num_src:
-                    self._check_tensor(v, batch.num_src[t], f"input for node type {t!r}")
+                    self._check_tensor(v, batch.num_src[t], f"block input for node type {t!r}")
             flat = batch.flatten_src(x)
         else:
-            self._check_tensor(x, batch.num_nodes(), "input")
+            self._check_tensor(x, batch.num_nodes(), "block input")
             flat = x
-        out = self._run(runner, flat, out_dtype)  # a batch's program computes the destinations' rows alone
+        out = self._run(runner, flat, out_dtype, weight)  # a batch's program computes the destinations' rows alone
         return batch.split_dst(out) if isinstance(x, Mapping) else out
 
     def _forward_flat(self, x: Tensor) -> Tensor:
@@ -760,8 +864,11 @@ class Layer(GraphLayer):
 
         return {k: cast(v) for k, v in x.items()} if isinstance(x, Mapping) else cast(x)
 
-    def _run(self, runner: _Runner, x: Tensor, out_dtype: torch.dtype | None = None) -> Tensor:
+    def _run(self, runner: _Runner, x: Tensor, out_dtype: torch.dtype | None = None,
+             edge_weight: Tensor | None = None) -> Tensor:
         params = [self._parameters[n] for n in self._param_names]
+        if edge_weight is not None:  # the caller's per-edge weight travels last, as params[EDGE_WEIGHT]
+            params.append(edge_weight)
         if out_dtype is not None:  # an autocast call: float32 in, the autocast type out (gradients back as they came)
             return self._run_float32(runner, x, params).to(out_dtype)
         half = x.dtype if x.dtype in _AUTOCAST_DTYPES and x.dtype not in self._backend.dtypes else None
@@ -786,6 +893,55 @@ class Layer(GraphLayer):
         opts = ", ".join(f"{k}={v}" for k, v in self.options.items() if v is not None)
         return (f"model={self.model!r}{', ' + opts if opts else ''}, {super().extra_repr()}, backend={self.backend!r}, "
                 f"mode={self.mode!r}, schedule={where}")
+
+
+def _edge_weight_input(layer: Layer, runner: _Runner, weight: Tensor | Mapping[Any, Tensor] | None
+                       ) -> Tensor | None:
+    """The call's ``edge_weight`` as one ``(E,)`` tensor in the edge order of the runner's graph or batch, in the
+    layer's dtype, detached (no gradient); None for a program that reads none (then giving one is an error)."""
+    name, graph = type(layer).__name__, runner.graph
+    # the bound graph's counts as Python ints (no tensor read: torch.compile traces this without a break)
+    bounds = layer.rel_offsets if graph is layer.graph else [int(v) for v in graph.rel_offsets]
+    edges = bounds[-1]
+    if EDGE_WEIGHT not in runner.names:
+        if weight is not None:
+            raise ValueError(f"{name}: edge_weight was given, but model {layer.model!r} with options "
+                             f"{layer.options} reads no per-edge weight (rgcn reads one with aggr='weighted')")
+        return None
+    if weight is None:
+        raise ValueError(f"{name}: model {layer.model!r} reads a per-edge weight: call it with edge_weight=w, w of "
+                         f"shape ({edges},) or ({edges}, 1) (one per edge of "
+                         f"{type(graph).__name__.lower()} {graph.name!r})")
+    if isinstance(weight, Mapping):
+        unknown = [k for k in weight if tuple(k) not in graph.canonical_etypes]
+        if unknown:
+            raise ValueError(f"{name}: edge_weight has edge types {unknown} that the graph does not have; its "
+                             f"canonical edge types: {graph.canonical_etypes}")
+        parts = []
+        for r, cet in enumerate(graph.canonical_etypes):
+            n = bounds[r + 1] - bounds[r]
+            w = next((v for k, v in weight.items() if tuple(k) == cet), None)
+            if w is None:
+                if n:
+                    raise ValueError(f"{name}: edge_weight has no entry for edge type {cet} ({n} edges)")
+                continue
+            w = w.reshape(-1) if w.dim() == 2 and w.shape[1] == 1 else w
+            if w.dim() != 1 or w.shape[0] != n:
+                raise ValueError(f"{name}: edge_weight of edge type {cet} has shape {tuple(w.shape)}, but the "
+                                 f"edge type has {n} edges")
+            parts.append(w)
+        weight = torch.cat(parts) if parts else torch.zeros(0, device=layer._device())
+    if not isinstance(weight, Tensor) or not weight.is_floating_point():
+        raise TypeError(f"{name}: edge_weight must be a floating-point tensor, got "
+                        f"{weight.dtype if isinstance(weight, Tensor) else type(weight).__name__}")
+    w = weight.reshape(-1) if weight.dim() == 2 and weight.shape[1] == 1 else weight
+    if w.dim() != 1 or w.shape[0] != edges:
+        got = f"{w.shape[0]} values" if w.dim() == 1 else f"shape {tuple(weight.shape)}"
+        raise ValueError(f"{name}: edge_weight has {got}, but {type(graph).__name__.lower()} {graph.name!r} has "
+                         f"{edges} edges (one weight per edge: ({edges},) or "
+                         f"({edges}, 1))")
+    dtype = layer._param_dtype()  # a 16-bit layer's kernels read float32: its weights are not rounded to 16 bits
+    return w.detach().to(device=layer._device(), dtype=torch.float32 if dtype in _AUTOCAST_DTYPES else dtype)
 
 
 def _program(model: str | Program, in_dim: int | None, out_dim: int | None, heads: int | None,

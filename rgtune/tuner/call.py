@@ -40,7 +40,7 @@ import torch
 
 from rgtune.codegen.base import Backend
 from rgtune.data.graph import HeteroGraph
-from rgtune.ir.program import Program
+from rgtune.ir.program import EDGE_WEIGHT, Program
 from rgtune.runtime.module import Layer
 
 __all__ = ["LayerCall"]
@@ -57,9 +57,12 @@ class LayerCall:
         self.backend = backend
         self.layer = Layer(program, graph, config=config, backend=backend, mode=mode, device=backend.device_type)
         self._params = dict(self.layer.named_parameters())
+        self._kw: dict[str, torch.Tensor] = {}  # a program that reads the caller's edge weight: edge_weight=...
 
     def use_params(self, params: Mapping[str, torch.Tensor]) -> None:
         """Copy ``params`` (by name, on the layer's device) into the layer's parameters."""
+        if EDGE_WEIGHT in params:  # the caller's per-edge weight: given with every call, as a user gives it
+            self._kw = {"edge_weight": params[EDGE_WEIGHT].to(self.backend.device_type, torch.float32)}
         with torch.no_grad():
             for name, value in params.items():
                 mine = self._params.get(name)
@@ -72,7 +75,7 @@ class LayerCall:
             self._step(x, dout)
         else:
             with torch.no_grad():
-                self.layer(x)
+                self.layer(x, **self._kw)
         self.backend.synchronize()
 
     def results(self, x: torch.Tensor, params: Mapping[str, torch.Tensor],
@@ -82,7 +85,7 @@ class LayerCall:
         self.use_params(params)
         if not self.training:
             with torch.no_grad():
-                return {"output": self.layer(x)}
+                return {"output": self.layer(x, **self._kw)}
         out, leaf = self._step(x, dout)
         got = {"output": out.detach(), "input gradient": leaf.grad}
         got.update({f"gradient of {n}": p.grad for n, p in self._params.items() if p.grad is not None})
@@ -94,6 +97,6 @@ class LayerCall:
         for p in self._params.values():
             p.grad = None
         leaf = x.detach().requires_grad_(True)
-        out = self.layer(leaf)
+        out = self.layer(leaf, **self._kw)
         out.backward(dout)
         return out, leaf

@@ -68,6 +68,7 @@ from rgtune.data.neighbourhood import Neighbourhood, in_neighbourhood, sample_de
 from rgtune.db.trial_result import Coverage
 from rgtune.ir.interpret import Interpreter, random_params
 from rgtune.ir.passes.precision import torch_dtype
+from rgtune.ir.program import EDGE_WEIGHT, reads_edge_weight
 
 __all__ = ["Case", "Verifier", "FLOAT32_MARGIN", "LOW_PRECISION_MARGIN", "REDUCTION_MARGIN", "SAMPLE_ABOVE_EDGES", "VERIFY_MODES",
            "relative_error", "shown", "tolerance"]
@@ -210,7 +211,7 @@ class Verifier:
 
     def inputs(self, seed: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Random float64 input (all rows) and parameters of ``seed``."""
-        params = random_params(self.program, self.graph, seed=seed)
+        params = {**random_params(self.program, self.graph, seed=seed), **self._edge_weight(seed)}
         gen = torch.Generator().manual_seed(seed * 7919 + 2)
         return torch.randn(self.graph.num_nodes(), self.program.x.heads * self.program.x.dim, generator=gen,
                            dtype=torch.float64), params
@@ -242,12 +243,13 @@ class Verifier:
             hood = in_neighbourhood(self.graph, sample_destinations(self.graph, self.rows, seed=seed))
             x, params, dout = self._sampled_inputs(seed, hood, gen)
             interp = Interpreter(self.program, hood.graph)
+            sub = _hood_params(params, self.graph, hood)  # the reference's: the edge weights of hood's edges
             nodes = hood.nodes
             x_rows, dout_rows = x[nodes].double(), None if dout is None else dout[nodes].double()
-            exact = _reference(interp, x_rows, params, dout_rows)
-            rounded = lambda: _reference(interp, x_rows.float(), {k: v.float() for k, v in params.items()},  # noqa: E731
+            exact = _reference(interp, x_rows, sub, dout_rows)
+            rounded = lambda: _reference(interp, x_rows.float(), {k: v.float() for k, v in sub.items()},  # noqa: E731
                                          None if dout_rows is None else dout_rows.float())
-            stored = lambda dtype: _reference(interp, x_rows, params, dout_rows, dtype)  # noqa: E731
+            stored = lambda dtype: _reference(interp, x_rows, sub, dout_rows, dtype)  # noqa: E731
             lengths = self._lengths(hood.graph)
         expected = {name: _expected(name, value, hood, n) for name, value in exact.items()}
         length = {name: lengths["rows" if name in ("output", "input gradient") else "params"] for name in exact}
@@ -283,7 +285,17 @@ class Verifier:
             self._dout32[hood.dst] = torch.randn(hood.dst.numel(), out_dim, generator=gen, dtype=torch.float32)
             self._dout_rows, dout = hood.dst, self._dout32
         params = {k: v.float().double() for k, v in random_params(self.program, self.graph, seed=seed).items()}
-        return self._x32, params, dout
+        return self._x32, {**params, **self._edge_weight(seed)}, dout
+
+    def _edge_weight(self, seed: int) -> dict[str, torch.Tensor]:
+        """``{EDGE_WEIGHT: w}`` for a program that reads the caller's per-edge weight: random positive weights
+        of ``seed`` in ``[0.5, 1.5)``, float32-representable, one per edge of the graph in its edge order (a
+        schedule is verified on them as on the input); else nothing."""
+        if not reads_edge_weight(self.program):
+            return {}
+        gen = torch.Generator().manual_seed(seed * 7919 + 3)
+        w = 0.5 + torch.rand(self.graph.num_edges(), generator=gen, dtype=torch.float64)
+        return {EDGE_WEIGHT: w.float().double()}
 
     def _lengths(self, graph: HeteroGraph) -> dict[str, int]:
         deg = int(torch.bincount(graph.dst, minlength=graph.num_nodes()).max()) if graph.num_edges() else 0
@@ -339,6 +351,16 @@ def _expected(name: str, value: torch.Tensor, hood: Neighbourhood | None, total:
     return Expected(value)  # a parameter's gradient: dout is zero outside the sample, so it is the whole one
 
 
+def _hood_params(params: Mapping[str, torch.Tensor], graph: HeteroGraph, hood: Neighbourhood) -> dict[str, torch.Tensor]:
+    """``params`` for the reference on ``hood``'s subgraph: the caller's edge weight cut to its edges (the edges
+    into its destinations, in the graph's order, which the subgraph keeps)."""
+    if EDGE_WEIGHT not in params:
+        return dict(params)
+    wanted = torch.zeros(graph.num_nodes(), dtype=torch.bool)
+    wanted[hood.dst] = True
+    return {**params, EDGE_WEIGHT: params[EDGE_WEIGHT][wanted[graph.dst]]}
+
+
 def _reference(interp: Interpreter, x: torch.Tensor, params: Mapping[str, torch.Tensor],
                dout: torch.Tensor | None, round_to: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """The interpreter's results by name, in the dtype of ``x`` (gradients of ``dout`` by autograd); ``round_to``:
@@ -347,9 +369,10 @@ def _reference(interp: Interpreter, x: torch.Tensor, params: Mapping[str, torch.
         with torch.no_grad():
             return {"output": interp.run(x, params, round_to=round_to).output}
     with torch.enable_grad():
-        names = list(params)
-        leaves = [t.clone().requires_grad_(True) for t in (x, *params.values())]
-        out = interp.run(leaves[0], dict(zip(names, leaves[1:])), round_to=round_to).output
+        names = [n for n in params if n != EDGE_WEIGHT]  # the caller's edge weight gets no gradient
+        leaves = [t.clone().requires_grad_(True) for t in (x, *(params[n] for n in names))]
+        given = {EDGE_WEIGHT: params[EDGE_WEIGHT]} if EDGE_WEIGHT in params else {}
+        out = interp.run(leaves[0], {**dict(zip(names, leaves[1:])), **given}, round_to=round_to).output
         grads = torch.autograd.grad(out, leaves, dout, allow_unused=True)
     expected = {"output": out.detach(), "input gradient": grads[0]}
     expected.update({f"gradient of {n}": torch.zeros_like(t) if g is None else g

@@ -29,7 +29,7 @@ from rgtune.ir.kernels import Expr, GraphLoad, Load, ParamLoad
 INDEX_ARRAYS = ("node_type", "csr_indptr", "e_src", "e_dst", "e_rel", "e_sp", "e_dp", "sp_node", "sp_rel",
                 "sp_offsets", "dp_node", "dp_rel", "dp_offsets")
 #: per-edge graph constants (``float``, converted once per graph)
-GRAPH_CONSTANTS = ("inv_dst_rel_degree", "inv_dst_degree")
+GRAPH_CONSTANTS = ("inv_dst_rel_degree", "inv_dst_degree", "dst_degree", "edge_weight")  # edge_weight: the call's
 
 _VAR = {"row": None, "src": "i_src", "dst": "i_dst", "rel": "i_rel", "src_pair": "i_sp", "dst_pair": "i_dp",
         "pair_node": "i_pn", "ntype": "i_nt", "src_ntype": "i_snt", "dst_ntype": "i_dnt", "none": "0"}

@@ -78,6 +78,7 @@ from rgtune.codegen.weights import fold_weights
 from rgtune.data.graph import HeteroGraph
 from rgtune.ir.bind import GraphArrays, graph_arrays, row_types
 from rgtune.ir.passes.precision import torch_dtype
+from rgtune.ir.program import EDGE_WEIGHT
 from rgtune.ir.kernels import (GemmKernel, KernelProgram, ScatterKernel, TraversalKernel, WeightGradKernel,
                                WeightKernel)
 
@@ -165,6 +166,7 @@ class CpuRuntime:
         self.grad_shapes = {g: (param_full_shape(kp, g, self.a), _first_write_accumulates(kp, g))
                             for g in kp.param_grads.values()}
         self.bound = {src.kernel: self._bind(src, libs[src.kernel]) for src in gen.kernels}
+        self._reads_edge_weight = any("G_edge_weight" in b.names for b in self.bound.values())
         for k in kp.kernels:
             if isinstance(k, WeightGradKernel) and k.name not in self.bound:
                 self.blas[k.name] = self._blas_weightgrad(k)
@@ -241,7 +243,7 @@ class CpuRuntime:
             if name in b.names:
                 b.set(name, self._pointer(getattr(a, name)))
         for kind in GRAPH_CONSTANTS:
-            if f"G_{kind}" in b.names:
+            if f"G_{kind}" in b.names and kind != EDGE_WEIGHT:  # the edge weight is the call's (_point)
                 b.set(f"G_{kind}", self._pointer(self._cached(("G", kind), lambda: a.graph_constant(kind, KERNEL_DTYPE))))
         k = next(k for k in self.kp.kernels if k.name == src.kernel)
         if isinstance(k, GemmKernel):
@@ -437,6 +439,8 @@ class CpuRuntime:
             b.set(f"P_{canon}", _ptr(params[name]))
         for fld, ws in b.scratch.items():
             b.set(fld, _ptr(self.workspace[ws]))
+        if "G_edge_weight" in b.names:  # the caller's per-edge weight, in layout order (_check_params)
+            b.set("G_edge_weight", _ptr(params[EDGE_WEIGHT]))
 
     def _fold_step(self, k: WeightKernel) -> Callable[..., None]:
         def step(bufs: dict[str, torch.Tensor], params: dict[str, torch.Tensor]) -> None:
@@ -573,7 +577,8 @@ class CpuRuntime:
     def _rows_of(self, bufs: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
         """Buffer ``name`` as ``(rows, width)``: every node's, or the destinations' (a destinations program's
         output: :attr:`~rgtune.ir.plan.LoweringPlan.destinations`)."""
-        return bufs[name].view(self.a.rows(self.kp.buffers[name].domain), -1)
+        b = self.kp.buffers[name]
+        return bufs[name].view(self.a.rows(b.domain), b.width)
 
     def _check_input(self, x: torch.Tensor, what: str = "input x", buffer: str | None = None) -> torch.Tensor:
         b = self.kp.buffers[buffer or self.kp.input]
@@ -588,6 +593,11 @@ class CpuRuntime:
             t = params[name]
             _check_tensor(f"param {name!r}", t, shape)
             out[name] = t.detach().contiguous()
+        if self._reads_edge_weight:  # the caller's weight in graph edge order -> layout order, float32
+            w = params.get(EDGE_WEIGHT)
+            if w is not None and w.device.type != "cpu":
+                raise ValueError(f"edge_weight is on {w.device}; the cpu backend needs CPU tensors (call .cpu())")
+            out[EDGE_WEIGHT] = self.a.edge_weight(w, KERNEL_DTYPE).contiguous()
         return out
 
     def _buffers(self, x: torch.Tensor, dout: torch.Tensor | None = None,

@@ -35,7 +35,7 @@ from rgtune.ir.kernels import Acc, ConcatE, Expr, GraphLoad, InnerE, Load, Param
 GRAPH_ARRAYS = ("node_type", "e_src", "e_dst", "e_rel", "e_rel_order", "csr_indptr", "e_sp", "e_dp",
                 "sp_node", "sp_rel", "sp_offsets", "dp_node", "dp_rel", "dp_offsets")
 #: per-edge float constants of the graph (``GraphLoad``), passed as ``G_<kind>``
-GRAPH_CONSTANTS = ("inv_dst_rel_degree", "inv_dst_degree")
+GRAPH_CONSTANTS = ("inv_dst_rel_degree", "inv_dst_degree", "dst_degree", "edge_weight")  # edge_weight: the call's
 
 
 class UnsupportedKernel(ValueError):

@@ -69,6 +69,7 @@ from rgtune.data.graph import HeteroGraph
 from rgtune.ir.bind import GraphArrays, graph_arrays, row_types
 from rgtune.ir.kernels import GemmKernel, KernelProgram, ScatterKernel, WeightGradKernel, WeightKernel
 from rgtune.ir.passes.precision import STORAGE_TYPES, torch_dtype
+from rgtune.ir.program import EDGE_WEIGHT
 
 STICKY_NOTE = ("a CUDA fault is sticky: this process's CUDA context is unusable now; "
                "measure in a worker process and restart it")
@@ -327,6 +328,11 @@ class _Loaded:
 _PER_RUN_KINDS = ("buffer", "param", "temp")
 
 
+def _per_run(a: Arg) -> bool:
+    """Whether an argument changes from run to run: buffers, params, temps and the caller's edge weight."""
+    return a.kind in _PER_RUN_KINDS or (a.kind == "const" and a.ref == EDGE_WEIGHT)
+
+
 class ProgramRunner:
     """Runs generated units on a graph: buffers, derived weights, grids, arguments, launch order.
 
@@ -347,7 +353,9 @@ class ProgramRunner:
         self.device_arrays = on_dev = self.arrays.to(self.device)
         self.rows = {d: on_dev.rows(d) for d in ("node", "dst_node", "edge", "src_pair", "dst_pair")}
         self.graph = {n: getattr(on_dev, n).contiguous() for n in GRAPH_ARRAYS if getattr(on_dev, n) is not None}
-        self.consts = {n: on_dev.graph_constant(n, KERNEL_DTYPE).contiguous() for n in GRAPH_CONSTANTS}
+        # the edge weight is the caller's: a per-run argument (_launch_program), not a constant of the graph
+        self.consts = {n: on_dev.graph_constant(n, KERNEL_DTYPE).contiguous() for n in GRAPH_CONSTANTS
+                       if n != EDGE_WEIGHT}
         self.loaded: list[_Loaded] = []
         self._host_tables: dict[str, dict[str, torch.Tensor]] = {}  # unit -> its tables on the CPU (for grids)
         self._unit_rows: dict[str, dict[str, int]] = {}  # unit -> its own counts (a weight gradient's chunks)
@@ -374,11 +382,12 @@ class ProgramRunner:
             ld.rows = {**self.rows, **self._unit_rows.get(ld.unit.name, {})}
             ld.steps = []
             for launch in ld.unit.launches:
-                per_run = tuple((i, a) for i, a in enumerate(launch.args) if a.kind in _PER_RUN_KINDS)
-                values = [0 if a.kind in _PER_RUN_KINDS else self._fixed_arg(a, ld.tables, ld.rows)
-                          for a in launch.args]
+                per_run = tuple((i, a) for i, a in enumerate(launch.args) if _per_run(a))
+                values = [0 if _per_run(a) else self._fixed_arg(a, ld.tables, ld.rows) for a in launch.args]
                 ld.steps.append(_Step(ld, launch, grid_of(launch.grid, ld.rows, host_tables), values, per_run))
         self._by_name = {ld.unit.name: ld for ld in self.loaded}
+        self._reads_edge_weight = any(a.kind == "const" and a.ref == EDGE_WEIGHT
+                                      for ld in self.loaded for la in ld.unit.launches for a in la.args)
 
     def run(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], fill: float | None = None) -> torch.Tensor:
         """The output for input ``x`` (global node order) and ``params``.
@@ -432,7 +441,8 @@ class ProgramRunner:
     def _rows_of(self, bufs: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
         """Buffer ``name`` as ``(rows, width)``: every node's, or the destinations' (a destinations program's
         output: :attr:`~rgtune.ir.plan.LoweringPlan.destinations`)."""
-        return bufs[name].view(self.rows[self.kp.buffers[name].domain], -1)
+        b = self.kp.buffers[name]
+        return bufs[name].view(self.rows[b.domain], b.width)
 
     def _execute_training(self, x: torch.Tensor, params: Mapping[str, torch.Tensor], dout: torch.Tensor,
                           fill: float | None = None) -> TrainingResult:
@@ -474,15 +484,18 @@ class ProgramRunner:
         kp, dev = self.kp, self.device
         n = self.rows["node"]
         p = {name: _aligned(t.to(device=dev, dtype=KERNEL_DTYPE)) for name, t in params.items()}
-        bufs: dict[str, torch.Tensor] = {kp.input: _aligned(x.to(device=dev, dtype=KERNEL_DTYPE).reshape(n, -1))}
+        if self._reads_edge_weight:  # the caller's weight in graph edge order -> layout order
+            p[EDGE_WEIGHT] = _aligned(self.device_arrays.edge_weight(p.get(EDGE_WEIGHT), KERNEL_DTYPE))
+        x = x.to(device=dev, dtype=KERNEL_DTYPE).reshape(n, x.shape[-1])  # no -1: a graph may have no nodes
+        bufs: dict[str, torch.Tensor] = {kp.input: _aligned(x)}
         if saved is not None:
             p.update({name: _aligned(saved.params[name].to(device=dev, dtype=KERNEL_DTYPE))
                       for name in kp.saved_params})
             bufs.update({b: self._saved_buffer(b, saved.buffers[b]) for b in kp.saved})
         if dout is not None:
             assert kp.dout is not None
-            bufs[kp.dout] = _aligned(dout.to(device=dev, dtype=KERNEL_DTYPE).reshape(self.rows[kp.buffers[kp.dout].domain],
-                                                                                      -1))
+            b = kp.buffers[kp.dout]
+            bufs[kp.dout] = _aligned(dout.to(device=dev, dtype=KERNEL_DTYPE).reshape(self.rows[b.domain], b.width))
             # zeroed: the weight-gradient kernels add their partial sums into them (or overwrite them)
             p.update({grad: torch.zeros(param_full_shape(kp, name, self.arrays), device=dev, dtype=KERNEL_DTYPE)
                       for name, grad in kp.param_grads.items()})
@@ -532,7 +545,7 @@ class ProgramRunner:
     def _run_unit(self, ld: _Loaded, bufs: Mapping[str, torch.Tensor], params: Mapping[str, torch.Tensor]) -> None:
         temps = {t.name: torch.full((ld.rows[t.domain], t.width), t.fill, device=self.device, dtype=KERNEL_DTYPE)
                  for t in ld.unit.temps}
-        sources = {"buffer": bufs, "param": params, "temp": temps}
+        sources = {"buffer": bufs, "param": params, "temp": temps, "const": params}  # const: the edge weight
         for step in ld.steps:
             if 0 in step.grid:
                 continue
