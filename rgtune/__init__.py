@@ -1,6 +1,7 @@
 """rgtune: an autotuning compiler for relational graph neural network layers.
 
-The entry points: :func:`tune` (search and record the schedules of a workload),
+The entry points: :func:`tune` (search and record the schedules of a workload: ``tune("hgt", "aifb")``, or of
+each rgtune module a model runs on example inputs: ``tune(model, x, edge_index, edge_type, trials=50)``),
 :func:`load_tuned` (the best one as a trainable ``torch.nn.Module``), :func:`load_exported`
 (the same from an ``rgtune export`` folder, without the database), :func:`compile` (one
 schedule, as a callable), :class:`Layer` (any model's program as a module, ``rgtune.nn.Layer``)
@@ -20,7 +21,7 @@ __version__ = "0.1.0"
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # heavy entry points load on first use, so that `import rgtune` stays light
-_LAZY = {"tune": "rgtune.tuner", "compile": "rgtune.runtime.compile", "load_tuned": "rgtune.runtime",
+_LAZY = {"tune": "rgtune.nn._tune", "compile": "rgtune.runtime.compile", "load_tuned": "rgtune.runtime",
          "load_exported": "rgtune.runtime", "Layer": "rgtune.runtime", "register_model": "rgtune.ir.registry",
          "list_models": "rgtune.ir.registry"}
 

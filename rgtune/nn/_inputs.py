@@ -54,7 +54,10 @@ def edge_list(value: Any, name: str) -> EdgeList:
         if value.dim() != 2 or value.size(0) != 2:
             raise ValueError(f"{name} must be a (2, num_edges) tensor of [source; destination] ids, got shape "
                              f"{tuple(value.shape)}")
-        return EdgeList(value.as_subclass(Tensor).long(), None, None)
+        # a subclass (PyG's EdgeIndex) as a plain tensor; torch.compile cannot trace as_subclass, and a traced
+        # call never meets the subclass's own ops anyway
+        plain = value if torch.compiler.is_compiling() else value.as_subclass(Tensor)
+        return EdgeList(plain.long(), None, None)
     if isinstance(value, Tensor):
         return _torch_sparse(value, name)
     if is_sparse_adjacency(value):  # torch_sparse.SparseTensor: row = destination, col = source
