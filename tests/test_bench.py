@@ -104,7 +104,7 @@ def test_bench_measures_memory_and_checks_sampled_rows_in_every_process():
 @pytest.fixture(scope="module")
 def layer() -> Layer:
     torch.manual_seed(0)
-    return Layer("rgcn", load_dataset(GRAPH), 8, 8)
+    return Layer("rgcn", load_dataset(GRAPH), 8, 8, backend="reference")
 
 
 def test_the_sampled_check_catches_a_wrong_row_it_samples_and_only_checks_the_sample(layer):

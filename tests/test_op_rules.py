@@ -121,7 +121,7 @@ def test_the_layer_trains_on_the_cpu_backend(build: Any) -> None:
     the same layer on the torch executor (float64)."""
     program = build(6, 4)
     torch.manual_seed(0)
-    ref = Layer(program, GRAPH, dtype=torch.float64)
+    ref = Layer(program, GRAPH, dtype=torch.float64, backend="reference")
     cpu = Layer(program, GRAPH, backend="cpu", mode="training")
     cpu.load_state_dict({k: v.float() for k, v in ref.state_dict().items()})
     x = torch.randn(GRAPH.num_nodes(), 6, dtype=torch.float64)

@@ -145,10 +145,15 @@ def test_layer_dtypes_follow_the_backend_and_errors_name_the_tensor(small, float
         layer(x)
     with pytest.raises(ValueError, match=r"input for node type 'n0' has dtype torch.float64"):
         layer(small.split_nodes(x))
+    with pytest.raises(TypeError, match=r"cannot convert to torch.float64: the cpu backend computes in "
+                                        r"torch.float32 .*float64 runs on backend='reference'"):
+        layer.double()  # refused where it is asked, the layer left as it was
+    assert {p.dtype for p in layer.parameters()} == {torch.float32}
+    layer.weight.data = layer.weight.data.double()  # behind the conversion's back: the first call says so
     with pytest.raises(TypeError, match=r"parameter 'weight' is torch.float64, but the cpu backend computes in "
                                         r"torch.float32; convert the layer with \.float\(\)"):
-        layer.double()(x)
-    layer.float()
+        layer(x.float())
+    layer.weight.data = layer.weight.data.float()
     layer.attn_src.data = layer.attn_src.data.half()
     with pytest.raises(TypeError, match=r"parameter 'attn_src' is torch.float16"):
         layer(x.float())

@@ -27,7 +27,7 @@ Example:
     >>> from rgtune.data.synthetic import random_graph
     >>> from rgtune.runtime import Layer
     >>> g = random_graph((10, 20), num_relations=3, num_edges=100, seed=0)
-    >>> layer = Layer("rgcn", g, 4, 8)
+    >>> layer = Layer("rgcn", g, 4, 8, backend="reference")
     >>> b = pyg_rgcn(layer)
     >>> x = torch.randn(30, 4)
     >>> bool(torch.allclose(b.run(x), b.expected(x.double()).float(), atol=1e-5))
@@ -331,10 +331,12 @@ def dgl_rgat(layer: torch.nn.Module) -> Baseline:
 
 def _reference(layer: torch.nn.Module, options: dict[str, object]) -> torch.nn.Module:
     """A reference-backend layer of ``layer``'s model with other ``options`` and the same weights (on the CPU)."""
+    from rgtune.codegen.base import ReferenceBackend
     from rgtune.runtime import Layer
 
     other = Layer(layer.model, layer.graph, layer.in_dim, layer.out_dim, layer.heads,  # type: ignore[attr-defined]
-                  options={**layer.options, **options}, dtype=torch.float64)  # type: ignore[attr-defined]
+                  options={**layer.options, **options}, dtype=torch.float64,
+                  backend=ReferenceBackend.name)  # type: ignore[attr-defined]
     other.load_state_dict({k: v.detach().double().cpu() for k, v in layer.state_dict().items()})
     return other
 

@@ -62,6 +62,7 @@ import torch
 from torch import Tensor
 
 from rgtune.bench.baselines import BUILDERS, Unavailable, oracle, prepare_weights, torch_layer
+from rgtune.codegen.base import ReferenceBackend
 from rgtune.db import DEFAULT_URL
 from rgtune.ir.roofline import DevicePeak, floor_ms, fraction_of_floor
 from rgtune.tuner.memory import is_out_of_memory
@@ -258,7 +259,7 @@ def reference_layer(model: str, graph: Any, in_dim: int, out_dim: int, heads: in
     device = torch.device(backend.device_type)
     torch.manual_seed(seed)
     ref = TunedModule(model, graph, in_dim, out_dim, heads, options=parse_key(options),  # the torch executor
-                      dtype=torch.float32).to(device)
+                      dtype=torch.float32, backend=ReferenceBackend.name).to(device)
     prepare_weights(ref)  # what a library's layer needs of them (e.g. PyG's RGATConv: shared attention)
     return ref
 
@@ -420,7 +421,7 @@ def sampled_error(out: Tensor, out_rows: Tensor | None, expectation: Callable[[A
         >>> from rgtune.data.synthetic import random_graph
         >>> from rgtune.runtime import Layer
         >>> g = random_graph((300, 300), num_relations=3, num_edges=3000, seed=0)
-        >>> ref, x = Layer("rgcn", g, 4, 4), torch.randn(600, 4)
+        >>> ref, x = Layer("rgcn", g, 4, 4, backend="reference"), torch.randn(600, 4)
         >>> out = oracle(ref)(x.double()).float()
         >>> err, checked = sampled_error(out, None, _program_expectation, ref, x, rows=32)
         >>> err < 1e-6, checked["rows"], checked["sampled"]
@@ -433,7 +434,7 @@ def sampled_error(out: Tensor, out_rows: Tensor | None, expectation: Callable[[A
     hood = in_neighbourhood(graph, sample_destinations(graph, rows, seed=seed))
     # the same weights on the subgraph: it keeps every node type and relation, so they fit unchanged
     local = TunedModule(ref.model, hood.graph, ref.in_dim, ref.out_dim, ref.heads, options=ref.options,
-                        dtype=torch.float32)  # the torch executor
+                        dtype=torch.float32, backend=ReferenceBackend.name)  # the torch executor
     local.load_state_dict({k: v.detach().cpu() for k, v in ref.state_dict().items()})
     expected_fn, local_rows = expectation(local)
     # rows first, then float64 on the host: never a float64 copy of the whole graph's input or output
